@@ -1,0 +1,68 @@
+# Rhino: every target does its own setup on a fresh Debian 12 machine.
+#   make demo   - setup, then the end-to-end demonstration
+#   make test   - setup, then the whole test suite
+#   make bench  - setup, then micro-benchmarks and the restore sweep (results in bench/results/)
+#   make wheel  - a self-contained wheel (auditwheel-repaired), checked in a fresh venv
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip --disable-pip-version-check
+APT_PACKAGES := librocksdb-dev libasio-dev libxxhash-dev libssl-dev nlohmann-json3-dev patchelf
+CPP_SOURCES := $(shell find src bindings -name '*.cc' -o -name '*.h') CMakeLists.txt pyproject.toml
+PYTEST_ARGS ?=
+export PIP_NO_INPUT := 1
+
+.PHONY: all setup apt demo test bench wheel chaos clean
+
+all: setup
+
+# ---- setup ---------------------------------------------------------------
+apt:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q "install ok installed" || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "[setup] installing apt packages: $$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
+	fi
+
+$(VENV)/.deps: pyproject.toml
+	@echo "[setup] creating $(VENV) and installing Python dependencies"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" "numpy>=1.26" cmake ninja \
+	  "pytest>=8" "hypothesis>=6" "pytest-benchmark>=4" "rocksdict>=0.3.20" "xxhash>=3" "scipy>=1.11" \
+	  "matplotlib>=3.7" "pyspark==4.3.0" "pandas<3" pyarrow auditwheel
+	@touch $@
+
+$(VENV)/.built: $(VENV)/.deps $(CPP_SOURCES)
+	@echo "[setup] building rhino (C++ core + bindings)"
+	CMAKE_BUILD_PARALLEL_LEVEL=2 flock $(VENV)/.build.lock $(PIP) install -q --no-build-isolation --no-deps -e .
+	@touch $@
+
+setup: apt $(VENV)/.built
+
+# ---- the README's two commands ---------------------------------------------
+demo: setup
+	$(VENV)/bin/rhino demo --dir .demo --size 384M
+
+test: setup
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# ---- more ----------------------------------------------------------------
+bench: setup
+	$(PY) -m pytest bench/micro --benchmark-only --benchmark-json=bench/results/micro.json -q
+	$(PY) bench/report_micro.py bench/results/micro.json
+	$(VENV)/bin/rhino bench restore --sizes 256M,1G,4G --json --dir .bench-restore \
+	  --out bench/results/restore_sweep.jsonl
+	$(PY) bench/plot_restore.py bench/results/restore_sweep.jsonl bench/results/restore_sweep.png
+
+wheel: setup
+	rm -rf dist wheelhouse
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PIP) wheel --no-build-isolation --no-deps -w dist .
+	$(VENV)/bin/auditwheel repair -w wheelhouse dist/rhino_state-*.whl
+	bash tools/check_wheel.sh wheelhouse/rhino_state-*.whl
+
+clean:
+	rm -rf build dist wheelhouse .demo .bench-restore $(VENV)

@@ -1,0 +1,349 @@
+// Bindings for the state backend: StateBackend and WriteBatch.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <optional>
+
+#include "bind_common.h"
+#include "buffers.h"
+#include "errors.h"
+#include "rhino/state_backend.h"
+
+namespace py = pybind11;
+
+namespace rhino::py_bindings {
+namespace {
+
+// The Python-facing handle: closeable, and remembers how it was restored.
+struct PyState {
+  std::unique_ptr<StateBackend> db;
+  std::optional<RestoreStats> restore_stats;
+
+  StateBackend& get() {
+    if (!db) throw StatusError{Status::InvalidArgument("state backend is closed")};
+    return *db;
+  }
+};
+
+struct PyWriteBatch {
+  std::shared_ptr<PyState> owner;
+  WriteBatch batch;
+};
+
+StateOptions MakeOptions(py::object partitioner, const std::string& operator_id, uint32_t instance,
+                         py::object vnodes, uint64_t write_buffer_budget, bool read_only) {
+  StateOptions o;
+  o.operator_id = operator_id;
+  o.instance = instance;
+  o.read_only = read_only;
+  o.write_buffer_budget = write_buffer_budget;
+  if (partitioner.is_none()) {
+    o.check_partitioner = false;  // existing state: use what it was created with
+  } else {
+    const auto& p = partitioner.cast<const Partitioner&>();
+    o.partitioner = PartitionerOptions{p.num_key_groups(), p.num_vnodes(), p.seed()};
+  }
+  if (!vnodes.is_none()) {
+    for (py::handle v : vnodes) {
+      int64_t x = v.cast<int64_t>();
+      if (x < 0) throw StatusError{Status::UnknownVnode("vnode " + std::to_string(x) + " is negative")};
+      o.vnodes.push_back(static_cast<uint32_t>(x));
+    }
+    if (o.vnodes.empty()) throw StatusError{Status::InvalidArgument("vnodes is empty: an instance holds at least one")};
+  }
+  return o;
+}
+
+std::vector<uint32_t> ToVnodes(const std::vector<int64_t>& in) {
+  std::vector<uint32_t> out;
+  for (int64_t v : in) {
+    if (v < 0 || v > (int64_t{1} << 30)) throw StatusError{Status::UnknownVnode("vnode " + std::to_string(v) + " is out of range")};
+    out.push_back(static_cast<uint32_t>(v));
+  }
+  return out;
+}
+
+void WriteWith(PyState& st, py::handle keys, py::handle values, std::optional<uint64_t> version) {
+  ByteViews k, v;
+  k.LoadKeys(keys);
+  if (!values.is_none()) v.LoadValues(values);
+  StateBackend& db = st.get();
+  Status s;
+  {
+    py::gil_scoped_release release;
+    WriteBatch batch;
+    s = values.is_none() ? db.BatchDelete(&batch, k.views()) : db.BatchPut(&batch, k.views(), v.views());
+    if (s.ok()) s = db.Write(&batch, version);
+  }
+  ThrowIfError(s);
+}
+
+py::object MaybeBytes(const Status& s, const std::string& value) {
+  if (s.IsNotFound()) return py::none();
+  ThrowIfError(s);
+  return py::bytes(value);
+}
+
+}  // namespace
+
+void BindState(py::module_& m) {
+  py::class_<PyWriteBatch>(m, "WriteBatch", "Puts and deletes applied atomically by StateBackend.write().")
+      .def("put", [](PyWriteBatch& b, py::handle keys, py::handle values) {
+             ByteViews k, v;
+             k.LoadKeys(keys);
+             v.LoadValues(values);
+             ThrowIfError(b.owner->get().BatchPut(&b.batch, k.views(), v.views()));
+           }, py::arg("keys"), py::arg("values"))
+      .def("delete", [](PyWriteBatch& b, py::handle keys) {
+             ByteViews k;
+             k.LoadKeys(keys);
+             ThrowIfError(b.owner->get().BatchDelete(&b.batch, k.views()));
+           }, py::arg("keys"))
+      .def("clear", [](PyWriteBatch& b) { b.batch.Clear(); })
+      .def("__len__", [](const PyWriteBatch& b) { return b.batch.count(); });
+
+  py::class_<PyState, std::shared_ptr<PyState>>(m, "StateBackend", R"doc(
+One operator instance's keyed state: one RocksDB, one column family per vnode.
+
+Keys are bytes, str (UTF-8) or int (int64, stored as 8 little-endian bytes);
+batches take a NumPy int64 array or a sequence. Values are bytes, or rows of a
+C-contiguous NumPy array. A key whose vnode this instance does not hold raises
+UnknownVnodeError, and nothing of its batch is written.
+)doc")
+      .def_static("open", [](const std::string& path, py::object partitioner, const std::string& operator_id,
+                             uint32_t instance, py::object vnodes, uint64_t write_buffer_budget, bool read_only,
+                             bool create) {
+             StateOptions o = MakeOptions(partitioner, operator_id, instance, vnodes, write_buffer_budget, read_only);
+             o.error_if_missing = !create;
+             auto st = std::make_shared<PyState>();
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = StateBackend::Open(path, o, &st->db);
+             }
+             ThrowIfError(s);
+             return st;
+           }, py::arg("path"), py::kw_only(), py::arg("partitioner") = py::none(), py::arg("operator_id") = "op",
+           py::arg("instance") = 0, py::arg("vnodes") = py::none(), py::arg("write_buffer_budget") = 64ull << 20,
+           py::arg("read_only") = false, py::arg("create") = true,
+           "Opens or creates state at `path`. For a new DB, `vnodes` (default: all) become column families.")
+      .def_property_readonly("path", [](PyState& s) { return s.get().dir(); })
+      .def_property_readonly("operator_id", [](PyState& s) { return s.get().operator_id(); })
+      .def_property_readonly("instance", [](PyState& s) { return s.get().instance(); })
+      .def_property_readonly("partitioner", [](PyState& s) { return s.get().partitioner(); })
+      .def_property_readonly("vnodes", [](PyState& s) { return s.get().vnodes(); })
+      .def_property_readonly("version", [](PyState& s) { return s.get().version(); },
+                             "The state version (micro-batch id) last written with version=..., or None.")
+      .def_property_readonly("last_checkpoint", [](PyState& s) { return s.get().last_checkpoint(); })
+      .def_property_readonly("restore_stats", [](PyState& s) { return s.restore_stats; },
+                             "RestoreStats if this state was opened by ReplicaStore.restore(), else None.")
+      .def_property_readonly("closed", [](PyState& s) { return !s.db; })
+      .def("get", [](PyState& st, py::handle key) {
+             std::string k = KeyBytes(key), value;
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = st.get().Get(k, &value);
+             }
+             return MaybeBytes(s, value);
+           }, py::arg("key"), "The value of `key`, or None.")
+      .def("put", [](PyState& st, py::handle key, py::bytes value) {
+             std::string k = KeyBytes(key);
+             std::string_view v = value;
+             ThrowIfError(st.get().Put(k, v));
+           }, py::arg("key"), py::arg("value"))
+      .def("delete", [](PyState& st, py::handle key) { ThrowIfError(st.get().Delete(KeyBytes(key))); }, py::arg("key"))
+      .def("put_batch", [](PyState& st, py::handle keys, py::handle values, std::optional<uint64_t> version) {
+             if (values.is_none()) throw StatusError{Status::InvalidArgument("values must not be None")};
+             WriteWith(st, keys, values, version);
+           }, py::arg("keys"), py::arg("values"), py::kw_only(), py::arg("version") = py::none(),
+           "Atomically puts keys[i] = values[i]; with version=b, also sets the state version to b in the same write.")
+      .def("delete_batch", [](PyState& st, py::handle keys, std::optional<uint64_t> version) {
+             WriteWith(st, keys, py::none(), version);
+           }, py::arg("keys"), py::kw_only(), py::arg("version") = py::none())
+      .def("batch", [](std::shared_ptr<PyState> st) {
+             st->get();
+             return PyWriteBatch{st, WriteBatch()};
+           }, "A new WriteBatch for this state.")
+      .def("write", [](PyState& st, PyWriteBatch& b, std::optional<uint64_t> version) {
+             if (b.owner.get() != &st) throw StatusError{Status::InvalidArgument("batch belongs to another StateBackend")};
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = st.get().Write(&b.batch, version);
+             }
+             ThrowIfError(s);
+           }, py::arg("batch"), py::kw_only(), py::arg("version") = py::none(),
+           "Applies `batch` atomically, together with the state version if given.")
+      .def("get_batch", [](PyState& st, py::handle keys) {
+             ByteViews k;
+             k.LoadKeys(keys);
+             std::vector<std::string> values;
+             std::vector<uint8_t> found;
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = st.get().MultiGet(k.views(), &values, &found);
+             }
+             ThrowIfError(s);
+             py::list out(values.size());
+             for (size_t i = 0; i < values.size(); ++i) {
+               if (found[i]) out[i] = py::bytes(values[i]);
+               else out[i] = py::none();
+             }
+             return out;
+           }, py::arg("keys"), "Values of many keys as a list (None where absent).")
+      .def("get_batch_array", [](PyState& st, py::handle keys, size_t width) {
+             ByteViews k;
+             k.LoadKeys(keys);
+             std::vector<std::string> values;
+             std::vector<uint8_t> found;
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = st.get().MultiGet(k.views(), &values, &found);
+             }
+             ThrowIfError(s);
+             const auto n = static_cast<py::ssize_t>(values.size());
+             py::array_t<uint8_t> out({n, static_cast<py::ssize_t>(width)});
+             py::array_t<bool> mask(n);
+             uint8_t* o = out.mutable_data();
+             bool* f = mask.mutable_data();
+             std::memset(o, 0, static_cast<size_t>(n) * width);
+             for (py::ssize_t i = 0; i < n; ++i) {
+               f[i] = found[i] != 0;
+               if (!f[i]) continue;
+               if (values[i].size() != width) {
+                 throw StatusError{Status::InvalidArgument("value " + std::to_string(i) + " has " +
+                                                           std::to_string(values[i].size()) + " bytes, not width " +
+                                                           std::to_string(width))};
+               }
+               std::memcpy(o + i * width, values[i].data(), width);
+             }
+             return py::make_tuple(out, mask);
+           }, py::arg("keys"), py::arg("width"),
+           "Fixed-width values of many keys: (uint8 array of shape (n, width), bool found mask).")
+      .def("scan", [](PyState& st, int64_t vnode) {
+             if (vnode < 0) throw StatusError{Status::UnknownVnode("vnode " + std::to_string(vnode) + " is negative")};
+             std::vector<std::pair<std::string, std::string>> items;
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = st.get().Scan(static_cast<uint32_t>(vnode), [&](std::string_view k, std::string_view v) {
+                 items.emplace_back(std::string(k), std::string(v));
+                 return true;
+               });
+             }
+             ThrowIfError(s);
+             py::list out;
+             for (auto& [k, v] : items) out.append(py::make_tuple(py::bytes(k), py::bytes(v)));
+             return out;
+           }, py::arg("vnode"), "All (key, value) pairs of one vnode, in key order, from a consistent snapshot.")
+      .def("count", [](PyState& st, int64_t vnode) {
+             if (vnode < 0) throw StatusError{Status::UnknownVnode("vnode " + std::to_string(vnode) + " is negative")};
+             uint64_t n = 0;
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = st.get().Scan(static_cast<uint32_t>(vnode), [&](std::string_view, std::string_view) {
+                 ++n;
+                 return true;
+               });
+             }
+             ThrowIfError(s);
+             return n;
+           }, py::arg("vnode"), "Exact number of keys in one vnode (a scan).")
+      .def("checkpoint", [](PyState& st, ReplicaStore& store, uint64_t checkpoint_id, uint64_t epoch) {
+             Manifest mf;
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = st.get().Checkpoint(&store, checkpoint_id, epoch, &mf);
+             }
+             ThrowIfError(s);
+             return mf;
+           }, py::arg("store"), py::arg("checkpoint_id"), py::kw_only(), py::arg("epoch") = 0,
+           "Takes checkpoint `checkpoint_id` into `store` and returns its committed Manifest.")
+      .def("export_vnodes", [](PyState& st, std::vector<int64_t> vnodes, const std::string& path) {
+             auto v = ToVnodes(vnodes);
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = st.get().ExportVnodes(v, path);
+             }
+             ThrowIfError(s);
+           }, py::arg("vnodes"), py::arg("path"), "Exports vnodes into `path` (must not exist) as hard links.")
+      .def("import_vnodes", [](PyState& st, const std::string& path) {
+             std::vector<uint32_t> imported;
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = st.get().ImportVnodes(path, &imported);
+             }
+             ThrowIfError(s);
+             return imported;
+           }, py::arg("path"), "Imports (and consumes) an export made by export_vnodes(); returns the vnodes.")
+      .def("drop_vnodes", [](PyState& st, std::vector<int64_t> vnodes) {
+             auto v = ToVnodes(vnodes);
+             ThrowIfError(st.get().DropVnodes(v));
+           }, py::arg("vnodes"))
+      .def("stats", [](PyState& st) {
+             std::vector<VnodeStats> v;
+             ThrowIfError(st.get().Stats(&v));
+             py::list out;
+             for (const auto& x : v) {
+               py::dict d;
+               d["vnode"] = x.vnode;
+               d["estimated_keys"] = x.estimated_keys;
+               d["sst_bytes"] = x.sst_bytes;
+               out.append(d);
+             }
+             return out;
+           }, "Per-vnode RocksDB estimates: vnode, estimated_keys, sst_bytes.")
+      .def("flush", [](PyState& st) {
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = st.get().Flush();
+             }
+             ThrowIfError(s);
+           })
+      .def("close", [](PyState& st) {
+             py::gil_scoped_release release;
+             st.db.reset();
+           }, "Closes the DB; later calls raise InvalidArgumentError.")
+      .def("__enter__", [](std::shared_ptr<PyState> st) { return st; })
+      .def("__exit__", [](PyState& st, py::args) {
+        py::gil_scoped_release release;
+        st.db.reset();
+      });
+
+  auto store_cls = py::reinterpret_borrow<py::class_<ReplicaStore>>(m.attr("ReplicaStore"));
+  store_cls.def("restore", [](const ReplicaStore& store, const std::string& op, uint32_t inst, uint64_t id,
+                              const std::string& target, const std::string& mode, const std::string& verify,
+                              uint64_t write_buffer_budget) {
+        RestoreOptions ro = ParseRestoreOptions(mode, verify);
+        StateOptions so;
+        so.write_buffer_budget = write_buffer_budget;
+        auto st = std::make_shared<PyState>();
+        RestoreStats stats;
+        Status s;
+        {
+          py::gil_scoped_release release;
+          s = StateBackend::Restore(store, op, inst, id, target, ro, so, &st->db, &stats);
+        }
+        ThrowIfError(s);
+        st->restore_stats = stats;
+        return st;
+      }, py::arg("operator_id"), py::arg("instance"), py::arg("checkpoint_id"), py::arg("target"), py::kw_only(),
+      py::arg("mode") = "link", py::arg("verify") = "size", py::arg("write_buffer_budget") = 64ull << 20,
+      R"doc(Restores a checkpoint into `target` (must not exist) and opens it.
+
+mode='link' hard-links immutable files from the pool (O(files)), falling back to
+a copy across filesystems (restore_stats.fell_back_to_copy); mode='copy' copies.
+verify='size' checks presence and sizes (O(files)); 'full' re-hashes every byte.)doc");
+}
+
+}  // namespace rhino::py_bindings

@@ -1,0 +1,44 @@
+#include "errors.h"
+
+namespace py = pybind11;
+
+namespace rhino::py_bindings {
+namespace {
+
+// Status code -> class in rhino/errors.py. Every class also inherits the
+// builtin a Python user would expect (see rhino/errors.py).
+struct Mapping {
+  Status::Code code;
+  const char* python_class;
+};
+constexpr Mapping kTable[] = {
+    {Status::Code::kNotFound, "NotFoundError"},
+    {Status::Code::kCorruption, "CorruptionError"},
+    {Status::Code::kInvalidArgument, "InvalidArgumentError"},
+    {Status::Code::kIOError, "RhinoIOError"},
+    {Status::Code::kAlreadyExists, "AlreadyExistsError"},
+    {Status::Code::kUnknownVnode, "UnknownVnodeError"},
+    {Status::Code::kKeyType, "KeyTypeError"},
+    {Status::Code::kPathOutsideStore, "PathOutsideStoreError"},
+    {Status::Code::kNoSpace, "NoSpaceError"},
+    {Status::Code::kBusy, "BusyError"},
+};
+
+}  // namespace
+
+void RegisterErrorTranslator(py::module_& m) {
+  (void)m;
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      const char* name = "RhinoError";
+      for (const auto& row : kTable)
+        if (row.code == e.status.code()) name = row.python_class;
+      py::object cls = py::module_::import("rhino.errors").attr(name);
+      PyErr_SetObject(cls.ptr(), py::str(e.status.message()).ptr());
+    }
+  });
+}
+
+}  // namespace rhino::py_bindings

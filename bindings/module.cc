@@ -1,0 +1,19 @@
+// rhino._core: the private compiled module. rhino/__init__.py re-exports a
+// curated API from it; nothing else should import it directly.
+#include <pybind11/pybind11.h>
+
+#include "bind_common.h"
+#include "errors.h"
+
+#ifndef RHINO_VERSION
+#define RHINO_VERSION "dev"
+#endif
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "Rhino's C++ core: hashing, routing, state backend, checkpoints, replica store.";
+  m.attr("__version__") = RHINO_VERSION;
+  rhino::py_bindings::RegisterErrorTranslator(m);
+  rhino::py_bindings::BindRouting(m);
+  rhino::py_bindings::BindStore(m);
+  rhino::py_bindings::BindState(m);
+}

@@ -1,0 +1,70 @@
+"""Rhino's exceptions.
+
+Every C++ ``Status`` code maps to exactly one class here (the table is in
+``bindings/errors.cc``). Each class also inherits the builtin exception a
+Python user would catch for that situation, so ``except KeyError`` or
+``except OSError`` keep working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RhinoError",
+    "NotFoundError",
+    "CorruptionError",
+    "InvalidArgumentError",
+    "RhinoIOError",
+    "AlreadyExistsError",
+    "UnknownVnodeError",
+    "KeyTypeError",
+    "PathOutsideStoreError",
+    "NoSpaceError",
+    "BusyError",
+]
+
+
+class RhinoError(Exception):
+    """Base class of every error Rhino raises."""
+
+
+class NotFoundError(RhinoError, FileNotFoundError):
+    """A checkpoint, state directory or export that does not exist."""
+
+
+class CorruptionError(RhinoError, OSError):
+    """Data failed a check: a checksum mismatch, a truncated or malformed file."""
+
+
+class InvalidArgumentError(RhinoError, ValueError):
+    """A parameter is out of its domain, e.g. K not a power of two."""
+
+
+class RhinoIOError(RhinoError, OSError):
+    """The operating system refused an operation."""
+
+
+class NoSpaceError(RhinoIOError):
+    """The disk is full (ENOSPC, EDQUOT or EFBIG). Nothing committed is lost."""
+
+
+class AlreadyExistsError(RhinoError, FileExistsError):
+    """A target that must not exist does (a restore directory, a committed checkpoint)."""
+
+
+class UnknownVnodeError(RhinoError, KeyError):
+    """A vnode outside [0, V), or one this instance does not hold."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class KeyTypeError(RhinoError, TypeError):
+    """A key of an unsupported type: keys are int64 arrays, or bytes, str or int."""
+
+
+class PathOutsideStoreError(RhinoError, ValueError):
+    """A name that would resolve outside the store directory (e.g. contains '..')."""
+
+
+class BusyError(RhinoError, RuntimeError):
+    """A resource is locked by another process (e.g. a RocksDB directory already open)."""

@@ -1,0 +1,49 @@
+#include "rhino/partitioner.h"
+
+#include <xxhash.h>
+
+namespace rhino {
+
+Status Partitioner::Create(const PartitionerOptions& options, Partitioner* out) {
+  const uint32_t k = options.num_key_groups;
+  if (k == 0 || (k & (k - 1)) != 0 || k > (1u << 30)) {
+    return Status::InvalidArgument("num_key_groups must be a power of two in [1, 2^30], got " +
+                                   std::to_string(k));
+  }
+  if (options.num_vnodes == 0 || options.num_vnodes > k) {
+    return Status::InvalidArgument("num_vnodes must be in [1, num_key_groups=" + std::to_string(k) +
+                                   "], got " + std::to_string(options.num_vnodes));
+  }
+  out->options_ = options;
+  unsigned bits = 0;
+  while ((1u << bits) < k) ++bits;
+  out->shift_ = 64 - bits;
+  return Status::OK();
+}
+
+uint64_t Partitioner::HashBytes(std::string_view key) const {
+  return XXH3_64bits_withSeed(key.data(), key.size(), options_.seed);
+}
+
+uint64_t Partitioner::HashInt64(int64_t key) const {
+  char buf[8];
+  EncodeInt64Key(key, buf);
+  return XXH3_64bits_withSeed(buf, sizeof(buf), options_.seed);
+}
+
+void Partitioner::KeyGroupRange(uint32_t vnode, uint32_t* first, uint32_t* last) const {
+  // Smallest kg with floor(kg * V / K) >= vnode is ceil(vnode * K / V).
+  const uint64_t k = options_.num_key_groups, v = options_.num_vnodes;
+  *first = static_cast<uint32_t>((vnode * k + v - 1) / v);
+  *last = static_cast<uint32_t>(((vnode + 1) * k + v - 1) / v);
+}
+
+void Partitioner::KeyGroupsInt64(const int64_t* keys, size_t n, int32_t* out) const {
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(KeyGroupOfHash(HashInt64(keys[i])));
+}
+
+void Partitioner::VnodesInt64(const int64_t* keys, size_t n, int32_t* out) const {
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(VnodeOfInt64(keys[i]));
+}
+
+}  // namespace rhino

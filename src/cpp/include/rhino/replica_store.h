@@ -1,0 +1,168 @@
+// ReplicaStore: a worker's store of checkpoint files and committed manifests
+// (DESIGN §1 "replica store"). This is its local half: the file pool, atomic
+// manifest commits, retention, garbage collection, verification and local
+// restore by hard links. The network half (chain replication) feeds the same
+// primitives.
+//
+// Layout under `dir`:
+//   pool/<identity>                         immutable files (mode 0444), keyed by content
+//   checkpoints/<operator_id>/<instance>/<checkpoint_id:020>.manifest
+//   tmp/<kind>-<pid>-<nonce>/               staging; never read by anybody else
+//   LOCK                                    flock: shared while pooling/committing/restoring,
+//                                           exclusive while garbage-collecting
+//
+// Thread-safety: a ReplicaStore may be used from several threads and several
+// processes at once. Pool insertion is link(2), which is atomic; manifest
+// commit is rename(2); GC holds the exclusive lock, so it never removes a file
+// that a checkpoint has pooled but not yet committed.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "rhino/manifest.h"
+#include "rhino/status.h"
+
+namespace rhino {
+
+// How restore places a pooled file into the new DB directory (STYLE: "pass the
+// strategy in", so tests can force each path).
+enum class PlaceMode {
+  kLink = 0,  // hard link; falls back to copy across filesystems (EXDEV)
+  kCopy = 1,  // always copy bytes (the baseline a DFS-style restore pays)
+};
+
+enum class VerifyLevel {
+  kSize = 0,  // presence and size of every file: O(files)
+  kFull = 1,  // also re-hash every byte: O(bytes)
+};
+
+struct RestoreOptions {
+  PlaceMode mode = PlaceMode::kLink;
+  VerifyLevel verify = VerifyLevel::kSize;
+};
+
+struct RestoreStats {
+  uint64_t files = 0;
+  uint64_t linked_files = 0;
+  uint64_t copied_files = 0;  // mutable RocksDB files are always copied (small)
+  uint64_t copied_bytes = 0;
+  uint64_t total_bytes = 0;
+  bool fell_back_to_copy = false;  // a link failed with EXDEV and we copied instead
+  double build_seconds = 0;         // building the directory (link/copy + fsync + rename)
+  double open_seconds = 0;          // opening RocksDB on it (filled in by StateBackend)
+};
+
+struct VerifyProblem {
+  std::string operator_id;
+  uint32_t instance = 0;
+  uint64_t checkpoint_id = 0;
+  std::string file;    // file name, or "" for the manifest itself
+  std::string detail;  // e.g. "checksum mismatch", "missing", "truncated: 10 < 20"
+};
+
+struct VerifyReport {
+  uint64_t checkpoints = 0;
+  uint64_t files_checked = 0;
+  uint64_t bytes_checked = 0;
+  std::vector<VerifyProblem> problems;
+  bool ok() const { return problems.empty(); }
+};
+
+struct GcStats {
+  uint64_t files_removed = 0;
+  uint64_t bytes_removed = 0;
+  uint64_t staging_removed = 0;
+};
+
+struct InstanceRef {
+  std::string operator_id;
+  uint32_t instance = 0;
+};
+
+class ReplicaStore {
+ public:
+  // Opens (creating if needed) the store at `dir`, and removes staging
+  // directories left by processes that no longer run.
+  static Status Open(const std::string& dir, std::unique_ptr<ReplicaStore>* out);
+  ReplicaStore(const ReplicaStore&) = delete;
+  ReplicaStore& operator=(const ReplicaStore&) = delete;
+
+  const std::string& dir() const { return dir_; }
+
+  // An flock on LOCK, released when the object is destroyed. Hold a shared lock
+  // from the first PoolFile of a checkpoint until its CommitManifest.
+  class Lock {
+   public:
+    explicit Lock(int fd) : fd_(fd) {}
+    ~Lock();
+    Lock(const Lock&) = delete;
+    Lock& operator=(const Lock&) = delete;
+
+   private:
+    int fd_;
+  };
+  Status AcquireLock(bool exclusive, std::unique_ptr<Lock>* out) const;
+
+  // A fresh staging directory under tmp/; the caller removes it (RemoveAll).
+  Status NewStagingDir(const std::string& kind, std::string* path);
+
+  // Adds the file at `path` to the pool, filling entry->{size,checksum,identity}.
+  // If `known` is non-null and names a pooled file with the same inode as
+  // `path`, the content is already known and the file is not re-read: this is
+  // what makes an incremental checkpoint cost O(new bytes).
+  Status PoolFile(const std::string& path, const FileEntry* known, FileEntry* entry);
+
+  // Atomically commits `m` (write tmp, fsync, rename, fsync dir). Every file of
+  // `m` must already be pooled. AlreadyExists if that checkpoint is committed.
+  Status CommitManifest(const Manifest& m);
+
+  Status ReadManifest(const std::string& operator_id, uint32_t instance, uint64_t checkpoint_id,
+                      Manifest* out) const;
+  // Committed checkpoint ids of one instance, ascending.
+  Status ListCheckpoints(const std::string& operator_id, uint32_t instance,
+                         std::vector<uint64_t>* out) const;
+  Status ListInstances(std::vector<InstanceRef>* out) const;
+
+  // Builds a RocksDB directory for checkpoint `checkpoint_id` at `target_dir`,
+  // which must not exist. Staged in a sibling directory and renamed into place,
+  // so `target_dir` is either absent or complete. SST and blob files are hard
+  // links to pooled files; small mutable files (MANIFEST, CURRENT, OPTIONS, WAL)
+  // are copied, as RocksDB's own Checkpoint does.
+  Status Restore(const std::string& operator_id, uint32_t instance, uint64_t checkpoint_id,
+                 const std::string& target_dir, const RestoreOptions& options,
+                 RestoreStats* stats) const;
+
+  // Re-checks every committed checkpoint (or one instance's, if operator_id is
+  // non-empty) at `level`.
+  Status Verify(const std::string& operator_id, uint32_t instance, VerifyLevel level,
+                VerifyReport* report) const;
+
+  // Deletes the manifests of all but the newest `keep_last` checkpoints of an
+  // instance. Files are reclaimed by GarbageCollect.
+  Status Retain(const std::string& operator_id, uint32_t instance, uint32_t keep_last,
+                std::vector<uint64_t>* removed);
+  // Removes pooled files that no committed manifest references, and stale staging.
+  Status GarbageCollect(GcStats* stats);
+
+  // pool/<identity>; PathOutsideStore if `identity` is not of the identity form.
+  Status PoolPath(const std::string& identity, std::string* path) const;
+
+ private:
+  explicit ReplicaStore(std::string dir) : dir_(std::move(dir)) {}
+  Status InstanceDir(const std::string& operator_id, uint32_t instance, std::string* path) const;
+
+  std::string dir_;
+};
+
+// Computes XXH3-128 of a file's contents as 32 hex digits, and its size.
+Status HashFile(const std::string& path, std::string* checksum, uint64_t* size);
+
+// True for files RocksDB never modifies after creation (SST, blob): safe to hard-link.
+bool IsImmutableDbFile(const std::string& name);
+
+}  // namespace rhino

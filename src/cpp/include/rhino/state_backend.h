@@ -1,0 +1,184 @@
+// StateBackend: one operator instance's keyed state (DESIGN §1, Rhino §3.2).
+//
+// One RocksDB per instance, one column family per vnode ("vnode-00042"), so a
+// vnode can be exported and imported as a unit. All column families share one
+// WriteBufferManager, so memory does not grow with the number of vnodes.
+// The default column family holds Rhino's metadata: the partitioner, the
+// instance identity, the state version and the last checkpoint id.
+//
+// Keys are bytes; an int64 key is its 8 little-endian bytes (see partitioner.h).
+// Every key is routed to its vnode; a key whose vnode this instance does not
+// hold is rejected with UnknownVnode before anything of its batch is written.
+//
+// Thread-safety: reads and writes are thread-safe (RocksDB's guarantees);
+// Checkpoint, ExportVnodes, ImportVnodes and DropVnodes serialize on an
+// internal mutex.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rhino/manifest.h"
+#include "rhino/partitioner.h"
+#include "rhino/replica_store.h"
+#include "rhino/status.h"
+
+namespace rocksdb {
+class DB;
+class ColumnFamilyHandle;
+class WriteBufferManager;
+}  // namespace rocksdb
+
+namespace rhino {
+
+struct StateOptions {
+  // For a new DB, the partitioner to create it with. For an existing DB it
+  // must match the stored one if check_partitioner is set.
+  PartitionerOptions partitioner;
+  bool check_partitioner = true;
+  std::string operator_id = "op";
+  uint32_t instance = 0;
+  // Vnodes to create column families for in a new DB; empty means all V.
+  // Ignored when opening an existing DB, which knows its own vnodes.
+  std::vector<uint32_t> vnodes;
+  // Memtable budget shared by all column families of this instance.
+  uint64_t write_buffer_budget = 64ull << 20;
+  // Per-column-family memtable size (the shared budget caps the sum).
+  uint64_t write_buffer_size = 16ull << 20;
+  // Fail instead of creating a missing DB.
+  bool error_if_missing = false;
+  bool read_only = false;
+};
+
+// Per-vnode statistics (RocksDB estimates, cheap).
+struct VnodeStats {
+  uint32_t vnode = 0;
+  uint64_t estimated_keys = 0;
+  uint64_t sst_bytes = 0;
+};
+
+// A batch of puts and deletes applied atomically by StateBackend::Write.
+class WriteBatch {
+ public:
+  WriteBatch();
+  ~WriteBatch();
+  WriteBatch(WriteBatch&&) noexcept;
+  WriteBatch& operator=(WriteBatch&&) noexcept;
+
+  size_t count() const;
+  void Clear();
+
+ private:
+  friend class StateBackend;
+  struct Rep;
+  std::unique_ptr<Rep> rep_;
+};
+
+class StateBackend {
+ public:
+  // Opens or creates the DB at `dir`. For an existing DB, `options.partitioner`
+  // must match the stored one (InvalidArgument otherwise).
+  static Status Open(const std::string& dir, const StateOptions& options,
+                     std::unique_ptr<StateBackend>* out);
+
+  // Restores checkpoint `checkpoint_id` of (operator_id, instance) from `store`
+  // into `target_dir` (which must not exist), then opens it.
+  static Status Restore(const ReplicaStore& store, const std::string& operator_id,
+                        uint32_t instance, uint64_t checkpoint_id, const std::string& target_dir,
+                        const RestoreOptions& restore_options, const StateOptions& options,
+                        std::unique_ptr<StateBackend>* out, RestoreStats* stats);
+
+  ~StateBackend();
+  StateBackend(const StateBackend&) = delete;
+  StateBackend& operator=(const StateBackend&) = delete;
+
+  const std::string& dir() const { return dir_; }
+  const Partitioner& partitioner() const { return partitioner_; }
+  const std::string& operator_id() const { return operator_id_; }
+  uint32_t instance() const { return instance_; }
+  std::vector<uint32_t> vnodes() const;
+  bool HasVnode(uint32_t vnode) const;
+
+  // ---- single keys ----
+  Status Get(std::string_view key, std::string* value) const;  // NotFound if absent
+  Status Put(std::string_view key, std::string_view value);
+  Status Delete(std::string_view key);
+
+  // ---- batches ----
+  // Adds to `batch`; UnknownVnode (adding nothing) if any key's vnode is not held.
+  Status BatchPut(WriteBatch* batch, const std::vector<std::string_view>& keys,
+                  const std::vector<std::string_view>& values) const;
+  Status BatchDelete(WriteBatch* batch, const std::vector<std::string_view>& keys) const;
+  // Applies `batch` atomically; if `version` is set, the state version is
+  // written in the same RocksDB write batch, so state and version never
+  // disagree (DESIGN §5). Clears `batch` on success.
+  Status Write(WriteBatch* batch, std::optional<uint64_t> version);
+  // values[i] is set and found[i] = 1 for present keys.
+  Status MultiGet(const std::vector<std::string_view>& keys, std::vector<std::string>* values,
+                  std::vector<uint8_t>* found) const;
+
+  // Calls fn(key, value) for every entry of `vnode`, in key order, on a
+  // consistent snapshot. Stops early if fn returns false.
+  Status Scan(uint32_t vnode,
+              const std::function<bool(std::string_view, std::string_view)>& fn) const;
+
+  // The last version written with Write(..., version); nullopt if none.
+  std::optional<uint64_t> version() const;
+  // The checkpoint this DB was last checkpointed as or restored from.
+  std::optional<uint64_t> last_checkpoint() const;
+
+  // ---- checkpoints (DESIGN §1, Rhino §4.2.2 phase 2 step 1) ----
+  // Takes checkpoint `checkpoint_id` (> the last one) into `store`: a RocksDB
+  // checkpoint (hard links) is staged, its files pooled by content identity,
+  // and the manifest committed atomically. The delta is the set of files not
+  // in the parent (the last checkpoint, if the store still holds it).
+  Status Checkpoint(ReplicaStore* store, uint64_t checkpoint_id, uint64_t epoch, Manifest* out);
+
+  // ---- vnode export / import (the primitive of a handover, Rhino §4.1) ----
+  // Exports `vnodes` into `export_dir` (must not exist) as hard links.
+  Status ExportVnodes(const std::vector<uint32_t>& vnodes, const std::string& export_dir);
+  // Imports every vnode of an export made by ExportVnodes. The files are moved
+  // (hard-linked, then unlinked from the export), so the export is consumed.
+  // AlreadyExists if this instance already holds one of the vnodes.
+  Status ImportVnodes(const std::string& export_dir, std::vector<uint32_t>* imported);
+  // Drops the column families of `vnodes` (the origin's side of a handover).
+  Status DropVnodes(const std::vector<uint32_t>& vnodes);
+
+  Status Stats(std::vector<VnodeStats>* out) const;
+  Status Flush();
+
+ private:
+  StateBackend() = default;
+  Status Route(std::string_view key, rocksdb::ColumnFamilyHandle** cf) const;
+  Status CheckWritable() const;
+  std::optional<uint64_t> ReadU64Meta(const std::string& key) const;
+
+  std::string dir_;
+  std::string operator_id_;
+  uint32_t instance_ = 0;
+  bool read_only_ = false;
+  Partitioner partitioner_;
+  std::shared_ptr<rocksdb::WriteBufferManager> wbm_;
+  std::unique_ptr<rocksdb::DB> db_;
+  rocksdb::ColumnFamilyHandle* default_cf_ = nullptr;  // Rhino metadata
+  // Guards the vnode -> column family map. Reads and writes hold it shared for
+  // the whole operation (a handle must not be destroyed under them); import
+  // and drop hold it exclusively.
+  mutable std::shared_mutex cf_mu_;
+  std::vector<rocksdb::ColumnFamilyHandle*> cf_by_vnode_;  // GUARDED_BY(cf_mu_); null = not held
+  std::mutex admin_mu_;  // serializes Checkpoint / Export / Import / Drop
+};
+
+std::string VnodeColumnFamilyName(uint32_t vnode);
+// Parses "vnode-00042"; false if `name` is not a vnode column family.
+bool ParseVnodeColumnFamilyName(const std::string& name, uint32_t* vnode);
+
+}  // namespace rhino

@@ -1,0 +1,532 @@
+#include "rhino/replica_store.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <set>
+
+#include "util/crash_point.h"
+#include "util/fs.h"
+
+namespace rhino {
+namespace {
+
+constexpr char kManifestSuffix[] = ".manifest";
+
+std::string ManifestName(uint64_t checkpoint_id) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%020llu", static_cast<unsigned long long>(checkpoint_id));
+  return std::string(buf) + kManifestSuffix;
+}
+
+bool ParseManifestName(const std::string& name, uint64_t* id) {
+  const size_t suffix = sizeof(kManifestSuffix) - 1;
+  if (name.size() != 20 + suffix || name.compare(20, suffix, kManifestSuffix) != 0) return false;
+  uint64_t v = 0;
+  for (int i = 0; i < 20; ++i) {
+    if (name[i] < '0' || name[i] > '9') return false;
+    v = v * 10 + static_cast<uint64_t>(name[i] - '0');
+  }
+  *id = v;
+  return true;
+}
+
+// "<kind>-<pid>-<nonce>": true if the pid that made it no longer runs.
+bool StagingOwnerDead(const std::string& name, const std::string& prefix) {
+  if (name.compare(0, prefix.size(), prefix) != 0) return false;
+  auto dash = name.find('-', prefix.size());
+  if (dash == std::string::npos) return false;
+  long pid = std::strtol(name.substr(prefix.size(), dash - prefix.size()).c_str(), nullptr, 10);
+  if (pid <= 0) return false;
+  return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+}
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+}  // namespace
+
+bool IsImmutableDbFile(const std::string& name) {
+  auto ends = [&](const char* s) {
+    size_t n = std::char_traits<char>::length(s);
+    return name.size() > n && name.compare(name.size() - n, n, s) == 0;
+  };
+  return ends(".sst") || ends(".blob");
+}
+
+Status HashFile(const std::string& path, std::string* checksum, uint64_t* size) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "open " + path);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_128bits_reset(st);
+  std::string buf(1 << 20, '\0');
+  uint64_t total = 0;
+  Status s;
+  for (;;) {
+    ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      s = Status::FromErrno(errno, "read " + path);
+      break;
+    }
+    if (n == 0) break;
+    XXH3_128bits_update(st, buf.data(), static_cast<size_t>(n));
+    total += static_cast<uint64_t>(n);
+  }
+  XXH128_hash_t h = XXH3_128bits_digest(st);
+  XXH3_freeState(st);
+  ::close(fd);
+  if (!s.ok()) return s;
+  char hex[33];
+  std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(h.high64),
+                static_cast<unsigned long long>(h.low64));
+  *checksum = hex;
+  *size = total;
+  return Status::OK();
+}
+
+ReplicaStore::Lock::~Lock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the fd releases the flock
+}
+
+Status ReplicaStore::AcquireLock(bool exclusive, std::unique_ptr<Lock>* out) const {
+  std::string path = fs::Join(dir_, "LOCK");
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::FromErrno(errno, "open " + path);
+  while (::flock(fd, exclusive ? LOCK_EX : LOCK_SH) != 0) {
+    if (errno == EINTR) continue;
+    Status s = Status::FromErrno(errno, "flock " + path);
+    ::close(fd);
+    return s;
+  }
+  *out = std::make_unique<Lock>(fd);
+  return Status::OK();
+}
+
+Status ReplicaStore::Open(const std::string& dir, std::unique_ptr<ReplicaStore>* out) {
+  if (dir.empty()) return Status::InvalidArgument("store directory is empty");
+  for (const char* sub : {"pool", "checkpoints", "tmp"}) {
+    RHINO_RETURN_IF_ERROR(fs::MakeDirs(fs::Join(dir, sub)));
+  }
+  std::unique_ptr<ReplicaStore> store(new ReplicaStore(dir));
+  // Staging left by a crashed process is garbage: nothing ever reads it.
+  std::vector<std::string> names;
+  RHINO_RETURN_IF_ERROR(fs::ListDir(fs::Join(dir, "tmp"), &names));
+  for (const auto& n : names) {
+    auto dash = n.find('-');
+    if (dash != std::string::npos && StagingOwnerDead(n, n.substr(0, dash + 1))) {
+      RHINO_RETURN_IF_ERROR(fs::RemoveAll(fs::Join(fs::Join(dir, "tmp"), n)));
+    }
+  }
+  *out = std::move(store);
+  return Status::OK();
+}
+
+Status ReplicaStore::NewStagingDir(const std::string& kind, std::string* path) {
+  *path = fs::Join(fs::Join(dir_, "tmp"), kind + "-" + std::to_string(::getpid()) + "-" + fs::RandomHex(8));
+  if (::mkdir(path->c_str(), 0755) != 0) return Status::FromErrno(errno, "mkdir " + *path);
+  return Status::OK();
+}
+
+Status ReplicaStore::PoolPath(const std::string& identity, std::string* path) const {
+  if (!IsValidIdentity(identity)) {
+    return Status::PathOutsideStore("'" + identity + "' is not a content identity; refusing to use it as a path");
+  }
+  *path = fs::Join(fs::Join(dir_, "pool"), identity);
+  return Status::OK();
+}
+
+Status ReplicaStore::InstanceDir(const std::string& operator_id, uint32_t instance,
+                                 std::string* path) const {
+  if (!IsValidOperatorId(operator_id)) {
+    return Status::PathOutsideStore("operator id '" + operator_id +
+                                    "' is not [A-Za-z0-9_.-]{1,128} without a leading '.'");
+  }
+  *path = fs::Join(fs::Join(fs::Join(dir_, "checkpoints"), operator_id), std::to_string(instance));
+  return Status::OK();
+}
+
+Status ReplicaStore::PoolFile(const std::string& path, const FileEntry* known, FileEntry* entry) {
+  if (known != nullptr && IsValidIdentity(known->identity)) {
+    std::string pooled = fs::Join(fs::Join(dir_, "pool"), known->identity);
+    uint64_t d1, i1, d2, i2;
+    if (fs::Inode(path, &d1, &i1).ok() && fs::Inode(pooled, &d2, &i2).ok() && d1 == d2 && i1 == i2) {
+      // Same inode as a pooled file: same bytes, already pooled (pool files are immutable).
+      entry->size = known->size;
+      entry->checksum = known->checksum;
+      entry->identity = known->identity;
+      return Status::OK();
+    }
+  }
+  RHINO_RETURN_IF_ERROR(HashFile(path, &entry->checksum, &entry->size));
+  entry->identity = entry->checksum + "-" + std::to_string(entry->size);
+  std::string pooled;
+  RHINO_RETURN_IF_ERROR(PoolPath(entry->identity, &pooled));
+  if (fs::Exists(pooled)) return Status::OK();  // the same content is pooled already
+  bool cross_device = false;
+  Status s = fs::Link(path, pooled, &cross_device);
+  if (!s.ok() && cross_device) {
+    std::string tmp = pooled + ".tmp-" + fs::RandomHex(6);
+    s = fs::CopyFile(path, tmp);
+    if (s.ok()) s = fs::Rename(tmp, pooled);
+    if (!s.ok()) ::unlink(tmp.c_str());
+  }
+  if (!s.ok() && s.IsAlreadyExists()) return Status::OK();  // a concurrent pooler won
+  if (!s.ok()) return s;
+  ::chmod(pooled.c_str(), 0444);  // pool files are immutable; make accidents loud
+  return Status::OK();
+}
+
+Status ReplicaStore::CommitManifest(const Manifest& m) {
+  std::string inst_dir;
+  RHINO_RETURN_IF_ERROR(InstanceDir(m.operator_id, m.instance, &inst_dir));
+  for (const auto& f : m.files) {
+    if (!IsPlainFileName(f.name)) return Status::PathOutsideStore("file name '" + f.name + "' is not a plain name");
+    std::string pooled;
+    RHINO_RETURN_IF_ERROR(PoolPath(f.identity, &pooled));
+    uint64_t size = 0;
+    Status s = fs::FileSize(pooled, &size);
+    if (!s.ok()) return Status::NotFound("cannot commit: file " + f.name + " is not pooled (" + s.message() + ")");
+    if (size != f.size) return Status::Corruption("cannot commit: pooled " + f.name + " has " +
+                                                  std::to_string(size) + " bytes, expected " + std::to_string(f.size));
+  }
+  RHINO_RETURN_IF_ERROR(fs::MakeDirs(inst_dir));
+  RHINO_RETURN_IF_ERROR(fs::FsyncParent(inst_dir));
+  RHINO_RETURN_IF_ERROR(fs::FsyncParent(fs::Parent(inst_dir)));
+  // The pool's directory entries must be durable before a manifest names them.
+  RHINO_RETURN_IF_ERROR(fs::FsyncPath(fs::Join(dir_, "pool")));
+
+  std::string final_path = fs::Join(inst_dir, ManifestName(m.checkpoint_id));
+  std::string tmp = final_path + ".tmp-" + std::to_string(::getpid()) + "-" + fs::RandomHex(6);
+  CrashPoint("checkpoint.before_manifest");
+  {
+    // Write + fsync a temporary file, then link(2) it into place: the commit
+    // is atomic and, unlike rename(2), never replaces a committed manifest.
+    std::string data = m.Serialize();
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0444);
+    if (fd < 0) return Status::FromErrno(errno, "create " + tmp);
+    size_t off = 0;
+    Status s;
+    while (off < data.size() && s.ok()) {
+      ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+      if (n < 0 && errno != EINTR) s = Status::FromErrno(errno, "write " + tmp);
+      if (n > 0) off += static_cast<size_t>(n);
+      if (off * 2 >= data.size()) CrashPoint("checkpoint.mid_manifest");
+    }
+    if (s.ok() && ::fsync(fd) != 0) s = Status::FromErrno(errno, "fsync " + tmp);
+    ::close(fd);
+    if (!s.ok()) {
+      ::unlink(tmp.c_str());
+      return s;
+    }
+  }
+  CrashPoint("checkpoint.before_link_manifest");
+  if (::link(tmp.c_str(), final_path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    if (err == EEXIST) {
+      return Status::AlreadyExists("checkpoint " + std::to_string(m.checkpoint_id) + " of " +
+                                   m.operator_id + "/" + std::to_string(m.instance) + " is already committed");
+    }
+    return Status::FromErrno(err, "link " + final_path);
+  }
+  ::unlink(tmp.c_str());
+  RHINO_RETURN_IF_ERROR(fs::FsyncPath(inst_dir));
+  CrashPoint("checkpoint.after_commit");
+  return Status::OK();
+}
+
+Status ReplicaStore::ReadManifest(const std::string& operator_id, uint32_t instance,
+                                  uint64_t checkpoint_id, Manifest* out) const {
+  std::string inst_dir;
+  RHINO_RETURN_IF_ERROR(InstanceDir(operator_id, instance, &inst_dir));
+  std::string data;
+  Status s = fs::ReadFile(fs::Join(inst_dir, ManifestName(checkpoint_id)), &data);
+  if (s.IsNotFound()) {
+    return Status::NotFound("checkpoint " + std::to_string(checkpoint_id) + " of " + operator_id + "/" +
+                            std::to_string(instance) + " is not in store " + dir_);
+  }
+  RHINO_RETURN_IF_ERROR(s);
+  s = Manifest::Parse(data, out);
+  if (!s.ok()) {
+    return Status::Corruption("checkpoint " + std::to_string(checkpoint_id) + " of " + operator_id + "/" +
+                              std::to_string(instance) + ": " + s.message());
+  }
+  if (out->operator_id != operator_id || out->instance != instance || out->checkpoint_id != checkpoint_id) {
+    return Status::Corruption("manifest at checkpoint " + std::to_string(checkpoint_id) + " of " + operator_id +
+                              "/" + std::to_string(instance) + " describes another checkpoint");
+  }
+  return Status::OK();
+}
+
+Status ReplicaStore::ListCheckpoints(const std::string& operator_id, uint32_t instance,
+                                     std::vector<uint64_t>* out) const {
+  out->clear();
+  std::string inst_dir;
+  RHINO_RETURN_IF_ERROR(InstanceDir(operator_id, instance, &inst_dir));
+  if (!fs::IsDir(inst_dir)) return Status::OK();
+  std::vector<std::string> names;
+  RHINO_RETURN_IF_ERROR(fs::ListDir(inst_dir, &names));
+  for (const auto& n : names) {
+    uint64_t id;
+    if (ParseManifestName(n, &id)) out->push_back(id);
+  }
+  return Status::OK();  // names are zero-padded, so sorted names are sorted ids
+}
+
+Status ReplicaStore::ListInstances(std::vector<InstanceRef>* out) const {
+  out->clear();
+  std::vector<std::string> ops;
+  RHINO_RETURN_IF_ERROR(fs::ListDir(fs::Join(dir_, "checkpoints"), &ops));
+  for (const auto& op : ops) {
+    if (!IsValidOperatorId(op)) continue;
+    std::vector<std::string> insts;
+    RHINO_RETURN_IF_ERROR(fs::ListDir(fs::Join(fs::Join(dir_, "checkpoints"), op), &insts));
+    for (const auto& i : insts) {
+      char* end = nullptr;
+      unsigned long v = std::strtoul(i.c_str(), &end, 10);
+      if (!i.empty() && *end == '\0' && std::to_string(v) == i) out->push_back({op, static_cast<uint32_t>(v)});
+    }
+  }
+  return Status::OK();
+}
+
+Status ReplicaStore::Restore(const std::string& operator_id, uint32_t instance, uint64_t checkpoint_id,
+                             const std::string& target_dir, const RestoreOptions& options,
+                             RestoreStats* stats) const {
+  auto t0 = std::chrono::steady_clock::now();
+  *stats = RestoreStats();
+  if (target_dir.empty()) return Status::InvalidArgument("restore target directory is empty");
+  if (fs::Exists(target_dir)) {
+    return Status::AlreadyExists("restore target " + target_dir + " already exists; refusing to overwrite it");
+  }
+  std::unique_ptr<Lock> lock;
+  RHINO_RETURN_IF_ERROR(AcquireLock(false, &lock));  // GC must not reclaim files under us
+  Manifest m;
+  RHINO_RETURN_IF_ERROR(ReadManifest(operator_id, instance, checkpoint_id, &m));
+  std::vector<std::string> sources;
+  for (const auto& f : m.files) {
+    if (!IsPlainFileName(f.name)) {
+      return Status::PathOutsideStore("checkpoint " + std::to_string(checkpoint_id) + " names file '" + f.name +
+                                      "', which is not a plain file name");
+    }
+    std::string pooled;
+    RHINO_RETURN_IF_ERROR(PoolPath(f.identity, &pooled));
+    uint64_t size = 0;
+    if (!fs::FileSize(pooled, &size).ok()) {
+      return Status::Corruption("checkpoint " + std::to_string(checkpoint_id) + ": file " + f.name +
+                                " is missing from the pool");
+    }
+    if (size != f.size) {
+      return Status::Corruption("checkpoint " + std::to_string(checkpoint_id) + ": file " + f.name + " is " +
+                                std::to_string(size) + " bytes, manifest says " + std::to_string(f.size) +
+                                (size < f.size ? " (truncated)" : ""));
+    }
+    if (options.verify == VerifyLevel::kFull) {
+      std::string sum;
+      uint64_t n;
+      RHINO_RETURN_IF_ERROR(HashFile(pooled, &sum, &n));
+      if (sum != f.checksum) {
+        return Status::Corruption("checkpoint " + std::to_string(checkpoint_id) + ": file " + f.name +
+                                  " fails its checksum");
+      }
+    }
+    sources.push_back(std::move(pooled));
+  }
+
+  std::string parent = fs::Parent(target_dir);
+  RHINO_RETURN_IF_ERROR(fs::MakeDirs(parent));
+  // Remove staging of earlier restores to this target whose process died.
+  const std::string prefix = fs::Basename(target_dir) + ".rhino-restore-";
+  std::vector<std::string> siblings;
+  if (fs::ListDir(parent, &siblings).ok()) {
+    for (const auto& n : siblings)
+      if (StagingOwnerDead(n, prefix)) fs::RemoveAll(fs::Join(parent, n));
+  }
+  std::string stage = fs::Join(parent, prefix + std::to_string(::getpid()) + "-" + fs::RandomHex(6));
+  if (::mkdir(stage.c_str(), 0755) != 0) return Status::FromErrno(errno, "mkdir " + stage);
+
+  Status s;
+  for (size_t i = 0; i < m.files.size() && s.ok(); ++i) {
+    const FileEntry& f = m.files[i];
+    std::string dst = fs::Join(stage, f.name);
+    bool linked = false;
+    if (options.mode == PlaceMode::kLink && IsImmutableDbFile(f.name)) {
+      bool cross_device = false;
+      s = fs::Link(sources[i], dst, &cross_device);
+      if (s.ok()) {
+        linked = true;
+      } else if (cross_device) {
+        stats->fell_back_to_copy = true;
+        s = Status::OK();
+      }
+    }
+    if (s.ok() && !linked) {
+      s = fs::CopyFile(sources[i], dst);
+      if (s.ok()) ::chmod(dst.c_str(), 0644);
+    }
+    if (s.ok()) {
+      ++stats->files;
+      stats->total_bytes += f.size;
+      if (linked) {
+        ++stats->linked_files;
+      } else {
+        ++stats->copied_files;
+        stats->copied_bytes += f.size;
+      }
+    }
+    if (i == m.files.size() / 2) CrashPoint("restore.mid_files");
+  }
+  if (s.ok()) s = fs::FsyncPath(stage);
+  if (s.ok()) CrashPoint("restore.before_rename");
+  if (s.ok()) s = fs::Rename(stage, target_dir);
+  if (!s.ok()) {
+    fs::RemoveAll(stage);
+    return s;
+  }
+  RHINO_RETURN_IF_ERROR(fs::FsyncPath(parent));
+  stats->build_seconds = Seconds(t0);
+  return Status::OK();
+}
+
+Status ReplicaStore::Verify(const std::string& operator_id, uint32_t instance, VerifyLevel level,
+                            VerifyReport* report) const {
+  *report = VerifyReport();
+  std::unique_ptr<Lock> lock;
+  RHINO_RETURN_IF_ERROR(AcquireLock(false, &lock));
+  std::vector<InstanceRef> instances;
+  if (operator_id.empty()) {
+    RHINO_RETURN_IF_ERROR(ListInstances(&instances));
+  } else {
+    std::string ignored;
+    RHINO_RETURN_IF_ERROR(InstanceDir(operator_id, instance, &ignored));
+    instances.push_back({operator_id, instance});
+  }
+  for (const auto& inst : instances) {
+    std::vector<uint64_t> ids;
+    RHINO_RETURN_IF_ERROR(ListCheckpoints(inst.operator_id, inst.instance, &ids));
+    for (uint64_t id : ids) {
+      ++report->checkpoints;
+      auto problem = [&](const std::string& file, const std::string& detail) {
+        report->problems.push_back({inst.operator_id, inst.instance, id, file, detail});
+      };
+      Manifest m;
+      Status s = ReadManifest(inst.operator_id, inst.instance, id, &m);
+      if (!s.ok()) {
+        problem("", s.message());
+        continue;
+      }
+      for (const auto& f : m.files) {
+        std::string pooled;
+        if (!IsPlainFileName(f.name) || !PoolPath(f.identity, &pooled).ok()) {
+          problem(f.name, "invalid file name or identity");
+          continue;
+        }
+        uint64_t size = 0;
+        if (!fs::FileSize(pooled, &size).ok()) {
+          problem(f.name, "missing from the pool");
+          continue;
+        }
+        ++report->files_checked;
+        if (size != f.size) {
+          problem(f.name, (size < f.size ? "truncated: " : "wrong size: ") + std::to_string(size) +
+                              " bytes, expected " + std::to_string(f.size));
+          continue;
+        }
+        if (level == VerifyLevel::kFull) {
+          std::string sum;
+          uint64_t n = 0;
+          Status hs = HashFile(pooled, &sum, &n);
+          report->bytes_checked += n;
+          if (!hs.ok()) {
+            problem(f.name, hs.message());
+          } else if (sum != f.checksum) {
+            problem(f.name, "checksum mismatch");
+          }
+        }
+      }
+    }
+  }
+  return Status::OK();
+}
+
+Status ReplicaStore::Retain(const std::string& operator_id, uint32_t instance, uint32_t keep_last,
+                            std::vector<uint64_t>* removed) {
+  removed->clear();
+  std::string inst_dir;
+  RHINO_RETURN_IF_ERROR(InstanceDir(operator_id, instance, &inst_dir));
+  std::vector<uint64_t> ids;
+  RHINO_RETURN_IF_ERROR(ListCheckpoints(operator_id, instance, &ids));
+  if (ids.size() <= keep_last) return Status::OK();
+  for (size_t i = 0; i + keep_last < ids.size(); ++i) {
+    std::string p = fs::Join(inst_dir, ManifestName(ids[i]));
+    if (::unlink(p.c_str()) != 0 && errno != ENOENT) return Status::FromErrno(errno, "unlink " + p);
+    removed->push_back(ids[i]);
+  }
+  return fs::FsyncPath(inst_dir);
+}
+
+Status ReplicaStore::GarbageCollect(GcStats* stats) {
+  *stats = GcStats();
+  std::unique_ptr<Lock> lock;
+  RHINO_RETURN_IF_ERROR(AcquireLock(true, &lock));
+  std::set<std::string> referenced;
+  std::vector<InstanceRef> instances;
+  RHINO_RETURN_IF_ERROR(ListInstances(&instances));
+  for (const auto& inst : instances) {
+    std::vector<uint64_t> ids;
+    RHINO_RETURN_IF_ERROR(ListCheckpoints(inst.operator_id, inst.instance, &ids));
+    for (uint64_t id : ids) {
+      Manifest m;
+      Status s = ReadManifest(inst.operator_id, inst.instance, id, &m);
+      // Never delete on uncertainty: an unreadable manifest stops GC.
+      if (!s.ok()) return Status::Corruption("garbage collection stopped: " + s.message());
+      for (const auto& f : m.files) referenced.insert(f.identity);
+    }
+    // Manifest temporaries of dead committers.
+    std::string inst_dir;
+    RHINO_RETURN_IF_ERROR(InstanceDir(inst.operator_id, inst.instance, &inst_dir));
+    std::vector<std::string> names;
+    RHINO_RETURN_IF_ERROR(fs::ListDir(inst_dir, &names));
+    for (const auto& n : names) {
+      auto pos = n.find(".manifest.tmp-");
+      if (pos != std::string::npos && StagingOwnerDead(n, n.substr(0, pos) + ".manifest.tmp-")) {
+        fs::RemoveAll(fs::Join(inst_dir, n));
+      }
+    }
+  }
+  std::string pool = fs::Join(dir_, "pool");
+  std::vector<std::string> names;
+  RHINO_RETURN_IF_ERROR(fs::ListDir(pool, &names));
+  for (const auto& n : names) {
+    if (referenced.count(n)) continue;
+    std::string p = fs::Join(pool, n);
+    uint64_t size = 0;
+    fs::FileSize(p, &size);
+    if (::unlink(p.c_str()) != 0 && errno != ENOENT) return Status::FromErrno(errno, "unlink " + p);
+    ++stats->files_removed;
+    stats->bytes_removed += size;
+  }
+  RHINO_RETURN_IF_ERROR(fs::FsyncPath(pool));
+  std::string tmp = fs::Join(dir_, "tmp");
+  RHINO_RETURN_IF_ERROR(fs::ListDir(tmp, &names));
+  for (const auto& n : names) {
+    auto dash = n.find('-');
+    if (dash != std::string::npos && StagingOwnerDead(n, n.substr(0, dash + 1))) {
+      RHINO_RETURN_IF_ERROR(fs::RemoveAll(fs::Join(tmp, n)));
+      ++stats->staging_removed;
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace rhino

@@ -1,0 +1,12 @@
+// Crash points: named places where a test can have this process SIGKILL itself.
+//
+// Set RHINO_CRASH_POINT=<name> in a child process and it raises SIGKILL the
+// first time execution reaches CrashPoint("<name>"). This is a real kill -9 at
+// a chosen instant, as RocksDB's own TEST_KILL_RANDOM does; the crash tests use
+// it to prove that no half-written checkpoint or restore is ever visible. The
+// cost when the variable is unset is one cached string comparison.
+#pragma once
+
+namespace rhino {
+void CrashPoint(const char* name);
+}  // namespace rhino
