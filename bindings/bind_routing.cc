@@ -3,6 +3,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <string>
+#include <vector>
+
 #include "buffers.h"
 #include "errors.h"
 #include "rhino/partitioner.h"
@@ -62,9 +65,18 @@ Maps keys to key groups and vnodes (DESIGN §1).
 key group = top log2(K) bits of XXH3_64(key bytes, seed); vnode = floor(kg * V / K).
 An int key is hashed as its 8 little-endian bytes; a str key as its UTF-8 bytes.
 )doc")
-      .def(py::init([](uint32_t num_key_groups, uint32_t num_vnodes, uint64_t seed) {
+      .def(py::init([](int64_t num_key_groups, int64_t num_vnodes, uint64_t seed) {
+             // Taken as int64 so that K = 2^32 or V = -1 is an InvalidArgumentError like
+             // any other bad K or V, not a pybind11 TypeError or a silent wrap-around.
+             if (num_key_groups < 0 || num_key_groups > UINT32_MAX)
+               throw StatusError{Status::InvalidArgument("num_key_groups must be a power of two in [1, 2^30], got " +
+                                                         std::to_string(num_key_groups))};
+             if (num_vnodes < 0 || num_vnodes > UINT32_MAX)
+               throw StatusError{Status::InvalidArgument("num_vnodes must be in [1, num_key_groups], got " +
+                                                         std::to_string(num_vnodes))};
              Partitioner p;
-             ThrowIfError(Partitioner::Create(PartitionerOptions{num_key_groups, num_vnodes, seed}, &p));
+             ThrowIfError(Partitioner::Create(PartitionerOptions{static_cast<uint32_t>(num_key_groups),
+                                                                 static_cast<uint32_t>(num_vnodes), seed}, &p));
              return p;
            }),
            py::kw_only(), py::arg("num_key_groups") = 1u << 15, py::arg("num_vnodes") = 256u,
@@ -128,13 +140,31 @@ the table changes only through reassign() (a handover), which bumps the epoch.
              return t.InstanceOf(static_cast<uint32_t>(vnode));
            }, py::arg("vnode"))
       .def("instances_of", [](const RoutingTable& t, py::handle vnodes) {
-             auto arr = py::array_t<int32_t, py::array::c_style | py::array::forcecast>::ensure(vnodes);
-             if (!arr || arr.ndim() != 1) throw StatusError{Status::InvalidArgument("vnodes must be a 1-D integer array")};
+             // Cast to int64, never straight to int32: a forced cast to int32 would
+             // wrap 2^32 + 3 to vnode 3 and truncate 3.9 to 3 instead of rejecting them.
+             py::array any = py::array::ensure(vnodes);
+             if (!any || any.ndim() != 1) throw StatusError{Status::InvalidArgument("vnodes must be a 1-D integer array")};
+             const char kind = any.dtype().kind();
+             if (any.size() > 0 && kind != 'i' && kind != 'u')
+               throw StatusError{Status::InvalidArgument("vnodes must be integers, got dtype " +
+                                                         std::string(py::str(any.dtype())))};
+             auto arr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(any);
+             if (!arr) throw py::error_already_set();
+             const size_t n = static_cast<size_t>(arr.size());
              py::array_t<int32_t> out(arr.size());
              Status s;
              {
                py::gil_scoped_release release;
-               s = t.InstancesOf(arr.data(), static_cast<size_t>(arr.size()), out.mutable_data());
+               const int64_t* in = arr.data();
+               std::vector<int32_t> narrow(n);
+               for (size_t i = 0; i < n && s.ok(); ++i) {
+                 if (in[i] < 0 || in[i] >= static_cast<int64_t>(t.num_vnodes())) {
+                   s = Status::UnknownVnode("vnode " + std::to_string(in[i]) + " is outside [0, " +
+                                            std::to_string(t.num_vnodes()) + ")");
+                 }
+                 narrow[i] = static_cast<int32_t>(in[i]);
+               }
+               if (s.ok()) s = t.InstancesOf(narrow.data(), n, out.mutable_data());
              }
              ThrowIfError(s);
              return out;

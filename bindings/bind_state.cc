@@ -48,7 +48,9 @@ StateOptions MakeOptions(py::object partitioner, const std::string& operator_id,
   if (!vnodes.is_none()) {
     for (py::handle v : vnodes) {
       int64_t x = v.cast<int64_t>();
-      if (x < 0) throw StatusError{Status::UnknownVnode("vnode " + std::to_string(x) + " is negative")};
+      // Range-check before narrowing: 2^32 + 3 must not silently become vnode 3.
+      if (x < 0 || x > (int64_t{1} << 30))
+        throw StatusError{Status::UnknownVnode("vnode " + std::to_string(x) + " is out of range")};
       o.vnodes.push_back(static_cast<uint32_t>(x));
     }
     if (o.vnodes.empty()) throw StatusError{Status::InvalidArgument("vnodes is empty: an instance holds at least one")};
@@ -63,6 +65,13 @@ std::vector<uint32_t> ToVnodes(const std::vector<int64_t>& in) {
     out.push_back(static_cast<uint32_t>(v));
   }
   return out;
+}
+
+// A vnode argument as Python passes it (int64): range-checked before the cast
+// to uint32, so that e.g. 2^32 does not wrap around to vnode 0.
+void CheckVnodeArg(int64_t vnode) {
+  if (vnode < 0 || vnode > (int64_t{1} << 30))
+    throw StatusError{Status::UnknownVnode("vnode " + std::to_string(vnode) + " is out of range")};
 }
 
 void WriteWith(PyState& st, py::handle keys, py::handle values, std::optional<uint64_t> version) {
@@ -226,7 +235,7 @@ UnknownVnodeError, and nothing of its batch is written.
            }, py::arg("keys"), py::arg("width"),
            "Fixed-width values of many keys: (uint8 array of shape (n, width), bool found mask).")
       .def("scan", [](PyState& st, int64_t vnode) {
-             if (vnode < 0) throw StatusError{Status::UnknownVnode("vnode " + std::to_string(vnode) + " is negative")};
+             CheckVnodeArg(vnode);
              std::vector<std::pair<std::string, std::string>> items;
              Status s;
              {
@@ -242,7 +251,7 @@ UnknownVnodeError, and nothing of its batch is written.
              return out;
            }, py::arg("vnode"), "All (key, value) pairs of one vnode, in key order, from a consistent snapshot.")
       .def("count", [](PyState& st, int64_t vnode) {
-             if (vnode < 0) throw StatusError{Status::UnknownVnode("vnode " + std::to_string(vnode) + " is negative")};
+             CheckVnodeArg(vnode);
              uint64_t n = 0;
              Status s;
              {

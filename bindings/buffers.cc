@@ -24,9 +24,11 @@ bool AppendScalar(py::handle item, bool is_key, std::string* out) {
     return true;
   }
   if (PyMemoryView_Check(o)) {
-    py::bytes b(py::reinterpret_borrow<py::object>(item));
-    std::string_view s = b;
-    out->append(s.data(), s.size());
+    // py::bytes(obj) only accepts bytes (it raised a raw TypeError here);
+    // PyBytes_FromObject copies any buffer, contiguous or not, in C order.
+    py::object b = py::reinterpret_steal<py::object>(PyBytes_FromObject(o));
+    if (!b) throw py::error_already_set();
+    out->append(PyBytes_AS_STRING(b.ptr()), static_cast<size_t>(PyBytes_GET_SIZE(b.ptr())));
     return true;
   }
   if (!is_key) return false;

@@ -136,10 +136,13 @@ class StateBackend {
   std::optional<uint64_t> last_checkpoint() const;
 
   // ---- checkpoints (DESIGN §1, Rhino §4.2.2 phase 2 step 1) ----
-  // Takes checkpoint `checkpoint_id` (> the last one) into `store`: a RocksDB
+  // Takes checkpoint `checkpoint_id` into `store`: a RocksDB
   // checkpoint (hard links) is staged, its files pooled by content identity,
   // and the manifest committed atomically. The delta is the set of files not
-  // in the parent (the last checkpoint, if the store still holds it).
+  // in the parent: the last checkpoint this state took or was restored from,
+  // or else the newest committed one before `checkpoint_id`.
+  // `checkpoint_id` must exceed the last id this state took, or equal it if
+  // that one never committed (a retry after a crash).
   Status Checkpoint(ReplicaStore* store, uint64_t checkpoint_id, uint64_t epoch, Manifest* out);
 
   // ---- vnode export / import (the primitive of a handover, Rhino §4.1) ----
