@@ -1,0 +1,90 @@
+"""Batched put and get through the bindings against rocksdict's per-key calls.
+
+Same data on both sides: 100k random int64 keys (8 little-endian bytes) and
+100-byte random values. Rhino: StateBackend.put_batch / get_batch with a NumPy
+int64 key array (256 vnodes, one column family each). rocksdict (raw mode):
+`db[k] = v` and `db[k]` per key, keys and values already as bytes.
+Puts overwrite the same keys every round (state updates); gets read a state
+at rest (flushed to SST files). Target (issue 2): >= 3x rocksdict.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from rocksdict import Options, Rdict
+
+import rhino
+
+from benchutil import record
+
+N = 100_000
+VALUE_SIZE = 100
+
+
+@pytest.fixture(scope="module")
+def data(rng):
+    keys = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, N, dtype=np.int64)
+    keys = np.unique(keys)  # distinct, so both sides hold exactly N entries
+    rng.shuffle(keys)
+    values = np.frombuffer(rng.bytes(len(keys) * VALUE_SIZE), dtype=np.uint8).reshape(len(keys), VALUE_SIZE)
+    key_bytes = [k.to_bytes(8, "little", signed=True) for k in keys.tolist()]
+    value_bytes = [v.tobytes() for v in values]
+    return keys, values, key_bytes, value_bytes
+
+
+@pytest.fixture()
+def rhino_db(tmp_path):
+    db = rhino.StateBackend.open(str(tmp_path / "rhino"), partitioner=rhino.Partitioner())
+    yield db
+    db.close()
+
+
+@pytest.fixture()
+def rocks(tmp_path):
+    db = Rdict(str(tmp_path / "rocksdict"), options=Options(raw_mode=True))
+    yield db
+    db.close()
+
+
+def _rocksdict_put(db, key_bytes, value_bytes):
+    for k, v in zip(key_bytes, value_bytes):
+        db[k] = v
+
+
+def _rocksdict_get(db, key_bytes):
+    return [db[k] for k in key_bytes]
+
+
+def test_put_rhino(benchmark, rhino_db, data):
+    keys, values, _, _ = data
+    benchmark.pedantic(rhino_db.put_batch, args=(keys, values), rounds=10, warmup_rounds=1)
+    record(benchmark, figure="batched put", role="rhino", items=len(keys), unit="keys",
+           what=f"put_batch(int64[{len(keys)}], uint8[{len(keys)},{VALUE_SIZE}])")
+
+
+def test_put_rocksdict(benchmark, rocks, data):
+    _, _, key_bytes, value_bytes = data
+    benchmark.pedantic(_rocksdict_put, args=(rocks, key_bytes, value_bytes), rounds=10, warmup_rounds=1)
+    record(benchmark, figure="batched put", role="baseline", items=len(key_bytes), unit="keys",
+           what="rocksdict raw mode: db[k] = v per key")
+
+
+def test_get_rhino(benchmark, rhino_db, data):
+    keys, values, _, value_bytes = data
+    rhino_db.put_batch(keys, values)
+    rhino_db.flush()
+    got = benchmark.pedantic(rhino_db.get_batch, args=(keys,), rounds=10, warmup_rounds=1)
+    assert got[0] == value_bytes[0] and got[-1] == value_bytes[-1] and len(got) == len(keys)
+    record(benchmark, figure="batched get", role="rhino", items=len(keys), unit="keys",
+           what=f"get_batch(int64[{len(keys)}]) -> list of bytes")
+
+
+def test_get_rocksdict(benchmark, rocks, data):
+    _, _, key_bytes, value_bytes = data
+    _rocksdict_put(rocks, key_bytes, value_bytes)
+    rocks.flush()
+    got = benchmark.pedantic(_rocksdict_get, args=(rocks, key_bytes), rounds=10, warmup_rounds=1)
+    assert got[0] == value_bytes[0] and got[-1] == value_bytes[-1]
+    record(benchmark, figure="batched get", role="baseline", items=len(key_bytes), unit="keys",
+           what="rocksdict raw mode: db[k] per key")

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Turns pytest-benchmark's JSON into bench/results/micro.md.
+
+usage: python bench/report_micro.py bench/results/micro.json [OUT.md]
+
+For each figure (a pair of benchmarks with the same extra_info["figure"]) the
+table gives Rhino's figure, its baseline's, the ratio, the target from issue 2
+and PASS/FAIL; then every benchmark's raw statistics, the exact command, the
+parameters and the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # the repository, for rhino._machine
+
+# figure -> (how to compare, min ratio, min Rhino rate, target text)
+TARGETS: dict[str, dict[str, Any]] = {
+    "routing": {"compare": "rate", "min_ratio": 100.0, "min_rate": 100e6,
+                "text": ">= 100 M keys/s on one core and >= 100x the pure-Python partitioner"},
+    "batched put": {"compare": "rate", "min_ratio": 3.0, "text": ">= 3x rocksdict per-key puts"},
+    "batched get": {"compare": "rate", "min_ratio": 3.0, "text": ">= 3x rocksdict per-key gets"},
+    "restore 64 MiB": {"compare": "time", "text": "none here (informational); targets: restore sweep"},
+}
+
+
+def _rate(x: float | None, unit: str) -> str:
+    if x is None:
+        return "-"
+    if x >= 1e6:
+        return f"{x / 1e6:,.1f} M {unit}/s"
+    if x >= 1e3:
+        return f"{x / 1e3:,.0f} k {unit}/s"
+    return f"{x:,.0f} {unit}/s"
+
+
+def _secs(s: float) -> str:
+    return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.2f} s"
+
+
+def _machine_lines(m: dict[str, Any]) -> list[str]:
+    fs = m.get("filesystem") or {}
+    return [
+        f"- CPU: {m.get('cpu_model')} ({m.get('cpu_cores')} cores, {m.get('cpu_cores_usable')} usable)",
+        f"- RAM: {m.get('ram_bytes', 0) / (1 << 30):.1f} GiB",
+        f"- OS / kernel: {m.get('os')} / {m.get('kernel')}",
+        f"- Disk filesystem: {fs.get('fstype')} on {fs.get('device')} (mounted at {fs.get('mount')})",
+        f"- Python {m.get('python')}, rhino {m.get('rhino')}, librocksdb {m.get('librocksdb')}",
+        f"- Load average (1, 5, 15 min): {m.get('loadavg_at_start', '?')} when the run started, "
+        f"{m.get('loadavg_1_5_15')} when it ended (other processes share these cores)",
+    ]
+
+
+def build_report(data: dict[str, Any], json_path: str) -> tuple[str, bool]:
+    benches = data["benchmarks"]
+    figures: dict[str, dict[str, dict[str, Any]]] = {}
+    for b in benches:
+        info = b.get("extra_info", {})
+        if "figure" in info:
+            figures.setdefault(info["figure"], {})[info["role"]] = b
+
+    lines = ["# Micro-benchmarks", "",
+             f"Run {data.get('datetime', '?')}; every pair below was measured in this one run. "
+             "Figures are medians over the rounds (wall-clock).", "",
+             "| figure | Rhino | baseline | ratio | target | result |",
+             "|---|---|---|---|---|---|"]
+    all_pass = True
+    order = [f for f in TARGETS if f in figures] + [f for f in figures if f not in TARGETS]
+    figures = {f: figures[f] for f in order}
+    for name, pair in figures.items():
+        rh, base = pair.get("rhino"), pair.get("baseline")
+        if rh is None or base is None:
+            continue
+        t = TARGETS.get(name, {"compare": "rate", "text": "-"})
+        ri, bi = rh["extra_info"], base["extra_info"]
+        if t["compare"] == "rate":
+            r_rate = ri["items"] / rh["stats"]["median"]
+            b_rate = bi["items"] / base["stats"]["median"]
+            ratio = r_rate / b_rate
+            r_txt, b_txt = _rate(r_rate, ri["unit"]), _rate(b_rate, bi["unit"])
+            ok = ratio >= t.get("min_ratio", 0) and r_rate >= t.get("min_rate", 0)
+            result = "PASS" if ok else "FAIL"
+            all_pass &= ok
+            ratio_txt = f"{ratio:,.1f}x"
+        else:
+            r_s, b_s = rh["stats"]["median"], base["stats"]["median"]
+            r_txt = f"{_secs(r_s)} ({ri['items']} files)"
+            b_txt = f"{_secs(b_s)} ({bi['items']} files)"
+            ratio_txt = f"{b_s / r_s:,.1f}x faster"
+            result = "info"
+        lines.append(f"| {name} | {r_txt} | {b_txt} | {ratio_txt} | {t['text']} | {result} |")
+
+    lines += ["", "CPU-time rates (thread CPU time of one extra call; the rate per busy core even when "
+              "other processes share the machine):", ""]
+    for name, pair in figures.items():
+        for role in ("rhino", "baseline"):
+            b = pair.get(role)
+            if b and b["extra_info"].get("cpu_items_per_s"):
+                lines.append(f"- {name}, {role}: {_rate(b['extra_info']['cpu_items_per_s'], b['extra_info']['unit'])}")
+
+    lines += ["", "## Every benchmark", "",
+              "| benchmark | what | rounds | min | median | max | items per call | rate (median) |",
+              "|---|---|---|---|---|---|---|---|"]
+    for b in benches:
+        s, info = b["stats"], b.get("extra_info", {})
+        rate = info["items"] / s["median"] if info.get("items") else None
+        lines.append(f"| `{b['name']}` | {info.get('what', '')} | {s['rounds']} | {_secs(s['min'])} | "
+                     f"{_secs(s['median'])} | {_secs(s['max'])} | {info.get('items', '')} {info.get('unit', '')} | "
+                     f"{_rate(rate, info.get('unit', 'items'))} |")
+
+    mi = data.get("machine_info", {})
+    command = mi.get("rhino_command", "python -m pytest bench/micro --benchmark-only")
+    lines += ["", "## Command", "",
+              "```",
+              "make bench   # runs, among others:",
+              command,
+              f"python bench/report_micro.py {os.path.relpath(json_path)}",
+              "```", "",
+              "Parameters: routing 10,000,000 random int64 keys (baseline 200,000), K = 2^15, V = 256; "
+              "put/get 100,000 random int64 keys with 100-byte random values, V = 256 vnodes, rocksdict in "
+              "raw mode with default options; restore of a 64 MiB state (1 KiB values) with a warm page "
+              "cache. Sources: `bench/micro/`.", "",
+              "## Machine", ""]
+    m = mi.get("rhino_machine")
+    lines += _machine_lines(m) if m else [f"- {mi.get('cpu', {}).get('brand_raw', '?')}, {mi.get('release', '?')}"]
+    commit = data.get("commit_info", {})
+    if commit.get("id"):
+        lines.append(f"- Commit: {commit['id'][:12]}{' (with uncommitted changes)' if commit.get('dirty') else ''}")
+    return "\n".join(lines) + "\n", all_pass
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) not in (2, 3):
+        print(__doc__.strip().splitlines()[2], file=sys.stderr)
+        return 2
+    json_path = argv[1]
+    out = argv[2] if len(argv) == 3 else os.path.splitext(json_path)[0] + ".md"
+    with open(json_path, encoding="utf-8") as f:
+        data = json.load(f)
+    text, all_pass = build_report(data, json_path)
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(text)
+    print(f"wrote {out}; targets {'all met' if all_pass else 'NOT all met'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,216 @@
+"""`rhino bench restore`: hard-link restore against copy restore and `cp -al`.
+
+For each state size: build the state (random, incompressible values through
+put_batch), checkpoint it into a replica store, then time, in the same run,
+  * hardlink_restore_s  ReplicaStore.restore_files(mode="link"): build the DB
+                        directory (hard links + small copies + fsync + rename);
+  * open_s              opening RocksDB on that directory;
+  * cp_al_s             coreutils `cp -al` of a directory holding the same files,
+                        the physical reference for creating that many hard links;
+  * copy_restore_s      ReplicaStore.restore_files(mode="copy"): every byte copied.
+Each is repeated and the median reported, with the raw runs. When we may
+(root, writable /proc/sys/vm/drop_caches), the page cache is dropped before
+every timed run, so metadata and data come from disk (`dropped_caches`).
+
+Output contract: one JSON object per size (one line each), with at least
+size_bytes, files, hardlink_restore_s, copy_restore_s and cp_al_s.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Optional, TextIO
+
+from . import Partitioner, ReplicaStore, StateBackend
+from ._machine import describe_machine
+from ._sizes import format_bytes
+from ._workload import build_state
+from .errors import NoSpaceError
+
+__all__ = ["drop_caches", "measure_size", "run"]
+
+OPERATOR = "bench"
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+
+
+def drop_caches() -> bool:
+    """`sync; echo 3 > /proc/sys/vm/drop_caches` if we may; True if it was done."""
+    if not os.access(DROP_CACHES, os.W_OK):
+        return False
+    try:
+        os.sync()
+        with open(DROP_CACHES, "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def _rm(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - t0, result
+
+
+def _cp_al(src: str, dst: str) -> None:
+    subprocess.run(["cp", "-al", src, dst], check=True)
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def measure_size(size_bytes: int, *, base_dir: str, value_size: int = 1024, repeats: int = 5,
+                 keep: bool = False, use_drop_caches: bool = True, progress: bool = True,
+                 log: TextIO = sys.stderr) -> dict[str, Any]:
+    """Builds, checkpoints and restores one state of about `size_bytes`; returns its figures."""
+    def say(msg: str) -> None:
+        print(msg, file=log, flush=True)
+
+    work = os.path.join(base_dir, f"state-{size_bytes}")
+    _rm(work)
+    os.makedirs(work)
+    free = shutil.disk_usage(work).free
+    need = int(2.5 * size_bytes) + (256 << 20)
+    if free < need:
+        raise NoSpaceError(f"{format_bytes(free)} free under {base_dir}, a {format_bytes(size_bytes)} run needs "
+                           f"about {format_bytes(need)} (state + copy restore); choose another --dir")
+    live, store_dir = os.path.join(work, "live"), os.path.join(work, "store")
+    try:
+        # 1. Build the state and checkpoint it.
+        db = StateBackend.open(live, partitioner=Partitioner(), operator_id=OPERATOR, instance=0)
+        built = build_state(db, size_bytes, value_size=value_size, progress=progress,
+                            label=f"building {format_bytes(size_bytes)} state")
+        store = ReplicaStore(store_dir)
+        checkpoint_s, manifest = _timed(lambda: db.checkpoint(store, 1))
+        db.close()
+        say(f"  checkpoint 1: {len(manifest.files)} files, {format_bytes(manifest.total_bytes)} "
+            f"in {checkpoint_s:.2f} s")
+
+        dropped: list[bool] = []
+
+        def cold() -> None:
+            if use_drop_caches:
+                dropped.append(drop_caches())
+
+        # 2. Hard-link restore (+ opening RocksDB on the result).
+        link_runs, open_runs, link_stats = [], [], None
+        for r in range(repeats):
+            target = os.path.join(work, f"link-{r}")
+            cold()
+            t, link_stats = _timed(lambda: store.restore_files(OPERATOR, 0, 1, target, mode="link"))
+            link_runs.append(t)
+            t, opened = _timed(lambda: StateBackend.open(target, create=False))
+            open_runs.append(t)
+            opened.close()
+            _rm(target)
+        say(f"  hard-link restore: median {_median(link_runs) * 1e3:.1f} ms "
+            f"({link_stats.linked_files} linked, {link_stats.copied_files} copied); "
+            f"open {_median(open_runs):.3f} s")
+
+        # 3. cp -al of a directory holding the same files (a pristine hard-link restore).
+        src = os.path.join(work, "link-src")
+        store.restore_files(OPERATOR, 0, 1, src, mode="link")
+        cp_runs = []
+        for r in range(repeats):
+            dst = os.path.join(work, f"cp-al-{r}")
+            cold()
+            subprocess.run(["cp", "--version"], check=True, stdout=subprocess.DEVNULL)  # cp itself warm
+            t, _ = _timed(lambda: _cp_al(src, dst))
+            cp_runs.append(t)
+            _rm(dst)
+        _rm(src)
+        say(f"  cp -al: median {_median(cp_runs) * 1e3:.1f} ms")
+
+        # 4. Copy restore: every byte.
+        copy_runs, copy_stats = [], None
+        for r in range(repeats):
+            target = os.path.join(work, f"copy-{r}")
+            cold()
+            t, copy_stats = _timed(lambda: store.restore_files(OPERATOR, 0, 1, target, mode="copy"))
+            copy_runs.append(t)
+            _rm(target)
+        say(f"  copy restore: median {_median(copy_runs):.2f} s")
+    finally:
+        if not keep:
+            _rm(work)
+
+    return {
+        "size_bytes": size_bytes,
+        "bytes": manifest.total_bytes,
+        "files": len(manifest.files),
+        "keys": built.keys,
+        "value_size": value_size,
+        "vnodes": len(manifest.vnodes),
+        "hardlink_restore_s": _median(link_runs),
+        "copy_restore_s": _median(copy_runs),
+        "cp_al_s": _median(cp_runs),
+        "open_s": _median(open_runs),
+        "hardlink_restore_runs": link_runs,
+        "copy_restore_runs": copy_runs,
+        "cp_al_runs": cp_runs,
+        "open_runs": open_runs,
+        "linked_files": link_stats.linked_files,
+        "copied_files": link_stats.copied_files,
+        "copied_bytes": link_stats.copied_bytes,
+        "fell_back_to_copy": link_stats.fell_back_to_copy,
+        "copy_restore_copied_files": copy_stats.copied_files,
+        "build_state_s": built.seconds,
+        "checkpoint_s": checkpoint_s,
+        "repeats": repeats,
+        "dropped_caches": bool(dropped) and all(dropped),
+    }
+
+
+def run(sizes: list[int], *, base_dir: str, value_size: int = 1024, repeats: int = 5, keep: bool = False,
+        use_drop_caches: bool = True, json_lines: bool = False, out_file: Optional[str] = None,
+        command: str = "", stdout: TextIO = sys.stdout, log: TextIO = sys.stderr) -> list[dict[str, Any]]:
+    """Measures every size in turn; prints one JSON line (or one summary line) per size as it finishes."""
+    os.makedirs(base_dir, exist_ok=True)
+    run_id = _dt.datetime.now().strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
+    results = []
+    for size in sizes:
+        print(f"[{format_bytes(size)}] building, checkpointing and restoring (x{repeats})", file=log, flush=True)
+        figures = measure_size(size, base_dir=base_dir, value_size=value_size, repeats=repeats, keep=keep,
+                               use_drop_caches=use_drop_caches, log=log)
+        figures.update({
+            "run_id": run_id,
+            "timestamp": _dt.datetime.now().isoformat(timespec="seconds"),
+            "command": command,
+            "machine": describe_machine(base_dir),
+        })
+        line = json.dumps(figures, sort_keys=False)
+        if json_lines:
+            print(line, file=stdout, flush=True)
+        else:
+            print(_summary(figures), file=stdout, flush=True)
+        if out_file:
+            os.makedirs(os.path.dirname(os.path.abspath(out_file)), exist_ok=True)
+            with open(out_file, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        results.append(figures)
+    if not keep:
+        try:
+            os.rmdir(base_dir)  # only if empty: never remove what we did not create
+        except OSError:
+            pass
+    return results
+
+
+def _summary(f: dict[str, Any]) -> str:
+    hl, cp, al = f["hardlink_restore_s"], f["copy_restore_s"], f["cp_al_s"]
+    return (f"{format_bytes(f['size_bytes']):>9}: {f['files']} files, {format_bytes(f['bytes'])}; "
+            f"hard-link restore {hl * 1e3:.1f} ms, copy restore {cp:.2f} s ({cp / hl:.0f}x slower), "
+            f"cp -al {al * 1e3:.1f} ms (hard-link/cp -al = {hl / al:.2f}), open {f['open_s']:.3f} s"
+            f"{'' if f['dropped_caches'] else '  [page cache not dropped]'}")

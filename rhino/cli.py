@@ -1,0 +1,162 @@
+"""The `rhino` command line: argument parsing and dispatch only.
+
+  rhino version
+  rhino inspect PATH [--json] [--exact]
+  rhino bench restore --sizes 256M,1G,4G [--json] [--dir D] [--out FILE] ...
+  rhino demo [--dir D] [--size 384M]
+
+User errors (a missing path, a bad size, any rhino.RhinoError) print one line
+on stderr and exit with status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from typing import Optional, Sequence
+
+EXIT_USAGE = 2
+
+
+def _size(text: str) -> int:
+    from ._sizes import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _sizes(text: str) -> list[int]:
+    from ._sizes import parse_sizes
+
+    try:
+        return parse_sizes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    import rhino
+    from rhino import _core
+    from ._machine import loaded_library
+
+    print(f"rhino {rhino.__version__}")
+    print(f"python {sys.version.split()[0]} ({sys.executable})")
+    print(f"_core {os.path.realpath(_core.__file__)}")
+    print(f"librocksdb {loaded_library('librocksdb') or 'not found in /proc/self/maps'}")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .inspection import format_report, inspect_path
+
+    report = inspect_path(args.path, exact=args.exact)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_report(report))
+    return 0
+
+
+def cmd_bench_restore(args: argparse.Namespace) -> int:
+    from .bench_restore import run
+
+    command = "rhino " + " ".join(shlex.quote(a) for a in args.argv)
+    run(args.sizes, base_dir=args.dir, value_size=args.value_size, repeats=args.repeats, keep=args.keep,
+        use_drop_caches=not args.no_drop_caches, json_lines=args.json, out_file=args.out, command=command)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(args.dir, args.size)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rhino",
+        description="Rhino: keyed RocksDB state of PySpark jobs, checkpointed incrementally and "
+                    "restored by hard links.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("version", help="package version, and the _core module and librocksdb it loaded")
+    p.set_defaults(func=cmd_version)
+
+    p = sub.add_parser("inspect", help="vnodes, key counts, sizes and checkpoints of a state dir or replica store",
+                       description="PATH is a live state directory (RocksDB, has CURRENT; opened read-only), "
+                                   "a replica store (has pool/ and checkpoints/), or a directory holding "
+                                   "live/ and store/ (what `rhino demo` creates).")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--exact", action="store_true",
+                   help="count keys exactly by scanning every vnode (default: RocksDB estimates)")
+    p.set_defaults(func=cmd_inspect)
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bsub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK")
+    bsub.required = True
+    p = bsub.add_parser("restore", help="hard-link restore vs copy restore vs cp -al, per state size",
+                        description="For each size: build a state, checkpoint it, and time hard-link restore, "
+                                    "copy restore and `cp -al` of the same files in the same run. Prints one "
+                                    "JSON object per size with --json.")
+    p.add_argument("--sizes", type=_sizes, required=True, metavar="LIST",
+                   help="comma-separated state sizes, e.g. 256M,1G,4G (K/M/G/T are powers of 1024)")
+    p.add_argument("--json", action="store_true", help="one JSON object per line and per size on stdout")
+    p.add_argument("--dir", default=".bench-restore", help="work directory (default: %(default)s)")
+    p.add_argument("--out", metavar="FILE", help="also append the JSON lines to FILE")
+    p.add_argument("--value-size", type=_positive_int, default=1024, help="bytes per value (default: %(default)s)")
+    p.add_argument("--repeats", type=_positive_int, default=5,
+                   help="timed runs per measurement; the median is reported (default: %(default)s)")
+    p.add_argument("--keep", action="store_true", help="keep the state, store and restored directories")
+    p.add_argument("--no-drop-caches", action="store_true",
+                   help="do not drop the page cache before timed runs (it is dropped when we may)")
+    p.set_defaults(func=cmd_bench_restore)
+
+    p = sub.add_parser("demo", help="the single-host demonstration: build, checkpoint, restore, verify")
+    p.add_argument("--dir", default=".demo", help="work directory, removed and recreated (default: %(default)s)")
+    p.add_argument("--size", type=_size, default=_size("384M"), help="state size, e.g. 384M (default: 384M)")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.argv = argv
+    try:
+        from .errors import RhinoError
+    except ImportError as e:  # the extension is not built: say so, no traceback
+        print(f"rhino: error: cannot import the compiled core ({e}); run `make setup`", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return int(args.func(args) or 0)
+    except RhinoError as e:
+        print(f"rhino: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as e:  # e.g. a permission problem or a full disk in Python code
+        print(f"rhino: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("rhino: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
