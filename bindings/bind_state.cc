@@ -189,47 +189,54 @@ UnknownVnodeError, and nothing of its batch is written.
       .def("get_batch", [](PyState& st, py::handle keys) {
              ByteViews k;
              k.LoadKeys(keys);
-             std::vector<std::string> values;
-             std::vector<uint8_t> found;
+             MultiGetResult r;
              Status s;
              {
                py::gil_scoped_release release;
-               s = st.get().MultiGet(k.views(), &values, &found);
+               s = st.get().MultiGet(k.views(), &r);
              }
              ThrowIfError(s);
-             py::list out(values.size());
-             for (size_t i = 0; i < values.size(); ++i) {
-               if (found[i]) out[i] = py::bytes(values[i]);
-               else out[i] = py::none();
+             // Each value is copied once: from RocksDB's pinned block into its bytes object.
+             const size_t n = r.size();
+             py::list out(n);
+             for (size_t i = 0; i < n; ++i) {
+               if (r.found(i)) {
+                 std::string_view v = r.value(i);
+                 PyObject* b = PyBytes_FromStringAndSize(v.data(), static_cast<Py_ssize_t>(v.size()));
+                 if (b == nullptr) throw py::error_already_set();
+                 PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), b);  // steals b
+               } else {
+                 PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), Py_NewRef(Py_None));
+               }
              }
              return out;
            }, py::arg("keys"), "Values of many keys as a list (None where absent).")
       .def("get_batch_array", [](PyState& st, py::handle keys, size_t width) {
              ByteViews k;
              k.LoadKeys(keys);
-             std::vector<std::string> values;
-             std::vector<uint8_t> found;
+             MultiGetResult r;
              Status s;
              {
                py::gil_scoped_release release;
-               s = st.get().MultiGet(k.views(), &values, &found);
+               s = st.get().MultiGet(k.views(), &r);
              }
              ThrowIfError(s);
-             const auto n = static_cast<py::ssize_t>(values.size());
+             const auto n = static_cast<py::ssize_t>(r.size());
              py::array_t<uint8_t> out({n, static_cast<py::ssize_t>(width)});
              py::array_t<bool> mask(n);
              uint8_t* o = out.mutable_data();
              bool* f = mask.mutable_data();
              std::memset(o, 0, static_cast<size_t>(n) * width);
              for (py::ssize_t i = 0; i < n; ++i) {
-               f[i] = found[i] != 0;
+               f[i] = r.found(static_cast<size_t>(i));
                if (!f[i]) continue;
-               if (values[i].size() != width) {
+               std::string_view v = r.value(static_cast<size_t>(i));
+               if (v.size() != width) {
                  throw StatusError{Status::InvalidArgument("value " + std::to_string(i) + " has " +
-                                                           std::to_string(values[i].size()) + " bytes, not width " +
+                                                           std::to_string(v.size()) + " bytes, not width " +
                                                            std::to_string(width))};
                }
-               std::memcpy(o + i * width, values[i].data(), width);
+               std::memcpy(o + i * width, v.data(), width);
              }
              return py::make_tuple(out, mask);
            }, py::arg("keys"), py::arg("width"),

@@ -2,7 +2,10 @@
 
 #include <rocksdb/db.h>
 #include <rocksdb/metadata.h>
+#include <rocksdb/cache.h>
+#include <rocksdb/filter_policy.h>
 #include <rocksdb/options.h>
+#include <rocksdb/table.h>
 #include <rocksdb/utilities/checkpoint.h>
 #include <rocksdb/write_batch.h>
 #include <rocksdb/write_buffer_manager.h>
@@ -133,6 +136,20 @@ bool OrderByVnode(const Partitioner& p, const std::vector<rocksdb::ColumnFamilyH
   return true;
 }
 
+// Options shared by every vnode column family of one instance: one block cache
+// and (through DBOptions) one write-buffer budget, so memory does not grow
+// with the number of vnodes. A bloom filter answers lookups of absent keys
+// (new keys, common in streaming state) without reading data blocks.
+rocksdb::ColumnFamilyOptions VnodeColumnFamilyOptions(const StateOptions& options) {
+  rocksdb::ColumnFamilyOptions cfo;
+  cfo.write_buffer_size = options.write_buffer_size;
+  rocksdb::BlockBasedTableOptions table;
+  table.block_cache = rocksdb::NewLRUCache(options.block_cache_bytes);
+  table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+  cfo.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  return cfo;
+}
+
 }  // namespace
 
 std::string VnodeColumnFamilyName(uint32_t vnode) {
@@ -165,6 +182,22 @@ WriteBatch& WriteBatch::operator=(WriteBatch&&) noexcept = default;
 size_t WriteBatch::count() const { return static_cast<size_t>(rep_->batch.Count()); }
 void WriteBatch::Clear() { rep_->batch.Clear(); }
 
+// ---------------------------------------------------------------- MultiGetResult
+
+struct MultiGetResult::Rep {
+  static constexpr size_t kMissing = static_cast<size_t>(-1);
+  std::vector<rocksdb::PinnableSlice> pinned;  // values, in the order they were looked up
+  std::vector<size_t> slot;                    // key index -> index into pinned, or kMissing
+};
+MultiGetResult::MultiGetResult() : rep_(std::make_unique<Rep>()) {}
+MultiGetResult::~MultiGetResult() = default;
+size_t MultiGetResult::size() const { return rep_->slot.size(); }
+bool MultiGetResult::found(size_t i) const { return rep_->slot[i] != Rep::kMissing; }
+std::string_view MultiGetResult::value(size_t i) const {
+  const rocksdb::PinnableSlice& p = rep_->pinned[rep_->slot[i]];
+  return std::string_view(p.data(), p.size());
+}
+
 // ---------------------------------------------------------------- open / close
 
 Status StateBackend::Open(const std::string& dir, const StateOptions& options,
@@ -193,8 +226,8 @@ Status StateBackend::Open(const std::string& dir, const StateOptions& options,
   // ~4,000 threads and about half of every open (V = 256). Vnodes hold few
   // files each, so one thread per column family loses nothing.
   dbo.max_file_opening_threads = 1;
-  rocksdb::ColumnFamilyOptions cfo;
-  cfo.write_buffer_size = options.write_buffer_size;
+  b->cf_options_ = std::make_shared<rocksdb::ColumnFamilyOptions>(VnodeColumnFamilyOptions(options));
+  const rocksdb::ColumnFamilyOptions& cfo = *b->cf_options_;
 
   std::vector<std::string> cf_names;
   if (exists) {
@@ -441,12 +474,13 @@ Status StateBackend::Write(WriteBatch* batch, std::optional<uint64_t> version) {
   return Status::OK();
 }
 
-Status StateBackend::MultiGet(const std::vector<std::string_view>& keys, std::vector<std::string>* values,
-                              std::vector<uint8_t>* found) const {
+Status StateBackend::MultiGet(const std::vector<std::string_view>& keys, MultiGetResult* out) const {
   std::shared_lock lock(cf_mu_);
   const size_t n = keys.size();
-  values->resize(n);
-  found->assign(n, 0);
+  MultiGetResult::Rep& r = *out->rep_;
+  r.pinned.clear();
+  r.pinned.resize(n);
+  r.slot.assign(n, MultiGetResult::Rep::kMissing);
   if (n == 0) return Status::OK();
   // One single-column-family MultiGet per vnode, over keys sorted as RocksDB
   // would sort them (so it is told sorted_input and skips its own sort).
@@ -465,7 +499,7 @@ Status StateBackend::MultiGet(const std::vector<std::string_view>& keys, std::ve
   const std::vector<size_t>& order = vo.order;
   std::vector<rocksdb::Slice> slices(n);
   for (size_t j = 0; j < n; ++j) slices[j] = rocksdb::Slice(keys[order[j]].data(), keys[order[j]].size());
-  std::vector<rocksdb::PinnableSlice> pinned(n);
+  std::vector<rocksdb::PinnableSlice>& pinned = r.pinned;  // in sorted order
   std::vector<rocksdb::Status> statuses(n);
   // One snapshot for all vnodes, so the batch reads one consistent cut, as a
   // single multi-column-family MultiGet would.
@@ -482,8 +516,7 @@ Status StateBackend::MultiGet(const std::vector<std::string_view>& keys, std::ve
   for (size_t j = 0; j < n; ++j) {
     const size_t i = order[j];
     if (statuses[j].ok()) {
-      (*values)[i].assign(pinned[j].data(), pinned[j].size());
-      (*found)[i] = 1;
+      r.slot[i] = j;
     } else if (!statuses[j].IsNotFound()) {
       return FromRocks(statuses[j], "multiget");
     }
@@ -778,8 +811,7 @@ Status StateBackend::ImportVnodes(const std::string& export_dir, std::vector<uin
                                    std::to_string(v));
     }
   }
-  rocksdb::ColumnFamilyOptions cfo;
-  cfo.write_buffer_size = 16ull << 20;
+  const rocksdb::ColumnFamilyOptions& cfo = *cf_options_;  // the same cache and filter as every vnode
   rocksdb::ImportColumnFamilyOptions io;
   io.move_files = true;  // link into the DB, then unlink from the export: O(files)
   std::vector<uint32_t> done;

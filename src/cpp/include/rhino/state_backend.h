@@ -34,6 +34,7 @@
 namespace rocksdb {
 class DB;
 class ColumnFamilyHandle;
+struct ColumnFamilyOptions;
 class WriteBufferManager;
 }  // namespace rocksdb
 
@@ -53,6 +54,8 @@ struct StateOptions {
   uint64_t write_buffer_budget = 64ull << 20;
   // Per-column-family memtable size (the shared budget caps the sum).
   uint64_t write_buffer_size = 16ull << 20;
+  // Block cache shared by all column families of this instance.
+  uint64_t block_cache_bytes = 64ull << 20;
   // Fail instead of creating a missing DB.
   bool error_if_missing = false;
   bool read_only = false;
@@ -75,6 +78,25 @@ class WriteBatch {
 
   size_t count() const;
   void Clear();
+
+ private:
+  friend class StateBackend;
+  struct Rep;
+  std::unique_ptr<Rep> rep_;
+};
+
+// The result of StateBackend::MultiGet: for each key, whether it was found and
+// a view of its value. Views are valid while this object lives.
+class MultiGetResult {
+ public:
+  MultiGetResult();
+  ~MultiGetResult();
+  MultiGetResult(const MultiGetResult&) = delete;
+  MultiGetResult& operator=(const MultiGetResult&) = delete;
+
+  size_t size() const;
+  bool found(size_t i) const;
+  std::string_view value(size_t i) const;  // REQUIRES: found(i)
 
  private:
   friend class StateBackend;
@@ -121,9 +143,10 @@ class StateBackend {
   // written in the same RocksDB write batch, so state and version never
   // disagree (DESIGN §5). Clears `batch` on success.
   Status Write(WriteBatch* batch, std::optional<uint64_t> version);
-  // values[i] is set and found[i] = 1 for present keys.
-  Status MultiGet(const std::vector<std::string_view>& keys, std::vector<std::string>* values,
-                  std::vector<uint8_t>* found) const;
+  // Looks up many keys on one consistent snapshot. The values stay pinned in
+  // RocksDB's block cache (or memtable) until `out` is destroyed or reused, so
+  // no value is copied here.
+  Status MultiGet(const std::vector<std::string_view>& keys, MultiGetResult* out) const;
 
   // Calls fn(key, value) for every entry of `vnode`, in key order, on a
   // consistent snapshot. Stops early if fn returns false.
@@ -170,6 +193,7 @@ class StateBackend {
   bool read_only_ = false;
   Partitioner partitioner_;
   std::shared_ptr<rocksdb::WriteBufferManager> wbm_;
+  std::shared_ptr<rocksdb::ColumnFamilyOptions> cf_options_;  // every vnode's (shared cache)
   std::unique_ptr<rocksdb::DB> db_;
   rocksdb::ColumnFamilyHandle* default_cf_ = nullptr;  // Rhino metadata
   // Guards the vnode -> column family map. Reads and writes hold it shared for
