@@ -135,7 +135,7 @@ UnknownVnodeError, and nothing of its batch is written.
              ThrowIfError(s);
              return st;
            }, py::arg("path"), py::kw_only(), py::arg("partitioner") = py::none(), py::arg("operator_id") = "op",
-           py::arg("instance") = 0, py::arg("vnodes") = py::none(), py::arg("write_buffer_budget") = 64ull << 20,
+           py::arg("instance") = 0, py::arg("vnodes") = py::none(), py::arg("write_buffer_budget") = 256ull << 20,
            py::arg("read_only") = false, py::arg("create") = true,
            "Opens or creates state at `path`. For a new DB, `vnodes` (default: all) become column families.")
       .def_property_readonly("path", [](PyState& s) { return s.get().dir(); })
@@ -354,7 +354,7 @@ UnknownVnodeError, and nothing of its batch is written.
         st->restore_stats = stats;
         return st;
       }, py::arg("operator_id"), py::arg("instance"), py::arg("checkpoint_id"), py::arg("target"), py::kw_only(),
-      py::arg("mode") = "link", py::arg("verify") = "size", py::arg("write_buffer_budget") = 64ull << 20,
+      py::arg("mode") = "link", py::arg("verify") = "size", py::arg("write_buffer_budget") = 256ull << 20,
       R"doc(Restores a checkpoint into `target` (must not exist) and opens it.
 
 mode='link' hard-links immutable files from the pool (O(files)), falling back to

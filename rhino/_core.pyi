@@ -120,7 +120,7 @@ class ReplicaStore:
         *,
         mode: Literal["link", "copy"] = "link",
         verify: Literal["size", "full"] = "size",
-        write_buffer_budget: int = 67108864,
+        write_buffer_budget: int = 268435456,
     ) -> StateBackend: ...
     def restore_files(
         self,
@@ -152,7 +152,7 @@ class StateBackend:
         operator_id: str = "op",
         instance: int = 0,
         vnodes: Sequence[int] | None = None,
-        write_buffer_budget: int = 67108864,
+        write_buffer_budget: int = 268435456,
         read_only: bool = False,
         create: bool = True,
     ) -> StateBackend: ...

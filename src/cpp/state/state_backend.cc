@@ -140,9 +140,19 @@ bool OrderByVnode(const Partitioner& p, const std::vector<rocksdb::ColumnFamilyH
 // and (through DBOptions) one write-buffer budget, so memory does not grow
 // with the number of vnodes. A bloom filter answers lookups of absent keys
 // (new keys, common in streaming state) without reading data blocks.
-rocksdb::ColumnFamilyOptions VnodeColumnFamilyOptions(const StateOptions& options) {
+rocksdb::ColumnFamilyOptions VnodeColumnFamilyOptions(const StateOptions& options, size_t vnodes_held) {
   rocksdb::ColumnFamilyOptions cfo;
-  cfo.write_buffer_size = options.write_buffer_size;
+  // RocksDB 7.8 enforces the shared WriteBufferManager budget by flushing one
+  // column family per write, which does not keep up with one column family
+  // per vnode (a 384 MB load held ~330 MB of memtables at V = 256), and
+  // atomic_flush, which flushes them all at once, stalls writes on tiny L0
+  // files (~20 MB/s). So each vnode's memtable is sized to its share of the
+  // budget, and the budget holds by construction: about 2 x budget at most
+  // (one active and one flushing memtable per vnode).
+  cfo.write_buffer_size = options.write_buffer_size != 0
+                              ? options.write_buffer_size
+                              : std::clamp<uint64_t>(options.write_buffer_budget / std::max<size_t>(vnodes_held, 1),
+                                                     1ull << 20, 64ull << 20);
   rocksdb::BlockBasedTableOptions table;
   table.block_cache = rocksdb::NewLRUCache(options.block_cache_bytes);
   table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
@@ -226,9 +236,6 @@ Status StateBackend::Open(const std::string& dir, const StateOptions& options,
   // ~4,000 threads and about half of every open (V = 256). Vnodes hold few
   // files each, so one thread per column family loses nothing.
   dbo.max_file_opening_threads = 1;
-  b->cf_options_ = std::make_shared<rocksdb::ColumnFamilyOptions>(VnodeColumnFamilyOptions(options));
-  const rocksdb::ColumnFamilyOptions& cfo = *b->cf_options_;
-
   std::vector<std::string> cf_names;
   if (exists) {
     rocksdb::Status s = rocksdb::DB::ListColumnFamilies(dbo, dir, &cf_names);
@@ -250,6 +257,9 @@ Status StateBackend::Open(const std::string& dir, const StateOptions& options,
     }
     RHINO_RETURN_IF_ERROR(fs::MakeDirs(fs::Parent(dir)));
   }
+  b->cf_options_ = std::make_shared<rocksdb::ColumnFamilyOptions>(
+      VnodeColumnFamilyOptions(options, cf_names.size() > 1 ? cf_names.size() - 1 : 1));
+  const rocksdb::ColumnFamilyOptions& cfo = *b->cf_options_;
 
   // A new DB is opened with the default column family only, and its vnode
   // column families are then created in one CreateColumnFamilies call: with

@@ -50,10 +50,12 @@ struct StateOptions {
   // Vnodes to create column families for in a new DB; empty means all V.
   // Ignored when opening an existing DB, which knows its own vnodes.
   std::vector<uint32_t> vnodes;
-  // Memtable budget shared by all column families of this instance.
-  uint64_t write_buffer_budget = 64ull << 20;
-  // Per-column-family memtable size (the shared budget caps the sum).
-  uint64_t write_buffer_size = 16ull << 20;
+  // Memtable budget of this instance. Each vnode gets budget / vnodes held
+  // (at least 1 MiB), so memtables hold about 2 x max(budget, vnodes x 1 MiB).
+  uint64_t write_buffer_budget = 256ull << 20;
+  // Per-vnode memtable size; 0 = the budget's share, budget / vnodes held,
+  // clamped to [1 MiB, 64 MiB] (set when the DB is opened).
+  uint64_t write_buffer_size = 0;
   // Block cache shared by all column families of this instance.
   uint64_t block_cache_bytes = 64ull << 20;
   // Fail instead of creating a missing DB.
