@@ -67,7 +67,7 @@ class WorkerProc:
                     return self
             if self.proc.poll() is not None:
                 raise RuntimeError(f"worker {self.id} exited with {self.proc.returncode}: {self.log_path.read_text()}")
-            time.sleep(0.05)
+            time.sleep(0.02)
         raise RuntimeError(f"worker {self.id} did not start: {self.log_path.read_text()}")
 
     def events(self, offset: int = 0) -> list[dict]:

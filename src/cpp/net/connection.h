@@ -32,6 +32,7 @@
 #include <mutex>
 #include <string>
 
+#include "net/address.h"
 #include "rhino/frame.h"
 #include "rhino/status.h"
 
@@ -186,8 +187,5 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint64_t heartbeat_nonce_ = 0;
   std::map<uint32_t, std::shared_ptr<StreamListener>> listeners_;
 };
-
-// Parses "host:port" (IPv6 as "[::1]:port"). InvalidArgument on a bad form.
-Status ParseAddress(const std::string& address, std::string* host, uint16_t* port);
 
 }  // namespace rhino::net

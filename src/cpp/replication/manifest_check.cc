@@ -2,7 +2,7 @@
 
 #include <set>
 
-#include "net/connection.h"
+#include "net/address.h"
 
 namespace rhino {
 
