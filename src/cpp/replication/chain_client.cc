@@ -236,6 +236,7 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
         }
         progress_.bytes_total += m.files[needed[k]].size;
       }
+      if (open_rsp_.credits == 0 && !needed.empty()) return Status::Corruption("w1 granted no credits");
       progress_.files_total = static_cast<uint32_t>(needed.size());
       progress_.credits = open_rsp_.credits;
       progress_.state = ReplicationState::kTransferring;
