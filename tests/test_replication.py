@@ -495,3 +495,127 @@ def test_sigterm_shuts_down_cleanly_and_sigkill_restart_verifies_clean(cluster):
     w.start()
     assert rhino.ReplicaStore(str(w.dir)).verify(full=True).ok
     assert rhino.query_store(w.address, secret=SECRET, operator_id=OP, instance=0) == [1, 2]
+
+
+# ---- flow control --------------------------------------------------------------------
+
+
+class StingyTail:
+    """A hand-written chain tail (this test's own protocol code) that grants 2
+    credits and never returns one: the chain must stall, not buffer."""
+
+    CREDITS = 2
+
+    def __init__(self, host: str) -> None:
+        import socket
+        import threading
+
+        self.srv = socket.socket()
+        self.srv.bind((host, 0))
+        self.srv.listen()
+        self.address = f"{host}:{self.srv.getsockname()[1]}"
+        self.chunks = 0
+        self.aborted = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        import hashlib
+        import hmac
+        import json
+
+        conn, _ = self.srv.accept()
+        c = wire.RawClient.__new__(wire.RawClient)
+        c.sock = conn
+        conn.settimeout(0.2)
+        try:
+            h, p = self._recv(c)
+            d = wire.Dec(p)
+            d.u32(), d.bytes_()
+            cn, sn = d.bytes_(), os.urandom(16)
+            mac = hmac.new(SECRET, b"rhino-server" + cn + sn, hashlib.sha256).digest()
+            c.send(wire.frame("HelloRsp", wire.Enc().bytes_(b"stingy").bytes_(sn).bytes_(mac).done()))
+            self._recv(c)  # AuthReq: trusted, this is a test double
+            c.send(wire.frame("AuthRsp", wire.Enc().u8(1).done()))
+            h, p = self._recv(c)
+            assert h["type"] == "OpenStreamReq"
+            d = wire.Dec(p)
+            d.bytes_(), d.u32(), d.u64(), d.u32(), d.u32()
+            n_down = d.u32()
+            for _ in range(n_down):
+                d.bytes_()
+            body = d.bytes_().split(b"\n")[0]
+            files = json.loads(body)["files"]
+            seen, needed = set(), []
+            for i, f in enumerate(files):
+                if f["identity"] not in seen:
+                    seen.add(f["identity"])
+                    needed.append(i)
+            rsp = (wire.Enc().u32(0).bytes_(b"").u32s(needed).u32(self.CREDITS).u32s([len(needed)])
+                   .u64s([sum(files[i]["size"] for i in needed)]).done())
+            c.send(wire.frame("OpenStreamRsp", rsp, stream_id=h["stream_id"], chain_version=h["chain_version"]))
+            while not self.aborted.is_set():
+                h, p = self._recv(c)
+                if h["type"] == "ChunkReq":
+                    self.chunks += 1  # ...and no CreditRsp, ever
+                elif h["type"] == "AbortReq":
+                    self.aborted.set()
+        except (OSError, AssertionError):
+            pass
+        finally:
+            conn.close()
+
+    def _recv(self, c: wire.RawClient) -> tuple[dict, bytes]:
+        import socket
+
+        while True:
+            try:
+                h, p = c.recv()
+            except socket.timeout:
+                c.send(wire.frame("HeartbeatReq", wire.Enc().u64(0).done()))  # stay alive while stalled
+                continue
+            if h["type"] == "HeartbeatReq":
+                c.send(wire.frame("HeartbeatRsp", p))
+                continue
+            if h["type"] != "HeartbeatRsp":
+                return h, p
+
+    def close(self) -> None:
+        self.srv.close()
+
+
+def test_credits_bound_memory_and_back_pressure_reaches_the_primary(cluster, root):
+    p = Primary(root, 6)
+    tail = StingyTail("127.0.0.11")
+    try:
+        p.write(np.arange(40_000), 100, version=1)
+        m = p.checkpoint(1)
+        assert m.total_bytes > 5 * (2 * WINDOW + StingyTail.CREDITS) * CHUNK
+        h = rhino.replicate(p.store, OP, 6, 1, [cluster[2].address, cluster[3].address, tail.address],
+                            chain_version=1, secret=SECRET, chunk_bytes=CHUNK, window=WINDOW, timeout=30.0)
+        # The chain fills its buffers, then stalls: each hop holds at most WINDOW chunks.
+        wait_until(lambda: tail.chunks == StingyTail.CREDITS, what="the tail's two chunks")
+        time.sleep(2.0)  # longer than peer_timeout: heartbeats keep the stalled chain alive
+        stalled = h.progress()
+        time.sleep(0.5)
+        assert h.progress()["bytes_sent"] == stalled["bytes_sent"], "the primary kept sending without credit"
+        assert stalled["state"] == "transferring" and stalled["credits"] == 0
+        assert stalled["in_flight_credits"] == WINDOW
+        assert stalled["bytes_sent"] <= (2 * WINDOW + StingyTail.CREDITS) * CHUNK
+        assert tail.chunks == StingyTail.CREDITS
+        for w in (cluster[2], cluster[3]):
+            assert w.metric("rhino_worker_in_flight_credits") == WINDOW  # buffers held: the window, no more
+            assert w.metric("rhino_worker_active_streams") == 1
+        # Cancelling aborts down the chain; staged data is discarded everywhere.
+        h.cancel()
+        with pytest.raises(rhino.AbortedError, match="cancelled"):
+            h.wait(10)
+        assert tail.aborted.wait(10)
+        for w in (cluster[2], cluster[3]):
+            wait_until(lambda: staging_dirs(w) == [], what=f"{w.id} staging cleanup")
+            assert w.metric("rhino_worker_in_flight_credits") == 0
+            assert w.metric("rhino_worker_active_streams") == 0
+            assert rhino.ReplicaStore(str(w.dir)).checkpoints(OP, 6) == []
+    finally:
+        tail.close()
+        p.db.close()
