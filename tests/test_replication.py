@@ -286,6 +286,8 @@ def test_path_traversal_names_are_refused_and_nothing_is_written(cluster, root, 
                 continue
             assert h["type"] == "HeartbeatRsp" and wire.Dec(p).u64() == 7
             break
+    with pytest.raises(rhino.PathOutsideStoreError):
+        rhino.query_store(w.address, secret=SECRET, operator_id="../" + OP, instance=0)
     assert not Path("/tmp/rhino-escaped.sst").exists()
     assert set(os.listdir(root)) == before
     assert not (w.dir.parent / "escaped.sst").exists() and not (w.dir / "escaped.sst").exists()
