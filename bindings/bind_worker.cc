@@ -237,7 +237,7 @@ stop() aborts streams under way and closes connections; join() waits for stop.
       .def(py::init([](const std::string& id, const std::string& store_dir, const std::string& listen_host,
                        uint16_t listen_port, const std::string& secret, uint32_t io_threads, uint32_t disk_threads,
                        uint32_t heartbeat_ms, uint32_t peer_timeout_ms, uint32_t max_frame_bytes,
-                       uint32_t max_window) {
+                       uint32_t max_window, uint32_t stream_idle_timeout_ms) {
              auto w = std::make_unique<PyWorker>();
              WorkerOptions o;
              o.id = id;
@@ -251,13 +251,15 @@ stop() aborts streams under way and closes connections; join() waits for stop.
              o.peer_timeout_ms = peer_timeout_ms;
              o.max_frame_bytes = max_frame_bytes;
              o.max_window = max_window;
+             o.stream_idle_timeout_ms = stream_idle_timeout_ms;
              w->options = o;
              return w;
            }),
            py::kw_only(), py::arg("id"), py::arg("store_dir"), py::arg("listen_host") = "127.0.0.1",
            py::arg("listen_port") = 0, py::arg("secret"), py::arg("io_threads") = 2, py::arg("disk_threads") = 2,
            py::arg("heartbeat_ms") = 500, py::arg("peer_timeout_ms") = 3000,
-           py::arg("max_frame_bytes") = kDefaultMaxFrameBytes, py::arg("max_window") = 64)
+           py::arg("max_frame_bytes") = kDefaultMaxFrameBytes, py::arg("max_window") = 64,
+           py::arg("stream_idle_timeout_ms") = 60000)
       .def("start", [](PyWorker& w) {
              Status s;
              {

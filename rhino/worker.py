@@ -209,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peer-timeout-ms", type=int, default=3000)
     p.add_argument("--max-window", type=int, default=64, help="most credits granted per stream")
     p.add_argument("--max-frame-bytes", type=int, default=_core.MAX_FRAME_BYTES)
+    p.add_argument("--stream-idle-timeout-ms", type=int, default=60000,
+                   help="abort a stream that sees no frame from either neighbour for this long (0: never)")
     return p
 
 
@@ -243,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         peer_timeout_ms=args.peer_timeout_ms,
         max_frame_bytes=args.max_frame_bytes,
         max_window=args.max_window,
+        stream_idle_timeout_ms=args.stream_idle_timeout_ms,
     )
     try:
         worker.start()  # opens the store: stale staging of a killed predecessor goes

@@ -21,7 +21,7 @@ SECRET = b"rhino-test-secret-0123456789"
 class WorkerProc:
     def __init__(self, root: Path, worker_id: str, host: str, *, secret_file: Path, port: int = 0,
                  metrics: bool = True, env: dict | None = None, preexec_fn=None,
-                 peer_timeout_ms: int = 1500, heartbeat_ms: int = 250) -> None:
+                 peer_timeout_ms: int = 1500, heartbeat_ms: int = 250, extra_args: list[str] | None = None) -> None:
         self.id = worker_id
         self.host = host
         self.dir = root / worker_id
@@ -33,6 +33,7 @@ class WorkerProc:
         self.preexec_fn = preexec_fn
         self.peer_timeout_ms = peer_timeout_ms
         self.heartbeat_ms = heartbeat_ms
+        self.extra_args = extra_args or []
         self.proc: subprocess.Popen | None = None
         self.port = 0
         self.metrics_port = 0
@@ -49,6 +50,7 @@ class WorkerProc:
                "--peer-timeout-ms", str(self.peer_timeout_ms), "--heartbeat-ms", str(self.heartbeat_ms)]
         if self.metrics_enabled:
             cmd += ["--metrics-listen", f"{self.host}:0"]
+        cmd += self.extra_args
         env = dict(os.environ)
         if self.env:
             env.update(self.env)

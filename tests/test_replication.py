@@ -499,6 +499,33 @@ def test_sigterm_shuts_down_cleanly_and_sigkill_restart_verifies_clean(cluster):
     assert rhino.query_store(w.address, secret=SECRET, operator_id=OP, instance=0) == [1, 2]
 
 
+def test_a_stream_whose_peer_goes_quiet_is_aborted_after_the_idle_timeout(cluster, root):
+    # The connection stays alive (heartbeats are answered), but the stream
+    # gets no frame: the worker must not keep its staging forever.
+    w = WorkerProc(root, "widle", "127.0.0.12", secret_file=root / "secret", metrics=False,
+                   extra_args=["--stream-idle-timeout-ms", "800"]).start()
+    try:
+        m = wire.manifest_bytes(OP, 14, 1, [("000001.sst", b"x" * 10_000)])
+        with wire.RawClient(w.address) as c:
+            c.handshake(SECRET)
+            c.send(wire.frame("OpenStreamReq", wire.open_stream_req(OP, 14, 1, m, chunk_bytes=4096),
+                              stream_id=1, chain_version=1))
+            h, _ = c.recv_skipping_heartbeats()
+            assert h["type"] == "OpenStreamRsp"
+            c.send(wire.frame("ChunkReq", wire.chunk_req(0, 0, b"x" * 4096), stream_id=1, chain_version=1))
+            t0 = time.monotonic()
+            while True:
+                h, p = c.recv_skipping_heartbeats()
+                if h["type"] == "ErrorRsp":
+                    break
+            code, msg = wire.decode_status(p)
+            assert code == wire.TIMEOUT and "no frame" in msg
+            assert 0.5 < time.monotonic() - t0 < 5
+        wait_until(lambda: staging_dirs(w) == [], what="staging cleanup")
+    finally:
+        assert w.stop() == 0
+
+
 # ---- flow control --------------------------------------------------------------------
 
 

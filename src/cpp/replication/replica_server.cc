@@ -24,6 +24,8 @@ ReplicaServer::ReplicaServer(asio::io_context& io, asio::thread_pool& disk, Repl
   env_.metrics = metrics;
   env_.counters = counters;
   env_.disk = &disk;
+  env_.io = &io;
+  env_.idle_timeout_ms = options.stream_idle_timeout_ms;
   env_.max_window = options.max_window;
   env_.max_frame_bytes = options.connection.max_frame_bytes;
   env_.on_finished = [this](ReplicaStream* s) { OnStreamFinished(s); };

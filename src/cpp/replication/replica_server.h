@@ -31,6 +31,7 @@ namespace rhino {
 struct ReplicaServerOptions {
   net::ConnectionOptions connection;  // identity, secret, frame limit, liveness
   uint32_t max_window = 64;
+  uint32_t stream_idle_timeout_ms = 60000;
 };
 
 class ReplicaServer {

@@ -107,6 +107,7 @@ Status ReplicaStream::Here(const Status& s) const {
 // ---- §4 step 1: open ----
 
 void ReplicaStream::DoOpen() {
+  ArmIdleTimer();
   Status s = CheckOpenStreamReq(req_, env_->max_frame_bytes, &manifest_);
   if (!s.ok()) {
     if (env_->counters != nullptr) env_->counters->frames_rejected.fetch_add(1);
@@ -269,6 +270,7 @@ void ReplicaStream::AnswerOpen() {
 
 void ReplicaStream::OnFrame(Side side, const FrameHeader& h, std::shared_ptr<std::string> payload) {
   if (phase_ == Phase::kFinished) return;
+  last_activity_ = std::chrono::steady_clock::now();
   // §5: every frame carries the chain version.
   if (h.chain_version != chain_version_) {
     Status s = h.chain_version < chain_version_
@@ -548,6 +550,7 @@ Status ReplicaStream::SendFromPool(uint32_t i) {
 
 void ReplicaStream::OnForwarded() {
   if (phase_ == Phase::kFinished) return;
+  last_activity_ = std::chrono::steady_clock::now();
   ReturnCredits(1);
 }
 
@@ -629,11 +632,37 @@ void ReplicaStream::Finish() {
   held_.clear();
   env_->metrics->in_flight_credits.fetch_sub(held_count_);
   held_count_ = 0;
+  if (idle_timer_ != nullptr) idle_timer_->cancel();
   if (up_ != nullptr) up_->Detach(up_sid_);
   if (down_ != nullptr) down_->Detach(down_sid_);
   up_.reset();
   down_.reset();
   if (env_->on_finished) env_->on_finished(this);
+}
+
+void ReplicaStream::ArmIdleTimer() {
+  if (env_->io == nullptr || env_->idle_timeout_ms == 0 || phase_ == Phase::kFinished) return;
+  if (idle_timer_ == nullptr) idle_timer_ = std::make_unique<asio::steady_timer>(*env_->io);
+  // Checked a few times per period; the timer holds no reference to the stream.
+  idle_timer_->expires_after(std::chrono::milliseconds(std::max<uint32_t>(10, env_->idle_timeout_ms / 4)));
+  std::weak_ptr<ReplicaStream> weak = shared_from_this();
+  idle_timer_->async_wait([weak](const asio::error_code& ec) {
+    if (ec) return;
+    auto self = weak.lock();
+    if (self == nullptr) return;
+    asio::post(self->strand_, [self]() {
+      if (self->phase_ == Phase::kFinished) return;
+      auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                        self->last_activity_);
+      if (idle.count() >= self->env_->idle_timeout_ms) {
+        self->Fail(self->Here(Status::Timeout("no frame from either neighbour for " + std::to_string(idle.count()) +
+                                              " ms")),
+                   true, true);
+        return;
+      }
+      self->ArmIdleTimer();
+    });
+  });
 }
 
 void ReplicaStream::CloseFiles() {

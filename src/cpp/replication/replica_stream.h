@@ -25,6 +25,7 @@
 
 #include <asio.hpp>
 
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <string>
@@ -54,6 +55,11 @@ struct StreamEnv {
   ServerMetrics* metrics = nullptr;
   net::ConnectionCounters* counters = nullptr;
   asio::thread_pool* disk = nullptr;
+  asio::io_context* io = nullptr;  // for the idle timer
+  // A stream with no frame from either neighbour for this long is aborted
+  // (Timeout): a stuck but connected predecessor cannot pin staging files
+  // and the store's shared lock (which holds off GC) forever.
+  uint32_t idle_timeout_ms = 60000;
   uint32_t max_window = 64;
   uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
   // Called once, on the stream's strand, when the stream has finished.
@@ -119,6 +125,7 @@ class ReplicaStream : public std::enable_shared_from_this<ReplicaStream> {
   void Fail(const Status& why, bool tell_upstream, bool tell_downstream);
   void Finish();
   void CloseFiles();
+  void ArmIdleTimer();
   std::string Where() const;  // "worker w2 (op/inst checkpoint c)"
 
   const StreamEnv* const env_;
@@ -130,6 +137,8 @@ class ReplicaStream : public std::enable_shared_from_this<ReplicaStream> {
   const uint32_t up_sid_;
   const uint64_t chain_version_;
   Phase phase_ = Phase::kOpening;
+  std::unique_ptr<asio::steady_timer> idle_timer_;
+  std::chrono::steady_clock::time_point last_activity_ = std::chrono::steady_clock::now();
   bool registered_open_ = false;
 
   // request (immutable after construction: the server reads the identity)

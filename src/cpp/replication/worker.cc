@@ -42,6 +42,7 @@ class Worker::Impl {
     ReplicaServerOptions so;
     so.connection = co;
     so.max_window = o.max_window;
+    so.stream_idle_timeout_ms = o.stream_idle_timeout_ms;
     server_ = std::make_unique<ReplicaServer>(*io_, *disk_, store_.get(), pool_.get(), &metrics_, &counters_, so);
     Status s = server_->Listen(o.listen_host, o.listen_port);
     if (!s.ok()) {

@@ -36,6 +36,9 @@ struct WorkerOptions {
   // Most credits granted per stream, whatever the sender asks: memory per
   // stream is at most max_window x chunk_bytes in each direction.
   uint32_t max_window = 64;
+  // A stream with no frame from its predecessor or successor for this long is
+  // aborted, so a stuck peer cannot pin staging files. 0 = never.
+  uint32_t stream_idle_timeout_ms = 60000;
 };
 
 // What one instance looks like from this worker's replica store.
