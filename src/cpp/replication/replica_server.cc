@@ -16,7 +16,8 @@ ReplicaServer::ReplicaServer(asio::io_context& io, asio::thread_pool& disk, Repl
       counters_(counters),
       options_(options),
       fences_(store->dir()),
-      acceptor_(io) {
+      acceptor_(io),
+      accept_retry_(io) {
   env_.worker_id = options.connection.worker_id;
   env_.store = store;
   env_.pool = pool;
@@ -69,8 +70,14 @@ void ReplicaServer::Accept() {
         conns_.erase(raw);
       });
       conn->StartServer([](const Status&) {});
+      Accept();
+      return;
     }
-    Accept();
+    // e.g. EMFILE: back off instead of spinning on a failing accept.
+    accept_retry_.expires_after(std::chrono::milliseconds(100));
+    accept_retry_.async_wait([this](const asio::error_code& e) {
+      if (!e) Accept();
+    });
   });
 }
 
@@ -171,6 +178,7 @@ void ReplicaServer::Shutdown(int wait_ms) {
   asio::post(io_, [this]() {
     asio::error_code ec;
     acceptor_.close(ec);
+    accept_retry_.cancel();
   });
   for (auto& s : streams) s->Abort(Status::Aborted("worker is shutting down"));
   {

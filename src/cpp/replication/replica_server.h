@@ -68,6 +68,7 @@ class ReplicaServer {
   FenceTable fences_;
   StreamEnv env_;
   asio::ip::tcp::acceptor acceptor_;
+  asio::steady_timer accept_retry_;
   uint16_t port_ = 0;
 
   std::mutex mu_;
