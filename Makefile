@@ -3,6 +3,8 @@
 #   make test   - setup, then the whole test suite
 #   make bench  - setup, then micro-benchmarks and the restore sweep (results in bench/results/)
 #   make wheel  - a self-contained wheel (auditwheel-repaired), checked in a fresh venv
+#   make chaos  - 500 trials of SIGKILLing a random replica-chain member mid-transfer
+#   make fuzz   - the frame-decoder fuzz target (libFuzzer under clang), for FUZZ_SECONDS (default 60)
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -14,7 +16,7 @@ CPP_SOURCES := $(shell find src bindings -name '*.cc' -o -name '*.h') CMakeLists
 PYTEST_ARGS ?=
 export PIP_NO_INPUT := 1
 
-.PHONY: all setup apt demo test bench wheel chaos clean
+.PHONY: all setup apt demo test bench wheel chaos fuzz clean
 
 all: setup
 
@@ -57,6 +59,24 @@ bench: setup
 	$(VENV)/bin/rhino bench restore --sizes 256M,1G,4G --json --dir .bench-restore \
 	  --out bench/results/restore_sweep.jsonl
 	$(PY) bench/plot_restore.py bench/results/restore_sweep.jsonl bench/results/restore_sweep.png
+
+chaos: setup
+	RHINO_CHAOS_TRIALS=$${RHINO_CHAOS_TRIALS:-500} $(PY) -m pytest tests/test_chaos.py -q -s $(PYTEST_ARGS)
+
+FUZZ_SECONDS ?= 60
+FUZZ_SOURCES := fuzz/frame_fuzzer.cc src/cpp/net/frame.cc src/cpp/net/messages.cc src/cpp/net/address.cc \
+  src/cpp/replication/manifest_check.cc src/cpp/state/manifest.cc src/cpp/util/status.cc
+# libFuzzer under clang, with ASan and UBSan, on the frame and message decoders.
+build/frame_fuzzer: $(FUZZ_SOURCES) $(shell find src/cpp/include -name '*.h')
+	@command -v clang++ >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q clang; }
+	mkdir -p build
+	clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	  -Isrc/cpp/include -Isrc/cpp $(FUZZ_SOURCES) -lxxhash -o $@
+
+fuzz: apt build/frame_fuzzer
+	mkdir -p build/fuzz-corpus
+	./build/frame_fuzzer build/fuzz-corpus fuzz/corpus/frame -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1
 
 wheel: setup
 	rm -rf dist wheelhouse

@@ -12,6 +12,7 @@ namespace rhino::py_bindings {
 void BindRouting(pybind11::module_& m);
 void BindState(pybind11::module_& m);
 void BindStore(pybind11::module_& m);
+void BindWorker(pybind11::module_& m);
 RestoreOptions ParseRestoreOptions(const std::string& mode, const std::string& verify);
 
 }  // namespace rhino::py_bindings

@@ -22,6 +22,11 @@ constexpr Mapping kTable[] = {
     {Status::Code::kPathOutsideStore, "PathOutsideStoreError"},
     {Status::Code::kNoSpace, "NoSpaceError"},
     {Status::Code::kBusy, "BusyError"},
+    {Status::Code::kTimeout, "RhinoTimeoutError"},
+    {Status::Code::kPeerDead, "PeerDeadError"},
+    {Status::Code::kAborted, "AbortedError"},
+    {Status::Code::kStaleChainVersion, "StaleChainVersionError"},
+    {Status::Code::kAuthFailed, "AuthFailedError"},
 };
 
 }  // namespace

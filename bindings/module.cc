@@ -10,10 +10,11 @@
 #endif
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "Rhino's C++ core: hashing, routing, state backend, checkpoints, replica store.";
+  m.doc() = "Rhino's C++ core: hashing, routing, state backend, checkpoints, replica store, data plane.";
   m.attr("__version__") = RHINO_VERSION;
   rhino::py_bindings::RegisterErrorTranslator(m);
   rhino::py_bindings::BindRouting(m);
   rhino::py_bindings::BindStore(m);
   rhino::py_bindings::BindState(m);
+  rhino::py_bindings::BindWorker(m);
 }

@@ -7,6 +7,9 @@ The public API:
 - :class:`StateBackend` is one instance's state: RocksDB, a column family per vnode.
 - :class:`ReplicaStore` holds checkpoints: a content-addressed file pool plus
   atomically committed manifests, restorable by hard links.
+- :class:`Worker` is one host's runtime: replica store plus data-plane server;
+  :func:`replicate` streams a checkpoint down a chain of workers and
+  :func:`query_store` asks a worker what it holds (docs/protocol.md).
 
 Errors are subclasses of :class:`RhinoError` (see :mod:`rhino.errors`).
 """
@@ -19,16 +22,20 @@ from ._core import (
     Manifest,
     Partitioner,
     ReplicaStore,
+    ReplicationHandle,
     RestoreStats,
     RoutingTable,
     StateBackend,
     VerifyProblem,
     VerifyReport,
+    Worker,
     WriteBatch,
     __version__,
 )
 from .errors import (
+    AbortedError,
     AlreadyExistsError,
+    AuthFailedError,
     BusyError,
     CorruptionError,
     InvalidArgumentError,
@@ -36,10 +43,14 @@ from .errors import (
     NoSpaceError,
     NotFoundError,
     PathOutsideStoreError,
+    PeerDeadError,
     RhinoError,
     RhinoIOError,
+    RhinoTimeoutError,
+    StaleChainVersionError,
     UnknownVnodeError,
 )
+from .replication import query_store, replicate
 
 __all__ = [
     "__version__",
@@ -53,6 +64,10 @@ __all__ = [
     "RestoreStats",
     "VerifyReport",
     "VerifyProblem",
+    "Worker",
+    "ReplicationHandle",
+    "replicate",
+    "query_store",
     "errors",
     "RhinoError",
     "NotFoundError",
@@ -65,4 +80,9 @@ __all__ = [
     "KeyTypeError",
     "PathOutsideStoreError",
     "BusyError",
+    "RhinoTimeoutError",
+    "PeerDeadError",
+    "AbortedError",
+    "StaleChainVersionError",
+    "AuthFailedError",
 ]

@@ -194,3 +194,63 @@ class StateBackend:
     def close(self) -> None: ...
     def __enter__(self) -> StateBackend: ...
     def __exit__(self, *args: object) -> None: ...
+
+# ---- data plane (docs/protocol.md) ----
+
+MAX_FRAME_BYTES: int
+FRAME_HEADER_BYTES: int
+
+class Worker:
+    def __init__(
+        self,
+        *,
+        id: str,
+        store_dir: str,
+        listen_host: str = "127.0.0.1",
+        listen_port: int = 0,
+        secret: bytes | str,
+        io_threads: int = 2,
+        disk_threads: int = 2,
+        heartbeat_ms: int = 500,
+        peer_timeout_ms: int = 3000,
+        max_frame_bytes: int = ...,
+        max_window: int = 64,
+        stream_idle_timeout_ms: int = 60000,
+    ) -> None: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def join(self) -> None: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def id(self) -> str: ...
+    def metrics(self) -> dict[str, Any]: ...
+
+class ReplicationHandle:
+    def progress(self) -> dict[str, Any]: ...
+    @property
+    def done(self) -> bool: ...
+    def cancel(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> dict[str, Any] | None: ...
+
+def replicate(
+    store_dir: str,
+    operator_id: str,
+    instance: int,
+    checkpoint_id: int,
+    chain: Sequence[str],
+    *,
+    chain_version: int,
+    secret: bytes | str,
+    chunk_bytes: int = 1048576,
+    window: int = 16,
+    timeout_ms: int = 30000,
+    heartbeat_ms: int = 500,
+    peer_timeout_ms: int = 3000,
+    client_id: str = "primary",
+) -> ReplicationHandle: ...
+def query_store(
+    address: str, *, secret: bytes | str, operator_id: str, instance: int, timeout_ms: int = 5000
+) -> list[int]: ...
+def decode_frame(data: bytes, max_frame_bytes: int = ...) -> dict[str, Any]: ...
+def encode_frame(type: int, payload: bytes, *, stream_id: int = 0, chain_version: int = 0) -> bytes: ...

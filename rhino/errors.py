@@ -20,6 +20,11 @@ __all__ = [
     "PathOutsideStoreError",
     "NoSpaceError",
     "BusyError",
+    "RhinoTimeoutError",
+    "PeerDeadError",
+    "AbortedError",
+    "StaleChainVersionError",
+    "AuthFailedError",
 ]
 
 
@@ -68,3 +73,23 @@ class PathOutsideStoreError(RhinoError, ValueError):
 
 class BusyError(RhinoError, RuntimeError):
     """A resource is locked by another process (e.g. a RocksDB directory already open)."""
+
+
+class RhinoTimeoutError(RhinoError, TimeoutError):
+    """A deadline passed, e.g. a replica chain did not acknowledge a checkpoint in time."""
+
+
+class PeerDeadError(RhinoError, ConnectionError):
+    """A peer closed its connection or stopped answering heartbeats (protocol §6)."""
+
+
+class AbortedError(RhinoError, ConnectionAbortedError):
+    """A replication stream was aborted: by a peer, a cancel, or a worker shutting down."""
+
+
+class StaleChainVersionError(RhinoError, RuntimeError):
+    """A message of an older replica chain version was fenced off (protocol §5)."""
+
+
+class AuthFailedError(RhinoError, PermissionError):
+    """A peer does not know the shared secret (protocol §2)."""

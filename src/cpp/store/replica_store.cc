@@ -169,8 +169,12 @@ Status ReplicaStore::PoolFile(const std::string& path, const FileEntry* known, F
   }
   RHINO_RETURN_IF_ERROR(HashFile(path, &entry->checksum, &entry->size));
   entry->identity = entry->checksum + "-" + std::to_string(entry->size);
+  return AdoptVerifiedFile(path, *entry);
+}
+
+Status ReplicaStore::AdoptVerifiedFile(const std::string& path, const FileEntry& entry) {
   std::string pooled;
-  RHINO_RETURN_IF_ERROR(PoolPath(entry->identity, &pooled));
+  RHINO_RETURN_IF_ERROR(PoolPath(entry.identity, &pooled));
   if (fs::Exists(pooled)) return Status::OK();  // the same content is pooled already
   bool cross_device = false;
   Status s = fs::Link(path, pooled, &cross_device);

@@ -117,6 +117,13 @@ class ReplicaStore {
   // what makes an incremental checkpoint cost O(new bytes).
   Status PoolFile(const std::string& path, const FileEntry* known, FileEntry* entry);
 
+  // Adds the file at `path` to the pool as `entry.identity` without reading
+  // it: the caller has already checked that its bytes hash to entry.checksum
+  // and that it has entry.size bytes (chain replication hashes each file while
+  // receiving it, docs/protocol.md §4 step 2, so re-reading would double the
+  // disk traffic of a replica). OK if that identity is pooled already.
+  Status AdoptVerifiedFile(const std::string& path, const FileEntry& entry);
+
   // Atomically commits `m` (write tmp, fsync, rename, fsync dir). Every file of
   // `m` must already be pooled. AlreadyExists if that checkpoint is committed.
   Status CommitManifest(const Manifest& m);

@@ -5,6 +5,7 @@
 // each Code to one Python exception class, in one table.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -25,6 +26,13 @@ class Status {
     kPathOutsideStore = 8, // a path escaping the store directory
     kNoSpace = 9,          // ENOSPC / EDQUOT / EFBIG: the disk is full
     kBusy = 10,            // a lock is held by another process
+    kTimeout = 11,         // a deadline passed (e.g. a chain did not ack in time)
+    kPeerDead = 12,        // a peer closed its connection or stopped answering heartbeats
+    kAborted = 13,         // a stream was aborted (by a peer, a cancel or a shutdown)
+    // Wire codes of docs/protocol.md §3: numbered apart so that they stay
+    // stable whatever local codes are added above.
+    kStaleChainVersion = 100,  // a frame of an older replica chain (fenced, protocol §5)
+    kAuthFailed = 101,         // the peer does not know the shared secret (protocol §2)
   };
 
   Status() = default;
@@ -39,6 +47,14 @@ class Status {
   static Status PathOutsideStore(std::string msg) { return Status(Code::kPathOutsideStore, std::move(msg)); }
   static Status NoSpace(std::string msg) { return Status(Code::kNoSpace, std::move(msg)); }
   static Status Busy(std::string msg) { return Status(Code::kBusy, std::move(msg)); }
+  static Status Timeout(std::string msg) { return Status(Code::kTimeout, std::move(msg)); }
+  static Status PeerDead(std::string msg) { return Status(Code::kPeerDead, std::move(msg)); }
+  static Status Aborted(std::string msg) { return Status(Code::kAborted, std::move(msg)); }
+  static Status StaleChainVersion(std::string msg) { return Status(Code::kStaleChainVersion, std::move(msg)); }
+  static Status AuthFailed(std::string msg) { return Status(Code::kAuthFailed, std::move(msg)); }
+  // Rebuilds a Status from a code received on the wire (docs/protocol.md §3).
+  // An unknown code becomes IOError, keeping the number in the message.
+  static Status FromCode(uint32_t code, std::string msg);
 
   // Maps an errno from a failed syscall to a Status; ENOSPC/EDQUOT/EFBIG become
   // NoSpace so that a full disk is reported as such, not as a generic I/O error.
@@ -49,6 +65,9 @@ class Status {
   bool IsCorruption() const { return code_ == Code::kCorruption; }
   bool IsAlreadyExists() const { return code_ == Code::kAlreadyExists; }
   bool IsNoSpace() const { return code_ == Code::kNoSpace; }
+  bool IsTimeout() const { return code_ == Code::kTimeout; }
+  bool IsStaleChainVersion() const { return code_ == Code::kStaleChainVersion; }
+  bool IsAuthFailed() const { return code_ == Code::kAuthFailed; }
   Code code() const { return code_; }
   const std::string& message() const { return msg_; }
   std::string ToString() const;

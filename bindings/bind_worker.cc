@@ -1,0 +1,372 @@
+// Bindings for the data plane: Worker, replicate / ReplicationHandle,
+// query_store, and the frame codec (decode_frame / encode_frame, for tests and
+// fuzzing). Every blocking call releases the GIL.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+
+#include "bind_common.h"
+#include "errors.h"
+#include "replication/chain_client.h"
+#include "replication/manifest_check.h"
+#include "rhino/frame.h"
+#include "rhino/messages.h"
+#include "rhino/worker.h"
+
+namespace py = pybind11;
+
+namespace rhino::py_bindings {
+namespace {
+
+// Owners whose destructors may block (joining threads): they let go of the
+// GIL meanwhile, so a worker's threads never wait on Python.
+struct PyWorker {
+  WorkerOptions options;
+  std::unique_ptr<Worker> worker = std::make_unique<Worker>();
+  ~PyWorker() {
+    py::gil_scoped_release release;
+    worker.reset();
+  }
+};
+
+struct PyReplication {
+  std::unique_ptr<ReplicationHandle> handle;
+  ~PyReplication() {
+    py::gil_scoped_release release;
+    handle.reset();
+  }
+};
+
+py::dict MetricsDict(const WorkerMetrics& m) {
+  py::dict d;
+  d["bytes_received"] = m.bytes_received;
+  d["bytes_sent"] = m.bytes_sent;
+  d["bytes_written"] = m.bytes_written;
+  d["net_bytes_in"] = m.net_bytes_in;
+  d["net_bytes_out"] = m.net_bytes_out;
+  d["active_streams"] = m.active_streams;
+  d["in_flight_credits"] = m.in_flight_credits;
+  d["streams_opened"] = m.streams_opened;
+  d["checkpoints_complete"] = m.checkpoints_complete;
+  d["checkpoints_aborted"] = m.checkpoints_aborted;
+  d["auth_failures"] = m.auth_failures;
+  d["rejected_frames"] = m.rejected_frames;
+  d["stale_rejections"] = m.stale_rejections;
+  d["peers_dead"] = m.peers_dead;
+  d["open_connections"] = m.open_connections;
+  py::list inst;
+  for (const auto& i : m.instances) {
+    py::dict e;
+    e["operator_id"] = i.operator_id;
+    e["instance"] = i.instance;
+    e["last_committed"] = i.has_committed ? py::object(py::int_(i.last_committed)) : py::object(py::none());
+    e["last_opened"] = i.last_opened;
+    e["chain_version"] = i.chain_version;
+    inst.append(e);
+  }
+  d["instances"] = inst;
+  return d;
+}
+
+py::dict ProgressDict(const ReplicationProgress& p) {
+  py::dict d;
+  d["state"] = ReplicationStateName(p.state);
+  d["bytes_sent"] = p.bytes_sent;
+  d["bytes_total"] = p.bytes_total;
+  d["files_sent"] = p.files_sent;
+  d["files_total"] = p.files_total;
+  d["credits"] = p.credits;
+  d["in_flight_credits"] = p.in_flight;
+  return d;
+}
+
+py::dict ResultDict(const ReplicationResult& r) {
+  py::dict d;
+  d["checkpoint_id"] = r.checkpoint_id;
+  d["bytes_sent"] = r.bytes_sent;
+  d["files_sent"] = r.files_sent;
+  d["seconds"] = r.seconds;
+  d["member_needed_files"] = r.member_needed_files;
+  d["member_needed_bytes"] = r.member_needed_bytes;
+  return d;
+}
+
+// The decoded fields of one message, by type (for decode_frame).
+py::dict MessageDict(MessageType type, std::string_view payload, uint32_t max_frame_bytes) {
+  py::dict d;
+  switch (type) {
+    case MessageType::kHelloReq: {
+      HelloReq m;
+      ThrowIfError(HelloReq::Decode(payload, &m));
+      d["proto"] = m.proto;
+      d["worker_id"] = py::bytes(m.worker_id);
+      d["client_nonce"] = py::bytes(m.client_nonce);
+      break;
+    }
+    case MessageType::kHelloRsp: {
+      HelloRsp m;
+      ThrowIfError(HelloRsp::Decode(payload, &m));
+      d["worker_id"] = py::bytes(m.worker_id);
+      d["server_nonce"] = py::bytes(m.server_nonce);
+      d["server_mac"] = py::bytes(m.server_mac);
+      break;
+    }
+    case MessageType::kAuthReq: {
+      AuthReq m;
+      ThrowIfError(AuthReq::Decode(payload, &m));
+      d["client_mac"] = py::bytes(m.client_mac);
+      break;
+    }
+    case MessageType::kAuthRsp: {
+      AuthRsp m;
+      ThrowIfError(AuthRsp::Decode(payload, &m));
+      d["ok"] = m.ok;
+      break;
+    }
+    case MessageType::kOpenStreamReq: {
+      OpenStreamReq m;
+      ThrowIfError(OpenStreamReq::Decode(payload, &m));
+      // The receive-side checks a worker applies (names, identities).
+      Manifest mf;
+      ThrowIfError(CheckOpenStreamReq(m, max_frame_bytes, &mf));
+      d["operator_id"] = m.operator_id;
+      d["instance"] = m.instance;
+      d["checkpoint_id"] = m.checkpoint_id;
+      d["chunk_bytes"] = m.chunk_bytes;
+      d["window"] = m.window;
+      d["downstream"] = m.downstream;
+      py::list files;
+      for (const auto& f : mf.files) files.append(f.name);
+      d["files"] = files;
+      break;
+    }
+    case MessageType::kOpenStreamRsp: {
+      OpenStreamRsp m;
+      ThrowIfError(OpenStreamRsp::Decode(payload, &m));
+      d["code"] = m.code;
+      d["message"] = py::bytes(m.message);
+      d["needed"] = m.needed;
+      d["credits"] = m.credits;
+      d["member_needed_files"] = m.member_needed_files;
+      d["member_needed_bytes"] = m.member_needed_bytes;
+      break;
+    }
+    case MessageType::kChunkReq: {
+      ChunkReq m;
+      ThrowIfError(ChunkReq::Decode(payload, &m));
+      d["file_index"] = m.file_index;
+      d["offset"] = m.offset;
+      d["data"] = py::bytes(m.data.data(), m.data.size());
+      break;
+    }
+    case MessageType::kCreditRsp: {
+      CreditRsp m;
+      ThrowIfError(CreditRsp::Decode(payload, &m));
+      d["credits"] = m.credits;
+      break;
+    }
+    case MessageType::kCommitReq: {
+      CommitReq m;
+      ThrowIfError(CommitReq::Decode(payload, &m));
+      break;
+    }
+    case MessageType::kCommitRsp: {
+      CommitRsp m;
+      ThrowIfError(CommitRsp::Decode(payload, &m));
+      d["code"] = m.code;
+      d["message"] = py::bytes(m.message);
+      break;
+    }
+    case MessageType::kAbortReq: {
+      AbortReq m;
+      ThrowIfError(AbortReq::Decode(payload, &m));
+      d["reason"] = py::bytes(m.reason);
+      break;
+    }
+    case MessageType::kHeartbeatReq: {
+      HeartbeatReq m;
+      ThrowIfError(HeartbeatReq::Decode(payload, &m));
+      d["nonce"] = m.nonce;
+      break;
+    }
+    case MessageType::kHeartbeatRsp: {
+      HeartbeatRsp m;
+      ThrowIfError(HeartbeatRsp::Decode(payload, &m));
+      d["nonce"] = m.nonce;
+      break;
+    }
+    case MessageType::kStoreQueryReq: {
+      StoreQueryReq m;
+      ThrowIfError(StoreQueryReq::Decode(payload, &m));
+      d["operator_id"] = py::bytes(m.operator_id);
+      d["instance"] = m.instance;
+      break;
+    }
+    case MessageType::kStoreQueryRsp: {
+      StoreQueryRsp m;
+      ThrowIfError(StoreQueryRsp::Decode(payload, &m));
+      d["code"] = m.code;
+      d["message"] = py::bytes(m.message);
+      d["checkpoints"] = m.checkpoints;
+      break;
+    }
+    case MessageType::kErrorRsp: {
+      ErrorRsp m;
+      ThrowIfError(ErrorRsp::Decode(payload, &m));
+      d["code"] = m.code;
+      d["message"] = py::bytes(m.message);
+      break;
+    }
+  }
+  return d;
+}
+
+}  // namespace
+
+void BindWorker(py::module_& m) {
+  m.attr("MAX_FRAME_BYTES") = kDefaultMaxFrameBytes;
+  m.attr("FRAME_HEADER_BYTES") = kFrameHeaderBytes;
+
+  py::class_<PyWorker>(m, "Worker", R"doc(
+One host's Rhino runtime: its replica store and the data-plane server that
+takes part in replica chains (docs/protocol.md). start() binds and serves;
+stop() aborts streams under way and closes connections; join() waits for stop.
+)doc")
+      .def(py::init([](const std::string& id, const std::string& store_dir, const std::string& listen_host,
+                       uint16_t listen_port, const std::string& secret, uint32_t io_threads, uint32_t disk_threads,
+                       uint32_t heartbeat_ms, uint32_t peer_timeout_ms, uint32_t max_frame_bytes,
+                       uint32_t max_window, uint32_t stream_idle_timeout_ms) {
+             auto w = std::make_unique<PyWorker>();
+             WorkerOptions o;
+             o.id = id;
+             o.store_dir = store_dir;
+             o.listen_host = listen_host;
+             o.listen_port = listen_port;
+             o.secret = secret;
+             o.io_threads = io_threads;
+             o.disk_threads = disk_threads;
+             o.heartbeat_ms = heartbeat_ms;
+             o.peer_timeout_ms = peer_timeout_ms;
+             o.max_frame_bytes = max_frame_bytes;
+             o.max_window = max_window;
+             o.stream_idle_timeout_ms = stream_idle_timeout_ms;
+             w->options = o;
+             return w;
+           }),
+           py::kw_only(), py::arg("id"), py::arg("store_dir"), py::arg("listen_host") = "127.0.0.1",
+           py::arg("listen_port") = 0, py::arg("secret"), py::arg("io_threads") = 2, py::arg("disk_threads") = 2,
+           py::arg("heartbeat_ms") = 500, py::arg("peer_timeout_ms") = 3000,
+           py::arg("max_frame_bytes") = kDefaultMaxFrameBytes, py::arg("max_window") = 64,
+           py::arg("stream_idle_timeout_ms") = 60000)
+      .def("start", [](PyWorker& w) {
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = w.worker->Start(w.options);
+             }
+             ThrowIfError(s);
+           }, "Opens the store (cleaning stale staging), binds, listens and starts the threads.")
+      .def("stop", [](PyWorker& w) {
+             py::gil_scoped_release release;
+             w.worker->Stop();
+           }, "Aborts streams under way, closes connections, stops the threads. Idempotent.")
+      .def("join", [](PyWorker& w) {
+             py::gil_scoped_release release;
+             w.worker->Join();
+           }, "Blocks until the worker has stopped.")
+      .def_property_readonly("port", [](const PyWorker& w) { return w.worker->port(); },
+                             "The bound port (useful with listen_port=0).")
+      .def_property_readonly("id", [](const PyWorker& w) { return w.options.id; })
+      .def("metrics", [](const PyWorker& w) { return MetricsDict(w.worker->Metrics()); },
+           "A snapshot of the worker's counters (bytes, streams, credits, checkpoint states, security).");
+
+  py::class_<PyReplication>(m, "ReplicationHandle", "A replication of one checkpoint down a chain, under way or done.")
+      .def("progress", [](const PyReplication& r) { return ProgressDict(r.handle->Progress()); })
+      .def_property_readonly("done", [](const PyReplication& r) { return r.handle->Done(); })
+      .def("cancel", [](PyReplication& r) { r.handle->Cancel(); }, "Aborts the replication down the chain.")
+      .def("wait", [](const PyReplication& r, std::optional<double> timeout) -> py::object {
+             ReplicationResult res;
+             bool done;
+             {
+               py::gil_scoped_release release;
+               int64_t ms = timeout.has_value() ? static_cast<int64_t>(*timeout * 1000.0) : -1;
+               if (ms < -1) ms = 0;
+               done = r.handle->Wait(ms, &res);
+             }
+             if (!done) return py::none();
+             ThrowIfError(res.status);
+             return ResultDict(res);
+           }, py::arg("timeout") = py::none(),
+           "Waits for the end. Returns the result dict once the chain has committed (the checkpoint is "
+           "complete), raises the mapped RhinoError if it failed, or returns None if `timeout` passed first.");
+
+  m.def("replicate", [](const std::string& store_dir, const std::string& operator_id, uint32_t instance,
+                        uint64_t checkpoint_id, const std::vector<std::string>& chain, uint64_t chain_version,
+                        const std::string& secret, uint32_t chunk_bytes, uint32_t window, uint32_t timeout_ms,
+                        uint32_t heartbeat_ms, uint32_t peer_timeout_ms, const std::string& client_id) {
+          ReplicateOptions o;
+          o.chunk_bytes = chunk_bytes;
+          o.window = window;
+          o.timeout_ms = timeout_ms;
+          o.heartbeat_ms = heartbeat_ms;
+          o.peer_timeout_ms = peer_timeout_ms;
+          o.client_id = client_id;
+          auto r = std::make_unique<PyReplication>();
+          Status s;
+          {
+            py::gil_scoped_release release;
+            s = ReplicateCheckpoint(store_dir, operator_id, instance, checkpoint_id, chain, chain_version, secret, o,
+                                    &r->handle);
+          }
+          ThrowIfError(s);
+          return r;
+        }, py::arg("store_dir"), py::arg("operator_id"), py::arg("instance"), py::arg("checkpoint_id"),
+        py::arg("chain"), py::kw_only(), py::arg("chain_version"), py::arg("secret"),
+        py::arg("chunk_bytes") = 1u << 20, py::arg("window") = 16, py::arg("timeout_ms") = 30000,
+        py::arg("heartbeat_ms") = 500, py::arg("peer_timeout_ms") = 3000, py::arg("client_id") = "primary",
+        "Starts replicating a checkpoint of the store at `store_dir` down `chain` ['host:port', ...].");
+
+  m.def("query_store", [](const std::string& address, const std::string& secret, const std::string& operator_id,
+                          uint32_t instance, uint32_t timeout_ms) {
+          std::vector<uint64_t> ids;
+          Status s;
+          {
+            py::gil_scoped_release release;
+            s = QueryStore(address, secret, operator_id, instance, timeout_ms, &ids);
+          }
+          ThrowIfError(s);
+          return ids;
+        }, py::arg("address"), py::kw_only(), py::arg("secret"), py::arg("operator_id"), py::arg("instance"),
+        py::arg("timeout_ms") = 5000, "Committed checkpoint ids of an instance in the worker's replica store.");
+
+  m.def("decode_frame", [](py::bytes data, uint32_t max_frame_bytes) {
+          std::string_view view = data;  // no copy: the bytes object outlives the call
+          FrameHeader h;
+          std::string_view payload;
+          ThrowIfError(DecodeFrame(view, max_frame_bytes, &h, &payload));
+          py::dict d;
+          d["type"] = MessageTypeName(h.type);
+          d["type_id"] = static_cast<int>(h.type);
+          d["stream_id"] = h.stream_id;
+          d["chain_version"] = h.chain_version;
+          d["length"] = h.length;
+          d["payload"] = py::bytes(payload.data(), payload.size());
+          d["message"] = MessageDict(h.type, payload, max_frame_bytes);
+          return d;
+        }, py::arg("data"), py::arg("max_frame_bytes") = kDefaultMaxFrameBytes,
+        "Decodes and validates one whole frame exactly as a worker does (protocol §1 steps 1-6, plus the "
+        "OpenStreamReq manifest checks). Raises CorruptionError / PathOutsideStoreError / ... on bad input.");
+
+  m.def("encode_frame", [](int type, py::bytes payload, uint32_t stream_id, uint64_t chain_version) {
+          if (type < 0 || type > 255 || !IsKnownMessageType(static_cast<uint8_t>(type))) {
+            throw StatusError{Status::InvalidArgument("unknown message type " + std::to_string(type))};
+          }
+          std::string_view p = payload;
+          return py::bytes(EncodeFrame(static_cast<MessageType>(type), stream_id, chain_version, p));
+        }, py::arg("type"), py::arg("payload"), py::kw_only(), py::arg("stream_id") = 0, py::arg("chain_version") = 0,
+        "One frame (32-byte header + payload) as the C++ encoder writes it.");
+}
+
+}  // namespace rhino::py_bindings

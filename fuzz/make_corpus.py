@@ -1,0 +1,68 @@
+"""Writes the seed corpus of fuzz/frame_fuzzer.cc: one valid frame of every
+message type (each prefixed by the target's mode byte), into fuzz/corpus/frame.
+
+    python fuzz/make_corpus.py
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from pathlib import Path
+
+import xxhash
+
+from rhino import _core
+
+
+def enc_bytes(b: bytes) -> bytes:
+    return struct.pack("<I", len(b)) + b
+
+
+def manifest() -> bytes:
+    files = []
+    for name, content in [("000007.sst", b"s" * 300), ("CURRENT", b"MANIFEST-000005\n"), ("EMPTY", b"")]:
+        h = xxhash.xxh3_128(content).hexdigest()
+        files.append({"name": name, "size": len(content), "checksum": h, "identity": f"{h}-{len(content)}",
+                      "in_delta": True})
+    body = json.dumps({"format": 1, "operator_id": "op", "instance": 1, "checkpoint_id": 9, "parent_id": 8,
+                       "epoch": 2, "version": 9, "partitioner": {"num_key_groups": 32768, "num_vnodes": 256,
+                                                                 "seed": 0},
+                       "vnodes": [0, 1], "files": files, "created_unix_ms": 1}, separators=(",", ":"))
+    return (body + "\nxxh3:" + format(xxhash.xxh3_64_intdigest(body.encode()), "016x") + "\n").encode()
+
+
+def main() -> None:
+    out = Path(__file__).parent / "corpus" / "frame"
+    out.mkdir(parents=True, exist_ok=True)
+    u32 = lambda v: struct.pack("<I", v)  # noqa: E731
+    u64 = lambda v: struct.pack("<Q", v)  # noqa: E731
+    payloads = {
+        1: u32(1) + enc_bytes(b"w1") + enc_bytes(b"n" * 16),
+        2: enc_bytes(b"w2") + enc_bytes(b"s" * 16) + enc_bytes(b"m" * 32),
+        3: enc_bytes(b"c" * 32),
+        4: b"\x01",
+        5: enc_bytes(b"op") + u32(1) + u64(9) + u32(4096) + u32(8)
+        + u32(2) + enc_bytes(b"127.0.0.3:7000") + enc_bytes(b"127.0.0.4:7000") + enc_bytes(manifest()),
+        6: u32(0) + enc_bytes(b"") + u32(2) + u32(0) + u32(2) + u32(16) + u32(1) + u32(2) + u32(1) + u64(316),
+        7: u32(0) + u64(0) + enc_bytes(b"chunk-bytes"),
+        8: u32(1),
+        9: b"",
+        10: u32(0) + enc_bytes(b""),
+        11: enc_bytes(b"reason"),
+        12: u64(1),
+        13: u64(1),
+        14: enc_bytes(b"op") + u32(1),
+        15: u32(0) + enc_bytes(b"") + u32(2) + u64(8) + u64(9),
+        16: u32(100) + enc_bytes(b"stale chain version"),
+    }
+    for t, p in payloads.items():
+        frame = _core.encode_frame(t, p, stream_id=1 if t not in (1, 2, 3, 4, 12, 13) else 0, chain_version=3)
+        _core.decode_frame(frame)  # every seed is valid
+        (out / f"type{t:02d}").write_bytes(b"\x00" + frame)
+    print(f"wrote {len(payloads)} seeds to {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Chain replication of checkpoints, from Python (docs/protocol.md §4).
+
+A thin layer over :mod:`rhino._core`: :func:`replicate` starts streaming one
+checkpoint of an instance, from the primary's replica store, down a chain of
+workers, and returns a :class:`ReplicationHandle` at once (the transfer runs on
+C++ threads, without the GIL). :func:`query_store` asks a worker which
+checkpoints of an instance it holds. Restoring from a replica is a local,
+hard-link operation: ``rhino.ReplicaStore(replica_dir).restore(...)``.
+
+Errors are :class:`rhino.RhinoError` subclasses: ``AuthFailedError`` (wrong
+secret), ``StaleChainVersionError`` (a newer chain exists),
+``RhinoTimeoutError`` (no ack within the timeout), ``PeerDeadError``,
+``NoSpaceError`` (a replica's disk is full), ``AbortedError``...
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from . import _core
+from ._core import ReplicationHandle, ReplicaStore
+
+__all__ = ["replicate", "query_store", "ReplicationHandle", "read_secret_file", "parse_address"]
+
+
+def _secret_bytes(secret: bytes | str) -> bytes:
+    return secret.encode() if isinstance(secret, str) else bytes(secret)
+
+
+def read_secret_file(path: str | os.PathLike[str]) -> bytes:
+    """The shared secret in `path`, without surrounding whitespace (a trailing
+    newline from an editor is not part of the secret)."""
+    with open(path, "rb") as f:
+        secret = f.read().strip()
+    if not secret:
+        raise ValueError(f"secret file {path} is empty")
+    return secret
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """'127.0.0.2:7000' -> ('127.0.0.2', 7000); '[::1]:7000' -> ('::1', 7000)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"address {address!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def replicate(
+    store: ReplicaStore | str | os.PathLike[str],
+    operator_id: str,
+    instance: int,
+    checkpoint_id: int,
+    chain: Sequence[str],
+    *,
+    chain_version: int,
+    secret: bytes | str,
+    chunk_bytes: int = 1 << 20,
+    window: int = 16,
+    timeout: float = 30.0,
+    heartbeat: float = 0.5,
+    peer_timeout: float = 3.0,
+    client_id: str = "primary",
+) -> ReplicationHandle:
+    """Starts replicating checkpoint `checkpoint_id` of (operator_id, instance),
+    committed in `store`, down `chain` (["host:port", ...], head first).
+
+    The checkpoint is complete once ``handle.wait()`` returns a result: every
+    member has committed it (Rhino §4.2.2). ``wait`` raises the mapped error if
+    the chain failed; retry on a repaired chain with a higher `chain_version`.
+    Memory per stream is bounded by ``window x chunk_bytes`` at every member.
+    """
+    path = store.path if isinstance(store, ReplicaStore) else os.fspath(store)
+    return _core.replicate(
+        path,
+        operator_id,
+        instance,
+        checkpoint_id,
+        list(chain),
+        chain_version=chain_version,
+        secret=_secret_bytes(secret),
+        chunk_bytes=chunk_bytes,
+        window=window,
+        timeout_ms=max(1, int(timeout * 1000)),
+        heartbeat_ms=max(1, int(heartbeat * 1000)),
+        peer_timeout_ms=max(1, int(peer_timeout * 1000)),
+        client_id=client_id,
+    )
+
+
+def query_store(
+    address: str, *, secret: bytes | str, operator_id: str, instance: int, timeout: float = 5.0
+) -> list[int]:
+    """Checkpoint ids of an instance committed in the store of the worker at `address`."""
+    return _core.query_store(
+        address,
+        secret=_secret_bytes(secret),
+        operator_id=operator_id,
+        instance=instance,
+        timeout_ms=max(1, int(timeout * 1000)),
+    )

@@ -1,0 +1,291 @@
+"""``rhino worker``: the per-host daemon (DESIGN §2, issue 3).
+
+It hosts the C++ runtime (:class:`rhino._core.Worker`): the replica store and
+the data-plane server that takes part in replica chains (docs/protocol.md).
+This module is only its shell:
+
+- command-line options;
+- structured logging, one JSON object per line on stderr;
+- a Prometheus text-format ``/metrics`` endpoint (``--metrics-listen``);
+- clean shutdown on SIGTERM / SIGINT: streams under way are aborted (their
+  staging removed), connections closed, then the process exits 0.
+
+On start the replica store is opened, which removes the staging a killed
+predecessor left behind, and verified at size level (O(files)); problems are
+logged. A restart after SIGKILL therefore serves a store that verifies clean.
+
+Run it as ``python -m rhino.worker``, ``rhino-worker``, or (once wired into the
+CLI) ``rhino worker``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from . import _core
+from .replication import parse_address, read_secret_file
+
+__all__ = ["main", "build_parser", "prometheus_text", "JsonLogger"]
+
+
+class JsonLogger:
+    """Structured logs: one JSON object per line (``--log-format json``) or
+    ``key=value`` text. Thread-safe."""
+
+    def __init__(self, worker_id: str, fmt: str = "json", stream: Any = None) -> None:
+        self.worker_id = worker_id
+        self.fmt = fmt
+        self.stream = stream if stream is not None else sys.stderr
+        self._lock = threading.Lock()
+
+    def log(self, level: str, event: str, **fields: Any) -> None:
+        rec = {"ts": round(time.time(), 3), "level": level, "worker": self.worker_id, "event": event, **fields}
+        if self.fmt == "json":
+            line = json.dumps(rec, default=str, separators=(",", ":"))
+        else:
+            line = " ".join(f"{k}={v}" for k, v in rec.items())
+        with self._lock:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
+    def info(self, event: str, **fields: Any) -> None:
+        self.log("info", event, **fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self.log("warning", event, **fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        self.log("error", event, **fields)
+
+
+class ThroughputSampler:
+    """Bytes written per second over a sliding window, sampled once a second."""
+
+    def __init__(self, worker: _core.Worker, window_s: float = 5.0) -> None:
+        self._worker = worker
+        self._samples: deque[tuple[float, int, int]] = deque()
+        self._window = window_s
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rhino-throughput", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            m = self._worker.metrics()
+            now = time.monotonic()
+            with self._lock:
+                self._samples.append((now, m["bytes_received"], m["bytes_sent"]))
+                while len(self._samples) > 2 and now - self._samples[0][0] > self._window:
+                    self._samples.popleft()
+            self._stop.wait(1.0)
+
+    def rates(self) -> tuple[float, float]:
+        """(received, sent) bytes per second over the window."""
+        with self._lock:
+            if len(self._samples) < 2:
+                return 0.0, 0.0
+            (t0, r0, s0), (t1, r1, s1) = self._samples[0], self._samples[-1]
+        dt = max(t1 - t0, 1e-9)
+        return (r1 - r0) / dt, (s1 - s0) / dt
+
+
+def _esc(v: Any) -> str:
+    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def prometheus_text(worker_id: str, m: dict[str, Any], rates: tuple[float, float] = (0.0, 0.0)) -> str:
+    """The Prometheus text exposition (format 0.0.4) of a metrics snapshot."""
+    w = f'worker="{_esc(worker_id)}"'
+    out: list[str] = []
+
+    def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+        out.append(f"# HELP {name} {help_}")
+        out.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            lab = w + ("," + labels if labels else "")
+            out.append(f"{name}{{{lab}}} {value}")
+
+    metric("rhino_worker_bytes_received_total", "counter", "Chunk bytes received from predecessors.",
+           [("", m["bytes_received"])])
+    metric("rhino_worker_bytes_sent_total", "counter", "Chunk bytes sent to successors.", [("", m["bytes_sent"])])
+    metric("rhino_worker_bytes_written_total", "counter", "Chunk bytes written to staging files.",
+           [("", m["bytes_written"])])
+    metric("rhino_worker_network_bytes_total", "counter", "Frame bytes on the wire, headers included.",
+           [('direction="in"', m["net_bytes_in"]), ('direction="out"', m["net_bytes_out"])])
+    metric("rhino_worker_throughput_bytes_per_second", "gauge",
+           "Chunk throughput over the last few seconds.",
+           [('direction="in"', round(rates[0], 1)), ('direction="out"', round(rates[1], 1))])
+    metric("rhino_worker_active_streams", "gauge", "Replication streams under way.", [("", m["active_streams"])])
+    metric("rhino_worker_in_flight_credits", "gauge",
+           "Chunk buffers held right now (credits lent and not yet returned), all streams.",
+           [("", m["in_flight_credits"])])
+    metric("rhino_worker_streams_opened_total", "counter", "Replication streams opened.", [("", m["streams_opened"])])
+    metric("rhino_worker_checkpoints_total", "counter", "Checkpoint streams by final state on this worker.",
+           [('state="complete"', m["checkpoints_complete"]), ('state="aborted"', m["checkpoints_aborted"])])
+    metric("rhino_worker_auth_failures_total", "counter", "Failed authentications (protocol §2).",
+           [("", m["auth_failures"])])
+    metric("rhino_worker_rejected_frames_total", "counter", "Invalid frames and messages rejected (protocol §1).",
+           [("", m["rejected_frames"])])
+    metric("rhino_worker_stale_rejections_total", "counter", "Streams or frames fenced off as stale (protocol §5).",
+           [("", m["stale_rejections"])])
+    metric("rhino_worker_peers_dead_total", "counter", "Peers declared dead by timeout (protocol §6).",
+           [("", m["peers_dead"])])
+    metric("rhino_worker_open_connections", "gauge", "Open data-plane connections.", [("", m["open_connections"])])
+    inst = m.get("instances", [])
+
+    def per_instance(key: str) -> list[tuple[str, float]]:
+        rows = []
+        for i in inst:
+            v = i[key]
+            if v is None:
+                continue
+            rows.append((f'operator="{_esc(i["operator_id"])}",instance="{i["instance"]}"', v))
+        return rows
+
+    metric("rhino_replica_last_committed_checkpoint", "gauge",
+           "Newest checkpoint of an instance committed here by replication.", per_instance("last_committed"))
+    metric("rhino_replica_last_opened_checkpoint", "gauge",
+           "Newest checkpoint of an instance a stream was opened for.", per_instance("last_opened"))
+    lag = []
+    for i in inst:
+        committed = i["last_committed"] if i["last_committed"] is not None else 0
+        lag.append((f'operator="{_esc(i["operator_id"])}",instance="{i["instance"]}"',
+                     max(0, i["last_opened"] - committed)))
+    metric("rhino_replica_lag_checkpoints", "gauge",
+           "Replica lag of an instance: newest opened minus newest committed checkpoint id.", lag)
+    metric("rhino_replica_chain_version", "gauge", "Newest chain version seen for an instance (protocol §5).",
+           per_instance("chain_version"))
+    return "\n".join(out) + "\n"
+
+
+def _metrics_server(host: str, port: int, render: Any) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            if self.path.split("?")[0] != "/metrics":
+                self.send_error(404)
+                return
+            body = render().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:  # scrapes are not worth a log line
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    return server
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rhino worker", description="Run one host's Rhino worker daemon.")
+    p.add_argument("--id", required=True, help="worker id, e.g. w2")
+    p.add_argument("--dir", required=True, help="replica store directory (created if missing)")
+    p.add_argument("--listen", required=True, help="HOST:PORT to serve the data plane on (PORT 0: any free port)")
+    p.add_argument("--secret-file", required=True, help="file holding the cluster's shared secret")
+    p.add_argument("--metrics-listen", default=None, help="HOST:PORT for the Prometheus /metrics endpoint")
+    p.add_argument("--log-format", choices=["json", "text"], default="json")
+    p.add_argument("--io-threads", type=int, default=2)
+    p.add_argument("--disk-threads", type=int, default=2)
+    p.add_argument("--heartbeat-ms", type=int, default=500)
+    p.add_argument("--peer-timeout-ms", type=int, default=3000)
+    p.add_argument("--max-window", type=int, default=64, help="most credits granted per stream")
+    p.add_argument("--max-frame-bytes", type=int, default=_core.MAX_FRAME_BYTES)
+    p.add_argument("--stream-idle-timeout-ms", type=int, default=60000,
+                   help="abort a stream that sees no frame from either neighbour for this long (0: never)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    log = JsonLogger(args.id, args.log_format)
+    try:
+        host, port = parse_address(args.listen)
+        secret = read_secret_file(args.secret_file)
+    except (OSError, ValueError) as e:
+        log.error("bad_configuration", error=str(e))
+        return 2
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("signal", signal=signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    worker = _core.Worker(
+        id=args.id,
+        store_dir=args.dir,
+        listen_host=host,
+        listen_port=port,
+        secret=secret,
+        io_threads=args.io_threads,
+        disk_threads=args.disk_threads,
+        heartbeat_ms=args.heartbeat_ms,
+        peer_timeout_ms=args.peer_timeout_ms,
+        max_frame_bytes=args.max_frame_bytes,
+        max_window=args.max_window,
+        stream_idle_timeout_ms=args.stream_idle_timeout_ms,
+    )
+    try:
+        worker.start()  # opens the store: stale staging of a killed predecessor goes
+    except Exception as e:  # noqa: BLE001 - any start failure ends the daemon, logged
+        log.error("start_failed", error=str(e), error_type=type(e).__name__)
+        return 1
+
+    from ._core import ReplicaStore
+
+    report = ReplicaStore(args.dir).verify(full=False)
+    if report.ok:
+        log.info("store_verified", dir=args.dir, checkpoints=report.checkpoints, files=report.files_checked)
+    else:
+        log.warning("store_problems", dir=args.dir, problems=[repr(p) for p in report.problems])
+
+    sampler = ThroughputSampler(worker)
+    sampler.start()
+    http = None
+    if args.metrics_listen:
+        mh, mp = parse_address(args.metrics_listen)
+        http = _metrics_server(mh, mp, lambda: prometheus_text(args.id, worker.metrics(), sampler.rates()))
+        threading.Thread(target=http.serve_forever, name="rhino-metrics", daemon=True).start()
+        log.info("metrics_listening", host=mh, port=http.server_address[1])
+    log.info("listening", host=host, port=worker.port, dir=args.dir, pid=os.getpid())
+
+    while not stop.wait(0.5):
+        pass
+
+    log.info("stopping")
+    worker.stop()
+    worker.join()
+    sampler.stop()
+    if http is not None:
+        http.shutdown()
+        http.server_close()
+    m = worker.metrics()
+    log.info("stopped", checkpoints_complete=m["checkpoints_complete"], checkpoints_aborted=m["checkpoints_aborted"],
+             bytes_received=m["bytes_received"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

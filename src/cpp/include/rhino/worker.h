@@ -1,0 +1,98 @@
+// Worker: one host's Rhino runtime (DESIGN §2): its replica store and the
+// data-plane server that takes part in replica chains (docs/protocol.md §4).
+// The `rhino worker` daemon (rhino/worker.py) is a thin shell around it.
+//
+// Lifecycle: Start once, Stop (from any thread, idempotent), Join (blocks
+// until stopped). Stop aborts the streams under way (their staging is removed,
+// nothing half-done becomes visible) and closes every connection.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rhino/frame.h"
+#include "rhino/status.h"
+
+namespace rhino {
+
+struct WorkerOptions {
+  // ---- identity and storage ----
+  std::string id = "worker";  // worker id, sent in the handshake and in error messages
+  std::string store_dir;      // the replica store (created if missing)
+
+  // ---- network ----
+  std::string listen_host = "127.0.0.1";  // DESIGN §3: loopback unless told otherwise
+  uint16_t listen_port = 0;               // 0 = an ephemeral port (see Worker::port)
+  std::string secret;                     // shared secret of the cluster (protocol §2)
+  uint32_t io_threads = 2;                // socket I/O
+  uint32_t disk_threads = 2;              // stream work: writes, fsyncs, commits
+  uint32_t heartbeat_ms = 500;            // protocol §6
+  uint32_t peer_timeout_ms = 3000;        // protocol §6
+  uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
+
+  // ---- flow control (protocol §4 step 3) ----
+  // Most credits granted per stream, whatever the sender asks: memory per
+  // stream is at most max_window x chunk_bytes in each direction.
+  uint32_t max_window = 64;
+  // A stream with no frame from its predecessor or successor for this long is
+  // aborted, so a stuck peer cannot pin staging files. 0 = never.
+  uint32_t stream_idle_timeout_ms = 60000;
+};
+
+// What one instance looks like from this worker's replica store.
+struct InstanceReplicaState {
+  std::string operator_id;
+  uint32_t instance = 0;
+  bool has_committed = false;
+  uint64_t last_committed = 0;  // newest checkpoint committed here by replication
+  uint64_t last_opened = 0;     // newest checkpoint a stream was opened for
+  uint64_t chain_version = 0;   // newest chain version seen
+};
+
+struct WorkerMetrics {
+  // bytes
+  uint64_t bytes_received = 0;  // chunk bytes from predecessors
+  uint64_t bytes_sent = 0;      // chunk bytes to successors (forwarded or read from the pool)
+  uint64_t bytes_written = 0;   // chunk bytes written to staging files
+  uint64_t net_bytes_in = 0;    // all frame bytes, headers included
+  uint64_t net_bytes_out = 0;
+  // streams and flow control
+  int64_t active_streams = 0;
+  int64_t in_flight_credits = 0;  // chunk buffers held right now, all streams
+  uint64_t streams_opened = 0;
+  uint64_t checkpoints_complete = 0;  // committed here
+  uint64_t checkpoints_aborted = 0;   // streams that ended without a commit
+  // security and liveness
+  uint64_t auth_failures = 0;
+  uint64_t rejected_frames = 0;
+  uint64_t stale_rejections = 0;  // frames or streams refused for a stale chain version
+  uint64_t peers_dead = 0;
+  int64_t open_connections = 0;
+  std::vector<InstanceReplicaState> instances;
+};
+
+class Worker {
+ public:
+  Worker();
+  ~Worker();  // stops and joins
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Opens the store (cleaning staging left by dead processes), binds, listens
+  // and starts the threads. Also makes SIGXFSZ ignored process-wide, so that
+  // a file-size limit surfaces as EFBIG (Status::NoSpace), not as a kill.
+  Status Start(const WorkerOptions& options);
+  void Stop();
+  void Join();
+
+  uint16_t port() const;  // the bound port, valid after Start
+  WorkerMetrics Metrics() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rhino

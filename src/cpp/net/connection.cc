@@ -1,0 +1,497 @@
+#include "net/connection.h"
+
+#include <algorithm>
+
+#include "net/auth.h"
+#include "rhino/messages.h"
+
+namespace rhino::net {
+namespace {
+
+int64_t MsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+std::shared_ptr<Connection> Connection::Create(asio::io_context& io, Role role, const ConnectionOptions& options,
+                                               ConnectionCounters* counters) {
+  return std::shared_ptr<Connection>(new Connection(io, role, options, counters));
+}
+
+Connection::Connection(asio::io_context& io, Role role, const ConnectionOptions& options,
+                       ConnectionCounters* counters)
+    : role_(role),
+      options_(options),
+      counters_(counters),
+      strand_(asio::make_strand(io)),
+      socket_(strand_),
+      timer_(strand_) {}
+
+Connection::~Connection() {
+  if (counters_ != nullptr && started_ != Clock::time_point()) counters_->open_connections.fetch_sub(1);
+}
+
+std::string Connection::peer_id() const {
+  std::lock_guard<std::mutex> l(peer_mu_);
+  return peer_id_;
+}
+
+void Connection::StartServer(ReadyHandler ready) {
+  asio::post(strand_, [self = shared_from_this(), ready = std::move(ready)]() mutable {
+    self->ready_ = std::move(ready);
+    asio::error_code ec;
+    auto ep = self->socket_.remote_endpoint(ec);
+    self->remote_ = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
+    self->BeginSession();
+    // Server side of §2: wait for HelloReq.
+  });
+}
+
+void Connection::StartClient(const std::string& host, uint16_t port, ReadyHandler ready) {
+  asio::post(strand_, [self = shared_from_this(), host, port, ready = std::move(ready)]() mutable {
+    self->ready_ = std::move(ready);
+    self->remote_ = host + ":" + std::to_string(port);
+    asio::error_code ec;
+    asio::ip::address addr = asio::ip::make_address(host, ec);
+    if (ec) {
+      self->DoClose(Status::InvalidArgument("'" + host + "' is not an IP address: " + ec.message()));
+      return;
+    }
+    asio::ip::tcp::endpoint ep(addr, port);
+    if (!self->options_.local_bind_host.empty()) {
+      asio::ip::address local = asio::ip::make_address(self->options_.local_bind_host, ec);
+      if (!ec) self->socket_.open(local.is_v4() ? asio::ip::tcp::v4() : asio::ip::tcp::v6(), ec);
+      if (!ec) self->socket_.bind(asio::ip::tcp::endpoint(local, 0), ec);
+      if (ec) {
+        self->DoClose(Status::IOError("cannot bind to " + self->options_.local_bind_host + ": " + ec.message()));
+        return;
+      }
+    }
+    // The handshake deadline (peer_timeout_ms) covers the connect as well.
+    self->started_ = Clock::now();
+    self->last_recv_ = self->last_send_ = self->started_;
+    if (self->counters_ != nullptr) self->counters_->open_connections.fetch_add(1);
+    self->timer_.expires_after(std::chrono::milliseconds(0));
+    self->timer_.async_wait(asio::bind_executor(self->strand_, [self](const asio::error_code& e) {
+      if (!e) self->Tick();
+    }));
+    self->socket_.async_connect(ep, asio::bind_executor(self->strand_, [self](const asio::error_code& e) {
+      if (self->state_.load() == State::kClosed) return;
+      if (e) {
+        self->DoClose(Status::PeerDead("cannot connect to " + self->remote_ + ": " + e.message()));
+        return;
+      }
+      self->BeginSession();
+      // Client side of §2: HelloReq with a fresh nonce.
+      Status s = NewNonce(&self->client_nonce_);
+      if (!s.ok()) {
+        self->DoClose(s);
+        return;
+      }
+      HelloReq hello;
+      hello.worker_id = self->options_.worker_id;
+      hello.client_nonce = self->client_nonce_;
+      self->SendNow(MessageType::kHelloReq, 0, hello.Encode());
+    }));
+  });
+}
+
+void Connection::BeginSession() {
+  asio::error_code ec;
+  socket_.set_option(asio::ip::tcp::no_delay(true), ec);
+  if (started_ == Clock::time_point()) {
+    started_ = Clock::now();
+    last_recv_ = last_send_ = started_;
+    if (counters_ != nullptr) counters_->open_connections.fetch_add(1);
+    timer_.expires_after(std::chrono::milliseconds(0));
+    timer_.async_wait(asio::bind_executor(strand_, [self = shared_from_this()](const asio::error_code& e) {
+      if (!e) self->Tick();
+    }));
+  }
+  ReadHeader();
+}
+
+// ---- reading (§1) ----
+
+void Connection::ReadHeader() {
+  if (state_.load() == State::kClosed || closing_) return;
+  asio::async_read(socket_, asio::buffer(header_buf_, kFrameHeaderBytes),
+                   asio::bind_executor(strand_, [self = shared_from_this()](const asio::error_code& ec, size_t) {
+                     self->OnHeader(ec);
+                   }));
+}
+
+void Connection::OnHeader(const asio::error_code& ec) {
+  if (state_.load() == State::kClosed || closing_) return;
+  if (ec) {
+    DoClose(Status::PeerDead("connection to " + remote_ + " closed: " + ec.message()));
+    return;
+  }
+  last_recv_ = Clock::now();
+  bool intact = false;
+  FrameHeader h;
+  Status s = DecodeFrameHeader(header_buf_, options_.max_frame_bytes, &h, &intact);
+  if (!s.ok()) {
+    Reject(intact ? h.stream_id : 0, s);
+    return;
+  }
+  cur_ = h;
+  // Allocated only now that the length is known to be within bounds (§1 step 3).
+  payload_ = std::make_shared<std::string>(h.length, '\0');
+  if (h.length == 0) {
+    OnPayload(asio::error_code());
+    return;
+  }
+  asio::async_read(socket_, asio::buffer(payload_->data(), payload_->size()),
+                   asio::bind_executor(strand_, [self = shared_from_this()](const asio::error_code& e, size_t) {
+                     self->OnPayload(e);
+                   }));
+}
+
+void Connection::OnPayload(const asio::error_code& ec) {
+  if (state_.load() == State::kClosed || closing_) return;
+  if (ec) {
+    DoClose(Status::PeerDead("connection to " + remote_ + " closed mid-frame: " + ec.message()));
+    return;
+  }
+  last_recv_ = Clock::now();
+  Status s = CheckFramePayload(cur_, *payload_);  // §1 step 5
+  if (!s.ok()) {
+    Reject(cur_.stream_id, s);
+    return;
+  }
+  if (counters_ != nullptr) {
+    counters_->frames_in.fetch_add(1);
+    counters_->bytes_in.fetch_add(kFrameHeaderBytes + cur_.length);
+  }
+  std::shared_ptr<std::string> payload = std::move(payload_);
+  Dispatch(cur_, std::move(payload));
+  ReadHeader();
+}
+
+void Connection::Dispatch(const FrameHeader& h, std::shared_ptr<std::string> payload) {
+  if (state_.load() == State::kHandshake) {
+    HandleHandshake(h, *payload);
+    return;
+  }
+  if (state_.load() != State::kOpen) return;
+  if (h.stream_id == 0) {
+    HandleConnectionFrame(h, *payload);
+    return;
+  }
+  switch (h.type) {
+    case MessageType::kHelloReq:
+    case MessageType::kHelloRsp:
+    case MessageType::kAuthReq:
+    case MessageType::kAuthRsp:
+    case MessageType::kHeartbeatReq:
+    case MessageType::kHeartbeatRsp:
+      Reject(h.stream_id, Status::Corruption(std::string(MessageTypeName(h.type)) +
+                                             " is a connection-level message but came on stream " +
+                                             std::to_string(h.stream_id)));
+      return;
+    default:
+      break;
+  }
+  auto it = listeners_.find(h.stream_id);
+  if (it != listeners_.end()) {
+    it->second->OnFrame(h, std::move(payload));
+  } else if (unclaimed_) {
+    std::shared_ptr<StreamListener> l = unclaimed_(shared_from_this(), h, std::move(payload));
+    if (l != nullptr && state_.load() != State::kClosed) listeners_[h.stream_id] = std::move(l);
+  }
+  // else: a late frame of a finished stream (e.g. a credit after an abort).
+}
+
+void Connection::HandleHandshake(const FrameHeader& h, const std::string& payload) {
+  if (h.type == MessageType::kErrorRsp) {
+    ErrorRsp e;
+    Status s = ErrorRsp::Decode(payload, &e);
+    DoClose(s.ok() ? Status::FromCode(e.code, remote_ + ": " + e.message) : s);
+    return;
+  }
+  if (role_ == Role::kServer && h.type == MessageType::kHelloReq && !hello_done_) {
+    HelloReq req;
+    Status s = HelloReq::Decode(payload, &req);
+    if (s.ok() && req.proto != kProtocolVersion) {
+      s = Status::InvalidArgument("unsupported protocol " + std::to_string(req.proto));
+    }
+    if (s.ok() && req.client_nonce.size() != kNonceBytes) s = Status::Corruption("client nonce is not 16 bytes");
+    if (s.ok()) s = NewNonce(&server_nonce_);
+    if (!s.ok()) {
+      Reject(0, s);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> l(peer_mu_);
+      peer_id_ = req.worker_id;
+    }
+    client_nonce_ = req.client_nonce;
+    hello_done_ = true;
+    HelloRsp rsp;
+    rsp.worker_id = options_.worker_id;
+    rsp.server_nonce = server_nonce_;
+    rsp.server_mac = ServerMac(options_.secret, client_nonce_, server_nonce_);
+    SendNow(MessageType::kHelloRsp, 0, rsp.Encode());
+    return;
+  }
+  if (role_ == Role::kServer && h.type == MessageType::kAuthReq && hello_done_) {
+    AuthReq req;
+    Status s = AuthReq::Decode(payload, &req);
+    if (!s.ok()) {
+      Reject(0, s);
+      return;
+    }
+    if (!MacEquals(req.client_mac, ClientMac(options_.secret, server_nonce_, client_nonce_))) {
+      if (counters_ != nullptr) counters_->auth_failures.fetch_add(1);
+      CloseWithError(0, Status::AuthFailed("authentication failed: peer " + remote_ +
+                                           " does not know the shared secret"));
+      return;
+    }
+    AuthRsp rsp;
+    rsp.ok = true;
+    SendNow(MessageType::kAuthRsp, 0, rsp.Encode());
+    state_.store(State::kOpen);
+    FinishHandshake(Status::OK());
+    return;
+  }
+  if (role_ == Role::kClient && h.type == MessageType::kHelloRsp && !hello_done_) {
+    HelloRsp rsp;
+    Status s = HelloRsp::Decode(payload, &rsp);
+    if (!s.ok()) {
+      Reject(0, s);
+      return;
+    }
+    // Mutual authentication: talk only to a server that knows the secret too.
+    if (rsp.server_nonce.size() != kNonceBytes ||
+        !MacEquals(rsp.server_mac, ServerMac(options_.secret, client_nonce_, rsp.server_nonce))) {
+      if (counters_ != nullptr) counters_->auth_failures.fetch_add(1);
+      DoClose(Status::AuthFailed("authentication failed: server " + remote_ + " does not know the shared secret"));
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> l(peer_mu_);
+      peer_id_ = rsp.worker_id;
+    }
+    hello_done_ = true;
+    AuthReq req;
+    req.client_mac = ClientMac(options_.secret, rsp.server_nonce, client_nonce_);
+    SendNow(MessageType::kAuthReq, 0, req.Encode());
+    return;
+  }
+  if (role_ == Role::kClient && h.type == MessageType::kAuthRsp && hello_done_) {
+    AuthRsp rsp;
+    Status s = AuthRsp::Decode(payload, &rsp);
+    if (!s.ok()) {
+      Reject(0, s);
+      return;
+    }
+    if (!rsp.ok) {
+      DoClose(Status::AuthFailed("server " + remote_ + " refused our authentication"));
+      return;
+    }
+    state_.store(State::kOpen);
+    FinishHandshake(Status::OK());
+    return;
+  }
+  // §2: any other frame before AuthRsp closes the connection.
+  Reject(0, Status::Corruption(std::string(MessageTypeName(h.type)) + " before authentication completed"));
+}
+
+void Connection::HandleConnectionFrame(const FrameHeader& h, const std::string& payload) {
+  switch (h.type) {
+    case MessageType::kHeartbeatReq: {
+      HeartbeatReq req;
+      Status s = HeartbeatReq::Decode(payload, &req);
+      if (!s.ok()) return Reject(0, s);
+      HeartbeatRsp rsp;
+      rsp.nonce = req.nonce;
+      SendNow(MessageType::kHeartbeatRsp, 0, rsp.Encode());
+      return;
+    }
+    case MessageType::kHeartbeatRsp: {
+      HeartbeatRsp rsp;
+      Status s = HeartbeatRsp::Decode(payload, &rsp);
+      if (!s.ok()) return Reject(0, s);
+      return;  // receiving it was the point (last_recv_)
+    }
+    case MessageType::kErrorRsp: {
+      ErrorRsp e;
+      Status s = ErrorRsp::Decode(payload, &e);
+      DoClose(s.ok() ? Status::FromCode(e.code, remote_ + " closed the connection: " + e.message) : s);
+      return;
+    }
+    default:
+      Reject(0, Status::Corruption(std::string(MessageTypeName(h.type)) + " on stream 0"));
+  }
+}
+
+void Connection::FinishHandshake(const Status& s) {
+  if (ready_) {
+    auto r = std::move(ready_);
+    ready_ = nullptr;
+    r(s);
+  }
+}
+
+// ---- writing ----
+
+void Connection::Send(MessageType type, uint32_t stream_id, uint64_t chain_version,
+                      std::shared_ptr<const std::string> payload, std::function<void()> on_sent) {
+  Outgoing o;
+  // Checksums are computed on the caller's thread, off the strand.
+  EncodeFrameHeader(type, stream_id, chain_version, *payload, o.header.data());
+  o.payload = std::move(payload);
+  o.on_sent = std::move(on_sent);
+  asio::post(strand_, [self = shared_from_this(), o = std::move(o)]() mutable {
+    // Stream frames wait for the handshake: a client may queue its first
+    // request as soon as it is ready, never before, so this only guards misuse.
+    self->Enqueue(std::move(o));
+  });
+}
+
+void Connection::SendNow(MessageType type, uint32_t stream_id, std::string payload) {
+  Outgoing o;
+  auto p = std::make_shared<const std::string>(std::move(payload));
+  EncodeFrameHeader(type, stream_id, 0, *p, o.header.data());
+  o.payload = std::move(p);
+  Enqueue(std::move(o));
+}
+
+void Connection::Enqueue(Outgoing o) {
+  if (state_.load() == State::kClosed) return;
+  queue_.push_back(std::move(o));
+  if (!writing_) WriteNext();
+}
+
+void Connection::WriteNext() {
+  if (queue_.empty() || state_.load() == State::kClosed) {
+    writing_ = false;
+    return;
+  }
+  writing_ = true;
+  write_started_ = last_send_ = Clock::now();
+  Outgoing& o = queue_.front();  // deque references survive push_back
+  std::array<asio::const_buffer, 2> bufs = {asio::buffer(o.header), asio::buffer(*o.payload)};
+  asio::async_write(socket_, bufs,
+                    asio::bind_executor(strand_, [self = shared_from_this()](const asio::error_code& ec, size_t) {
+                      self->OnWritten(ec);
+                    }));
+}
+
+void Connection::OnWritten(const asio::error_code& ec) {
+  if (state_.load() == State::kClosed) return;
+  if (ec) {
+    DoClose(Status::PeerDead("write to " + remote_ + " failed: " + ec.message()));
+    return;
+  }
+  Outgoing o = std::move(queue_.front());
+  queue_.pop_front();
+  if (counters_ != nullptr) {
+    counters_->frames_out.fetch_add(1);
+    counters_->bytes_out.fetch_add(kFrameHeaderBytes + o.payload->size());
+  }
+  if (o.on_sent) o.on_sent();
+  if (queue_.empty() && closing_) {
+    DoClose(closing_status_);
+    return;
+  }
+  WriteNext();
+}
+
+// ---- liveness (§6) ----
+
+void Connection::Tick() {
+  if (state_.load() == State::kClosed) return;
+  const int64_t timeout = options_.peer_timeout_ms;
+  if (state_.load() == State::kHandshake && MsSince(started_) > timeout) {
+    if (counters_ != nullptr) counters_->peers_dead.fetch_add(1);
+    DoClose(Status::Timeout("handshake with " + remote_ + " did not complete within " + std::to_string(timeout) +
+                            " ms"));
+    return;
+  }
+  if (MsSince(last_recv_) > timeout) {
+    if (counters_ != nullptr) counters_->peers_dead.fetch_add(1);
+    DoClose(Status::PeerDead("peer " + remote_ + " sent nothing for " + std::to_string(MsSince(last_recv_)) +
+                             " ms (peer_timeout_ms " + std::to_string(timeout) + ")"));
+    return;
+  }
+  if (writing_ && MsSince(write_started_) > timeout) {
+    if (counters_ != nullptr) counters_->peers_dead.fetch_add(1);
+    DoClose(Status::PeerDead("peer " + remote_ + " accepted no data for " + std::to_string(timeout) + " ms"));
+    return;
+  }
+  if (closing_ && MsSince(write_started_) > timeout) {
+    DoClose(closing_status_);
+    return;
+  }
+  if (state_.load() == State::kOpen && !writing_ && MsSince(last_send_) >= options_.heartbeat_ms) {
+    HeartbeatReq hb;
+    hb.nonce = ++heartbeat_nonce_;
+    SendNow(MessageType::kHeartbeatReq, 0, hb.Encode());
+  }
+  int64_t period = std::max<int64_t>(10, std::min<int64_t>(options_.heartbeat_ms, timeout / 4));
+  timer_.expires_after(std::chrono::milliseconds(period));
+  timer_.async_wait(asio::bind_executor(strand_, [self = shared_from_this()](const asio::error_code& e) {
+    if (!e) self->Tick();
+  }));
+}
+
+// ---- closing ----
+
+void Connection::Reject(uint32_t stream_id, const Status& why) {
+  if (counters_ != nullptr) counters_->frames_rejected.fetch_add(1);
+  CloseWithError(stream_id, Status::Corruption("invalid frame from " + remote_ + ": " + why.message()));
+}
+
+void Connection::CloseWithError(uint32_t stream_id, const Status& why) {
+  asio::dispatch(strand_, [self = shared_from_this(), stream_id, why]() {
+    if (self->state_.load() == State::kClosed || self->closing_) return;
+    self->closing_ = true;
+    self->closing_status_ = why;
+    self->write_started_ = Clock::now();
+    self->SendNow(MessageType::kErrorRsp, stream_id, ErrorRsp::From(why).Encode());
+  });
+}
+
+void Connection::Close(const Status& why) {
+  asio::post(strand_, [self = shared_from_this(), why]() { self->DoClose(why); });
+}
+
+void Connection::DoClose(const Status& why) {
+  if (state_.exchange(State::kClosed) == State::kClosed) return;
+  asio::error_code ec;
+  timer_.cancel();
+  socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
+  socket_.close(ec);
+  queue_.clear();
+  writing_ = false;
+  Status s = why.ok() ? Status::Aborted("connection to " + remote_ + " closed") : why;
+  FinishHandshake(s);
+  auto listeners = std::move(listeners_);
+  listeners_.clear();
+  for (auto& [id, l] : listeners) l->OnConnectionClosed(s);
+  if (on_close_) {
+    auto cb = std::move(on_close_);
+    on_close_ = nullptr;
+    cb(s);
+  }
+  unclaimed_ = nullptr;  // it may hold references back to our owner
+}
+
+void Connection::Attach(uint32_t stream_id, std::shared_ptr<StreamListener> listener) {
+  asio::post(strand_, [self = shared_from_this(), stream_id, listener = std::move(listener)]() mutable {
+    if (self->state_.load() == State::kClosed) {
+      listener->OnConnectionClosed(Status::PeerDead("connection to " + self->remote_ + " is closed"));
+      return;
+    }
+    self->listeners_[stream_id] = std::move(listener);
+  });
+}
+
+void Connection::Detach(uint32_t stream_id) {
+  asio::post(strand_, [self = shared_from_this(), stream_id]() { self->listeners_.erase(stream_id); });
+}
+
+}  // namespace rhino::net

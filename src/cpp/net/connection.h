@@ -1,0 +1,191 @@
+// Connection: one authenticated, multiplexed, framed TCP connection on Asio
+// (docs/protocol.md §1, §2, §6).
+//
+// - Frames are read by an async loop and validated in §1's order before any
+//   payload byte is acted on; an invalid frame gets an ErrorRsp and closes the
+//   connection (never the process).
+// - Before the §2 handshake completes only HelloReq/HelloRsp/AuthReq/AuthRsp
+//   are accepted.
+// - Many streams share one connection: frames are routed by stream id to the
+//   StreamListener attached to that id; stream 0 carries connection-level
+//   frames (heartbeats, errors). Frames for an id with no listener go to the
+//   "unclaimed" handler (the server opens streams there).
+// - Idle connections exchange heartbeats every heartbeat_ms; a peer silent for
+//   peer_timeout_ms, or a write stuck that long, is declared dead (§6).
+//
+// Thread-safety: every public method may be called from any thread. All
+// socket work runs on the connection's strand; handlers (listeners, unclaimed,
+// ready, close, on_sent) run on that strand too, so they must not block: post
+// real work elsewhere. No handler is ever called from inside a public method.
+#pragma once
+
+#include <asio.hpp>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "net/address.h"
+#include "rhino/frame.h"
+#include "rhino/status.h"
+
+namespace rhino::net {
+
+struct ConnectionOptions {
+  std::string worker_id;  // our name, sent in the handshake
+  std::string secret;     // shared secret (§2)
+  uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
+  uint32_t heartbeat_ms = 500;
+  uint32_t peer_timeout_ms = 3000;
+  // Client side: bind the local end to this address (e.g. the worker's own
+  // 127.0.0.N) so that peers see where traffic comes from. Empty = any.
+  std::string local_bind_host;
+};
+
+// Counters shared by all connections of one process or worker (metrics).
+// Each is atomic because many connections on many io threads update them.
+struct ConnectionCounters {
+  std::atomic<uint64_t> frames_in{0};
+  std::atomic<uint64_t> frames_out{0};
+  std::atomic<uint64_t> bytes_in{0};
+  std::atomic<uint64_t> bytes_out{0};
+  std::atomic<uint64_t> frames_rejected{0};  // invalid frames (§1) and protocol violations
+  std::atomic<uint64_t> auth_failures{0};    // §2 failures, either side
+  std::atomic<uint64_t> peers_dead{0};       // §6 timeouts
+  std::atomic<int64_t> open_connections{0};
+};
+
+// Receives the frames of one stream. Called on the connection's strand.
+class StreamListener {
+ public:
+  virtual ~StreamListener() = default;
+  virtual void OnFrame(const FrameHeader& header, std::shared_ptr<std::string> payload) = 0;
+  // The connection closed (peer death, protocol error, local close).
+  virtual void OnConnectionClosed(const Status& why) = 0;
+};
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  enum class Role { kClient, kServer };
+  using ReadyHandler = std::function<void(const Status&)>;
+  using CloseHandler = std::function<void(const Status&)>;
+  // Gets frames of stream ids with no listener. It may return a listener,
+  // which is attached to that stream id at once (before the next frame is
+  // read): this is how the server opens a stream.
+  using UnclaimedHandler = std::function<std::shared_ptr<StreamListener>(
+      const std::shared_ptr<Connection>&, const FrameHeader&, std::shared_ptr<std::string>)>;
+
+  // `counters` may be null; it must outlive the connection.
+  static std::shared_ptr<Connection> Create(asio::io_context& io, Role role, const ConnectionOptions& options,
+                                            ConnectionCounters* counters);
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Set before Start*; not thread-safe with respect to Start*.
+  void set_unclaimed_handler(UnclaimedHandler h) { unclaimed_ = std::move(h); }
+  void set_close_handler(CloseHandler h) { on_close_ = std::move(h); }
+
+  // Server: the socket to accept into, then StartServer.
+  asio::ip::tcp::socket& socket() { return socket_; }
+  void StartServer(ReadyHandler ready);
+  // Client: connects to host:port and authenticates. `ready` is called once:
+  // OK when authenticated, else the reason (AuthFailed, PeerDead, Timeout...).
+  void StartClient(const std::string& host, uint16_t port, ReadyHandler ready);
+
+  // Queues one frame. `on_sent` runs once the frame is fully written to the
+  // socket (the kernel holds it): the credit protocol (§4 step 3) counts a
+  // chunk as accepted downstream only then. It never runs if the connection
+  // closes first. Payload is shared, not copied: forwarding reuses it.
+  void Send(MessageType type, uint32_t stream_id, uint64_t chain_version,
+            std::shared_ptr<const std::string> payload, std::function<void()> on_sent = nullptr);
+  void Send(MessageType type, uint32_t stream_id, uint64_t chain_version, std::string payload) {
+    Send(type, stream_id, chain_version, std::make_shared<const std::string>(std::move(payload)));
+  }
+
+  // Routes frames of `stream_id` to `listener` until Detach or close. If the
+  // connection is already closed, the listener is told so (asynchronously).
+  void Attach(uint32_t stream_id, std::shared_ptr<StreamListener> listener);
+  void Detach(uint32_t stream_id);
+  // A fresh stream id for a stream this side initiates (never 0).
+  uint32_t NewStreamId() { return next_stream_id_.fetch_add(1); }
+
+  // Closes now; queued frames are dropped. Idempotent.
+  void Close(const Status& why);
+  // Sends an ErrorRsp on `stream_id`, then closes once it is written.
+  void CloseWithError(uint32_t stream_id, const Status& why);
+
+  bool is_open() const { return state_.load() == State::kOpen; }
+  // The peer's worker id, known after the handshake.
+  std::string peer_id() const;
+  // "ip:port" of the peer, for messages.
+  const std::string& remote() const { return remote_; }
+
+ private:
+  enum class State { kHandshake, kOpen, kClosed };
+  using Clock = std::chrono::steady_clock;
+  struct Outgoing {
+    std::array<char, kFrameHeaderBytes> header;
+    std::shared_ptr<const std::string> payload;
+    std::function<void()> on_sent;
+  };
+
+  Connection(asio::io_context& io, Role role, const ConnectionOptions& options, ConnectionCounters* counters);
+
+  // All private methods run on strand_.
+  void BeginSession();
+  void ReadHeader();
+  void OnHeader(const asio::error_code& ec);
+  void OnPayload(const asio::error_code& ec);
+  void Dispatch(const FrameHeader& h, std::shared_ptr<std::string> payload);
+  void HandleHandshake(const FrameHeader& h, const std::string& payload);
+  void HandleConnectionFrame(const FrameHeader& h, const std::string& payload);
+  void Enqueue(Outgoing o);
+  void WriteNext();
+  void OnWritten(const asio::error_code& ec);
+  void Tick();
+  void Reject(uint32_t stream_id, const Status& why);
+  void DoClose(const Status& why);
+  void FinishHandshake(const Status& s);
+  void SendNow(MessageType type, uint32_t stream_id, std::string payload);
+
+  const Role role_;
+  const ConnectionOptions options_;
+  ConnectionCounters* const counters_;
+  asio::strand<asio::io_context::executor_type> strand_;
+  asio::ip::tcp::socket socket_;
+  asio::steady_timer timer_;
+  // Read by is_open() from any thread; written on the strand.
+  std::atomic<State> state_{State::kHandshake};
+  // Stream ids are handed out from any thread.
+  std::atomic<uint32_t> next_stream_id_{1};
+
+  // ---- strand-only state ----
+  UnclaimedHandler unclaimed_;
+  CloseHandler on_close_;
+  ReadyHandler ready_;
+  std::string remote_;
+  std::string peer_id_;  // also read by peer_id() under peer_mu_
+  mutable std::mutex peer_mu_;
+  std::string client_nonce_, server_nonce_;
+  bool hello_done_ = false;
+  char header_buf_[kFrameHeaderBytes];
+  FrameHeader cur_;
+  std::shared_ptr<std::string> payload_;
+  std::deque<Outgoing> queue_;
+  bool writing_ = false;
+  bool closing_ = false;  // CloseWithError: stop reading, close when the queue drains
+  Status closing_status_;
+  Clock::time_point started_, last_recv_, last_send_, write_started_;
+  uint64_t heartbeat_nonce_ = 0;
+  std::map<uint32_t, std::shared_ptr<StreamListener>> listeners_;
+};
+
+}  // namespace rhino::net

@@ -1,0 +1,43 @@
+// FenceTable: the highest replica-chain version seen per instance
+// (docs/protocol.md §5; 3FS-style fencing, DESIGN §3 "failure model").
+//
+// A repaired chain always gets a higher version, so once a worker has seen
+// version v for an instance it refuses any frame of that instance with a lower
+// version: a stale primary or member can no longer commit into a chain that
+// has moved on. Versions are persisted under <store>/fences/<operator>/<instance>
+// (written atomically), so a restarted worker stays fenced.
+//
+// Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "rhino/status.h"
+
+namespace rhino {
+
+class FenceTable {
+ public:
+  explicit FenceTable(std::string store_dir) : dir_(std::move(store_dir)) {}
+
+  // Records that a stream of `version` opened for the instance.
+  // StaleChainVersion if a higher version was seen before; *raised is set if
+  // `version` is new and higher (older streams of the instance must go).
+  Status Observe(const std::string& operator_id, uint32_t instance, uint64_t version, bool* raised);
+  // StaleChainVersion if a version above `version` has been seen.
+  Status Check(const std::string& operator_id, uint32_t instance, uint64_t version);
+
+ private:
+  uint64_t LoadLocked(const std::string& operator_id, uint32_t instance);  // REQUIRES: mu_ held
+  std::string PathOf(const std::string& operator_id, uint32_t instance) const;
+
+  const std::string dir_;
+  std::mutex mu_;
+  std::map<std::pair<std::string, uint32_t>, uint64_t> highest_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace rhino

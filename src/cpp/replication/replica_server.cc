@@ -1,0 +1,191 @@
+#include "replication/replica_server.h"
+
+#include <chrono>
+
+#include "rhino/messages.h"
+
+namespace rhino {
+
+ReplicaServer::ReplicaServer(asio::io_context& io, asio::thread_pool& disk, ReplicaStore* store,
+                             net::ConnectionPool* pool, ServerMetrics* metrics, net::ConnectionCounters* counters,
+                             const ReplicaServerOptions& options)
+    : io_(io),
+      disk_(disk),
+      store_(store),
+      metrics_(metrics),
+      counters_(counters),
+      options_(options),
+      fences_(store->dir()),
+      acceptor_(io),
+      accept_retry_(io) {
+  env_.worker_id = options.connection.worker_id;
+  env_.store = store;
+  env_.pool = pool;
+  env_.fences = &fences_;
+  env_.metrics = metrics;
+  env_.counters = counters;
+  env_.disk = &disk;
+  env_.io = &io;
+  env_.idle_timeout_ms = options.stream_idle_timeout_ms;
+  env_.max_window = options.max_window;
+  env_.max_frame_bytes = options.connection.max_frame_bytes;
+  env_.on_finished = [this](ReplicaStream* s) { OnStreamFinished(s); };
+  env_.on_fence_raised = [this](const std::string& op, uint32_t inst, uint64_t v) { FenceOlder(op, inst, v); };
+}
+
+ReplicaServer::~ReplicaServer() = default;
+
+Status ReplicaServer::Listen(const std::string& host, uint16_t port) {
+  asio::error_code ec;
+  asio::ip::address addr = asio::ip::make_address(host, ec);
+  if (ec) return Status::InvalidArgument("listen host '" + host + "' is not an IP address: " + ec.message());
+  asio::ip::tcp::endpoint ep(addr, port);
+  acceptor_.open(ep.protocol(), ec);
+  if (!ec) acceptor_.set_option(asio::ip::tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(ep, ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return Status::IOError("cannot listen on " + host + ":" + std::to_string(port) + ": " + ec.message());
+  port_ = acceptor_.local_endpoint(ec).port();
+  Accept();
+  return Status::OK();
+}
+
+void ReplicaServer::Accept() {
+  auto conn = net::Connection::Create(io_, net::Connection::Role::kServer, options_.connection, counters_);
+  acceptor_.async_accept(conn->socket(), [this, conn](const asio::error_code& ec) {
+    if (ec == asio::error::operation_aborted) return;  // Shutdown
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (stopping_) return;
+      if (!ec) conns_[conn.get()] = conn;
+    }
+    if (!ec) {
+      net::Connection* raw = conn.get();
+      conn->set_unclaimed_handler([this](const std::shared_ptr<net::Connection>& c, const FrameHeader& h,
+                                         std::shared_ptr<std::string> payload) {
+        return OnUnclaimed(c, h, std::move(payload));
+      });
+      conn->set_close_handler([this, raw](const Status&) {
+        std::lock_guard<std::mutex> l(mu_);
+        conns_.erase(raw);
+      });
+      conn->StartServer([](const Status&) {});
+      Accept();
+      return;
+    }
+    // e.g. EMFILE: back off instead of spinning on a failing accept.
+    accept_retry_.expires_after(std::chrono::milliseconds(100));
+    accept_retry_.async_wait([this](const asio::error_code& e) {
+      if (!e) Accept();
+    });
+  });
+}
+
+std::shared_ptr<net::StreamListener> ReplicaServer::OnUnclaimed(const std::shared_ptr<net::Connection>& conn,
+                                                                const FrameHeader& h,
+                                                                std::shared_ptr<std::string> payload) {
+  switch (h.type) {
+    case MessageType::kOpenStreamReq: {
+      OpenStreamReq req;
+      Status s = OpenStreamReq::Decode(*payload, &req);
+      if (!s.ok()) {
+        if (counters_ != nullptr) counters_->frames_rejected.fetch_add(1);
+        conn->CloseWithError(h.stream_id, Status::Corruption("invalid OpenStreamReq: " + s.message()));
+        return nullptr;
+      }
+      std::shared_ptr<ReplicaStream> stream;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (stopping_) {
+          OpenStreamRsp rsp;
+          rsp.code = static_cast<uint32_t>(Status::Code::kAborted);
+          rsp.message = "worker " + options_.connection.worker_id + " is shutting down";
+          conn->Send(MessageType::kOpenStreamRsp, h.stream_id, h.chain_version, rsp.Encode());
+          return nullptr;
+        }
+        stream = ReplicaStream::Create(&env_, conn, h.stream_id, h.chain_version, std::move(req));
+        streams_[stream.get()] = stream;
+      }
+      stream->Open();
+      return stream->upstream_listener();
+    }
+    case MessageType::kStoreQueryReq:
+      AnswerStoreQuery(conn, h, *payload);
+      return nullptr;
+    default:
+      // A late frame of a stream that has already finished (a chunk or a
+      // credit in flight when it aborted): nothing to do.
+      return nullptr;
+  }
+}
+
+void ReplicaServer::AnswerStoreQuery(const std::shared_ptr<net::Connection>& conn, const FrameHeader& h,
+                                     const std::string& payload) {
+  StoreQueryReq req;
+  Status s = StoreQueryReq::Decode(payload, &req);
+  if (!s.ok()) {
+    if (counters_ != nullptr) counters_->frames_rejected.fetch_add(1);
+    conn->CloseWithError(h.stream_id, Status::Corruption("invalid StoreQueryReq: " + s.message()));
+    return;
+  }
+  // Directory listing is disk work: off the connection's strand.
+  asio::post(disk_, [this, conn, h, req]() {
+    StoreQueryRsp rsp;
+    Status st = store_->ListCheckpoints(req.operator_id, req.instance, &rsp.checkpoints);
+    rsp.code = WireCode(st);
+    rsp.message = st.message();
+    conn->Send(MessageType::kStoreQueryRsp, h.stream_id, h.chain_version, rsp.Encode());
+  });
+}
+
+void ReplicaServer::FenceOlder(const std::string& operator_id, uint32_t instance, uint64_t version) {
+  std::vector<std::shared_ptr<ReplicaStream>> fenced;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& [raw, s] : streams_) {
+      if (s->operator_id() == operator_id && s->instance() == instance && s->chain_version() < version) {
+        fenced.push_back(s);
+      }
+    }
+  }
+  for (auto& s : fenced) {
+    metrics_->stale_rejections.fetch_add(1);
+    s->Abort(Status::StaleChainVersion("fenced off by chain version " + std::to_string(version)));
+  }
+}
+
+void ReplicaServer::OnStreamFinished(ReplicaStream* stream) {
+  std::shared_ptr<ReplicaStream> keep;  // released outside the lock
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = streams_.find(stream);
+  if (it != streams_.end()) {
+    keep = std::move(it->second);
+    streams_.erase(it);
+  }
+  cv_.notify_all();
+}
+
+void ReplicaServer::Shutdown(int wait_ms) {
+  std::vector<std::shared_ptr<ReplicaStream>> streams;
+  std::vector<std::shared_ptr<net::Connection>> conns;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stopping_ = true;
+    for (auto& [raw, s] : streams_) streams.push_back(s);
+    for (auto& [raw, c] : conns_)
+      if (auto sp = c.lock()) conns.push_back(sp);
+  }
+  asio::post(io_, [this]() {
+    asio::error_code ec;
+    acceptor_.close(ec);
+    accept_retry_.cancel();
+  });
+  for (auto& s : streams) s->Abort(Status::Aborted("worker is shutting down"));
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait_for(l, std::chrono::milliseconds(wait_ms), [this]() { return streams_.empty(); });
+  }
+  for (auto& c : conns) c->Close(Status::Aborted("worker is shutting down"));
+}
+
+}  // namespace rhino

@@ -1,0 +1,81 @@
+// ReplicaServer: the worker side of the data plane (docs/protocol.md §2-§6).
+//
+// It accepts connections, authenticates them (Connection), and serves the
+// streams its peers open: an OpenStreamReq creates a ReplicaStream, which does
+// the §4 work; a StoreQueryReq is answered from the replica store. It owns the
+// chain-version fences (§5) and fences off older streams of an instance when a
+// newer chain shows up.
+//
+// Thread-safety: Listen/Shutdown from one controlling thread; everything else
+// runs on the io and disk threads of the owning Worker.
+#pragma once
+
+#include <asio.hpp>
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "net/connection.h"
+#include "net/connection_pool.h"
+#include "replication/fence_table.h"
+#include "replication/replica_stream.h"
+#include "replication/server_metrics.h"
+#include "rhino/replica_store.h"
+
+namespace rhino {
+
+struct ReplicaServerOptions {
+  net::ConnectionOptions connection;  // identity, secret, frame limit, liveness
+  uint32_t max_window = 64;
+  uint32_t stream_idle_timeout_ms = 60000;
+};
+
+class ReplicaServer {
+ public:
+  // All pointers must outlive the server.
+  ReplicaServer(asio::io_context& io, asio::thread_pool& disk, ReplicaStore* store, net::ConnectionPool* pool,
+                ServerMetrics* metrics, net::ConnectionCounters* counters, const ReplicaServerOptions& options);
+  ~ReplicaServer();
+
+  // Binds and starts accepting. `port` 0 picks an ephemeral port (see port()).
+  Status Listen(const std::string& host, uint16_t port);
+  uint16_t port() const { return port_; }
+
+  // Stops accepting, aborts every stream ("worker shutting down"), closes
+  // every accepted connection, and waits up to `wait_ms` for the streams to
+  // finish their cleanup (staging removed).
+  void Shutdown(int wait_ms);
+
+ private:
+  void Accept();
+  std::shared_ptr<net::StreamListener> OnUnclaimed(const std::shared_ptr<net::Connection>& conn,
+                                                   const FrameHeader& h, std::shared_ptr<std::string> payload);
+  void AnswerStoreQuery(const std::shared_ptr<net::Connection>& conn, const FrameHeader& h,
+                        const std::string& payload);
+  void FenceOlder(const std::string& operator_id, uint32_t instance, uint64_t version);
+  void OnStreamFinished(ReplicaStream* stream);
+
+  asio::io_context& io_;
+  asio::thread_pool& disk_;
+  ReplicaStore* const store_;
+  ServerMetrics* const metrics_;
+  net::ConnectionCounters* const counters_;
+  const ReplicaServerOptions options_;
+  FenceTable fences_;
+  StreamEnv env_;
+  asio::ip::tcp::acceptor acceptor_;
+  asio::steady_timer accept_retry_;
+  uint16_t port_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;                                              // GUARDED_BY(mu_)
+  std::map<ReplicaStream*, std::shared_ptr<ReplicaStream>> streams_;  // GUARDED_BY(mu_)
+  std::map<net::Connection*, std::weak_ptr<net::Connection>> conns_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace rhino

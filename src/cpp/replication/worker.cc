@@ -1,0 +1,147 @@
+#include "rhino/worker.h"
+
+#include <csignal>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "net/connection.h"
+#include "net/connection_pool.h"
+#include "replication/replica_server.h"
+#include "replication/server_metrics.h"
+#include "rhino/replica_store.h"
+
+namespace rhino {
+
+class Worker::Impl {
+ public:
+  ~Impl() { Stop(); }
+
+  Status Start(const WorkerOptions& o) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (started_) return Status::InvalidArgument("worker already started");
+    if (o.store_dir.empty()) return Status::InvalidArgument("worker needs a store directory");
+    if (o.io_threads == 0 || o.disk_threads == 0) return Status::InvalidArgument("thread counts must be >= 1");
+    if (o.max_window == 0) return Status::InvalidArgument("max_window must be >= 1");
+    // RLIMIT_FSIZE must give EFBIG (a clean NoSpace abort), not SIGXFSZ.
+    std::signal(SIGXFSZ, SIG_IGN);
+    options_ = o;
+    // Opening the store removes staging left by a killed predecessor process.
+    RHINO_RETURN_IF_ERROR(ReplicaStore::Open(o.store_dir, &store_));
+    net::ConnectionOptions co;
+    co.worker_id = o.id;
+    co.secret = o.secret;
+    co.max_frame_bytes = o.max_frame_bytes;
+    co.heartbeat_ms = o.heartbeat_ms;
+    co.peer_timeout_ms = o.peer_timeout_ms;
+    co.local_bind_host = o.listen_host;
+    io_ = std::make_unique<asio::io_context>();
+    work_ = std::make_unique<asio::executor_work_guard<asio::io_context::executor_type>>(io_->get_executor());
+    disk_ = std::make_unique<asio::thread_pool>(o.disk_threads);
+    pool_ = std::make_unique<net::ConnectionPool>(*io_, co, &counters_);
+    ReplicaServerOptions so;
+    so.connection = co;
+    so.max_window = o.max_window;
+    so.stream_idle_timeout_ms = o.stream_idle_timeout_ms;
+    server_ = std::make_unique<ReplicaServer>(*io_, *disk_, store_.get(), pool_.get(), &metrics_, &counters_, so);
+    Status s = server_->Listen(o.listen_host, o.listen_port);
+    if (!s.ok()) {
+      server_.reset();
+      pool_.reset();
+      disk_->join();
+      disk_.reset();
+      return s;
+    }
+    port_ = server_->port();
+    for (uint32_t i = 0; i < o.io_threads; ++i) threads_.emplace_back([this]() { io_->run(); });
+    started_ = true;
+    return Status::OK();
+  }
+
+  void Stop() {
+    std::unique_lock<std::mutex> l(mu_);
+    if (!started_ || stopped_) return;
+    if (stopping_) {
+      cv_.wait(l, [this]() { return stopped_; });
+      return;
+    }
+    stopping_ = true;
+    l.unlock();
+    // Streams first (they tell their peers and remove their staging), then
+    // connections, then the threads.
+    server_->Shutdown(5000);
+    pool_->CloseAll(Status::Aborted("worker " + options_.id + " is shutting down"));
+    // Let the close and abort frames go out before the loop stops.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    work_.reset();
+    io_->stop();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+    disk_->join();
+    // Order matters: the acceptor dies before its io_context; the io_context
+    // then drops the handlers that hold the last connections and streams,
+    // whose strands live on the disk pool, which goes last.
+    server_.reset();
+    pool_.reset();
+    io_.reset();
+    disk_.reset();
+    l.lock();
+    stopped_ = true;
+    cv_.notify_all();
+  }
+
+  void Join() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [this]() { return !started_ || stopped_; });
+  }
+
+  uint16_t port() const { return port_; }
+
+  WorkerMetrics Metrics() {
+    WorkerMetrics m;
+    m.bytes_received = metrics_.bytes_received.load();
+    m.bytes_sent = metrics_.bytes_sent.load();
+    m.bytes_written = metrics_.bytes_written.load();
+    m.net_bytes_in = counters_.bytes_in.load();
+    m.net_bytes_out = counters_.bytes_out.load();
+    m.active_streams = metrics_.active_streams.load();
+    m.in_flight_credits = metrics_.in_flight_credits.load();
+    m.streams_opened = metrics_.streams_opened.load();
+    m.checkpoints_complete = metrics_.checkpoints_complete.load();
+    m.checkpoints_aborted = metrics_.checkpoints_aborted.load();
+    m.auth_failures = counters_.auth_failures.load();
+    m.rejected_frames = counters_.frames_rejected.load();
+    m.stale_rejections = metrics_.stale_rejections.load();
+    m.peers_dead = counters_.peers_dead.load();
+    m.open_connections = counters_.open_connections.load();
+    std::lock_guard<std::mutex> l(metrics_.mu);
+    for (const auto& [key, st] : metrics_.instances) m.instances.push_back(st);
+    return m;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool started_ = false, stopping_ = false, stopped_ = false;  // GUARDED_BY(mu_)
+  WorkerOptions options_;
+  uint16_t port_ = 0;
+  ServerMetrics metrics_;
+  net::ConnectionCounters counters_;
+  std::unique_ptr<ReplicaStore> store_;
+  std::unique_ptr<asio::io_context> io_;
+  std::unique_ptr<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  std::unique_ptr<asio::thread_pool> disk_;
+  std::unique_ptr<net::ConnectionPool> pool_;
+  std::unique_ptr<ReplicaServer> server_;
+  std::vector<std::thread> threads_;
+};
+
+Worker::Worker() : impl_(std::make_unique<Impl>()) {}
+Worker::~Worker() { impl_->Stop(); }
+Status Worker::Start(const WorkerOptions& options) { return impl_->Start(options); }
+void Worker::Stop() { impl_->Stop(); }
+void Worker::Join() { impl_->Join(); }
+uint16_t Worker::port() const { return impl_->port(); }
+WorkerMetrics Worker::Metrics() const { return impl_->Metrics(); }
+
+}  // namespace rhino

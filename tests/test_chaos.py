@@ -1,0 +1,169 @@
+"""Chaos: SIGKILL a random chain member at a random point of a transfer.
+
+Four worker processes (127.0.0.2-.5) form a chain of three plus a spare. In
+each trial the primary takes a new checkpoint and replicates it; one random
+chain member is killed either by a timer at a random instant, or by a crash
+point it reaches (RHINO_CRASH_POINT: mid-chunk, before/after its commit, in
+the middle of writing its manifest). After every trial:
+
+- no complete checkpoint is lost or corrupted (every member that acked one
+  still holds it and it verifies byte for byte);
+- no partial checkpoint is visible: a member holds the trial's checkpoint only
+  if it verifies and every member after it in the chain holds it too;
+- the killed worker, restarted, has a store that verifies clean, no staging;
+- the checkpoint completes on a repaired chain (victim replaced by the spare,
+  chain version + 1); the restarted victim becomes the spare.
+
+`make test` runs 50 trials; `make chaos` runs 500 (RHINO_CHAOS_TRIALS).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import rhino
+
+from dataplane_cluster import SECRET, WorkerProc, write_secret
+
+OP = "chaos"
+TRIALS = int(os.environ.get("RHINO_CHAOS_TRIALS", "50"))
+SEED = int(os.environ.get("RHINO_CHAOS_SEED", str(random.randrange(1 << 30))))
+CRASH_POINTS = [
+    "replica.after_chunk_write",
+    "replica.before_commit",
+    "replica.after_commit",
+    "checkpoint.before_manifest",
+    "checkpoint.mid_manifest",
+    "checkpoint.before_link_manifest",
+]
+KEEP = 3  # checkpoints retained per store
+
+
+def _verify_checkpoint(store: rhino.ReplicaStore, cid: int) -> None:
+    m = store.manifest(OP, 0, cid)
+    for f in m.files:
+        with open(store.pool_path(f.identity), "rb") as fh:
+            import xxhash
+
+            assert xxhash.xxh3_128(fh.read()).hexdigest() == f.checksum, f"{store.path}: {f.name} corrupted"
+
+
+def test_chaos_kill_random_member_at_random_point(tmp_path):
+    rng = random.Random(SEED)
+    secret_file = write_secret(tmp_path)
+    workers = [WorkerProc(tmp_path, f"w{n}", f"127.0.0.{n}", secret_file=secret_file, metrics=False,
+                          peer_timeout_ms=1000, heartbeat_ms=200).start() for n in (2, 3, 4, 5)]
+    chain, spare = workers[:3], workers[3]
+    store = rhino.ReplicaStore(str(tmp_path / "primary"))
+    db = rhino.StateBackend.open(str(tmp_path / "live"), operator_id=OP, instance=0,
+                                 partitioner=rhino.Partitioner(num_vnodes=4))
+    nprng = np.random.default_rng(SEED)
+    version = 0
+    complete: dict[int, set[str]] = {}  # checkpoint -> ids of workers that hold it complete
+    outcomes = {"killed_before_ack": 0, "completed_anyway": 0}
+    durations: list[float] = []
+    try:
+        for trial in range(1, TRIALS + 1):
+            ctx = f"seed={SEED} trial={trial}"
+            keys = nprng.integers(0, 20_000, size=2000)
+            db.put_batch(keys.astype(np.int64), [nprng.bytes(300) for _ in range(len(keys))], version=trial)
+            db.flush()
+            db.checkpoint(store, trial)
+            version += 1
+            victim = rng.choice(chain)
+            point = rng.choice(CRASH_POINTS) if rng.random() < 0.35 else None
+            if point is not None:  # re-arm the victim: it kills itself when it gets there
+                victim.kill()
+                victim.env = {"RHINO_CRASH_POINT": point}
+                victim.start()
+                victim.env = None
+            timer = None
+            if point is None:
+                timer = threading.Timer(rng.uniform(0.0, 0.25), victim.kill)
+            h = rhino.replicate(store, OP, 0, trial, [w.address for w in chain], chain_version=version,
+                                secret=SECRET, chunk_bytes=32 << 10, window=2, timeout=20.0, peer_timeout=1.0)
+            if timer is not None:
+                timer.start()
+            t0 = time.monotonic()
+            try:
+                h.wait()
+                ok = True
+                durations.append(time.monotonic() - t0)
+            except rhino.RhinoError:
+                ok = False
+            if timer is not None:
+                timer.join()
+            if victim.alive():  # the kill came after the transfer, or the point was not reached
+                victim.kill()
+            if ok:
+                outcomes["completed_anyway"] += 1
+            else:
+                outcomes["killed_before_ack"] += 1
+
+            # The victim restarts: its store verifies clean and it keeps no staging.
+            victim.start()
+            report = rhino.ReplicaStore(str(victim.dir)).verify(full=True)
+            assert report.ok, f"{ctx}: {victim.id} after restart: {report.problems}"
+            assert os.listdir(victim.dir / "tmp") == [], ctx
+
+            # No partial checkpoint is visible; what a member holds, its successors hold.
+            holds = []
+            for w in chain:
+                s = rhino.ReplicaStore(str(w.dir))
+                if trial in s.checkpoints(OP, 0):
+                    _verify_checkpoint(s, trial)
+                    holds.append(True)
+                else:
+                    holds.append(False)
+            for i in range(len(chain)):
+                if holds[i]:
+                    assert all(holds[i:]), f"{ctx}: {chain[i].id} holds {trial} but a successor does not: {holds}"
+            if ok:
+                assert all(holds), f"{ctx}: acked but not held everywhere: {holds}"
+                complete[trial] = {w.id for w in chain}
+            else:
+                # Complete it on a repaired chain: the spare replaces the victim.
+                repaired = [spare if w is victim else w for w in chain]
+                version += 1
+                rhino.replicate(store, OP, 0, trial, [w.address for w in repaired], chain_version=version,
+                                secret=SECRET, chunk_bytes=32 << 10, window=2, timeout=20.0).wait()
+                for w in repaired:
+                    assert trial in rhino.ReplicaStore(str(w.dir)).checkpoints(OP, 0), ctx
+                complete[trial] = {w.id for w in repaired}
+                chain, spare = repaired, victim
+
+            # No complete checkpoint is ever lost or corrupted (sizes every trial,
+            # every byte every 10th trial and on the restarted victim above).
+            by_id = {w.id: w for w in workers}
+            for cid in sorted(complete)[-KEEP:]:
+                for wid in complete[cid]:
+                    s = rhino.ReplicaStore(str(by_id[wid].dir))
+                    assert cid in s.checkpoints(OP, 0), f"{ctx}: {wid} lost complete checkpoint {cid}"
+            for w in workers:
+                report = rhino.ReplicaStore(str(w.dir)).verify(full=trial % 10 == 0)
+                assert report.ok, f"{ctx}: {w.id}: {report.problems}"
+
+            # Bound the disk: keep the last few checkpoints everywhere, collect garbage.
+            if trial % 10 == 0:
+                store.retain(OP, 0, KEEP)
+                store.gc()
+                for w in workers:
+                    s = rhino.ReplicaStore(str(w.dir))
+                    s.retain(OP, 0, KEEP)
+                    s.gc()
+                complete = {c: ws for c, ws in complete.items() if c > trial - KEEP}
+        med = sorted(durations)[len(durations) // 2] if durations else 0
+        print(f"chaos seed={SEED} trials={TRIALS} {outcomes} median transfer {med:.3f}s")
+        # The kills must really land inside transfers, not only after them.
+        assert outcomes["killed_before_ack"] >= TRIALS // 5, outcomes
+    finally:
+        db.close()
+        for w in workers:
+            if w.alive():
+                w.kill()
