@@ -3,6 +3,8 @@
   rhino version
   rhino inspect PATH [--json] [--exact]
   rhino bench restore --sizes 256M,1G,4G [--json] [--dir D] [--out FILE] ...
+  rhino bench replicate --workers 3 --replicas 1,2 --size 2G [--json] ...
+  rhino worker --id ID --dir DIR --listen 127.0.0.N:PORT --secret-file FILE ...
   rhino demo [--dir D] [--size 384M]
 
 User errors (a missing path, a bad size, any rhino.RhinoError) print one line
@@ -87,6 +89,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.dir, args.size)
 
 
+# Subcommands that own their argument parsing (their modules have main(argv)).
+_DELEGATED = {
+    ("worker",): ("rhino.worker", "the worker daemon: replica store and data-plane server of one host"),
+    ("bench", "replicate"): ("rhino.bench_replicate",
+                             "chain-replication throughput vs the disk and loopback limits, same run"),
+}
+
+
+def _delegate(argv: list[str]) -> Optional[int]:
+    for prefix, (module, _) in _DELEGATED.items():
+        if tuple(argv[: len(prefix)]) == prefix:
+            import importlib
+
+            return int(importlib.import_module(module).main(argv[len(prefix):]) or 0)
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rhino",
@@ -128,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not drop the page cache before timed runs (it is dropped when we may)")
     p.set_defaults(func=cmd_bench_restore)
 
+    # Listed for --help; main() hands their arguments to their own parsers.
+    sub.add_parser("worker", help=_DELEGATED[("worker",)][1] + " (rhino worker --help)", add_help=False)
+    bsub.add_parser("replicate", help=_DELEGATED[("bench", "replicate")][1] + " (rhino bench replicate --help)",
+                    add_help=False)
+
     p = sub.add_parser("demo", help="the single-host demonstration: build, checkpoint, restore, verify")
     p.add_argument("--dir", default=".demo", help="work directory, removed and recreated (default: %(default)s)")
     p.add_argument("--size", type=_size, default=_size("384M"), help="state size, e.g. 384M (default: 384M)")
@@ -137,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    delegated = _delegate(argv)
+    if delegated is not None:
+        return delegated
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv

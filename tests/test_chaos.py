@@ -167,3 +167,17 @@ def test_chaos_kill_random_member_at_random_point(tmp_path):
         for w in workers:
             if w.alive():
                 w.kill()
+
+
+def test_every_replica_crash_point_is_used():
+    """CRASH_POINTS must name every CrashPoint("...") of the data plane, so a new one is not missed."""
+    import re
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parent.parent / "src" / "cpp" / "replication"
+    if not src.is_dir():
+        pytest.skip("C++ sources not present")
+    found = set()
+    for p in src.rglob("*.cc"):
+        found |= set(re.findall(r'CrashPoint\("([^"]+)"\)', p.read_text()))
+    assert found and found <= set(CRASH_POINTS)

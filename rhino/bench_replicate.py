@@ -1,9 +1,7 @@
 """Chain-replication throughput against the machine's own limits (issue 3).
 
-    python bench/bench_replicate.py --workers 3 --replicas 1,2 --size 2G --json \
+    rhino bench replicate --workers 3 --replicas 1,2 --size 2G --json \
         --out bench/results/replicate.jsonl --plot bench/results/replicate.png
-
-(`main(argv)` is what `rhino bench replicate` will call once the CLI is wired.)
 
 It starts `--workers` real worker processes on 127.0.0.2, .3, ..., builds one
 checkpoint of `--size` bytes with rhino.StateBackend, and replicates it down a
