@@ -89,6 +89,18 @@ void WriteWith(PyState& st, py::handle keys, py::handle values, std::optional<ui
   ThrowIfError(s);
 }
 
+// MultiGet of Python keys, the GIL released during the lookups.
+void LookUp(PyState& st, py::handle keys, MultiGetResult* r) {
+  ByteViews k;
+  k.LoadKeys(keys);
+  Status s;
+  {
+    py::gil_scoped_release release;
+    s = st.get().MultiGet(k.views(), r);
+  }
+  ThrowIfError(s);
+}
+
 py::object MaybeBytes(const Status& s, const std::string& value) {
   if (s.IsNotFound()) return py::none();
   ThrowIfError(s);
@@ -187,15 +199,8 @@ UnknownVnodeError, and nothing of its batch is written.
            }, py::arg("batch"), py::kw_only(), py::arg("version") = py::none(),
            "Applies `batch` atomically, together with the state version if given.")
       .def("get_batch", [](PyState& st, py::handle keys) {
-             ByteViews k;
-             k.LoadKeys(keys);
              MultiGetResult r;
-             Status s;
-             {
-               py::gil_scoped_release release;
-               s = st.get().MultiGet(k.views(), &r);
-             }
-             ThrowIfError(s);
+             LookUp(st, keys, &r);
              // Each value is copied once: from RocksDB's pinned block into its bytes object.
              const size_t n = r.size();
              py::list out(n);
@@ -212,15 +217,8 @@ UnknownVnodeError, and nothing of its batch is written.
              return out;
            }, py::arg("keys"), "Values of many keys as a list (None where absent).")
       .def("get_batch_array", [](PyState& st, py::handle keys, size_t width) {
-             ByteViews k;
-             k.LoadKeys(keys);
              MultiGetResult r;
-             Status s;
-             {
-               py::gil_scoped_release release;
-               s = st.get().MultiGet(k.views(), &r);
-             }
-             ThrowIfError(s);
+             LookUp(st, keys, &r);
              const auto n = static_cast<py::ssize_t>(r.size());
              py::array_t<uint8_t> out({n, static_cast<py::ssize_t>(width)});
              py::array_t<bool> mask(n);

@@ -372,34 +372,30 @@ Status StateBackend::BatchPut(WriteBatch* batch, const std::vector<std::string_v
     return Status::InvalidArgument(std::to_string(keys.size()) + " keys but " + std::to_string(values.size()) +
                                    " values");
   }
-  std::shared_lock lock(cf_mu_);
-  VnodeOrder vo;
-  size_t bad = 0;
-  if (!OrderByVnode(partitioner_, cf_by_vnode_, keys, &vo, &bad)) {
-    rocksdb::ColumnFamilyHandle* unused;
-    return Route(keys[bad], &unused);  // the UnknownVnode error; nothing was added
-  }
-  for (size_t i : vo.order) {
-    rocksdb::Status s = batch->rep_->batch.Put(cf_by_vnode_[vo.vnode_of[i]],
-                                               rocksdb::Slice(keys[i].data(), keys[i].size()),
-                                               rocksdb::Slice(values[i].data(), values[i].size()));
-    if (!s.ok()) return FromRocks(s, "batch put");
-  }
-  return Status::OK();
+  return AddToBatch(batch, keys, &values);
 }
 
 Status StateBackend::BatchDelete(WriteBatch* batch, const std::vector<std::string_view>& keys) const {
+  return AddToBatch(batch, keys, nullptr);
+}
+
+// Puts (values != null) or deletes, in (vnode, key) order; nothing is added
+// if any key's vnode is not held.
+Status StateBackend::AddToBatch(WriteBatch* batch, const std::vector<std::string_view>& keys,
+                                const std::vector<std::string_view>* values) const {
   std::shared_lock lock(cf_mu_);
   VnodeOrder vo;
   size_t bad = 0;
   if (!OrderByVnode(partitioner_, cf_by_vnode_, keys, &vo, &bad)) {
     rocksdb::ColumnFamilyHandle* unused;
-    return Route(keys[bad], &unused);  // the UnknownVnode error; nothing was added
+    return Route(keys[bad], &unused);  // the UnknownVnode error
   }
   for (size_t i : vo.order) {
-    rocksdb::Status s = batch->rep_->batch.Delete(cf_by_vnode_[vo.vnode_of[i]],
-                                                  rocksdb::Slice(keys[i].data(), keys[i].size()));
-    if (!s.ok()) return FromRocks(s, "batch delete");
+    rocksdb::ColumnFamilyHandle* cf = cf_by_vnode_[vo.vnode_of[i]];
+    rocksdb::Slice key(keys[i].data(), keys[i].size());
+    rocksdb::Status s = values ? batch->rep_->batch.Put(cf, key, rocksdb::Slice((*values)[i].data(), (*values)[i].size()))
+                               : batch->rep_->batch.Delete(cf, key);
+    if (!s.ok()) return FromRocks(s, values ? "batch put" : "batch delete");
   }
   return Status::OK();
 }

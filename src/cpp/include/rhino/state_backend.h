@@ -187,6 +187,8 @@ class StateBackend {
   StateBackend() = default;
   Status Route(std::string_view key, rocksdb::ColumnFamilyHandle** cf) const;
   Status CheckWritable() const;
+  Status AddToBatch(WriteBatch* batch, const std::vector<std::string_view>& keys,
+                    const std::vector<std::string_view>* values) const;
   std::optional<uint64_t> ReadU64Meta(const std::string& key) const;
 
   std::string dir_;
