@@ -14,8 +14,7 @@ On start the replica store is opened, which removes the staging a killed
 predecessor left behind, and verified at size level (O(files)); problems are
 logged. A restart after SIGKILL therefore serves a store that verifies clean.
 
-Run it as ``python -m rhino.worker``, ``rhino-worker``, or (once wired into the
-CLI) ``rhino worker``.
+Run it as ``rhino worker``, ``rhino-worker`` or ``python -m rhino.worker``.
 """
 
 from __future__ import annotations
