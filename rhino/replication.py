@@ -69,6 +69,8 @@ def replicate(
     member has committed it (Rhino §4.2.2). ``wait`` raises the mapped error if
     the chain failed; retry on a repaired chain with a higher `chain_version`.
     Memory per stream is bounded by ``window x chunk_bytes`` at every member.
+    Keep the handle until the transfer is done: dropping the last reference to
+    it cancels the transfer down the chain (nothing is committed then).
     """
     path = store.path if isinstance(store, ReplicaStore) else os.fspath(store)
     return _core.replicate(
