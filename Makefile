@@ -1,7 +1,8 @@
 # Rhino: every target does its own setup on a fresh Debian 12 machine.
 #   make demo   - setup, then the end-to-end demonstration
 #   make test   - setup, then the whole test suite
-#   make bench  - setup, then micro-benchmarks and the restore sweep (results in bench/results/)
+#   make bench  - setup, then micro-benchmarks, the restore sweep, chain replication throughput and the
+#                 steady-state overhead of replication (results in bench/results/)
 #   make wheel  - a self-contained wheel (auditwheel-repaired), checked in a fresh venv
 #   make chaos  - 500 trials of SIGKILLing a random replica-chain member mid-transfer
 #   make fuzz   - the frame-decoder fuzz target (libFuzzer under clang), for FUZZ_SECONDS (default 60)
@@ -59,6 +60,10 @@ bench: setup
 	$(VENV)/bin/rhino bench restore --sizes 256M,1G,4G --json --dir .bench-restore \
 	  --out bench/results/restore_sweep.jsonl
 	$(PY) bench/plot_restore.py bench/results/restore_sweep.jsonl bench/results/restore_sweep.png
+	$(VENV)/bin/rhino bench replicate --workers 3 --replicas 1,2 --size 2G --json \
+	  --out bench/results/replicate.jsonl --plot bench/results/replicate.png
+	$(VENV)/bin/rhino bench overhead --json --dir .bench-overhead --out bench/results/overhead.jsonl
+	$(PY) bench/report_overhead.py bench/results/overhead.jsonl bench/results/overhead.png
 
 chaos: setup
 	RHINO_CHAOS_TRIALS=$${RHINO_CHAOS_TRIALS:-500} $(PY) -m pytest tests/test_chaos.py -q -s $(PYTEST_ARGS)
@@ -85,4 +90,4 @@ wheel: setup
 	bash tools/check_wheel.sh wheelhouse/rhino_state-*.whl
 
 clean:
-	rm -rf build dist wheelhouse .demo .bench-restore $(VENV)
+	rm -rf build dist wheelhouse .demo .bench-restore .bench-replicate .bench-overhead $(VENV)

@@ -31,9 +31,7 @@ import json
 import os
 import platform
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -43,7 +41,7 @@ import numpy as np
 
 import rhino
 
-SECRET = b"bench-secret"
+from ._bench_cluster import SECRET, rss_kb, start_workers, write_secret
 
 
 def parse_size(s: str) -> int:
@@ -97,44 +95,6 @@ def loopback_limit_mb_s(size: int) -> float:
     return received[0] / dt / 1e6
 
 
-def rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
-
-
-class Worker:
-    def __init__(self, root: Path, n: int, secret_file: Path, max_window: int) -> None:
-        self.dir = root / f"w{n}"
-        self.host = f"127.0.0.{n}"
-        log = open(root / f"w{n}.log", "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rhino.worker", "--id", f"w{n}", "--dir", str(self.dir), "--listen",
-             f"{self.host}:0", "--secret-file", str(secret_file), "--max-window", str(max_window)],
-            stdout=log, stderr=log, start_new_session=True)
-        log.close()
-        self.port = 0
-        deadline = time.monotonic() + 30
-        while not self.port and time.monotonic() < deadline:
-            for line in (root / f"w{n}.log").read_text().splitlines():
-                rec = json.loads(line)
-                if rec.get("event") == "listening" and rec.get("worker") == f"w{n}":
-                    self.port = rec["port"]
-            time.sleep(0.05)
-        if not self.port:
-            raise RuntimeError(f"worker w{n} did not start")
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def stop(self) -> None:
-        os.kill(self.proc.pid, signal.SIGTERM)
-        self.proc.wait(timeout=60)
-
-
 def build_checkpoint(root: Path, size: int) -> tuple[rhino.ReplicaStore, rhino.Manifest]:
     store = rhino.ReplicaStore(str(root / "primary"))
     rng = np.random.default_rng(1)
@@ -156,8 +116,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     size = parse_size(args.size)
-    secret_file = root / "secret"
-    secret_file.write_bytes(SECRET)
+    secret_file = write_secret(root)
     replicas = [int(r) for r in str(args.replicas).split(",")]
     if max(replicas) > args.workers:
         raise SystemExit("--replicas cannot exceed --workers")
@@ -168,7 +127,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     rows = []
     for r in replicas:
         (root / f"r{r}").mkdir()
-        workers = [Worker(root / f"r{r}", n, secret_file, args.window) for n in range(2, 2 + args.workers)]
+        workers = start_workers(root / f"r{r}", list(range(2, 2 + args.workers)), secret_file, args.window)
         try:
             chain = workers[:r]
             base = {w.proc.pid: rss_kb(w.proc.pid) for w in chain}

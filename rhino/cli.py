@@ -4,6 +4,7 @@
   rhino inspect PATH [--json] [--exact]
   rhino bench restore --sizes 256M,1G,4G [--json] [--dir D] [--out FILE] ...
   rhino bench replicate --workers 3 --replicas 1,2 --size 2G [--json] ...
+  rhino bench overhead [--pairs 3] [--duration 16] [--checkpoint-interval 2] [--json] [--out FILE] ...
   rhino worker --id ID --dir DIR --listen 127.0.0.N:PORT --secret-file FILE ...
   rhino demo [--dir D] [--size 384M]
 
@@ -94,6 +95,8 @@ _DELEGATED = {
     ("worker",): ("rhino.worker", "the worker daemon: replica store and data-plane server of one host"),
     ("bench", "replicate"): ("rhino.bench_replicate",
                              "chain-replication throughput vs the disk and loopback limits, same run"),
+    ("bench", "overhead"): ("rhino.bench_overhead",
+                            "a primary's writes/s while its checkpoints replicate (r=2) vs r=0, same run"),
 }
 
 
@@ -150,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     # Listed for --help; main() hands their arguments to their own parsers.
     sub.add_parser("worker", help=_DELEGATED[("worker",)][1] + " (rhino worker --help)", add_help=False)
     bsub.add_parser("replicate", help=_DELEGATED[("bench", "replicate")][1] + " (rhino bench replicate --help)",
+                    add_help=False)
+    bsub.add_parser("overhead", help=_DELEGATED[("bench", "overhead")][1] + " (rhino bench overhead --help)",
                     add_help=False)
 
     p = sub.add_parser("demo", help="the single-host demonstration: build, checkpoint, restore, verify")

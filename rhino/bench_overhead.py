@@ -1,0 +1,702 @@
+"""Steady-state overhead of chain replication on a primary's writes (issue 3).
+
+    rhino bench overhead --json --out bench/results/overhead.jsonl
+
+Writes/s of a primary whose checkpoints replicate down a chain of r=2 worker
+processes, against the same primary with r=0, measured in the same run:
+``drop = 1 - writes_r2 / writes_r0`` (target: at most 0.10).
+
+The primary is this process. It holds two identical instances ("twins"), each
+with its own live RocksDB state (`StateBackend`) and its own local
+`ReplicaStore`; both are loaded with the same initial state and are then fed
+the same seeded stream of batches. The twin "r0" only ever runs r=0 phases and
+the twin "r2" only r=2 phases, so the two see exactly the same sequence of
+writes, checkpoints and compactions, and the chain always holds the r2 twin's
+history (no catch-up transfer inside a measured phase). Phases are
+interleaved in ABBA order (r0, r2, r2, r0, r0, r2, ...) so that drift (page
+cache, disk, other tenants) and the background work a phase leaves behind hit
+both sides alike; the figures are medians over the phases.
+
+One phase, for `--warmup` + `--duration` seconds:
+
+- a loop of ``put_batch(keys, values)``: NumPy int64 keys of the vnodes the
+  instance holds (those of instance 0 of `--instances`, out of
+  `--num-vnodes`), random (incompressible) values of `--value-size` bytes;
+  a fraction `--update-fraction` of each batch updates existing keys (uniformly
+  chosen), the rest are new keys;
+- every `--checkpoint-interval` seconds (like a micro-batch commit) a
+  checkpoint into the local store, then retention of the newest
+  `--keep-checkpoints` and a gc of the pool (as a long-running primary would);
+- with r=2, replication of the checkpoints down the chain 127.0.0.2 -> 127.0.0.3,
+  asynchronously: the write loop never waits for an ack. At most one
+  replication is in flight per instance (as a real primary would keep it):
+  when a checkpoint is taken while the previous one is still replicating, it
+  is not sent on its own; as soon as the transfer in flight completes, the
+  newest checkpoint is replicated, which carries every file the chain lacks
+  (coalescing; the members are asked what they hold, so nothing is lost).
+  The write loop polls the handle between batches.
+
+Only the last `--duration` seconds are measured (the warm-up brings the
+replication pipeline to its steady state: a checkpoint taken before the
+window is already replicating when it opens). After the window, an
+unfinished replication is waited for, untimed; before each phase, the
+benchmark waits (at most `--settle-max` s) until the RocksDB background
+threads and the workers are quiet, so that no phase pays for another's
+leftover compactions.
+
+The workers are `rhino worker` processes as deployed by default, each in its
+own session (on Linux with autogroup scheduling, the CPU is then shared
+between the primary and each worker first). `--worker-nice N` lowers their
+priority (thread and autogroup nice), a deployment choice that trades
+replication lag for the primary's CPU; it is off by default.
+
+Every JSON line (one per phase, then one summary) carries the parameters, the
+machine (os.cpu_count(), load average) and, per phase, where the CPU went:
+the primary's main thread (the write loop), its RocksDB background threads,
+its other threads (the replication sender), each worker process (from
+/proc/<pid>/stat), and the machine's idle and iowait time (/proc/stat).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import statistics
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import rhino
+
+from ._bench_cluster import (SECRET, cpu_seconds, pressure_seconds, start_workers, system_cpu_seconds,
+                             thread_cpu_seconds, thread_schedstat, write_secret)
+from ._machine import describe_machine, machine_summary
+from ._sizes import parse_size
+from ._workload import keys_for, random_values
+
+OPERATOR = "bench"
+INSTANCE = 0
+TARGET_DROP = 0.10
+
+
+class Workload:
+    """A seeded stream of (keys, values) batches for one instance: updates of
+    keys written before (uniform) and new keys, all in the held vnodes. Two
+    objects with the same arguments produce the same stream."""
+
+    def __init__(self, seed: int, partitioner: rhino.Partitioner, vnodes: list[int], value_size: int,
+                 batch_keys: int, update_fraction: float) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.partitioner = partitioner
+        self.held = np.zeros(partitioner.num_vnodes, dtype=bool)
+        self.held[vnodes] = True
+        self.share = len(vnodes) / partitioner.num_vnodes
+        self.value_size = value_size
+        self.batch_keys = batch_keys
+        self.n_update = int(round(batch_keys * update_fraction))
+        self.next_index = 0  # candidate index for the next new key
+        self.keys = np.empty(1 << 20, dtype=np.int64)  # every key written so far
+        self.n = 0
+
+    def new_keys(self, k: int) -> np.ndarray:
+        """The next `k` distinct keys that route to a held vnode (none written before)."""
+        out = np.empty(k, dtype=np.int64)
+        got = 0
+        while got < k:
+            need = k - got
+            cand = keys_for(self.next_index, int(need / self.share * 1.25) + 64)
+            idx = np.flatnonzero(self.held[self.partitioner.vnodes(cand)])[:need]
+            out[got:got + len(idx)] = cand[idx]
+            got += len(idx)
+            self.next_index += int(idx[-1]) + 1 if len(idx) == need else len(cand)
+        if self.n + k > len(self.keys):
+            self.keys = np.resize(self.keys, max(2 * len(self.keys), self.n + k))
+        self.keys[self.n:self.n + k] = out
+        self.n += k
+        return out
+
+    def initial_batches(self, total: int):
+        for first in range(0, total, self.batch_keys):
+            n = min(self.batch_keys, total - first)
+            yield self.new_keys(n), random_values(self.rng, n, self.value_size)
+
+    def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
+        upd = self.keys[self.rng.integers(0, self.n, self.n_update)]
+        keys = np.concatenate([upd, self.new_keys(self.batch_keys - self.n_update)])
+        return keys, random_values(self.rng, len(keys), self.value_size)
+
+
+class Twin:
+    """One primary instance: live state, local store, workload, checkpoint and
+    replication bookkeeping."""
+
+    def __init__(self, name: str, root: Path, args: argparse.Namespace, partitioner: rhino.Partitioner,
+                 vnodes: list[int]) -> None:
+        self.name = name
+        self.db = rhino.StateBackend.open(str(root / name / "db"), partitioner=partitioner, operator_id=OPERATOR,
+                                          instance=INSTANCE, vnodes=vnodes,
+                                          write_buffer_budget=args.write_buffer_budget)
+        self.store = rhino.ReplicaStore(str(root / name / "store"))
+        self.workload = Workload(args.seed, partitioner, vnodes, args.value_size, args.batch_keys,
+                                 args.update_fraction)
+        self.args = args
+        self.chain: list[str] = []
+        self.ckpt_id = 0
+        self.ckpt_time: dict[int, float] = {}
+        # replication state (r2 twin only)
+        self.handle: Any = None
+        self.handle_id = 0
+        self.last_started = 0
+        self.bytes_done = 0  # bytes sent by finished replications
+        self.completed: list[dict] = []  # one per finished replication
+        self.failures: list[str] = []
+        self.skipped_since = 0  # checkpoints not sent on their own before the one in flight
+        self.handle_started = 0.0
+
+    # ---- checkpoints ----
+    def checkpoint(self) -> dict:
+        self.ckpt_id += 1
+        t0 = time.perf_counter()
+        m = self.db.checkpoint(self.store, self.ckpt_id)
+        t1 = time.perf_counter()
+        self.ckpt_time[self.ckpt_id] = t1
+        pruned = self.retain()
+        return {"id": self.ckpt_id, "total_bytes": m.total_bytes, "delta_bytes": m.delta_bytes,
+                "delta_files": m.delta_files, "files": len(m.files), "checkpoint_s": t1 - t0,
+                "retain_gc_s": time.perf_counter() - t1, "pruned": pruned}
+
+    def retain(self) -> bool:
+        """Keeps the newest --keep-checkpoints checkpoints and frees the rest, unless that
+        would drop the one being replicated (then it waits for a later checkpoint)."""
+        keep = self.args.keep_checkpoints
+        if keep <= 0:
+            return False
+        if self.handle is not None and self.handle_id <= self.ckpt_id - keep:
+            return False
+        if self.store.retain(OPERATOR, INSTANCE, keep):
+            self.store.gc()
+            return True
+        return False
+
+    # ---- replication: at most one in flight; coalesce the rest ----
+    def sent_bytes(self) -> int:
+        return self.bytes_done + (self.handle.progress()["bytes_sent"] if self.handle is not None else 0)
+
+    def poll(self) -> None:
+        if self.handle is not None and self.handle.done:
+            self._finish()
+        if self.handle is None and self.ckpt_id > self.last_started:
+            self.handle = rhino.replicate(self.store, OPERATOR, INSTANCE, self.ckpt_id, self.chain, chain_version=1,
+                                          secret=SECRET, chunk_bytes=self.args.chunk, window=self.args.window,
+                                          timeout=self.args.replication_timeout)
+            self.handle_id = self.ckpt_id
+            self.handle_started = time.perf_counter()
+            self.skipped_since = self.ckpt_id - self.last_started - 1
+            self.last_started = self.ckpt_id
+
+    def _finish(self) -> None:
+        now = time.perf_counter()
+        rec: dict[str, Any] = {"id": self.handle_id, "finished": now, "lag_s": now - self.ckpt_time[self.handle_id],
+                               "coalesced": self.skipped_since}
+        try:
+            res = self.handle.wait(0)
+            rec.update(ok=True, bytes_sent=res["bytes_sent"], files_sent=res["files_sent"], seconds=res["seconds"])
+            # from the checkpoint to the chain's ack (not to when the write loop noticed it)
+            rec["lag_s"] = self.handle_started + res["seconds"] - self.ckpt_time[self.handle_id]
+            rec["finished"] = min(now, self.handle_started + res["seconds"])
+            self.bytes_done += res["bytes_sent"]
+        except rhino.RhinoError as e:
+            sent = self.handle.progress()["bytes_sent"]
+            rec.update(ok=False, error=f"{type(e).__name__}: {e}", bytes_sent=sent)
+            self.bytes_done += sent
+            self.failures.append(rec["error"])
+        self.completed.append(rec)
+        self.handle = None
+
+    def drain(self) -> float:
+        """Waits for the replication in flight, if any; returns the seconds waited."""
+        t0 = time.perf_counter()
+        if self.handle is not None:
+            try:
+                self.handle.wait(self.args.replication_timeout + 5)
+            except rhino.RhinoError:
+                pass  # recorded by _finish
+            self._finish()
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        self.db.close()
+
+
+def _cpu_snapshot(workers: list) -> dict:
+    """CPU seconds so far: this process, the write loop's thread (the caller), the RocksDB threads, each
+    worker process, the machine, and pressure-stall totals."""
+    me = threading.get_native_id()
+    threads = thread_cpu_seconds("self")
+    rocks = sum(s for comm, s in threads.values() if comm.startswith("rocksdb"))
+    sched = thread_schedstat("self")
+    main_sched = sched.get(me, ("", 0.0, 0.0))
+    return {"process": cpu_seconds("self"), "main": threads.get(me, ("", 0.0))[1], "rocksdb": rocks,
+            "main_run": main_sched[1], "main_wait": main_sched[2],
+            "rocksdb_wait": sum(w for comm, _, w in sched.values() if comm.startswith("rocksdb")),
+            "workers": {w.id: cpu_seconds(w.pid) for w in workers}, "system": system_cpu_seconds(),
+            "pressure": pressure_seconds()}
+
+
+def _cpu_delta(a: dict, b: dict, seconds: float) -> dict:
+    proc = b["process"] - a["process"]
+    main = b["main"] - a["main"]
+    rocks = b["rocksdb"] - a["rocksdb"]
+    sys_a, sys_b = a["system"], b["system"]
+    d = {k: sys_b[k] - sys_a[k] for k in sys_b}
+    total = sum(d.values())
+    out = {
+        "primary_cpu_s": round(proc, 2),
+        "primary_main_thread_cpu_s": round(main, 2),
+        "primary_rocksdb_threads_cpu_s": round(rocks, 2),
+        # replication sender threads, and threads that came and went (they are in the process total only)
+        "primary_other_threads_cpu_s": round(proc - main - rocks, 2),
+        "workers_cpu_s": {w: round(b["workers"][w] - a["workers"][w], 2) for w in b["workers"]},
+        "machine_cpu_capacity_s": round(total, 2),
+        "machine_busy_s": round(total - d["idle"] - d["iowait"], 2),
+        "machine_idle_s": round(d["idle"], 2),
+        "machine_iowait_s": round(d["iowait"], 2),
+        "machine_steal_s": round(d["steal"], 2),
+        "window_s": round(seconds, 3),
+        # The write loop's thread, from schedstat: on a CPU, runnable but waiting for one (CPU contention),
+        # and the rest of the window, asleep (I/O, RocksDB write stalls, waiting for a flush).
+        "primary_main_thread_on_cpu_s": round(b["main_run"] - a["main_run"], 2),
+        "primary_main_thread_runqueue_wait_s": round(b["main_wait"] - a["main_wait"], 2),
+        "primary_main_thread_asleep_s": round(seconds - (b["main_run"] - a["main_run"])
+                                              - (b["main_wait"] - a["main_wait"]), 2),
+        "primary_rocksdb_threads_runqueue_wait_s": round(b["rocksdb_wait"] - a["rocksdb_wait"], 2),
+        # PSI: seconds in which some (or all) runnable tasks were stalled on CPU or I/O
+        "pressure_s": {k: round(b["pressure"][k] - a["pressure"][k], 2) for k in b["pressure"]},
+    }
+    known = proc + sum(out["workers_cpu_s"].values())
+    # kernel threads (writeback, softirqs), other tenants, this benchmark's own sampling
+    out["others_cpu_s"] = round(out["machine_busy_s"] - known, 2)
+    return out
+
+
+def _schedstat(path: str) -> tuple[int, int]:
+    """(ns on a CPU, ns runnable but waiting for a CPU) from a thread's schedstat file."""
+    with open(path, "rb") as f:
+        run_ns, wait_ns, _ = f.read().split()
+    return int(run_ns), int(wait_ns)
+
+
+def settle(workers: list, cap_s: float, quiet_cores: float = 0.1, step_s: float = 0.5) -> float:
+    """Waits until the RocksDB background threads of this process (flushes, compactions of both twins) and the
+    workers are quiet (together under `quiet_cores` over `step_s`), at most `cap_s`; returns the seconds waited.
+    So that no phase pays for the background work another phase left behind."""
+    def busy() -> float:
+        rocks = sum(s for comm, s in thread_cpu_seconds("self").values() if comm.startswith("rocksdb"))
+        return rocks + sum(cpu_seconds(w.pid) for w in workers)
+
+    t0 = time.perf_counter()
+    prev = busy()
+    while time.perf_counter() - t0 < cap_s:
+        time.sleep(step_s)
+        cur = busy()
+        if cur - prev < quiet_cores * step_s:
+            break
+        prev = cur
+    return time.perf_counter() - t0
+
+
+def run_phase(twin: Twin, replicate: bool, args: argparse.Namespace, workers: list, index: int) -> dict:
+    sched_path = f"/proc/self/task/{threading.get_native_id()}/schedstat"  # the write loop's thread
+    t_start = time.perf_counter()
+    t_measure = t_start + args.warmup
+    t_end = t_measure + args.duration
+    next_ckpt = t_start + args.checkpoint_interval
+    keys_total = 0
+    measuring = False
+    put_s = ckpt_s = gen_s = 0.0
+    put_run = put_wait = 0  # ns, the main thread inside put_batch
+    ckpts: list[dict] = []
+    keys0 = 0
+    t0 = 0.0
+    snap0: dict = {}
+    sent0 = 0
+    completed0 = 0
+    first_ckpt_in_window = 0
+    load0 = os.getloadavg()
+    while True:
+        now = time.perf_counter()
+        if not measuring and now >= t_measure:
+            measuring, t0, keys0 = True, now, keys_total
+            put_s = ckpt_s = gen_s = 0.0
+            put_run = put_wait = 0
+            snap0 = _cpu_snapshot(workers)
+            sent0 = twin.sent_bytes()
+            completed0 = len(twin.completed)
+            first_ckpt_in_window = twin.ckpt_id + 1
+        if now >= t_end:
+            break
+        if now >= next_ckpt:
+            c = twin.checkpoint()
+            c["measured"] = measuring
+            ckpts.append(c)
+            ckpt_s += c["checkpoint_s"] + c["retain_gc_s"]
+            next_ckpt += args.checkpoint_interval
+            if next_ckpt <= now:  # a checkpoint took longer than the interval: do not queue up a burst
+                next_ckpt = now + args.checkpoint_interval
+        if replicate:
+            twin.poll()
+        a = time.perf_counter()
+        keys, values = twin.workload.next_batch()
+        s0 = _schedstat(sched_path)
+        b = time.perf_counter()
+        twin.db.put_batch(keys, values)
+        c_ = time.perf_counter()
+        s1 = _schedstat(sched_path)
+        gen_s += b - a
+        put_s += c_ - b
+        put_run += s1[0] - s0[0]
+        put_wait += s1[1] - s0[1]
+        keys_total += len(keys)
+    t1 = time.perf_counter()
+    snap1 = _cpu_snapshot(workers)
+    sent1 = twin.sent_bytes() if replicate else 0
+    window = t1 - t0
+    keys = keys_total - keys0
+    drained = twin.drain() if replicate else 0.0
+    in_window = [c for c in ckpts if c["measured"]]
+    reps = twin.completed[completed0:]
+    reps_in_window = [r for r in reps if r["finished"] <= t1]
+    return {
+        "record": "phase",
+        "phase": index,
+        "replicas": args.replicas if replicate else 0,
+        "twin": twin.name,
+        "writes_per_s": round(keys / window, 1),
+        "keys_written": keys,
+        "mb_written_per_s": round(keys * (8 + args.value_size) / window / 1e6, 2),
+        "window_s": round(window, 3),
+        "put_batch_s": round(put_s, 3),
+        # inside put_batch: on a CPU, waiting for one, and asleep (RocksDB write stalls, mutexes)
+        "put_batch_on_cpu_s": round(put_run / 1e9, 3),
+        "put_batch_runqueue_wait_s": round(put_wait / 1e9, 3),
+        "put_batch_asleep_s": round(put_s - (put_run + put_wait) / 1e9, 3),
+        "checkpoint_and_gc_s": round(ckpt_s, 3),
+        "generate_s": round(gen_s, 3),
+        "checkpoints": len(in_window),
+        "checkpoint_ids": [c["id"] for c in in_window],
+        "checkpoint_median_s": round(statistics.median(c["checkpoint_s"] for c in in_window), 4) if in_window else None,
+        "checkpoint_max_s": round(max(c["checkpoint_s"] for c in in_window), 4) if in_window else None,
+        "checkpoint_delta_bytes": [c["delta_bytes"] for c in in_window],
+        "checkpoint_delta_files": [c["delta_files"] for c in in_window],
+        "checkpoint_total_bytes_last": in_window[-1]["total_bytes"] if in_window else None,
+        "checkpoint_delta_mb_per_s": round(sum(c["delta_bytes"] for c in in_window) / window / 1e6, 2),
+        "replication_bytes": sent1 - sent0,
+        "replication_mb_per_s": round((sent1 - sent0) / window / 1e6, 2),
+        "replications_completed": len(reps_in_window),
+        "replications_completed_ids": [r["id"] for r in reps_in_window if r["ok"]],
+        "replications_failed": sum(1 for r in reps if not r["ok"]),
+        "checkpoints_coalesced": sum(r["coalesced"] for r in reps_in_window),
+        "replication_lag_median_s": round(statistics.median(r["lag_s"] for r in reps_in_window), 3)
+        if reps_in_window else None,
+        "replication_lag_max_s": round(max(r["lag_s"] for r in reps_in_window), 3) if reps_in_window else None,
+        "replication_seconds_median": round(statistics.median(r["seconds"] for r in reps_in_window if r["ok"]), 3)
+        if any(r["ok"] for r in reps_in_window) else None,
+        "drain_after_window_s": round(drained, 3),
+        "first_checkpoint_in_window": first_ckpt_in_window,
+        "cpu": _cpu_delta(snap0, snap1, window),
+        "loadavg_before": [round(x, 2) for x in load0],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def parameters(args: argparse.Namespace, vnodes: list[int]) -> dict:
+    return {
+        "replicas": args.replicas, "pairs": args.pairs, "duration_s": args.duration, "warmup_s": args.warmup,
+        "checkpoint_interval_s": args.checkpoint_interval, "initial_keys": args.initial_keys,
+        "value_size": args.value_size, "batch_keys": args.batch_keys, "update_fraction": args.update_fraction,
+        "num_vnodes": args.num_vnodes, "instances": args.instances, "vnodes_held": len(vnodes),
+        "write_buffer_budget": args.write_buffer_budget, "keep_checkpoints": args.keep_checkpoints,
+        "chunk_bytes": args.chunk, "window": args.window, "seed": args.seed, "worker_nice": args.worker_nice,
+        "settle_max_s": args.settle_max,
+    }
+
+
+def set_nice(pid: int, nice: int) -> None:
+    """Lowers a worker's CPU priority: every thread's nice value and, since each worker runs in its own session
+    and Linux's autogroup scheduling shares the CPU between sessions first, its session's autogroup nice."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError:
+        pass  # no autogroup scheduling (CONFIG_SCHED_AUTOGROUP off): thread nice values are what count
+
+
+def run(args: argparse.Namespace, command: str) -> list[dict]:
+    root = Path(args.dir)
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
+    partitioner = rhino.Partitioner(num_vnodes=args.num_vnodes)
+    vnodes = rhino.RoutingTable.from_ring(args.num_vnodes, args.instances).vnodes_of(INSTANCE)
+    params = parameters(args, vnodes)
+    say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if not args.quiet else (lambda *a: None)
+
+    secret_file = write_secret(root)
+    extra = ["--log-format", "json"]
+    workers = start_workers(root, list(range(2, 2 + args.replicas)), secret_file, args.window, extra)
+    twins: dict[int, Twin] = {}
+    rows: list[dict] = []
+    try:
+        if args.worker_nice:
+            for w in workers:
+                set_nice(w.pid, args.worker_nice)
+        setup: dict[str, Any] = {}
+        for r, name in ((0, "r0"), (args.replicas, f"r{args.replicas}")):
+            t0 = time.perf_counter()
+            tw = Twin(name, root, args, partitioner, vnodes)
+            for keys, values in tw.workload.initial_batches(args.initial_keys):
+                tw.db.put_batch(keys, values)
+            c = tw.checkpoint()
+            setup[f"load_{name}_s"] = round(time.perf_counter() - t0, 2)
+            setup["initial_checkpoint_bytes"] = c["total_bytes"]
+            twins[r] = tw
+        tw = twins[args.replicas]
+        tw.chain = [w.address for w in workers]
+        t0 = time.perf_counter()
+        tw.poll()  # the initial bulk copy of the r2 twin's first checkpoint, before any phase
+        tw.drain()
+        if tw.failures:
+            raise RuntimeError(f"initial replication failed: {tw.failures[0]}")
+        setup["initial_replication_s"] = round(time.perf_counter() - t0, 2)
+        setup["initial_replication_bytes"] = tw.completed[-1]["bytes_sent"]
+        say(f"[overhead] set up: {setup}")
+
+        order: list[int] = []
+        for p in range(args.pairs):
+            order += [0, args.replicas] if p % 2 == 0 else [args.replicas, 0]
+        for i, r in enumerate(order):
+            settled = settle(workers, args.settle_max)
+            row = run_phase(twins[r], r > 0, args, workers, i)
+            row.update(run_id=run_id, parameters=params, settle_before_s=round(settled, 2))
+            rows.append(row)
+            say(f"[overhead] phase {i} r={r} (settled {settled:.1f} s): {row['writes_per_s']:,.0f} writes/s, "
+                f"{row['checkpoints']} checkpoints, "
+                f"{row['replication_mb_per_s']} MB/s replicated ({row['replications_completed']} done, "
+                f"{row['checkpoints_coalesced']} coalesced), primary CPU {row['cpu']['primary_cpu_s']} s, "
+                f"workers {row['cpu']['workers_cpu_s']}, idle {row['cpu']['machine_idle_s']} s")
+
+        # Cross-check with the replicas themselves: every checkpoint the primary saw complete is committed on
+        # every member of the chain.
+        completed_ok = sorted(r["id"] for r in tw.completed if r["ok"])
+        held = {w.id: rhino.query_store(w.address, secret=SECRET, operator_id=OPERATOR, instance=INSTANCE)
+                for w in workers}
+        missing = {w: sorted(set(completed_ok) - set(ids)) for w, ids in held.items()}
+        rows.append(summarize(rows, args, params, run_id, command, setup, completed_ok, held, missing,
+                              tw.failures, root))
+    finally:
+        for t in twins.values():
+            t.close()
+        for w in workers:
+            w.stop()
+    return rows
+
+
+def summarize(rows: list[dict], args: argparse.Namespace, params: dict, run_id: str, command: str, setup: dict,
+              completed_ok: list[int], held: dict, missing: dict, failures: list[str], root: Path) -> dict:
+    r0 = [r for r in rows if r["replicas"] == 0]
+    r2 = [r for r in rows if r["replicas"] > 0]
+    w0 = statistics.median(r["writes_per_s"] for r in r0)
+    w2 = statistics.median(r["writes_per_s"] for r in r2)
+    drop = 1 - w2 / w0
+    # Phases 2k and 2k+1 form a pair (measured back to back, in alternating order).
+    pair_drops = []
+    for k in range(0, len(rows) - 1, 2):
+        a, b = rows[k], rows[k + 1]
+        x0, x2 = (a, b) if a["replicas"] == 0 else (b, a)
+        pair_drops.append(round(1 - x2["writes_per_s"] / x0["writes_per_s"], 4))
+
+    def med(rs: list[dict], f) -> float:
+        return round(statistics.median(f(r) for r in rs), 3)
+
+    cpu = {}
+    for label, rs in (("r0", r0), ("r2", r2)):
+        cpu[label] = {
+            "primary_cpu_per_s": med(rs, lambda r: r["cpu"]["primary_cpu_s"] / r["window_s"]),
+            "primary_main_thread_cpu_per_s": med(rs, lambda r: r["cpu"]["primary_main_thread_cpu_s"] / r["window_s"]),
+            "primary_rocksdb_threads_cpu_per_s": med(
+                rs, lambda r: r["cpu"]["primary_rocksdb_threads_cpu_s"] / r["window_s"]),
+            "primary_other_threads_cpu_per_s": med(
+                rs, lambda r: r["cpu"]["primary_other_threads_cpu_s"] / r["window_s"]),
+            "workers_cpu_per_s": med(rs, lambda r: sum(r["cpu"]["workers_cpu_s"].values()) / r["window_s"]),
+            "machine_idle_per_s": med(rs, lambda r: r["cpu"]["machine_idle_s"] / r["window_s"]),
+            "machine_iowait_per_s": med(rs, lambda r: r["cpu"]["machine_iowait_s"] / r["window_s"]),
+            "others_cpu_per_s": med(rs, lambda r: r["cpu"]["others_cpu_s"] / r["window_s"]),
+            "main_thread_runqueue_wait_per_s": med(
+                rs, lambda r: r["cpu"]["primary_main_thread_runqueue_wait_s"] / r["window_s"]),
+            "put_batch_share": med(rs, lambda r: r["put_batch_s"] / r["window_s"]),
+            "put_batch_runqueue_wait_share": med(rs, lambda r: r["put_batch_runqueue_wait_s"] / r["put_batch_s"]),
+            "put_batch_asleep_share": med(rs, lambda r: r["put_batch_asleep_s"] / r["put_batch_s"]),
+            "put_batch_cpu_us_per_key": med(rs, lambda r: r["put_batch_on_cpu_s"] / r["keys_written"] * 1e6),
+            "checkpoint_share": med(rs, lambda r: r["checkpoint_and_gc_s"] / r["window_s"]),
+            "checkpoint_median_s": med(rs, lambda r: r["checkpoint_median_s"] or 0.0),
+        }
+    cpu["r2"]["workers_cpu_ms_per_mb_replicated"] = med(
+        r2, lambda r: sum(r["cpu"]["workers_cpu_s"].values()) * 1e3 / max(r["replication_bytes"] / 1e6, 1e-9))
+    return {
+        "record": "summary",
+        "run_id": run_id,
+        "command": command,
+        "parameters": params,
+        "writes_r0": round(w0, 1),
+        "writes_r2": round(w2, 1),
+        "drop": round(drop, 4),
+        "drop_pairs": pair_drops,
+        "drop_pairs_median": round(statistics.median(pair_drops), 4),
+        "writes_r0_phases": [r["writes_per_s"] for r in r0],
+        "writes_r2_phases": [r["writes_per_s"] for r in r2],
+        "target_drop": TARGET_DROP,
+        "target_met": drop <= TARGET_DROP,
+        "checkpoints_r0": sum(r["checkpoints"] for r in r0),
+        "checkpoints_r2": sum(r["checkpoints"] for r in r2),
+        "checkpoint_delta_mb_per_s_r2": med(r2, lambda r: r["checkpoint_delta_mb_per_s"]),
+        "checkpoint_delta_bytes_median": int(statistics.median(
+            b for r in r2 for b in r["checkpoint_delta_bytes"])) if any(r["checkpoint_delta_bytes"] for r in r2)
+        else 0,
+        "checkpoint_total_bytes_last": r2[-1]["checkpoint_total_bytes_last"],
+        "replication_bytes_r2": sum(r["replication_bytes"] for r in r2),
+        "replication_mb_per_s_r2": med(r2, lambda r: r["replication_mb_per_s"]),
+        "replications_completed_r2": sum(r["replications_completed"] for r in r2),
+        "checkpoints_coalesced_r2": sum(r["checkpoints_coalesced"] for r in r2),
+        "replications_failed": len(failures),
+        "failures": failures[:5],
+        "replication_lag_median_s": med([r for r in r2 if r["replication_lag_median_s"] is not None],
+                                        lambda r: r["replication_lag_median_s"]) if any(
+            r["replication_lag_median_s"] is not None for r in r2) else None,
+        "replicas_checkpoints": {w: len(ids) for w, ids in held.items()},
+        "replicas_missing_completed": {w: ids for w, ids in missing.items()},
+        "replicated_checkpoints_total": len(completed_ok),
+        "cpu": cpu,
+        "setup": setup,
+        "cpu_count": os.cpu_count(),
+        # Each worker runs in its own session (setsid). With autogroup scheduling on, Linux shares the CPU
+        # between sessions first: the primary and each worker get equal shares when all are busy.
+        "sched_autogroup_enabled": _read_int("/proc/sys/kernel/sched_autogroup_enabled"),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+        "machine": describe_machine(str(root)),
+    }
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def summary_text(s: dict) -> str:
+    p = s["parameters"]
+    c0, c2 = s["cpu"]["r0"], s["cpu"]["r2"]
+    lines = [
+        f"rhino bench overhead: r={p['replicas']} vs r=0, {p['pairs']} pairs of {p['duration_s']:g} s phases "
+        f"(+{p['warmup_s']:g} s warm-up), checkpoint every {p['checkpoint_interval_s']:g} s",
+        f"  workload: {p['batch_keys']} keys/batch, {p['value_size']} B values, "
+        f"{p['update_fraction']:.0%} updates, {p['vnodes_held']} vnodes of {p['num_vnodes']}, "
+        f"{p['initial_keys']:,} initial keys",
+        f"  writes/s r=0: {s['writes_r0']:,.0f} (phases {', '.join(f'{x:,.0f}' for x in s['writes_r0_phases'])})",
+        f"  writes/s r={p['replicas']}: {s['writes_r2']:,.0f} "
+        f"(phases {', '.join(f'{x:,.0f}' for x in s['writes_r2_phases'])})",
+        f"  drop: {s['drop']:.1%} (per pair: {', '.join(f'{d:.1%}' for d in s['drop_pairs'])}); "
+        f"target <= {s['target_drop']:.0%}: {'PASS' if s['target_met'] else 'FAIL'}",
+        f"  r={p['replicas']}: {s['replications_completed_r2']} replications completed in the windows "
+        f"({s['checkpoints_coalesced_r2']} checkpoints coalesced), {s['replication_bytes_r2'] / 1e6:,.0f} MB sent, "
+        f"median {s['replication_mb_per_s_r2']} MB/s, lag {s['replication_lag_median_s']} s; "
+        f"replicas hold {s['replicas_checkpoints']} checkpoints, failures {s['replications_failed']}",
+        f"  CPU, r=0 -> r={p['replicas']} (medians): write loop {c0['primary_main_thread_cpu_per_s']:.2f} -> "
+        f"{c2['primary_main_thread_cpu_per_s']:.2f} cores; put_batch waiting for a CPU "
+        f"{c0['put_batch_runqueue_wait_share']:.1%} -> {c2['put_batch_runqueue_wait_share']:.1%} of its time, asleep "
+        f"{max(0.0, c0['put_batch_asleep_share']):.1%} -> {max(0.0, c2['put_batch_asleep_share']):.1%}; "
+        f"RocksDB threads {c0['primary_rocksdb_threads_cpu_per_s']:.2f} -> "
+        f"{c2['primary_rocksdb_threads_cpu_per_s']:.2f}; workers {c2['workers_cpu_per_s']:.2f} cores "
+        f"({c2['workers_cpu_ms_per_mb_replicated']:.1f} ms per MB replicated); idle {c0['machine_idle_per_s']:.2f} -> "
+        f"{c2['machine_idle_per_s']:.2f} cores (of {s['cpu_count']})",
+        f"  machine: {machine_summary(s['machine'])}",
+    ]
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rhino bench overhead", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--replicas", type=int, default=2, help="chain length of the replicated side")
+    p.add_argument("--pairs", type=int, default=3, help="pairs of phases (r=0 and r=R), in ABBA order")
+    p.add_argument("--duration", type=float, default=16.0, help="measured seconds per phase")
+    p.add_argument("--warmup", type=float, default=4.0, help="seconds per phase before the window opens")
+    p.add_argument("--checkpoint-interval", type=float, default=2.0, help="seconds between checkpoints")
+    p.add_argument("--initial-keys", type=int, default=1_000_000,
+                   help="keys loaded into each twin before the phases")
+    p.add_argument("--value-size", type=int, default=128, help="bytes per value")
+    p.add_argument("--batch-keys", type=int, default=20_000, help="keys per put_batch")
+    p.add_argument("--update-fraction", type=float, default=0.8, help="share of each batch that updates existing keys")
+    p.add_argument("--num-vnodes", type=int, default=256)
+    p.add_argument("--instances", type=int, default=8,
+                   help="the primary holds instance 0's vnodes of a ring over this many instances")
+    p.add_argument("--write-buffer-budget", type=lambda s: parse_size(s), default=parse_size("256M"))
+    p.add_argument("--keep-checkpoints", type=int, default=4, help="checkpoints kept in the primary's store")
+    p.add_argument("--chunk", type=int, default=1 << 20, help="replication chunk bytes")
+    p.add_argument("--window", type=int, default=16, help="replication credit window (chunks)")
+    p.add_argument("--settle-max", type=float, default=15.0,
+                   help="before each phase, wait up to this long for the background work of earlier phases "
+                        "(compactions, transfers) to finish")
+    p.add_argument("--replication-timeout", type=float, default=120.0)
+    p.add_argument("--worker-nice", type=int, default=0, help="nice value for the worker processes")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--dir", default=".bench-overhead", help="work directory, removed and recreated")
+    p.add_argument("--keep", action="store_true", help="keep the work directory (stores, logs) afterwards")
+    p.add_argument("--json", action="store_true", help="JSON lines on stdout (the summary text goes to stderr)")
+    p.add_argument("--out", default=None, help="also append the JSON lines to this file")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.replicas < 1 or args.pairs < 1 or args.duration <= 0 or args.checkpoint_interval <= 0:
+        parser.error("--replicas, --pairs, --duration and --checkpoint-interval must be positive")
+    if args.warmup < 0 or args.initial_keys < 1 or args.batch_keys < 1 or args.value_size < 1:
+        parser.error("--warmup must be >= 0; --initial-keys, --batch-keys and --value-size >= 1")
+    if not 0 <= args.update_fraction < 1:
+        parser.error("--update-fraction must be in [0, 1)")
+    command = "rhino bench overhead " + " ".join(shlex.quote(a) for a in argv)
+    rows = run(args, command)
+    lines = [json.dumps(row) for row in rows]
+    if args.json:
+        for line in lines:
+            print(line)
+    if args.out:
+        with open(args.out, "a") as f:
+            for line in lines:
+                f.write(line + "\n")
+    print(summary_text(rows[-1]), file=sys.stderr if args.json else sys.stdout, flush=True)
+    if not args.keep:
+        shutil.rmtree(args.dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
