@@ -62,6 +62,7 @@ bench: setup
 	$(PY) bench/plot_restore.py bench/results/restore_sweep.jsonl bench/results/restore_sweep.png
 	$(VENV)/bin/rhino bench replicate --workers 3 --replicas 1,2 --size 2G --json \
 	  --out bench/results/replicate.jsonl --plot bench/results/replicate.png
+	$(PY) bench/report_replicate.py bench/results/replicate.jsonl bench/results/replicate.md
 	$(VENV)/bin/rhino bench overhead --json --dir .bench-overhead --out bench/results/overhead.jsonl
 	$(PY) bench/report_overhead.py bench/results/overhead.jsonl bench/results/overhead.png
 
