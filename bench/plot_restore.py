@@ -151,7 +151,7 @@ def table(run: list[dict[str, Any]], png_name: str) -> tuple[str, bool]:
         f"- RAM: {m.get('ram_bytes', 0) / (1 << 30):.1f} GiB",
         f"- OS / kernel: {m.get('os')} / {m.get('kernel')}",
         f"- Disk filesystem: {fs.get('fstype')} on {fs.get('device')} (mounted at {fs.get('mount')})",
-        f"- Python {m.get('python')}, rhino {m.get('rhino')}, librocksdb {m.get('librocksdb')}",
+        f"- Python {m.get('python')}, rhino {m.get('rhino')}, RocksDB {m.get('rocksdb') or m.get('librocksdb')}",
         f"- Load average (1, 5, 15 min) after the largest size: {m.get('loadavg_1_5_15')}",
     ]
     return "\n".join(lines) + "\n", all(ok for _, _, ok in checks)

@@ -216,7 +216,7 @@ def report(runs: dict[str, dict[str, Any]], png_name: str) -> tuple[str, bool]:
         f"{'on' if s.get('sched_autogroup_enabled') else 'off'} (each worker is its own session, so the CPU is "
         "shared between the primary and each worker first)",
         f"- Disk filesystem: {fs.get('fstype')} on {fs.get('device')} (mounted at {fs.get('mount')})",
-        f"- Python {m.get('python')}, rhino {m.get('rhino')}, librocksdb {m.get('librocksdb')}",
+        f"- Python {m.get('python')}, rhino {m.get('rhino')}, RocksDB {m.get('rocksdb') or m.get('librocksdb')}",
         f"- Load average (1, 5, 15 min) at the end: {s.get('loadavg')}; per phase, before/after: "
         + "; ".join(f"{ph['phase']}: {ph['loadavg_before'][0]}/{ph['loadavg_after'][0]}" for ph in phases),
     ]

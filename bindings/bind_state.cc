@@ -216,6 +216,15 @@ UnknownVnodeError, and nothing of its batch is written.
              }
              return out;
            }, py::arg("keys"), "Values of many keys as a list (None where absent).")
+      .def("_batch_order", [](PyState& st, py::handle keys) {
+             ByteViews k;
+             k.LoadKeys(keys);
+             std::vector<size_t> order;
+             ThrowIfError(st.get().BatchOrder(k.views(), &order));
+             py::array_t<int64_t> out(static_cast<py::ssize_t>(order.size()));
+             std::copy(order.begin(), order.end(), out.mutable_data());
+             return out;
+           }, py::arg("keys"), "For tests: the order batches apply and look up `keys` in (indices).")
       .def("get_batch_array", [](PyState& st, py::handle keys, size_t width) {
              MultiGetResult r;
              LookUp(st, keys, &r);

@@ -1,6 +1,9 @@
 // rhino._core: the private compiled module. rhino/__init__.py re-exports a
 // curated API from it; nothing else should import it directly.
 #include <pybind11/pybind11.h>
+#include <rocksdb/version.h>
+
+#include <string>
 
 #include "bind_common.h"
 #include "errors.h"
@@ -8,10 +11,17 @@
 #ifndef RHINO_VERSION
 #define RHINO_VERSION "dev"
 #endif
+#ifndef RHINO_ROCKSDB_BUILD
+#define RHINO_ROCKSDB_BUILD "unknown"
+#endif
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "Rhino's C++ core: hashing, routing, state backend, checkpoints, replica store, data plane.";
   m.attr("__version__") = RHINO_VERSION;
+  // Which RocksDB this module was compiled and linked against (CMakeLists.txt).
+  m.attr("ROCKSDB_VERSION") = std::to_string(ROCKSDB_MAJOR) + "." + std::to_string(ROCKSDB_MINOR) + "." +
+                              std::to_string(ROCKSDB_PATCH);
+  m.attr("ROCKSDB_BUILD") = RHINO_ROCKSDB_BUILD;
   rhino::py_bindings::RegisterErrorTranslator(m);
   rhino::py_bindings::BindRouting(m);
   rhino::py_bindings::BindStore(m);

@@ -58,7 +58,7 @@ def _mem_total_bytes() -> int:
 
 
 def describe_machine(path: str = ".") -> dict[str, Any]:
-    """CPU model, cores, RAM, kernel, the filesystem of `path`, Python and librocksdb."""
+    """CPU model, cores, RAM, kernel, the filesystem of `path`, Python and RocksDB."""
     try:
         affinity = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -70,9 +70,12 @@ def describe_machine(path: str = ".") -> dict[str, Any]:
     try:
         import rhino
 
+        from rhino import _core
+
         rhino_version = rhino.__version__
+        rocksdb = f"{_core.ROCKSDB_VERSION}, {_core.ROCKSDB_BUILD}"
     except ImportError:  # pragma: no cover - only without a built extension
-        rhino_version = "not importable"
+        rhino_version = rocksdb = "not importable"
     return {
         "cpu_model": _cpu_model(),
         "cpu_cores": os.cpu_count() or 0,
@@ -83,7 +86,7 @@ def describe_machine(path: str = ".") -> dict[str, Any]:
         "filesystem": filesystem_of(path),
         "python": platform.python_version(),
         "rhino": rhino_version,
-        "librocksdb": loaded_library("librocksdb"),
+        "rocksdb": rocksdb,
         "loadavg_1_5_15": load,
         "hostname": platform.node(),
     }

@@ -60,7 +60,8 @@ def cmd_version(args: argparse.Namespace) -> int:
     print(f"rhino {rhino.__version__}")
     print(f"python {sys.version.split()[0]} ({sys.executable})")
     print(f"_core {os.path.realpath(_core.__file__)}")
-    print(f"librocksdb {loaded_library('librocksdb') or 'not found in /proc/self/maps'}")
+    shared = loaded_library("librocksdb")
+    print(f"rocksdb {_core.ROCKSDB_VERSION}, {_core.ROCKSDB_BUILD}" + (f" [{shared}]" if shared else ""))
     return 0
 
 
@@ -117,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("version", help="package version, and the _core module and librocksdb it loaded")
+    p = sub.add_parser("version", help="package version, the _core module, and the RocksDB it was built with")
     p.set_defaults(func=cmd_version)
 
     p = sub.add_parser("inspect", help="vnodes, key counts, sizes and checkpoints of a state dir or replica store",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -48,14 +49,28 @@ def written(tmp_path: Path):
     return {"tmp": tmp_path, "live": live, "store": store_dir, "store_obj": store, "per_vnode": per_vnode}
 
 
-def test_version_names_package_core_and_librocksdb():
+def test_version_names_package_core_and_rocksdb():
     r = run_cli("version")
     assert r.returncode == 0, r.stderr
     assert f"rhino {rhino.__version__}" in r.stdout
     core_line = next(line for line in r.stdout.splitlines() if line.startswith("_core "))
     assert os.path.isfile(core_line.split(" ", 1)[1])
-    rocks_line = next(line for line in r.stdout.splitlines() if line.startswith("librocksdb "))
-    assert "librocksdb" in os.path.basename(rocks_line.split(" ", 1)[1])
+    rocks_line = next(line for line in r.stdout.splitlines() if line.startswith("rocksdb "))
+    assert re.match(r"rocksdb \d+\.\d+\.\d+, ", rocks_line), rocks_line
+
+
+def test_built_against_the_release_rocksdb():
+    """`make setup` links the release RocksDB built by tools/build_rocksdb.sh;
+    a silent fallback to Debian's assertion-enabled librocksdb would slow
+    everything and turn failed assertions into aborts."""
+    from rhino import _core
+
+    if os.environ.get("RHINO_ALLOW_SYSTEM_ROCKSDB"):
+        pytest.skip("RHINO_ALLOW_SYSTEM_ROCKSDB is set")
+    assert _core.ROCKSDB_BUILD.startswith("release build"), _core.ROCKSDB_BUILD
+    with open("/proc/self/maps") as f:
+        loaded = set(re.findall(r"/\S*librocksdb\S*", f.read()))
+    assert loaded and all(os.path.basename(p).startswith("librocksdb-rhino.so") for p in loaded), loaded
 
 
 def test_python_dash_m_rhino_is_the_cli():

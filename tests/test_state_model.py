@@ -359,7 +359,13 @@ class RhinoStateMachine(RuleBasedStateMachine):
         self.next_id += 1
         for inst in which:
             db = self.dbs[inst]
-            parent = self.last_ckpt[inst] if self.last_ckpt[inst] in self.snaps[inst] else None
+            # The documented parent: the last checkpoint this state took or was
+            # restored from if it is still committed, else the newest committed
+            # one before this id (say, after retention removed the last one).
+            if self.last_ckpt[inst] in self.snaps[inst]:
+                parent = self.last_ckpt[inst]
+            else:
+                parent = max((c for c in self.snaps[inst] if c < cid), default=None)
             m = db.checkpoint(self.store, cid, epoch=self.epoch)
             assert (m.operator_id, m.instance, m.checkpoint_id, m.epoch) == (OP, inst, cid, self.epoch)
             assert m.parent_id == parent

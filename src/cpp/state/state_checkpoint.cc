@@ -31,10 +31,17 @@ Status StateBackend::Checkpoint(ReplicaStore* store, uint64_t checkpoint_id, uin
       last && std::binary_search(committed.begin(), committed.end(), *last);
   // Ids must increase. The one exception is a retry of the last id after a
   // crash between writing it into the state and committing its manifest: the
-  // state then names a checkpoint that no store holds.
-  if (last && (checkpoint_id < *last || (checkpoint_id == *last && last_committed))) {
+  // state then names a checkpoint that no store holds, and that is newer than
+  // every committed one (an older uncommitted id was committed once and since
+  // removed by retention, so it is no retry).
+  const bool newer_than_committed = committed.empty() || checkpoint_id > committed.back();
+  if (last && (checkpoint_id < *last || (checkpoint_id == *last && (last_committed || !newer_than_committed)))) {
     return Status::InvalidArgument("checkpoint ids must increase: this state was last checkpointed as " +
                                    std::to_string(*last) + ", got " + std::to_string(checkpoint_id));
+  }
+  if (std::binary_search(committed.begin(), committed.end(), checkpoint_id)) {
+    return Status::AlreadyExists("checkpoint " + std::to_string(checkpoint_id) + " of '" + operator_id_ +
+                                   "' instance " + std::to_string(instance_) + " is already committed");
   }
   std::unique_ptr<ReplicaStore::Lock> lock;
   RHINO_RETURN_IF_ERROR(store->AcquireLock(false, &lock));

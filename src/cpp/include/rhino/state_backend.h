@@ -150,6 +150,12 @@ class StateBackend {
   // no value is copied here.
   Status MultiGet(const std::vector<std::string_view>& keys, MultiGetResult* out) const;
 
+  // The order in which batches apply and look up `keys` (indices into keys):
+  // grouped by vnode, bytewise within a vnode, repeats in input order.
+  // MultiGet tells RocksDB its input is sorted, so this order must agree with
+  // RocksDB's comparator; exposed so that tests can check that it does.
+  Status BatchOrder(const std::vector<std::string_view>& keys, std::vector<size_t>* order) const;
+
   // Calls fn(key, value) for every entry of `vnode`, in key order, on a
   // consistent snapshot. Stops early if fn returns false.
   Status Scan(uint32_t vnode,
@@ -167,7 +173,9 @@ class StateBackend {
   // in the parent: the last checkpoint this state took or was restored from,
   // or else the newest committed one before `checkpoint_id`.
   // `checkpoint_id` must exceed the last id this state took, or equal it if
-  // that one never committed (a retry after a crash).
+  // that one never committed and is newer than every committed checkpoint of
+  // this instance (a retry after a crash): InvalidArgument otherwise. An id
+  // the store already holds is AlreadyExists, before any work is done.
   Status Checkpoint(ReplicaStore* store, uint64_t checkpoint_id, uint64_t epoch, Manifest* out);
 
   // ---- vnode export / import (the primitive of a handover, Rhino §4.1) ----
@@ -189,6 +197,9 @@ class StateBackend {
   Status CheckWritable() const;
   Status AddToBatch(WriteBatch* batch, const std::vector<std::string_view>& keys,
                     const std::vector<std::string_view>* values) const;
+  struct VnodeOrder;  // state_backend.cc
+  // Requires cf_mu_ held (shared). UnknownVnode for the first key not held.
+  Status OrderKeys(const std::vector<std::string_view>& keys, VnodeOrder* out) const;
   std::optional<uint64_t> ReadU64Meta(const std::string& key) const;
 
   std::string dir_;
