@@ -3,7 +3,7 @@
 
 usage: python bench/report_replicate.py bench/results/replicate.jsonl bench/results/replicate.md
 
-One row per replication factor r, every figure measured in the same run
+One row per replication factor r of the latest run (by run_id), every figure measured in that run
 (`rhino bench replicate` writes one JSON object per r), with the targets of
 issue 3: throughput >= 80% (r=1) / 70% (r=2) of min(disk limit, loopback
 limit), and worker RSS growth <= credit window + 32 MB.
@@ -19,9 +19,13 @@ COMMAND = ("rhino bench replicate --workers 3 --replicas 1,2 --size 2G --json \\
 
 
 def main(src: str, dst: str) -> int:
-    rows = [json.loads(line) for line in open(src, encoding="utf-8") if line.strip()]
-    if not rows:
+    every = [json.loads(line) for line in open(src, encoding="utf-8") if line.strip()]
+    if not every:
         sys.exit(f"{src}: no results")
+    # The file keeps every run (one line per r); the report is the latest run.
+    latest = max(r.get("run_id", "") for r in every)
+    rows = [r for r in every if r.get("run_id", "") == latest]
+    earlier = len({r.get("run_id", "") for r in every}) - 1
     m = rows[-1].get("machine", {})
     out = [
         "# Chain replication throughput (issue 3)",
@@ -32,7 +36,8 @@ def main(src: str, dst: str) -> int:
         "",
         f"Machine: {m.get('cpus', '?')} CPUs, kernel {m.get('kernel', '?')}, Python {m.get('python', '?')}. "
         f"Chunk {rows[-1]['chunk_bytes'] >> 20} MiB, window {rows[-1]['window']} "
-        f"(credit window {rows[-1]['credit_window_mb']:g} MiB). Raw lines: `replicate.jsonl`; chart: `replicate.png`.",
+        f"(credit window {rows[-1]['credit_window_mb']:g} MiB). Run `{latest or '?'}`; raw lines: `replicate.jsonl` "
+        f"(it also keeps {earlier} earlier run(s)); chart: `replicate.png`.",
         "",
         "| r | checkpoint | seconds | MB/s | disk limit | loopback limit | fraction of min | target "
         "| all replicas' writes (r x MB/s) / disk limit | RSS growth (max worker) | target |",
@@ -52,7 +57,10 @@ def main(src: str, dst: str) -> int:
         "- Throughput is checkpoint bytes over the time from the call to the primary's ack: the tail's",
         "  fsyncs and every member's commit are included.",
         "- The disk limit is one writer doing 1 MiB writes and one fsync at the end, on the same file",
-        "  system; the loopback limit is one TCP connection over loopback. Both are measured in the run.",
+        "  system, after a sync. This disk's speed drifts within a run, so it is probed right before every",
+        "  transfer (probes: " + ", ".join(f"{r.get('disk_probe_before_mb_s', r['disk_limit_mb_s']):.0f}" for r in rows)
+        + " MB/s) and every row is judged against the fastest. The loopback",
+        "  limit is one TCP connection over loopback. Both are measured in the run.",
         "- Replicas start writeback after every chunk (`sync_file_range`) and drop a file's pages once it",
         "  is fsync'ed; concurrent writers can together exceed the single-writer disk probe, so a fraction",
         "  above 1 means the probe understates what the disk absorbs, not that data was skipped.",
