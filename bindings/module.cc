@@ -8,6 +8,13 @@
 #include "bind_common.h"
 #include "errors.h"
 
+// Not in RocksDB's public headers, but exported by every build of it
+// (util/crc32c.h): says whether CRC32C, which guards every WAL record, runs
+// on the CPU's crc32 instructions or on the table-driven fallback.
+namespace rocksdb::crc32c {
+std::string IsFastCrc32Supported();
+}
+
 #ifndef RHINO_VERSION
 #define RHINO_VERSION "dev"
 #endif
@@ -22,6 +29,7 @@ PYBIND11_MODULE(_core, m) {
   m.attr("ROCKSDB_VERSION") = std::to_string(ROCKSDB_MAJOR) + "." + std::to_string(ROCKSDB_MINOR) + "." +
                               std::to_string(ROCKSDB_PATCH);
   m.attr("ROCKSDB_BUILD") = RHINO_ROCKSDB_BUILD;
+  m.attr("ROCKSDB_CRC32C") = rocksdb::crc32c::IsFastCrc32Supported();
   rhino::py_bindings::RegisterErrorTranslator(m);
   rhino::py_bindings::BindRouting(m);
   rhino::py_bindings::BindStore(m);

@@ -62,6 +62,7 @@ def cmd_version(args: argparse.Namespace) -> int:
     print(f"_core {os.path.realpath(_core.__file__)}")
     shared = loaded_library("librocksdb")
     print(f"rocksdb {_core.ROCKSDB_VERSION}, {_core.ROCKSDB_BUILD}" + (f" [{shared}]" if shared else ""))
+    print(f"crc32c {_core.ROCKSDB_CRC32C}")
     return 0
 
 

@@ -73,6 +73,22 @@ def test_built_against_the_release_rocksdb():
     assert loaded and all(os.path.basename(p).startswith("librocksdb-rhino.so") for p in loaded), loaded
 
 
+def test_rocksdb_uses_the_cpus_crc32c_instructions():
+    """RocksDB's PORTABLE build compiles CRC32C (every WAL record, every block
+    of the default checksum type) table-driven; tools/build_rocksdb.sh
+    compiles it with the SSE4.2 path, chosen at run time. The CPU's own flags
+    are the oracle."""
+    from rhino import _core
+
+    if os.environ.get("RHINO_ALLOW_SYSTEM_ROCKSDB"):
+        pytest.skip("RHINO_ALLOW_SYSTEM_ROCKSDB is set")
+    with open("/proc/cpuinfo") as f:
+        flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    if "sse4_2" not in flags:
+        pytest.skip("this CPU has no SSE4.2")
+    assert _core.ROCKSDB_CRC32C.startswith("Supported on x86"), _core.ROCKSDB_CRC32C
+
+
 def test_python_dash_m_rhino_is_the_cli():
     r = subprocess.run([sys.executable, "-m", "rhino", "version"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("rhino ")
