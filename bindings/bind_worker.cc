@@ -256,7 +256,7 @@ stop() aborts streams under way and closes connections; join() waits for stop.
              return w;
            }),
            py::kw_only(), py::arg("id"), py::arg("store_dir"), py::arg("listen_host") = "127.0.0.1",
-           py::arg("listen_port") = 0, py::arg("secret"), py::arg("io_threads") = 2, py::arg("disk_threads") = 2,
+           py::arg("listen_port") = 0, py::arg("secret"), py::arg("io_threads") = 1, py::arg("disk_threads") = 2,
            py::arg("heartbeat_ms") = 500, py::arg("peer_timeout_ms") = 3000,
            py::arg("max_frame_bytes") = kDefaultMaxFrameBytes, py::arg("max_window") = 64,
            py::arg("stream_idle_timeout_ms") = 60000)

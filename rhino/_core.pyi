@@ -7,6 +7,9 @@ import numpy as np
 import numpy.typing as npt
 
 __version__: str
+ROCKSDB_VERSION: str
+ROCKSDB_BUILD: str
+ROCKSDB_CRC32C: str
 
 Key = bytes | bytearray | memoryview | str | int | np.integer[Any]
 Keys = npt.NDArray[np.int64] | Sequence[Key]
@@ -209,7 +212,7 @@ class Worker:
         listen_host: str = "127.0.0.1",
         listen_port: int = 0,
         secret: bytes | str,
-        io_threads: int = 2,
+        io_threads: int = 1,
         disk_threads: int = 2,
         heartbeat_ms: int = 500,
         peer_timeout_ms: int = 3000,

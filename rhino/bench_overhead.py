@@ -46,9 +46,10 @@ leftover compactions.
 
 The workers are `rhino worker` processes as deployed by default, each in its
 own session (on Linux with autogroup scheduling, the CPU is then shared
-between the primary and each worker first). `--worker-nice N` lowers their
-priority (thread and autogroup nice), a deployment choice that trades
-replication lag for the primary's CPU; it is off by default.
+between the primary and each worker first). `--worker-nice N` runs them with
+`rhino worker --nice N` (thread and autogroup nice), a deployment choice that
+trades replication lag for the primary's CPU; by default they keep the
+primary's priority.
 
 Every JSON line (one per phase, then one summary) carries the parameters, the
 machine (os.cpu_count(), load average) and, per phase, where the CPU went:
@@ -81,6 +82,7 @@ from ._bench_cluster import (SECRET, cpu_seconds, pressure_seconds, start_worker
 from ._machine import describe_machine, machine_summary
 from ._sizes import parse_size
 from ._workload import keys_for, random_values
+from .worker import DEFAULT_NICE
 
 OPERATOR = "bench"
 INSTANCE = 0
@@ -427,21 +429,25 @@ def parameters(args: argparse.Namespace, vnodes: list[int]) -> dict:
         "value_size": args.value_size, "batch_keys": args.batch_keys, "update_fraction": args.update_fraction,
         "num_vnodes": args.num_vnodes, "instances": args.instances, "vnodes_held": len(vnodes),
         "write_buffer_budget": args.write_buffer_budget, "keep_checkpoints": args.keep_checkpoints,
-        "chunk_bytes": args.chunk, "window": args.window, "seed": args.seed, "worker_nice": args.worker_nice,
+        "chunk_bytes": args.chunk, "window": args.window, "seed": args.seed, "worker_nice": DEFAULT_NICE if args.worker_nice is None else args.worker_nice,
         "settle_max_s": args.settle_max,
     }
 
 
-def set_nice(pid: int, nice: int) -> None:
-    """Lowers a worker's CPU priority: every thread's nice value and, since each worker runs in its own session
-    and Linux's autogroup scheduling shares the CPU between sessions first, its session's autogroup nice."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        os.setpriority(os.PRIO_PROCESS, int(tid), nice)
-    try:
-        with open(f"/proc/{pid}/autogroup", "w") as f:
-            f.write(str(nice))
-    except OSError:
-        pass  # no autogroup scheduling (CONFIG_SCHED_AUTOGROUP off): thread nice values are what count
+def worker_priorities(workers: list) -> list[dict]:
+    """What each worker applied of its --nice (its `priority` log event)."""
+    out = []
+    for w in workers:
+        rec: dict[str, Any] = {"worker": w.id}
+        for line in w.log_path.read_text().splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if ev.get("event") == "priority":
+                rec.update({k: ev.get(k) for k in ("nice", "autogroup_nice")})
+        out.append(rec)
+    return out
 
 
 def run(args: argparse.Namespace, command: str) -> list[dict]:
@@ -456,13 +462,13 @@ def run(args: argparse.Namespace, command: str) -> list[dict]:
 
     secret_file = write_secret(root)
     extra = ["--log-format", "json"]
+    if args.worker_nice is not None:
+        extra += ["--nice", str(args.worker_nice)]
     workers = start_workers(root, list(range(2, 2 + args.replicas)), secret_file, args.window, extra)
+    params["worker_priority"] = worker_priorities(workers)
     twins: dict[int, Twin] = {}
     rows: list[dict] = []
     try:
-        if args.worker_nice:
-            for w in workers:
-                set_nice(w.pid, args.worker_nice)
         setup: dict[str, Any] = {}
         for r, name in ((0, "r0"), (args.replicas, f"r{args.replicas}")):
             t0 = time.perf_counter()
@@ -662,7 +668,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="before each phase, wait up to this long for the background work of earlier phases "
                         "(compactions, transfers) to finish")
     p.add_argument("--replication-timeout", type=float, default=120.0)
-    p.add_argument("--worker-nice", type=int, default=0, help="nice value for the worker processes")
+    p.add_argument("--worker-nice", type=int, default=None, choices=range(0, 20), metavar="0..19",
+                   help="the workers' --nice (default: rhino worker's own default)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--dir", default=".bench-overhead", help="work directory, removed and recreated")
     p.add_argument("--keep", action="store_true", help="keep the work directory (stores, logs) afterwards")

@@ -33,7 +33,14 @@ from typing import Any
 from . import _core
 from .replication import parse_address, read_secret_file
 
-__all__ = ["main", "build_parser", "prometheus_text", "JsonLogger"]
+__all__ = ["main", "build_parser", "prometheus_text", "JsonLogger", "DEFAULT_NICE"]
+
+# The daemon's default --nice: 0 keeps the priority it was started with. On a
+# host that also runs executors, --nice 10 makes replication yield the CPU to
+# them (weight 110 against 1024 in the kernel's nice-to-weight table). The
+# overhead benchmark (bench/README.md) did not show that it lowers the
+# primary's write rate drop, so it is not the default.
+DEFAULT_NICE = 0
 
 
 class JsonLogger:
@@ -202,15 +209,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--secret-file", required=True, help="file holding the cluster's shared secret")
     p.add_argument("--metrics-listen", default=None, help="HOST:PORT for the Prometheus /metrics endpoint")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
-    p.add_argument("--io-threads", type=int, default=2)
-    p.add_argument("--disk-threads", type=int, default=2)
+    p.add_argument("--io-threads", type=int, default=1,
+                   help="threads for socket I/O (default: %(default)s, which keeps up with several GB/s)")
+    p.add_argument("--disk-threads", type=int, default=2,
+                   help="threads for stream work: file writes, fsyncs, commits (default: %(default)s)")
     p.add_argument("--heartbeat-ms", type=int, default=500)
     p.add_argument("--peer-timeout-ms", type=int, default=3000)
     p.add_argument("--max-window", type=int, default=64, help="most credits granted per stream")
     p.add_argument("--max-frame-bytes", type=int, default=_core.MAX_FRAME_BYTES)
     p.add_argument("--stream-idle-timeout-ms", type=int, default=60000,
                    help="abort a stream that sees no frame from either neighbour for this long (0: never)")
+    p.add_argument("--nice", type=int, default=DEFAULT_NICE, choices=range(0, 20), metavar="0..19",
+                   help="lower the daemon's CPU priority to this nice value (thread and autogroup nice), so "
+                        "that replication yields the CPU to executors on the same host (default: %(default)s, "
+                        "the priority it was started with)")
     return p
+
+
+def lower_priority(nice: int) -> dict[str, Any]:
+    """Lowers this process's CPU priority to `nice` before any thread starts, so every thread inherits it.
+
+    Linux's autogroup scheduling (on by default) first shares the CPU between sessions, and a daemon is its
+    own session, so a thread's nice value only ranks it against the daemon's own threads; the session's
+    autogroup nice is what ranks the daemon against the executors. Both are set. Raising one's own nice needs
+    no privilege. Returns what was applied, for the log.
+    """
+    applied: dict[str, Any] = {"nice": None, "autogroup_nice": None}
+    if nice <= 0:
+        return applied
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, max(nice, os.getpriority(os.PRIO_PROCESS, 0)))
+        applied["nice"] = os.getpriority(os.PRIO_PROCESS, 0)
+    except OSError as e:
+        applied["nice_error"] = str(e)
+    try:
+        with open("/proc/self/autogroup", "r+") as f:
+            f.write(str(nice))
+        applied["autogroup_nice"] = nice
+    except OSError as e:  # no CONFIG_SCHED_AUTOGROUP, or a kernel that refuses: thread nice is what counts
+        applied["autogroup_error"] = str(e)
+    return applied
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    log.info("priority", **lower_priority(args.nice))  # before _core.Worker starts its threads
 
     worker = _core.Worker(
         id=args.id,

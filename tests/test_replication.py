@@ -499,6 +499,44 @@ def test_sigterm_shuts_down_cleanly_and_sigkill_restart_verifies_clean(cluster):
     assert rhino.query_store(w.address, secret=SECRET, operator_id=OP, instance=0) == [1, 2]
 
 
+def _thread_nice_values(pid: int) -> set[int]:
+    """Every thread's nice value, from /proc (field 19 of stat; the comm field may hold spaces)."""
+    out = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            out.add(int(f.read().rsplit(")", 1)[1].split()[16]))
+    return out
+
+
+def _autogroup_nice(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            return int(f.read().split("nice")[1])
+    except (OSError, IndexError, ValueError):
+        return None  # kernel without autogroup scheduling
+
+
+def test_worker_nice_lowers_every_thread_and_its_autogroup(cluster, root):
+    """By default a worker keeps the priority it was started with; --nice N lowers every thread (they are
+    all started after it) and, since the daemon is its own session, its autogroup."""
+    w = cluster[2]
+    parent_nice = os.getpriority(os.PRIO_PROCESS, 0)
+    assert _thread_nice_values(w.proc.pid) == {parent_nice}
+
+    low = WorkerProc(root, "w9", "127.0.0.9", secret_file=w.secret_file, extra_args=["--nice", "13"]).start()
+    try:
+        assert len(os.listdir(f"/proc/{low.proc.pid}/task")) > 2  # the C++ runtime's threads are there
+        assert _thread_nice_values(low.proc.pid) == {max(13, parent_nice)}
+        if _autogroup_nice(os.getpid()) is not None:
+            assert _autogroup_nice(low.proc.pid) == 13
+        prio = [e for e in low.events() if e.get("event") == "priority"]
+        assert prio and prio[-1]["nice"] == max(13, parent_nice)
+        # and it still serves: a store query answers
+        assert rhino.query_store(low.address, secret=SECRET, operator_id=OP, instance=0) == []
+    finally:
+        assert low.stop() == 0
+
+
 def test_a_stream_whose_peer_goes_quiet_is_aborted_after_the_idle_timeout(cluster, root):
     # The connection stays alive (heartbeats are answered), but the stream
     # gets no frame: the worker must not keep its staging forever.

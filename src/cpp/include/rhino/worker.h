@@ -26,7 +26,11 @@ struct WorkerOptions {
   std::string listen_host = "127.0.0.1";  // DESIGN §3: loopback unless told otherwise
   uint16_t listen_port = 0;               // 0 = an ephemeral port (see Worker::port)
   std::string secret;                     // shared secret of the cluster (protocol §2)
-  uint32_t io_threads = 2;                // socket I/O
+  // Socket I/O only (stream work runs on the disk threads). One thread
+  // keeps up with several GB/s; with two, the reactor hands each partial read
+  // of a chunk between them, and a replica spent 10-25% more CPU per MB
+  // (bench/README.md, "Reading the results").
+  uint32_t io_threads = 1;
   uint32_t disk_threads = 2;              // stream work: writes, fsyncs, commits
   uint32_t heartbeat_ms = 500;            // protocol §6
   uint32_t peer_timeout_ms = 3000;        // protocol §6
