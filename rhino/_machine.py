@@ -73,7 +73,7 @@ def describe_machine(path: str = ".") -> dict[str, Any]:
         from rhino import _core
 
         rhino_version = rhino.__version__
-        rocksdb = f"{_core.ROCKSDB_VERSION}, {_core.ROCKSDB_BUILD}"
+        rocksdb = f"{_core.ROCKSDB_VERSION}, {_core.ROCKSDB_BUILD}, crc32c: {_core.ROCKSDB_CRC32C}"
     except ImportError:  # pragma: no cover - only without a built extension
         rhino_version = rocksdb = "not importable"
     return {
