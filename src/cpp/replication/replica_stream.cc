@@ -3,6 +3,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <xxhash.h>
+// Bulk hashing (chunks, whole files) through libxxhash's run-time dispatch to
+// its AVX2/AVX-512 kernels; the plain entry points are built for baseline
+// x86-64 (SSE2). Same hash values either way (the XXH3 spec).
+#include <xxh_x86dispatch.h>
 
 #include <algorithm>
 #include <cerrno>

@@ -6,6 +6,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
+// Bulk hashing (chunks, whole files) through libxxhash's run-time dispatch to
+// its AVX2/AVX-512 kernels; the plain entry points are built for baseline
+// x86-64 (SSE2). Same hash values either way (the XXH3 spec).
+#include <xxh_x86dispatch.h>
 
 #include <cerrno>
 #include <chrono>
