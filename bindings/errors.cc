@@ -41,7 +41,17 @@ void RegisterErrorTranslator(py::module_& m) {
       for (const auto& row : kTable)
         if (row.code == e.status.code()) name = row.python_class;
       py::object cls = py::module_::import("rhino.errors").attr(name);
-      PyErr_SetObject(cls.ptr(), py::str(e.status.message()).ptr());
+      // A message may quote bytes a peer sent (an operator id, a file name),
+      // which need not be UTF-8: undecodable bytes are shown as \xNN rather
+      // than turning the error into a UnicodeDecodeError.
+      const std::string& msg = e.status.message();
+      py::object text = py::reinterpret_steal<py::object>(
+          PyUnicode_DecodeUTF8(msg.data(), static_cast<Py_ssize_t>(msg.size()), "backslashreplace"));
+      if (!text) {
+        PyErr_Clear();
+        text = py::str("(undecodable error message)");
+      }
+      PyErr_SetObject(cls.ptr(), text.ptr());
     }
   });
 }

@@ -214,6 +214,15 @@ def test_bad_operator_ids_are_rejected(operator_id):
         decode(open_req([("f", b"x")], operator_id=operator_id))
 
 
+def test_undecodable_bytes_from_a_peer_give_the_documented_error_not_a_unicode_error():
+    # Found by the fuzz test below: the error message quotes the operator id
+    # the peer sent, and such bytes need not be UTF-8.
+    m = wire.manifest_bytes("op", 0, 1, [("f", b"x")])
+    frame = wire.frame("OpenStreamReq", wire.open_stream_req(b"\x80p", 0, 1, m))  # type: ignore[arg-type]
+    with pytest.raises(rhino.PathOutsideStoreError, match=r"operator id '\\x80p'"):
+        decode(frame)
+
+
 def test_duplicate_names_and_mismatched_manifests_are_rejected():
     with pytest.raises(rhino.InvalidArgumentError, match="twice"):
         decode(open_req([("f", b"x"), ("f", b"y")]))
