@@ -1,7 +1,17 @@
 """`rhino bench restore`: hard-link restore against copy restore and `cp -al`.
 
 For each state size: build the state (random, incompressible values through
-put_batch), checkpoint it into a replica store, then time, in the same run,
+put_batch) and checkpoint it into a replica store right away (checkpoint 1).
+A hard-link restore costs one link() per file, so its time follows the file
+count, and a checkpoint taken right after loading at full speed also holds the
+L0 files compaction has not merged yet (a vnode's L0 piles up while the two
+background threads work through 256 column families). So the sweep times:
+  * hardlink_restore_after_load_s  hard-link restores of checkpoint 1
+                        (files_after_load files);
+then lets the backend settle (StateBackend.wait_for_compactions: no flush or
+compaction pending or running; settle_s) and checkpoints again (checkpoint 2,
+incremental), the shape a job ingesting at a rate compaction keeps up with
+checkpoints. On checkpoint 2 (files) it times, in the same run,
   * hardlink_restore_s  ReplicaStore.restore_files(mode="link"): build the DB
                         directory (hard links + small copies + fsync + rename);
   * open_s              opening RocksDB on that directory;
@@ -13,7 +23,8 @@ Each is repeated and the median reported, with the raw runs. When we may
 every timed run, so metadata and data come from disk (`dropped_caches`).
 
 Output contract: one JSON object per size (one line each), with at least
-size_bytes, files, hardlink_restore_s, copy_restore_s and cp_al_s.
+size_bytes, files, hardlink_restore_s, copy_restore_s and cp_al_s (all of
+checkpoint 2), plus files_after_load and hardlink_restore_after_load_s.
 """
 
 from __future__ import annotations
@@ -73,7 +84,7 @@ def _median(xs: list[float]) -> float:
 
 def measure_size(size_bytes: int, *, base_dir: str, value_size: int = 1024, repeats: int = 5,
                  keep: bool = False, use_drop_caches: bool = True, progress: bool = True,
-                 log: TextIO = sys.stderr) -> dict[str, Any]:
+                 settle_timeout: float = 1800.0, log: TextIO = sys.stderr) -> dict[str, Any]:
     """Builds, checkpoints and restores one state of about `size_bytes`; returns its figures."""
     def say(msg: str) -> None:
         print(msg, file=log, flush=True)
@@ -82,46 +93,67 @@ def measure_size(size_bytes: int, *, base_dir: str, value_size: int = 1024, repe
     _rm(work)
     os.makedirs(work)
     free = shutil.disk_usage(work).free
-    need = int(2.5 * size_bytes) + (256 << 20)
+    need = int(3 * size_bytes) + (256 << 20)
     if free < need:
         raise NoSpaceError(f"{format_bytes(free)} free under {base_dir}, a {format_bytes(size_bytes)} run needs "
-                           f"about {format_bytes(need)} (state + copy restore); choose another --dir")
+                           f"about {format_bytes(need)} (state, compaction output, copy restore); choose another --dir")
     live, store_dir = os.path.join(work, "live"), os.path.join(work, "store")
     try:
-        # 1. Build the state and checkpoint it.
-        db = StateBackend.open(live, partitioner=Partitioner(), operator_id=OPERATOR, instance=0)
-        built = build_state(db, size_bytes, value_size=value_size, progress=progress,
-                            label=f"building {format_bytes(size_bytes)} state")
-        store = ReplicaStore(store_dir)
-        checkpoint_s, manifest = _timed(lambda: db.checkpoint(store, 1))
-        db.close()
-        say(f"  checkpoint 1: {len(manifest.files)} files, {format_bytes(manifest.total_bytes)} "
-            f"in {checkpoint_s:.2f} s")
-
         dropped: list[bool] = []
 
         def cold() -> None:
             if use_drop_caches:
                 dropped.append(drop_caches())
 
-        # 2. Hard-link restore (+ opening RocksDB on the result).
-        link_runs, open_runs, link_stats = [], [], None
-        for r in range(repeats):
-            target = os.path.join(work, f"link-{r}")
-            cold()
-            t, link_stats = _timed(lambda: store.restore_files(OPERATOR, 0, 1, target, mode="link"))
-            link_runs.append(t)
-            t, opened = _timed(lambda: StateBackend.open(target, create=False))
-            open_runs.append(t)
-            opened.close()
-            _rm(target)
-        say(f"  hard-link restore: median {_median(link_runs) * 1e3:.1f} ms "
-            f"({link_stats.linked_files} linked, {link_stats.copied_files} copied); "
-            f"open {_median(open_runs):.3f} s")
+        def link_restores(checkpoint_id: int, label: str, with_open: bool) -> tuple[list[float], list[float], Any]:
+            link_runs, open_runs, stats = [], [], None
+            for r in range(repeats):
+                target = os.path.join(work, f"link-{checkpoint_id}-{r}")
+                cold()
+                t, stats = _timed(lambda: store.restore_files(OPERATOR, 0, checkpoint_id, target, mode="link"))
+                link_runs.append(t)
+                if with_open:
+                    t, opened = _timed(lambda: StateBackend.open(target, create=False))
+                    open_runs.append(t)
+                    opened.close()
+                _rm(target)
+            say(f"  hard-link restore of checkpoint {checkpoint_id} ({label}): median "
+                f"{_median(link_runs) * 1e3:.1f} ms ({stats.linked_files} linked, {stats.copied_files} copied)"
+                + (f"; open {_median(open_runs):.3f} s" if with_open else ""))
+            return link_runs, open_runs, stats
 
-        # 3. cp -al of a directory holding the same files (a pristine hard-link restore).
+        # 1. Build the state and checkpoint it right away.
+        db = StateBackend.open(live, partitioner=Partitioner(), operator_id=OPERATOR, instance=0)
+        built = build_state(db, size_bytes, value_size=value_size, progress=progress,
+                            label=f"building {format_bytes(size_bytes)} state")
+        store = ReplicaStore(store_dir)
+        loaded_checkpoint_s, loaded = _timed(lambda: db.checkpoint(store, 1))
+        db.close()  # no compaction competes with the timed restores; it resumes on reopening
+        say(f"  checkpoint 1 (right after the load): {len(loaded.files)} files, "
+            f"{format_bytes(loaded.total_bytes)} in {loaded_checkpoint_s:.2f} s")
+
+        # 2. Hard-link restore of that checkpoint.
+        loaded_runs, _, _ = link_restores(1, "right after the load", with_open=False)
+
+        # 3. Let flushes and compactions drain, then checkpoint the settled state.
+        say("  waiting for compactions to drain ...")
+        db = StateBackend.open(live, create=False)
+        settle_s, settled = _timed(lambda: db.wait_for_compactions(settle_timeout))
+        if not settled:
+            say(f"  WARNING: compactions still pending after {settle_timeout:.0f} s; checkpointing anyway")
+        checkpoint_s, manifest = _timed(lambda: db.checkpoint(store, 2))
+        db.close()
+        say(f"  checkpoint 2 (settled after {settle_s:.1f} s): {len(manifest.files)} files, "
+            f"{format_bytes(manifest.total_bytes)} in {checkpoint_s:.2f} s")
+        store.retain(OPERATOR, 0, keep_last=1)  # checkpoint 1's merged-away files leave the pool
+        store.gc()
+
+        # 4. Hard-link restore (+ opening RocksDB on the result).
+        link_runs, open_runs, link_stats = link_restores(2, "settled", with_open=True)
+
+        # 5. cp -al of a directory holding the same files (a pristine hard-link restore).
         src = os.path.join(work, "link-src")
-        store.restore_files(OPERATOR, 0, 1, src, mode="link")
+        store.restore_files(OPERATOR, 0, 2, src, mode="link")
         cp_runs = []
         for r in range(repeats):
             dst = os.path.join(work, f"cp-al-{r}")
@@ -133,12 +165,12 @@ def measure_size(size_bytes: int, *, base_dir: str, value_size: int = 1024, repe
         _rm(src)
         say(f"  cp -al: median {_median(cp_runs) * 1e3:.1f} ms")
 
-        # 4. Copy restore: every byte.
+        # 6. Copy restore: every byte.
         copy_runs, copy_stats = [], None
         for r in range(repeats):
             target = os.path.join(work, f"copy-{r}")
             cold()
-            t, copy_stats = _timed(lambda: store.restore_files(OPERATOR, 0, 1, target, mode="copy"))
+            t, copy_stats = _timed(lambda: store.restore_files(OPERATOR, 0, 2, target, mode="copy"))
             copy_runs.append(t)
             _rm(target)
         say(f"  copy restore: median {_median(copy_runs):.2f} s")
@@ -166,6 +198,13 @@ def measure_size(size_bytes: int, *, base_dir: str, value_size: int = 1024, repe
         "copied_bytes": link_stats.copied_bytes,
         "fell_back_to_copy": link_stats.fell_back_to_copy,
         "copy_restore_copied_files": copy_stats.copied_files,
+        "files_after_load": len(loaded.files),
+        "bytes_after_load": loaded.total_bytes,
+        "hardlink_restore_after_load_s": _median(loaded_runs),
+        "hardlink_restore_after_load_runs": loaded_runs,
+        "checkpoint_after_load_s": loaded_checkpoint_s,
+        "settle_s": settle_s,
+        "settled": settled,
         "build_state_s": built.seconds,
         "checkpoint_s": checkpoint_s,
         "repeats": repeats,
@@ -210,7 +249,9 @@ def run(sizes: list[int], *, base_dir: str, value_size: int = 1024, repeats: int
 
 def _summary(f: dict[str, Any]) -> str:
     hl, cp, al = f["hardlink_restore_s"], f["copy_restore_s"], f["cp_al_s"]
-    return (f"{format_bytes(f['size_bytes']):>9}: {f['files']} files, {format_bytes(f['bytes'])}; "
+    return (f"{format_bytes(f['size_bytes']):>9}: right after the load {f['files_after_load']} files, "
+            f"hard-link restore {f['hardlink_restore_after_load_s'] * 1e3:.1f} ms; settled "
+            f"{f['files']} files, {format_bytes(f['bytes'])}; "
             f"hard-link restore {hl * 1e3:.1f} ms, copy restore {cp:.2f} s ({cp / hl:.0f}x slower), "
             f"cp -al {al * 1e3:.1f} ms (hard-link/cp -al = {hl / al:.2f}), open {f['open_s']:.3f} s"
             f"{'' if f['dropped_caches'] else '  [page cache not dropped]'}")

@@ -136,9 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK")
     bsub.required = True
     p = bsub.add_parser("restore", help="hard-link restore vs copy restore vs cp -al, per state size",
-                        description="For each size: build a state, checkpoint it, and time hard-link restore, "
-                                    "copy restore and `cp -al` of the same files in the same run. Prints one "
-                                    "JSON object per size with --json.")
+                        description="For each size: build a state and checkpoint it right away, and time "
+                                    "hard-link restores of that checkpoint; then let compactions drain, "
+                                    "checkpoint again, and time hard-link restore, copy restore and `cp -al` "
+                                    "of the same files, all in the same run. Prints one JSON object per size "
+                                    "with --json.")
     p.add_argument("--sizes", type=_sizes, required=True, metavar="LIST",
                    help="comma-separated state sizes, e.g. 256M,1G,4G (K/M/G/T are powers of 1024)")
     p.add_argument("--json", action="store_true", help="one JSON object per line and per size on stdout")

@@ -188,6 +188,8 @@ def test_bench_restore_prints_one_json_object_per_size(tmp_path):
         for field in CONTRACT:
             assert isinstance(o[field], (int, float)) and o[field] > 0, (field, o[field])
         assert o["linked_files"] + o["copied_files"] == o["files"] and o["linked_files"] > 0
+        assert o["files_after_load"] > 0 and o["hardlink_restore_after_load_s"] > 0
+        assert o["settled"] is True and o["settle_s"] >= 0
         assert o["bytes"] >= o["size_bytes"]  # random values do not compress
         assert isinstance(o["machine"], dict) and o["machine"]["cpu_cores"] >= 1
     assert "building" in r.stderr  # the progress bar goes to stderr

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <unordered_map>
@@ -576,6 +577,28 @@ Status StateBackend::Flush() {
   for (auto* h : cf_by_vnode_)
     if (h) cfs.push_back(h);
   return FromRocks(db_->Flush(rocksdb::FlushOptions(), cfs), "flush");
+}
+
+Status StateBackend::WaitForCompactions(std::chrono::milliseconds timeout, bool* settled) const {
+  if (!db_) return Status::InvalidArgument("state backend is closed");
+  *settled = false;
+  // Per-column-family properties are summed over every vnode; the running
+  // counts are per DB. All four are in-memory counters, cheap to poll.
+  auto busy = [this]() {
+    uint64_t v = 0;
+    for (const char* p : {"rocksdb.compaction-pending", "rocksdb.mem-table-flush-pending"})
+      if (db_->GetAggregatedIntProperty(p, &v) && v != 0) return true;
+    for (const char* p : {"rocksdb.num-running-compactions", "rocksdb.num-running-flushes"})
+      if (db_->GetIntProperty(p, &v) && v != 0) return true;
+    return false;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (busy()) {
+    if (std::chrono::steady_clock::now() >= deadline) return Status::OK();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  *settled = true;
+  return Status::OK();
 }
 
 }  // namespace rhino
