@@ -363,7 +363,8 @@ UnknownVnodeError, and nothing of its batch is written.
              }
            }, py::arg("timeout") = py::none(),
            "Waits until no flush or compaction is pending or running (True), or until `timeout` seconds "
-           "pass (False; None waits without limit). Settling before a checkpoint leaves fewer L0 files "
+           "pass (False; None waits without limit; a read-only backend is settled at once). Settling before "
+           "a checkpoint leaves fewer L0 files "
            "in it, and a hard-link restore costs one link per file.")
       .def("close", [](PyState& st) {
              py::gil_scoped_release release;

@@ -58,6 +58,18 @@ def test_settled_state_stops_changing_and_has_merged_its_l0(tmp_path):
         db.close()
 
 
+def test_a_read_only_backend_is_settled_at_once(tmp_path):
+    # Closed with compactions still owed: a read-only open will never run them.
+    _loaded(tmp_path).close()
+    ro = rhino.StateBackend.open(str(tmp_path / "db"), read_only=True, create=False)
+    try:
+        t0 = time.perf_counter()
+        assert ro.wait_for_compactions(30) is True
+        assert time.perf_counter() - t0 < 5.0
+    finally:
+        ro.close()
+
+
 def test_timeout_bounds_the_wait(tmp_path):
     db = _loaded(tmp_path)
     try:

@@ -581,7 +581,10 @@ Status StateBackend::Flush() {
 
 Status StateBackend::WaitForCompactions(std::chrono::milliseconds timeout, bool* settled) const {
   if (!db_) return Status::InvalidArgument("state backend is closed");
-  *settled = false;
+  // A read-only DB runs no flush or compaction, whatever its LSM would need:
+  // nothing is under way, and waiting could never end.
+  *settled = read_only_;
+  if (read_only_) return Status::OK();
   // Per-column-family properties are summed over every vnode; the running
   // counts are per DB. All four are in-memory counters, cheap to poll.
   auto busy = [this]() {

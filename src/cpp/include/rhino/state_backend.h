@@ -196,7 +196,8 @@ class StateBackend {
   // whether it did. A checkpoint taken right after a burst of writes holds
   // the L0 files compaction has not merged yet, and a hard-link restore costs
   // one link per file, so settling first makes the next checkpoint cheaper to
-  // restore (bench/README.md, "Reading the results").
+  // restore (bench/README.md, "Reading the results"). A read-only DB runs no
+  // background work, so it is settled at once.
   Status WaitForCompactions(std::chrono::milliseconds timeout, bool* settled) const;
 
  private:
