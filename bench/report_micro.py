@@ -6,7 +6,9 @@ usage: python bench/report_micro.py bench/results/micro.json [OUT.md]
 For each figure (a pair of benchmarks with the same extra_info["figure"], or a
 Rhino benchmark naming another figure's baseline in extra_info["baseline_figure"]) the
 table gives Rhino's figure, its baseline's, the ratio, the target from issue 2
-and PASS/FAIL; then every benchmark's raw statistics, the exact command, the
+and PASS/FAIL; then the interleaved pairs of put/get (test_state_paired.py:
+the median of per-pair ratios, wall-clock and CPU); then every benchmark's raw
+statistics, the exact command, the
 parameters and the machine.
 """
 
@@ -99,6 +101,24 @@ def build_report(data: dict[str, Any], json_path: str) -> tuple[str, bool]:
             result = "info"
         lines.append(f"| {name} | {r_txt} | {b_txt} | {ratio_txt} | {t['text']} | {result} |")
 
+    paired = [b for b in benches if "paired_figure" in b.get("extra_info", {})]
+    if paired:
+        lines += ["", "Interleaved pairs (`bench/micro/test_state_paired.py`): one Rhino call and one rocksdict "
+                  "call back to back, in ABBA order, repeated; the ratio of each pair, so load that drifts "
+                  "during the run hits both sides of a pair alike. Wall-clock and thread-CPU ratios:", "",
+                  "| figure | pairs | wall-clock ratio: median (min-max) | CPU ratio: median (min-max) | target "
+                  "| result (median wall-clock ratio) |",
+                  "|---|---|---|---|---|---|"]
+        for b in paired:
+            i = b["extra_info"]
+            t = TARGETS.get(i["paired_figure"], {"text": "-"})
+            ok = i["ratio_wall_median"] >= t.get("min_ratio", 0)
+            all_pass &= ok
+            lines.append(f"| {i['paired_figure']} | {i['pairs']} | {i['ratio_wall_median']:.1f}x "
+                         f"({i['ratio_wall_min']:.1f}-{i['ratio_wall_max']:.1f}) | {i['ratio_cpu_median']:.1f}x "
+                         f"({i['ratio_cpu_min']:.1f}-{i['ratio_cpu_max']:.1f}) | {t['text']} | "
+                         f"{'PASS' if ok else 'FAIL'} |")
+
     lines += ["", "CPU-time rates (thread CPU time of one extra call; the rate per busy core even when "
               "other processes share the machine):", ""]
     for name, pair in figures.items():
@@ -112,6 +132,8 @@ def build_report(data: dict[str, Any], json_path: str) -> tuple[str, bool]:
               "|---|---|---|---|---|---|---|---|"]
     for b in benches:
         s, info = b["stats"], b.get("extra_info", {})
+        if "paired_figure" in info:
+            continue  # its pairs are in the table above
         rate = info["items"] / s["median"] if info.get("items") else None
         lines.append(f"| `{b['name']}` | {info.get('what', '')} | {s['rounds']} | {_secs(s['min'])} | "
                      f"{_secs(s['median'])} | {_secs(s['max'])} | {info.get('items', '')} {info.get('unit', '')} | "
