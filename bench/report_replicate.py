@@ -18,6 +18,11 @@ COMMAND = ("rhino bench replicate --workers 3 --replicas 1,2 --size 2G --json \\
            "    --out bench/results/replicate.jsonl --plot bench/results/replicate.png")
 
 
+def _probes(xs: list[float]) -> str:
+    """'plain / early writeback' probe figures."""
+    return " / ".join(f"{x:.0f}" for x in xs)
+
+
 def main(src: str, dst: str) -> int:
     every = [json.loads(line) for line in open(src, encoding="utf-8") if line.strip()]
     if not every:
@@ -57,10 +62,16 @@ def main(src: str, dst: str) -> int:
         "- Throughput is checkpoint bytes over the time from the call to the primary's ack: the tail's",
         "  fsyncs and every member's commit are included.",
         "- The disk limit is one writer doing 1 MiB writes and one fsync at the end, on the same file",
-        "  system, after a sync. This disk's speed drifts within a run, so it is probed right before every",
-        "  transfer (probes: " + ", ".join(f"{r.get('disk_probe_before_mb_s', r['disk_limit_mb_s']):.0f}" for r in rows)
-        + " MB/s) and every row is judged against the fastest. The loopback",
-        "  limit is one TCP connection over loopback. Both are measured in the run.",
+        "  system, after a sync, once plainly and once starting writeback after every 1 MiB as the",
+        "  replicas do. This disk's speed drifts within a run, so it is probed "
+        + ("right before and right after every transfer (probes, MB/s: "
+           + "; ".join(f"r={r['replicas']} before {_probes(r['disk_probes_mb_s']['before'])}, after "
+                       f"{_probes(r['disk_probes_mb_s']['after'])}" for r in rows) + ")"
+           if all("disk_probes_mb_s" in r for r in rows) else
+           "right before every transfer (probes: "
+           + ", ".join(f"{r.get('disk_probe_before_mb_s', r['disk_limit_mb_s']):.0f}" for r in rows) + " MB/s)"),
+        "  and every row is judged against the fastest. The loopback limit is one TCP connection over",
+        "  loopback. Both are measured in the run.",
         "- Replicas start writeback after every chunk (`sync_file_range`) and drop a file's pages once it",
         "  is fsync'ed; concurrent writers can together exceed the single-writer disk probe, so a fraction",
         "  above 1 means the probe understates what the disk absorbs, not that data was skipped.",

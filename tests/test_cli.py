@@ -197,6 +197,24 @@ def test_bench_restore_prints_one_json_object_per_size(tmp_path):
     assert not (tmp_path / "b").exists()  # cleaned up without --keep
 
 
+def test_bench_replicate_prints_its_contract_and_judges_against_the_fastest_probe(tmp_path):
+    r = run_cli("bench", "replicate", "--workers", "2", "--replicas", "1,2", "--size", "4M", "--json",
+                "--dir", str(tmp_path / "b"), timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [row["replicas"] for row in rows] == [1, 2]
+    probes = [x for row in rows for side in ("before", "after") for x in row["disk_probes_mb_s"][side]]
+    assert len(probes) == 8 and all(x > 0 for x in probes)
+    for row in rows:
+        for field in ("bytes", "seconds", "throughput_mb_s", "disk_limit_mb_s", "loopback_limit_mb_s",
+                      "max_rss_growth_mb", "credit_window_mb"):
+            assert isinstance(row[field], (int, float)) and row[field] >= 0, (field, row[field])
+        assert row["bytes_sent"] == row["bytes"]  # fresh stores: every file crosses the socket
+        assert row["disk_limit_mb_s"] == pytest.approx(max(probes), abs=0.1)
+        limit = min(row["disk_limit_mb_s"], row["loopback_limit_mb_s"])
+        assert row["fraction_of_limit"] == pytest.approx(row["throughput_mb_s"] / limit, rel=0.01)
+
+
 def test_demo_runs_and_verifies(tmp_path):
     r = run_cli("demo", "--size", "8M", "--dir", "tmp", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
