@@ -29,6 +29,8 @@ TARGETS: dict[str, dict[str, Any]] = {
     "batched put": {"compare": "rate", "min_ratio": 3.0, "text": ">= 3x rocksdict per-key puts"},
     "batched get": {"compare": "rate", "min_ratio": 3.0, "text": ">= 3x rocksdict per-key gets"},
     "batched get, list of bytes": {"compare": "rate", "min_ratio": 3.0, "text": ">= 3x rocksdict per-key gets"},
+    "batched get, Arrow binary out": {"compare": "rate", "min_ratio": 3.0, "text": ">= 3x rocksdict per-key gets"},
+    "batched put, Arrow binary in": {"compare": "rate", "min_ratio": 3.0, "text": ">= 3x rocksdict per-key puts"},
     "restore 64 MiB": {"compare": "time", "text": "none here (informational); targets: restore sweep"},
 }
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <optional>
 
+#include "arrow_buffers.h"
 #include "bind_common.h"
 #include "buffers.h"
 #include "errors.h"
@@ -132,8 +133,8 @@ void BindState(py::module_& m) {
 One operator instance's keyed state: one RocksDB, one column family per vnode.
 
 Keys are bytes, str (UTF-8) or int (int64, stored as 8 little-endian bytes);
-batches take a NumPy int64 array or a sequence. Values are bytes, or rows of a
-C-contiguous NumPy array. A key whose vnode this instance does not hold raises
+batches take a NumPy int64 array or a sequence. Values are bytes, rows of a
+C-contiguous NumPy array, or a pyarrow binary/string array (no nulls). A key whose vnode this instance does not hold raises
 UnknownVnodeError, and nothing of its batch is written.
 )doc")
       .def_static("open", [](const std::string& path, py::object partitioner, const std::string& operator_id,
@@ -236,10 +237,12 @@ UnknownVnodeError, and nothing of its batch is written.
              py::array_t<bool> mask(n);
              uint8_t* o = out.mutable_data();
              bool* f = mask.mutable_data();
-             std::memset(o, 0, static_cast<size_t>(n) * width);
              for (py::ssize_t i = 0; i < n; ++i) {
                f[i] = r.found(static_cast<size_t>(i));
-               if (!f[i]) continue;
+               if (!f[i]) {
+                 std::memset(o + i * width, 0, width);  // absent keys read as zeros
+                 continue;
+               }
                std::string_view v = r.value(static_cast<size_t>(i));
                if (v.size() != width) {
                  throw StatusError{Status::InvalidArgument("value " + std::to_string(i) + " has " +
@@ -251,6 +254,12 @@ UnknownVnodeError, and nothing of its batch is written.
              return py::make_tuple(out, mask);
            }, py::arg("keys"), py::arg("width"),
            "Fixed-width values of many keys: (uint8 array of shape (n, width), bool found mask).")
+      .def("get_batch_arrow", [](PyState& st, py::handle keys, std::optional<bool> large) {
+             MultiGetResult r;
+             LookUp(st, keys, &r);
+             return MultiGetToArrow(r, large);
+           }, py::arg("keys"), py::kw_only(), py::arg("large") = py::none(),
+           "Values of many keys as a pyarrow binary array (null where absent); large=True gives large_binary.")
       .def("scan", [](PyState& st, int64_t vnode) {
              CheckVnodeArg(vnode);
              std::vector<std::pair<std::string, std::string>> items;

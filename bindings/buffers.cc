@@ -1,5 +1,6 @@
 #include "buffers.h"
 
+#include "arrow_buffers.h"
 #include "errors.h"
 #include "rhino/partitioner.h"
 
@@ -114,6 +115,14 @@ void ByteViews::LoadValues(py::handle values) {
   }
   if (PyBytes_Check(values.ptr())) {
     throw StatusError{Status::InvalidArgument("values must be a collection of values, got a single bytes; wrap it in a list")};
+  }
+  if (IsArrowArray(values)) {
+    ArrowValueViews(values, &views_, &keepalive_);
+    return;
+  }
+  if (TypeName(values) == "ChunkedArray") {
+    throw StatusError{Status::InvalidArgument(
+        "values is a pyarrow ChunkedArray; pass one Array (chunked.combine_chunks(), or one chunk per batch)")};
   }
   FromSequence(values, false);
 }

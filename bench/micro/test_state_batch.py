@@ -3,7 +3,8 @@
 Same data on both sides: 100k random int64 keys (8 little-endian bytes) and
 100-byte random values. Rhino: StateBackend.put_batch with a NumPy int64 key
 array and fixed-width NumPy values, get_batch_array (fixed-width NumPy values
-out) and get_batch (a list of bytes out); 256 vnodes, one column family each. rocksdict (raw mode):
+out), get_batch (a list of bytes out) and get_batch_arrow (a pyarrow binary
+array out; put_batch also takes one in); 256 vnodes, one column family each. rocksdict (raw mode):
 `db[k] = v` and `db[k]` per key, keys and values already as bytes.
 Puts overwrite the same keys every round (state updates); gets read a state
 at rest (flushed to SST files). Target (issue 2): >= 3x rocksdict.
@@ -12,6 +13,7 @@ at rest (flushed to SST files). Target (issue 2): >= 3x rocksdict.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from rocksdict import Options, Rdict
 
@@ -64,6 +66,14 @@ def test_put_rhino(benchmark, rhino_db, data):
            what=f"put_batch(int64[{len(keys)}], uint8[{len(keys)},{VALUE_SIZE}])")
 
 
+def test_put_rhino_arrow(benchmark, rhino_db, data):
+    keys, _, _, value_bytes = data
+    arrow_values = pa.array(value_bytes, type=pa.binary())
+    benchmark.pedantic(rhino_db.put_batch, args=(keys, arrow_values), rounds=10, warmup_rounds=1)
+    record(benchmark, figure="batched put, Arrow binary in", role="rhino", items=len(keys), unit="keys",
+           baseline_figure="batched put", what=f"put_batch(int64[{len(keys)}], pyarrow binary[{len(keys)}])")
+
+
 def test_put_rocksdict(benchmark, rocks, data):
     _, _, key_bytes, value_bytes = data
     benchmark.pedantic(_rocksdict_put, args=(rocks, key_bytes, value_bytes), rounds=10, warmup_rounds=1)
@@ -89,6 +99,16 @@ def test_get_rhino_list(benchmark, rhino_db, data):
     assert got == value_bytes
     record(benchmark, figure="batched get, list of bytes", role="rhino", items=len(keys), unit="keys",
            baseline_figure="batched get", what=f"get_batch(int64[{len(keys)}]) -> list of bytes")
+
+
+def test_get_rhino_arrow(benchmark, rhino_db, data):
+    keys, values, _, value_bytes = data
+    rhino_db.put_batch(keys, values)
+    rhino_db.flush()
+    got = benchmark.pedantic(rhino_db.get_batch_arrow, args=(keys,), rounds=10, warmup_rounds=1)
+    assert got.null_count == 0 and got.to_pylist() == value_bytes
+    record(benchmark, figure="batched get, Arrow binary out", role="rhino", items=len(keys), unit="keys",
+           baseline_figure="batched get", what=f"get_batch_arrow(int64[{len(keys)}]) -> pyarrow binary")
 
 
 def test_get_rocksdict(benchmark, rocks, data):

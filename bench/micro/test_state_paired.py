@@ -124,3 +124,12 @@ def test_paired_get_list(benchmark, both, data):
     assert db.get_batch(keys) == value_bytes
     _run(benchmark, "batched get, list of bytes", "get_batch(int64[N]) -> list of bytes vs rocksdict db[k] per key",
          lambda: db.get_batch(keys), lambda: [rd[k] for k in key_bytes])
+
+
+def test_paired_get_arrow(benchmark, both, data):
+    db, rd = both
+    keys, _, key_bytes, value_bytes = data
+    assert db.get_batch_arrow(keys).to_pylist() == value_bytes
+    _run(benchmark, "batched get, Arrow binary out",
+         "get_batch_arrow(int64[N]) -> pyarrow binary vs rocksdict db[k] per key",
+         lambda: db.get_batch_arrow(keys), lambda: [rd[k] for k in key_bytes])
