@@ -72,7 +72,8 @@ class PathOutsideStoreError(RhinoError, ValueError):
 
 
 class BusyError(RhinoError, RuntimeError):
-    """A resource is locked by another process (e.g. a RocksDB directory already open)."""
+    """A resource is busy: locked by another process (e.g. a RocksDB directory
+    already open), or a state recovering from a write error (retry shortly)."""
 
 
 class RhinoTimeoutError(RhinoError, TimeoutError):

@@ -334,7 +334,31 @@ Status StateBackend::Route(std::string_view key, rocksdb::ColumnFamilyHandle** c
 
 Status StateBackend::CheckWritable() const {
   if (read_only_) return Status::InvalidArgument("state at " + dir_ + " is open read-only");
+  if (write_error_.load(std::memory_order_acquire)) {
+    // RocksDB stops all writes after a failed WAL append or flush (a "hard"
+    // background error; a full disk is the usual cause), and stays stopped
+    // after space is freed until it is resumed: it then flushes the
+    // memtables and starts a new WAL. The failed write was never applied,
+    // so resuming loses nothing that was committed.
+    rocksdb::Status r = db_->Resume();
+    if (r.IsBusy()) {
+      // A full disk starts RocksDB's own recovery, which polls for free
+      // space (every 5 s, and for about one memtable's worth of room).
+      return Status::Busy("state at " + dir_ + " is recovering from a write error (RocksDB resumes writes by "
+                          "itself once its disk has room again; committed state is intact): retry shortly");
+    }
+    if (!r.ok()) {
+      return FromRocks(r, "state at " + dir_ + " stopped accepting writes after a write error, and resuming "
+                          "failed (free space on its disk, then retry; committed state is intact)");
+    }
+    write_error_.store(false, std::memory_order_release);
+  }
   return Status::OK();
+}
+
+Status StateBackend::WriteResult(const rocksdb::Status& s, const std::string& context) const {
+  if (s.IsIOError()) write_error_.store(true, std::memory_order_release);
+  return FromRocks(s, context);
 }
 
 // ---------------------------------------------------------------- single keys
@@ -355,9 +379,9 @@ Status StateBackend::Put(std::string_view key, std::string_view value) {
   rocksdb::ColumnFamilyHandle* cf;
   RHINO_RETURN_IF_ERROR(Route(key, &cf));
   SkipPerfCounters();
-  return FromRocks(db_->Put(rocksdb::WriteOptions(), cf, rocksdb::Slice(key.data(), key.size()),
-                            rocksdb::Slice(value.data(), value.size())),
-                   "put");
+  return WriteResult(db_->Put(rocksdb::WriteOptions(), cf, rocksdb::Slice(key.data(), key.size()),
+                              rocksdb::Slice(value.data(), value.size())),
+                     "put");
 }
 
 Status StateBackend::Delete(std::string_view key) {
@@ -366,7 +390,7 @@ Status StateBackend::Delete(std::string_view key) {
   rocksdb::ColumnFamilyHandle* cf;
   RHINO_RETURN_IF_ERROR(Route(key, &cf));
   SkipPerfCounters();
-  return FromRocks(db_->Delete(rocksdb::WriteOptions(), cf, rocksdb::Slice(key.data(), key.size())), "delete");
+  return WriteResult(db_->Delete(rocksdb::WriteOptions(), cf, rocksdb::Slice(key.data(), key.size())), "delete");
 }
 
 // ---------------------------------------------------------------- batches
@@ -468,7 +492,7 @@ Status StateBackend::Write(WriteBatch* batch, std::optional<uint64_t> version) {
     if (!s.ok()) return FromRocks(s, "batch version");
   }
   SkipPerfCounters();
-  RHINO_RETURN_IF_ERROR(FromRocks(db_->Write(rocksdb::WriteOptions(), &batch->rep_->batch), "write batch"));
+  RHINO_RETURN_IF_ERROR(WriteResult(db_->Write(rocksdb::WriteOptions(), &batch->rep_->batch), "write batch"));
   batch->Clear();
   return Status::OK();
 }
@@ -576,7 +600,7 @@ Status StateBackend::Flush() {
   std::vector<rocksdb::ColumnFamilyHandle*> cfs{default_cf_};
   for (auto* h : cf_by_vnode_)
     if (h) cfs.push_back(h);
-  return FromRocks(db_->Flush(rocksdb::FlushOptions(), cfs), "flush");
+  return WriteResult(db_->Flush(rocksdb::FlushOptions(), cfs), "flush");
 }
 
 Status StateBackend::WaitForCompactions(std::chrono::milliseconds timeout, bool* settled) const {

@@ -49,7 +49,8 @@ Status StateBackend::Checkpoint(ReplicaStore* store, uint64_t checkpoint_id, uin
   // The checkpoint id goes into the state itself, so a DB restored from it
   // knows its parent for the next incremental checkpoint.
   rocksdb::WriteOptions wo;
-  RHINO_RETURN_IF_ERROR(FromRocks(db_->Put(wo, default_cf_, kCheckpointKey, EncodeU64(checkpoint_id)), "meta"));
+  RHINO_RETURN_IF_ERROR(WriteResult(db_->Put(wo, default_cf_, kCheckpointKey, EncodeU64(checkpoint_id)),
+                                    "checkpoint " + std::to_string(checkpoint_id) + ": recording its id in the state"));
   auto undo_meta = [&] {
     if (last) {
       db_->Put(wo, default_cf_, kCheckpointKey, EncodeU64(*last));
@@ -78,7 +79,7 @@ Status StateBackend::Checkpoint(ReplicaStore* store, uint64_t checkpoint_id, uin
     rocksdb::Status rs = rocksdb::Checkpoint::Create(db_.get(), &raw);
     std::unique_ptr<rocksdb::Checkpoint> cp(raw);
     if (rs.ok()) rs = cp->CreateCheckpoint(db_dir, /*log_size_for_flush=*/0);
-    if (!rs.ok()) return fail(FromRocks(rs, "creating RocksDB checkpoint"));
+    if (!rs.ok()) return fail(WriteResult(rs, "creating RocksDB checkpoint"));
   }
   CrashPoint("checkpoint.after_rocksdb_checkpoint");
 

@@ -15,6 +15,7 @@
 // internal mutex.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -37,6 +38,7 @@ class DB;
 class ColumnFamilyHandle;
 struct ColumnFamilyOptions;
 class WriteBufferManager;
+class Status;
 }  // namespace rocksdb
 
 namespace rhino {
@@ -203,7 +205,13 @@ class StateBackend {
  private:
   StateBackend() = default;
   Status Route(std::string_view key, rocksdb::ColumnFamilyHandle** cf) const;
+  // Refuses writes to a read-only DB, and resumes a DB that a write error
+  // stopped (see WriteResult).
   Status CheckWritable() const;
+  // A write's RocksDB status as a Status. An I/O error (a full disk, most
+  // often) stops RocksDB's writes until DB::Resume; it is remembered so that
+  // the next write first tries to resume, and succeeds once space is free.
+  Status WriteResult(const rocksdb::Status& s, const std::string& context) const;
   Status AddToBatch(WriteBatch* batch, const std::vector<std::string_view>& keys,
                     const std::vector<std::string_view>* values) const;
   struct VnodeOrder;  // state_backend.cc
@@ -215,6 +223,7 @@ class StateBackend {
   std::string operator_id_;
   uint32_t instance_ = 0;
   bool read_only_ = false;
+  mutable std::atomic<bool> write_error_{false};  // a write failed with an I/O error; resume first
   Partitioner partitioner_;
   std::shared_ptr<rocksdb::WriteBufferManager> wbm_;
   std::shared_ptr<rocksdb::ColumnFamilyOptions> cf_options_;  // every vnode's (shared cache)
