@@ -1,9 +1,11 @@
 #include "net/connection.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "net/auth.h"
 #include "rhino/messages.h"
+#include "util/buffer_pool.h"
 
 namespace rhino::net {
 namespace {
@@ -138,7 +140,9 @@ void Connection::OnHeader(const asio::error_code& ec) {
   }
   cur_ = h;
   // Allocated only now that the length is known to be within bounds (§1 step 3).
-  payload_ = std::make_shared<std::string>(h.length, '\0');
+  // Pooled: a chunk's buffer is reused rather than freshly mapped and zeroed
+  // (util/buffer_pool.h); async_read overwrites all of it or the frame is dropped.
+  payload_ = BufferPool::Shared().Get(h.length);
   if (h.length == 0) {
     OnPayload(asio::error_code());
     return;

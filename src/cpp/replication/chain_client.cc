@@ -6,6 +6,7 @@
 #include <asio.hpp>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <condition_variable>
 #include <future>
 #include <mutex>
@@ -15,6 +16,7 @@
 #include "rhino/manifest.h"
 #include "rhino/messages.h"
 #include "rhino/replica_store.h"
+#include "util/buffer_pool.h"
 
 namespace rhino {
 
@@ -260,10 +262,10 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
           ++progress_.in_flight;
         }
         const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(options_.chunk_bytes, f.size - off));
-        auto payload = std::make_shared<std::string>();
-        payload->reserve(ChunkReq::kPrefixBytes + n);
-        ChunkReq::AppendPrefix(payload.get(), i, off, n);
-        payload->resize(ChunkReq::kPrefixBytes + n);
+        std::shared_ptr<std::string> payload = BufferPool::Shared().Get(ChunkReq::kPrefixBytes + n);
+        std::string prefix;
+        ChunkReq::AppendPrefix(&prefix, i, off, n);
+        std::memcpy(payload->data(), prefix.data(), ChunkReq::kPrefixBytes);
         size_t done = 0;
         while (done < n && s.ok()) {
           ssize_t r = ::pread(fd, payload->data() + ChunkReq::kPrefixBytes + done, n - done,

@@ -11,9 +11,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <set>
 
 #include "replication/manifest_check.h"
+#include "util/buffer_pool.h"
 #include "util/crash_point.h"
 #include "util/fs.h"
 
@@ -539,10 +541,10 @@ Status ReplicaStream::SendFromPool(uint32_t i) {
     if (pool_fd_ < 0) return Status::FromErrno(errno, "open pooled " + f.name + " to send it on");
   }
   const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes_, f.size - send_off_));
-  auto payload = std::make_shared<std::string>();
-  payload->reserve(ChunkReq::kPrefixBytes + n);
-  ChunkReq::AppendPrefix(payload.get(), i, send_off_, n);
-  payload->resize(ChunkReq::kPrefixBytes + n);
+  std::shared_ptr<std::string> payload = BufferPool::Shared().Get(ChunkReq::kPrefixBytes + n);
+  std::string prefix;
+  ChunkReq::AppendPrefix(&prefix, i, send_off_, n);
+  std::memcpy(payload->data(), prefix.data(), ChunkReq::kPrefixBytes);
   size_t done = 0;
   while (done < n) {
     ssize_t r = ::pread(pool_fd_, payload->data() + ChunkReq::kPrefixBytes + done, n - done,

@@ -1,0 +1,49 @@
+// Reusable byte buffers for data-plane chunks.
+//
+// Every replication chunk (1 MiB by default) used to live in a fresh
+// std::string: malloc handed out newly mapped pages (a page fault and a
+// kernel page clear per 4 KiB), the string zero-filled them, and the reader
+// (pread or the socket) overwrote them at once. In a 2 GB r=1 transfer that
+// zero-fill was a third of the primary's file-reading thread, and the
+// faults a visible share of the replica's socket thread. A pool keeps the
+// buffers of finished chunks and hands them out again, contents unspecified.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace rhino {
+
+class BufferPool {
+ public:
+  // The data plane's process-wide pool: up to 32 cached buffers (32 MiB at
+  // the default chunk size, about two credit windows), for sizes of 64 KiB
+  // and more. It is never destroyed, so buffers may outlive any object.
+  static BufferPool& Shared();
+
+  BufferPool(size_t max_cached, size_t min_pooled_bytes) : max_cached_(max_cached), min_pooled_(min_pooled_bytes) {}
+  ~BufferPool();
+  BufferPool(const BufferPool&) = delete;
+  BufferPool& operator=(const BufferPool&) = delete;
+
+  // A string of exactly `size` bytes, returned to this pool when the last
+  // shared_ptr to it goes. Its bytes are unspecified: the caller overwrites
+  // all of them. Below the pooling size it is a plain, zeroed string. The
+  // pool must outlive the buffers it hands out.
+  std::shared_ptr<std::string> Get(size_t size);
+
+  size_t cached() const;
+
+ private:
+  void Put(std::string* s);
+
+  const size_t max_cached_;
+  const size_t min_pooled_;
+  mutable std::mutex mu_;
+  std::vector<std::string*> free_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace rhino
