@@ -8,6 +8,7 @@
 #include <string>
 
 #include "errors.h"
+#include "rhino/partitioner.h"
 
 namespace py = pybind11;
 
@@ -103,8 +104,14 @@ bool IsArrowArray(py::handle obj) {
   return py::isinstance(obj, pa.attr("Array"));
 }
 
-void ArrowValueViews(py::handle array, std::vector<std::string_view>* views, py::object* keepalive) {
-  py::module_ pa = ImportPyArrow();
+namespace {
+
+// Views of a binary-like array's values. Bad input raises InvalidArgument
+// for values and KeyType for keys.
+void BinaryViews(py::module_& pa, py::handle array, bool keys, std::vector<std::string_view>* views) {
+  auto fail = [&](const std::string& msg) {
+    throw StatusError{keys ? Status::KeyType(msg) : Status::InvalidArgument(msg)};
+  };
   py::object type = array.attr("type");
   py::object types = pa.attr("types");
   bool large;
@@ -113,13 +120,15 @@ void ArrowValueViews(py::handle array, std::vector<std::string_view>* views, py:
   } else if (types.attr("is_large_binary")(type).cast<bool>() || types.attr("is_large_string")(type).cast<bool>()) {
     large = true;
   } else {
-    Invalid("values as an Arrow array must be binary, large_binary, string or large_string, got " +
-            std::string(py::str(type)));
+    fail(std::string(keys ? "keys as an Arrow array must be int64, binary, large_binary, string or large_string"
+                          : "values as an Arrow array must be binary, large_binary, string or large_string") +
+         ", got " + std::string(py::str(type)));
   }
   const auto null_count = array.attr("null_count").cast<int64_t>();
   if (null_count != 0) {
-    Invalid("Arrow values have " + std::to_string(null_count) +
-            " nulls; a put needs a value for every key (delete keys with delete_batch)");
+    fail(keys ? "Arrow keys have " + std::to_string(null_count) + " nulls; every key must be set"
+              : "Arrow values have " + std::to_string(null_count) +
+                    " nulls; a put needs a value for every key (delete keys with delete_batch)");
   }
   const auto n = static_cast<size_t>(py::len(array));
   const auto offset = array.attr("offset").cast<int64_t>();
@@ -134,7 +143,47 @@ void ArrowValueViews(py::handle array, std::vector<std::string_view>* views, py:
   } else {
     ViewsFromOffsets<int32_t>(offsets_buf, offsets_size, data, data_size, offset, n, views);
   }
+}
+
+}  // namespace
+
+void ArrowValueViews(py::handle array, std::vector<std::string_view>* views, py::object* keepalive) {
+  py::module_ pa = ImportPyArrow();
+  BinaryViews(pa, array, /*keys=*/false, views);
   *keepalive = py::reinterpret_borrow<py::object>(array);
+}
+
+void ArrowKeyViews(py::handle array, std::string* storage, std::vector<std::string_view>* views,
+                   py::object* keepalive) {
+  py::module_ pa = ImportPyArrow();
+  py::object type = array.attr("type");
+  if (!pa.attr("types").attr("is_int64")(type).cast<bool>()) {
+    BinaryViews(pa, array, /*keys=*/true, views);
+    *keepalive = py::reinterpret_borrow<py::object>(array);
+    return;
+  }
+  const auto null_count = array.attr("null_count").cast<int64_t>();
+  if (null_count != 0) {
+    throw StatusError{Status::KeyType("Arrow keys have " + std::to_string(null_count) + " nulls; every key must be set")};
+  }
+  const auto n = static_cast<size_t>(py::len(array));
+  const auto offset = array.attr("offset").cast<int64_t>();
+  py::list bufs = array.attr("buffers")();  // [validity, values]
+  size_t size = 0;
+  const char* values = py::len(bufs) >= 2 ? BufferData(bufs[1], &size) : nullptr;
+  if (n > 0 && (values == nullptr || size < (static_cast<size_t>(offset) + n) * sizeof(int64_t))) {
+    Invalid("Arrow int64 array's values buffer is too short");
+  }
+  // Encoded like a NumPy int64 key: its 8 little-endian bytes.
+  storage->resize(8 * n);
+  views->clear();
+  views->reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t k;
+    std::memcpy(&k, values + 8 * (static_cast<size_t>(offset) + i), sizeof(k));
+    EncodeInt64Key(k, &(*storage)[8 * i]);
+  }
+  for (size_t i = 0; i < n; ++i) views->emplace_back(storage->data() + 8 * i, 8);
 }
 
 py::object MultiGetToArrow(const MultiGetResult& r, std::optional<bool> large) {

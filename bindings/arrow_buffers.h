@@ -13,6 +13,7 @@
 #include <pybind11/pybind11.h>
 
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -28,6 +29,12 @@ bool IsArrowArray(pybind11::handle obj);
 // receives the array. A null value raises InvalidArgumentError: a put of
 // "no value" is ambiguous, and deletes are explicit (delete_batch).
 void ArrowValueViews(pybind11::handle array, std::vector<std::string_view>* views, pybind11::object* keepalive);
+
+// Keys from a pyarrow array: int64 (each key its 8 little-endian bytes, as
+// from NumPy; encoded into `storage`), or binary-like (viewed in place).
+// Nulls and other types raise KeyTypeError.
+void ArrowKeyViews(pybind11::handle array, std::string* storage, std::vector<std::string_view>* views,
+                   pybind11::object* keepalive);
 
 // The values of a MultiGet as a pyarrow array: binary (int32 offsets), or
 // large_binary (int64 offsets) when `large` is true, or when it is unset and

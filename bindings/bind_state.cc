@@ -133,7 +133,8 @@ void BindState(py::module_& m) {
 One operator instance's keyed state: one RocksDB, one column family per vnode.
 
 Keys are bytes, str (UTF-8) or int (int64, stored as 8 little-endian bytes);
-batches take a NumPy int64 array or a sequence. Values are bytes, rows of a
+batches take a NumPy int64 array, a pyarrow int64 or binary/string array, or a
+sequence. Values are bytes, rows of a
 C-contiguous NumPy array, or a pyarrow binary/string array (no nulls). A key whose vnode this instance does not hold raises
 UnknownVnodeError, and nothing of its batch is written.
 )doc")

@@ -91,6 +91,13 @@ void ByteViews::LoadKeys(py::handle keys) {
   if (PyBytes_Check(keys.ptr()) || PyUnicode_Check(keys.ptr())) {
     KeyTypeFail("keys must be a collection of keys, got a single " + TypeName(keys) + "; wrap it in a list");
   }
+  if (IsArrowArray(keys)) {
+    ArrowKeyViews(keys, &storage_, &views_, &keepalive_);
+    return;
+  }
+  if (TypeName(keys) == "ChunkedArray") {
+    KeyTypeFail("keys is a pyarrow ChunkedArray; pass one Array (chunked.combine_chunks(), or one chunk per batch)");
+  }
   FromSequence(keys, true);
 }
 

@@ -2,7 +2,8 @@
 // per batch with the GIL held; the C++ work that follows runs without it.
 //
 // Keys: a 1-D NumPy int64 array (each key its 8 little-endian bytes, no
-// per-key Python work), or a sequence whose items are bytes-like, str (UTF-8)
+// per-key Python work), a pyarrow int64 or binary/string array
+// (arrow_buffers.h), or a sequence whose items are bytes-like, str (UTF-8)
 // or int (int64). Anything else raises rhino.KeyTypeError.
 // Values: a sequence of bytes-like objects, a C-contiguous NumPy array whose
 // rows (axis 0) are the fixed-width values, or a pyarrow binary/string array

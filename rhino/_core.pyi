@@ -12,7 +12,8 @@ ROCKSDB_BUILD: str
 ROCKSDB_CRC32C: str
 
 Key = bytes | bytearray | memoryview | str | int | np.integer[Any]
-Keys = npt.NDArray[np.int64] | Sequence[Key]
+# Keys may also be a pyarrow int64 or binary/string array (no nulls).
+Keys = npt.NDArray[np.int64] | Sequence[Key] | Any
 # Values may also be a pyarrow binary/string array (no nulls), viewed without copying.
 Values = npt.NDArray[Any] | Sequence[bytes | bytearray | memoryview] | Any
 

@@ -135,3 +135,46 @@ def test_without_pyarrow_the_error_names_the_extra(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "rhino-state[arrow]" in out.stdout
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    ints=st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=100, unique=True),
+    names=st.lists(st.binary(min_size=1, max_size=40), max_size=50, unique=True),
+    slice_start=st.integers(0, 3),
+)
+def test_arrow_keys_are_the_same_keys_as_numpy_and_bytes(tmp_path_factory, ints, names, slice_start):
+    part = rhino.Partitioner(num_vnodes=V)
+    db = rhino.StateBackend.open(str(tmp_path_factory.mktemp("arrow-keys") / "state"), partitioner=part)
+    pad_ints, pad_names = [0] * slice_start, [b"pad"] * slice_start
+    int_keys = pa.array(pad_ints + ints, type=pa.int64()).slice(slice_start)
+    name_keys = pa.array(pad_names + names, type=pa.binary()).slice(slice_start)
+    # Routing: an Arrow int64 key is the NumPy int64 key, an Arrow binary key the bytes key.
+    assert np.array_equal(part.vnodes(int_keys), part.vnodes(np.array(ints, dtype=np.int64)))
+    if names:
+        assert np.array_equal(part.vnodes(name_keys), part.vnodes(names))
+    db.put_batch(int_keys, [b"i%d" % i for i in range(len(ints))])
+    db.put_batch(name_keys, [b"n%d" % i for i in range(len(names))])
+    assert db.get_batch(np.array(ints, dtype=np.int64)) == [b"i%d" % i for i in range(len(ints))]
+    assert db.get_batch(names) == [b"n%d" % i for i in range(len(names))]
+    assert db.get_batch_arrow(int_keys).to_pylist() == [b"i%d" % i for i in range(len(ints))]
+    db.close()
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (lambda: pa.array([1, None], type=pa.int64()), "nulls"),
+        (lambda: pa.array([1, 2], type=pa.int32()), "must be int64"),
+        (lambda: pa.array([b"a", None]), "nulls"),
+        (lambda: pa.chunked_array([[1], [2]]), "ChunkedArray"),
+    ],
+)
+def test_bad_arrow_keys_raise_key_type_error_and_write_nothing(tmp_path, bad, message):
+    db = _open(tmp_path / "state")
+    db.put_batch([1, 2], [b"kept-1", b"kept-2"])
+    with pytest.raises(rhino.KeyTypeError, match=message):
+        db.put_batch(bad(), [b"x", b"y"])
+    with pytest.raises(rhino.KeyTypeError, match=message):
+        db.get_batch_arrow(bad())
+    assert db.get_batch([1, 2]) == [b"kept-1", b"kept-2"]
