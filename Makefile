@@ -14,6 +14,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip --disable-pip-version-check
 APT_PACKAGES := librocksdb-dev libasio-dev libxxhash-dev libssl-dev nlohmann-json3-dev patchelf \
   libsnappy-dev liblz4-dev libzstd-dev zlib1g-dev curl
+# PySpark (tests/test_spark_arrow.py, the Spark layer) needs a Java runtime; installed only if none is on PATH.
+JAVA_PACKAGE := openjdk-17-jre-headless
 # The extension links a release build of the same RocksDB, from Debian's source
 # (tools/build_rocksdb.sh says why); librocksdb-dev is the fallback of a bare `pip install .`.
 ROCKSDB_PREFIX := .deps/rocksdb
@@ -28,6 +30,7 @@ all: setup
 # ---- setup ---------------------------------------------------------------
 apt:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q "install ok installed" || echo $$p; done); \
+	command -v java >/dev/null 2>&1 || missing="$$missing $(JAVA_PACKAGE)"; \
 	if [ -n "$$missing" ]; then \
 	  echo "[setup] installing apt packages: $$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
