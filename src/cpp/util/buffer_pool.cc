@@ -3,7 +3,7 @@
 namespace rhino {
 
 BufferPool& BufferPool::Shared() {
-  static BufferPool* pool = new BufferPool(32, 64 << 10);  // leaked on purpose: see the header
+  static BufferPool* pool = new BufferPool(32 << 20, 64 << 10);  // leaked on purpose: see the header
   return *pool;
 }
 
@@ -18,16 +18,18 @@ std::shared_ptr<std::string> BufferPool::Get(size_t size) {
     std::lock_guard<std::mutex> l(mu_);
     // Prefer a buffer already at least this long: resize() then only moves
     // the end, while growing a string zero-fills the new part.
+    size_t pick = free_.size();
     for (size_t i = free_.size(); i-- > 0;) {
       if (free_[i]->size() >= size) {
-        s = free_[i];
-        free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+        pick = i;
         break;
       }
     }
-    if (s == nullptr && !free_.empty()) {
-      s = free_.back();
-      free_.pop_back();
+    if (pick == free_.size() && !free_.empty()) pick = free_.size() - 1;
+    if (pick < free_.size()) {
+      s = free_[pick];
+      free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(pick));
+      free_bytes_ -= s->capacity();
     }
   }
   if (s == nullptr) s = new std::string();
@@ -38,7 +40,8 @@ std::shared_ptr<std::string> BufferPool::Get(size_t size) {
 void BufferPool::Put(std::string* s) {
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (free_.size() < max_cached_) {
+    if (free_bytes_ + s->capacity() <= max_cached_bytes_) {
+      free_bytes_ += s->capacity();
       free_.push_back(s);
       return;
     }
@@ -49,6 +52,11 @@ void BufferPool::Put(std::string* s) {
 size_t BufferPool::cached() const {
   std::lock_guard<std::mutex> l(mu_);
   return free_.size();
+}
+
+size_t BufferPool::cached_bytes() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return free_bytes_;
 }
 
 }  // namespace rhino

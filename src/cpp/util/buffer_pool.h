@@ -19,12 +19,16 @@ namespace rhino {
 
 class BufferPool {
  public:
-  // The data plane's process-wide pool: up to 32 cached buffers (32 MiB at
-  // the default chunk size, about two credit windows), for sizes of 64 KiB
-  // and more. It is never destroyed, so buffers may outlive any object.
+  // The data plane's process-wide pool: it keeps at most 32 MiB of free
+  // buffers (32 chunks at the default 1 MiB, about two credit windows), of
+  // sizes of 64 KiB and more. It is never destroyed, so buffers may outlive
+  // any object.
   static BufferPool& Shared();
 
-  BufferPool(size_t max_cached, size_t min_pooled_bytes) : max_cached_(max_cached), min_pooled_(min_pooled_bytes) {}
+  // Keeps at most `max_cached_bytes` (by capacity) of free buffers; sizes
+  // below `min_pooled_bytes` are not pooled.
+  BufferPool(size_t max_cached_bytes, size_t min_pooled_bytes)
+      : max_cached_bytes_(max_cached_bytes), min_pooled_(min_pooled_bytes) {}
   ~BufferPool();
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
@@ -35,15 +39,17 @@ class BufferPool {
   // pool must outlive the buffers it hands out.
   std::shared_ptr<std::string> Get(size_t size);
 
-  size_t cached() const;
+  size_t cached() const;        // free buffers held
+  size_t cached_bytes() const;  // their capacity
 
  private:
   void Put(std::string* s);
 
-  const size_t max_cached_;
+  const size_t max_cached_bytes_;
   const size_t min_pooled_;
   mutable std::mutex mu_;
   std::vector<std::string*> free_;  // GUARDED_BY(mu_)
+  size_t free_bytes_ = 0;           // GUARDED_BY(mu_): the capacity of free_
 };
 
 }  // namespace rhino
