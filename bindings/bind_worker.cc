@@ -56,6 +56,7 @@ py::dict MetricsDict(const WorkerMetrics& m) {
   d["stale_rejections"] = m.stale_rejections;
   d["peers_dead"] = m.peers_dead;
   d["open_connections"] = m.open_connections;
+  d["buffer_pool_cached_bytes"] = m.buffer_pool_cached_bytes;
   py::list inst;
   for (const auto& i : m.instances) {
     py::dict e;

@@ -153,6 +153,8 @@ def prometheus_text(worker_id: str, m: dict[str, Any], rates: tuple[float, float
     metric("rhino_worker_peers_dead_total", "counter", "Peers declared dead by timeout (protocol §6).",
            [("", m["peers_dead"])])
     metric("rhino_worker_open_connections", "gauge", "Open data-plane connections.", [("", m["open_connections"])])
+    metric("rhino_worker_buffer_pool_cached_bytes", "gauge",
+           "Free chunk buffers kept for reuse (at most 32 MiB).", [("", m["buffer_pool_cached_bytes"])])
     inst = m.get("instances", [])
 
     def per_instance(key: str) -> list[tuple[str, float]]:

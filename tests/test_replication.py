@@ -686,3 +686,31 @@ def test_credits_bound_memory_and_back_pressure_reaches_the_primary(cluster, roo
     finally:
         tail.close()
         p.db.close()
+
+
+def test_reused_chunk_buffers_are_bounded_once_a_wide_window_drains(cluster, root):
+    """A member that held 48 chunks of 1 MiB (a wide window, stalled by a stingy
+    tail) keeps at most 32 MiB of their buffers for reuse once the stream ends
+    (src/cpp/util/buffer_pool.h), and exports that as a gauge."""
+    window, chunk = 48, 1 << 20
+    wide = WorkerProc(root, "wwide", "127.0.0.12", secret_file=root / "secret",
+                      extra_args=["--max-window", str(window)]).start()
+    p = Primary(root, 7)
+    tail = StingyTail("127.0.0.13")
+    try:
+        p.write(np.arange(12_000), 8_000, version=1)  # about 96 MB of incompressible values
+        m = p.checkpoint(1)
+        assert m.total_bytes > (window + 8) * chunk
+        h = rhino.replicate(p.store, OP, 7, 1, [wide.address, tail.address], chain_version=1, secret=SECRET,
+                            chunk_bytes=chunk, window=window, timeout=60.0)
+        wait_until(lambda: wide.metric("rhino_worker_in_flight_credits") == window, what="a full window held")
+        h.cancel()
+        with pytest.raises(rhino.AbortedError):
+            h.wait(10)
+        wait_until(lambda: wide.metric("rhino_worker_in_flight_credits") == 0, what="the window released")
+        cached = wide.metric("rhino_worker_buffer_pool_cached_bytes")
+        assert 16 * chunk <= cached <= 32 << 20, cached
+    finally:
+        tail.close()
+        p.db.close()
+        wide.stop()

@@ -10,6 +10,7 @@
 #include "replication/replica_server.h"
 #include "replication/server_metrics.h"
 #include "rhino/replica_store.h"
+#include "util/buffer_pool.h"
 
 namespace rhino {
 
@@ -114,6 +115,7 @@ class Worker::Impl {
     m.stale_rejections = metrics_.stale_rejections.load();
     m.peers_dead = counters_.peers_dead.load();
     m.open_connections = counters_.open_connections.load();
+    m.buffer_pool_cached_bytes = BufferPool::Shared().cached_bytes();
     std::lock_guard<std::mutex> l(metrics_.mu);
     for (const auto& [key, st] : metrics_.instances) m.instances.push_back(st);
     return m;

@@ -74,6 +74,8 @@ struct WorkerMetrics {
   uint64_t stale_rejections = 0;  // frames or streams refused for a stale chain version
   uint64_t peers_dead = 0;
   int64_t open_connections = 0;
+  // memory: free chunk buffers kept for reuse (util/buffer_pool.h; at most 32 MiB)
+  uint64_t buffer_pool_cached_bytes = 0;
   std::vector<InstanceReplicaState> instances;
 };
 
