@@ -695,13 +695,13 @@ def test_reused_chunk_buffers_are_bounded_once_a_wide_window_drains(cluster, roo
     window, chunk = 48, 1 << 20
     wide = WorkerProc(root, "wwide", "127.0.0.12", secret_file=root / "secret",
                       extra_args=["--max-window", str(window)]).start()
-    p = Primary(root, 7)
+    p = Primary(root, 17)  # an instance no other test of this module uses (the root is shared)
     tail = StingyTail("127.0.0.13")
     try:
         p.write(np.arange(12_000), 8_000, version=1)  # about 96 MB of incompressible values
         m = p.checkpoint(1)
         assert m.total_bytes > (window + 8) * chunk
-        h = rhino.replicate(p.store, OP, 7, 1, [wide.address, tail.address], chain_version=1, secret=SECRET,
+        h = rhino.replicate(p.store, OP, 17, 1, [wide.address, tail.address], chain_version=1, secret=SECRET,
                             chunk_bytes=chunk, window=window, timeout=60.0)
         wait_until(lambda: wide.metric("rhino_worker_in_flight_credits") == window, what="a full window held")
         h.cancel()
