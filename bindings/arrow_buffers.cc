@@ -72,16 +72,21 @@ py::object BuildArray(const MultiGetResult& r, size_t total, size_t nulls, py::m
   char* d = reinterpret_cast<char*>(data.mutable_data());
   {
     py::gil_scoped_release release;
-    Offset at = 0;
-    for (size_t i = 0; i < n; ++i) {
-      o[i] = at;
-      if (!r.found(i)) continue;
-      if (bits != nullptr) bits[i / 8] |= static_cast<uint8_t>(1u << (i % 8));  // Arrow bitmaps are LSB first
-      std::string_view v = r.value(i);
-      std::memcpy(d + at, v.data(), v.size());
-      at += static_cast<Offset>(v.size());
+    // In lookup order (see MultiGetResult::value_at): first each value's
+    // length at its key's slot, then the offsets, then the copies.
+    o[0] = 0;
+    for (size_t j = 0; j < n; ++j) {
+      const size_t i = r.key_index(j);
+      const bool hit = r.found_at(j);
+      o[i + 1] = hit ? static_cast<Offset>(r.value_at(j).size()) : 0;
+      if (hit && bits != nullptr) bits[i / 8] |= static_cast<uint8_t>(1u << (i % 8));  // Arrow bitmaps are LSB first
     }
-    o[n] = at;
+    for (size_t i = 0; i < n; ++i) o[i + 1] += o[i];
+    for (size_t j = 0; j < n; ++j) {
+      if (!r.found_at(j)) continue;
+      std::string_view v = r.value_at(j);
+      std::memcpy(d + o[r.key_index(j)], v.data(), v.size());
+    }
   }
   py::list buffers;
   buffers.append(validity);
@@ -190,8 +195,8 @@ py::object MultiGetToArrow(const MultiGetResult& r, std::optional<bool> large) {
   py::module_ pa = ImportPyArrow();
   const size_t n = r.size();
   size_t total = 0, nulls = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (r.found(i)) total += r.value(i).size();
+  for (size_t j = 0; j < n; ++j) {
+    if (r.found_at(j)) total += r.value_at(j).size();
     else ++nulls;
   }
   const auto max32 = static_cast<size_t>(std::numeric_limits<int32_t>::max());

@@ -206,17 +206,19 @@ UnknownVnodeError, and nothing of its batch is written.
       .def("get_batch", [](PyState& st, py::handle keys) {
              MultiGetResult r;
              LookUp(st, keys, &r);
-             // Each value is copied once: from RocksDB's pinned block into its bytes object.
+             // Each value is copied once: from RocksDB's pinned block into its
+             // bytes object, in lookup order (see MultiGetResult::value_at).
              const size_t n = r.size();
              py::list out(n);
-             for (size_t i = 0; i < n; ++i) {
-               if (r.found(i)) {
-                 std::string_view v = r.value(i);
+             for (size_t j = 0; j < n; ++j) {
+               const auto i = static_cast<Py_ssize_t>(r.key_index(j));
+               if (r.found_at(j)) {
+                 std::string_view v = r.value_at(j);
                  PyObject* b = PyBytes_FromStringAndSize(v.data(), static_cast<Py_ssize_t>(v.size()));
                  if (b == nullptr) throw py::error_already_set();
-                 PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), b);  // steals b
+                 PyList_SET_ITEM(out.ptr(), i, b);  // steals b
                } else {
-                 PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), Py_NewRef(Py_None));
+                 PyList_SET_ITEM(out.ptr(), i, Py_NewRef(Py_None));
                }
              }
              return out;
@@ -238,13 +240,16 @@ UnknownVnodeError, and nothing of its batch is written.
              py::array_t<bool> mask(n);
              uint8_t* o = out.mutable_data();
              bool* f = mask.mutable_data();
-             for (py::ssize_t i = 0; i < n; ++i) {
-               f[i] = r.found(static_cast<size_t>(i));
+             // In lookup order (see MultiGetResult::value_at): the reads follow
+             // RocksDB's blocks, and the writes land in our own output.
+             for (size_t j = 0; j < static_cast<size_t>(n); ++j) {
+               const size_t i = r.key_index(j);
+               f[i] = r.found_at(j);
                if (!f[i]) {
                  std::memset(o + i * width, 0, width);  // absent keys read as zeros
                  continue;
                }
-               std::string_view v = r.value(static_cast<size_t>(i));
+               std::string_view v = r.value_at(j);
                if (v.size() != width) {
                  throw StatusError{Status::InvalidArgument("value " + std::to_string(i) + " has " +
                                                            std::to_string(v.size()) + " bytes, not width " +

@@ -132,6 +132,8 @@ struct MultiGetResult::Rep {
   static constexpr size_t kMissing = static_cast<size_t>(-1);
   std::vector<rocksdb::PinnableSlice> pinned;  // values, in the order they were looked up
   std::vector<size_t> slot;                    // key index -> index into pinned, or kMissing
+  std::vector<size_t> order;                   // index into pinned -> key index
+  std::vector<uint8_t> hit;                    // index into pinned -> found
 };
 MultiGetResult::MultiGetResult() : rep_(std::make_unique<Rep>()) {}
 MultiGetResult::~MultiGetResult() = default;
@@ -139,6 +141,12 @@ size_t MultiGetResult::size() const { return rep_->slot.size(); }
 bool MultiGetResult::found(size_t i) const { return rep_->slot[i] != Rep::kMissing; }
 std::string_view MultiGetResult::value(size_t i) const {
   const rocksdb::PinnableSlice& p = rep_->pinned[rep_->slot[i]];
+  return std::string_view(p.data(), p.size());
+}
+size_t MultiGetResult::key_index(size_t j) const { return rep_->order[j]; }
+bool MultiGetResult::found_at(size_t j) const { return rep_->hit[j] != 0; }
+std::string_view MultiGetResult::value_at(size_t j) const {
+  const rocksdb::PinnableSlice& p = rep_->pinned[j];
   return std::string_view(p.data(), p.size());
 }
 
@@ -504,6 +512,8 @@ Status StateBackend::MultiGet(const std::vector<std::string_view>& keys, MultiGe
   r.pinned.clear();
   r.pinned.resize(n);
   r.slot.assign(n, MultiGetResult::Rep::kMissing);
+  r.order.clear();
+  r.hit.assign(n, 0);
   if (n == 0) return Status::OK();
   // One single-column-family MultiGet per vnode, over keys sorted as RocksDB
   // would sort them (so it is told sorted_input and skips its own sort).
@@ -537,10 +547,12 @@ Status StateBackend::MultiGet(const std::vector<std::string_view>& keys, MultiGe
     const size_t i = order[j];
     if (statuses[j].ok()) {
       r.slot[i] = j;
+      r.hit[j] = 1;
     } else if (!statuses[j].IsNotFound()) {
       return FromRocks(statuses[j], "multiget");
     }
   }
+  r.order = std::move(vo.order);
   return Status::OK();
 }
 

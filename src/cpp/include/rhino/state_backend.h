@@ -103,6 +103,14 @@ class MultiGetResult {
   bool found(size_t i) const;
   std::string_view value(size_t i) const;  // REQUIRES: found(i)
 
+  // The same results in the order the lookups were made (grouped by vnode,
+  // sorted by key), j = 0 .. size() - 1. Values are then read in the order
+  // they sit in RocksDB's blocks; reading them in key order instead is one
+  // cache miss per value (the values of a 100k-key batch span megabytes).
+  size_t key_index(size_t j) const;  // the input index of the j-th lookup
+  bool found_at(size_t j) const;
+  std::string_view value_at(size_t j) const;  // REQUIRES: found_at(j)
+
  private:
   friend class StateBackend;
   struct Rep;
