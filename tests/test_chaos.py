@@ -36,6 +36,7 @@ TRIALS = int(os.environ.get("RHINO_CHAOS_TRIALS", "50"))
 SEED = int(os.environ.get("RHINO_CHAOS_SEED", str(random.randrange(1 << 30))))
 CRASH_POINTS = [
     "replica.after_chunk_write",
+    "replica.before_file_fsync",  # in the background thread that makes received files durable
     "replica.before_commit",
     "replica.after_commit",
     "checkpoint.before_manifest",

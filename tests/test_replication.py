@@ -484,6 +484,34 @@ def test_disk_full_on_a_replica_fails_the_chain_and_spares_complete_checkpoints(
         wf.stop()
 
 
+def test_a_failed_fsync_on_a_replica_fails_the_chain_and_commits_nothing(cluster, root):
+    """Members fsync received files on a background thread while the stream goes on (file_syncer.h);
+    an fsync that fails there must still stop the commit, with a clear error and no crash."""
+    wb = WorkerProc(root, "wfsync", "127.0.0.14", secret_file=root / "secret", metrics=False,
+                    env={"RHINO_FAULT_POINT": "replica.file_fsync_fails"}).start()
+    p = Primary(root, 18)  # an instance no other test of this module uses
+    try:
+        p.write(np.arange(3000), 100, version=1)
+        p.checkpoint(1)
+        for chain in ([cluster[2], wb], [wb, cluster[2]]):  # the tail, then the middle member
+            with pytest.raises(rhino.RhinoIOError, match="fsync") as e:
+                p.replicate(1, chain, version=1).wait()
+            assert "wfsync" in str(e.value)
+            assert wb.alive()
+            for w in (cluster[2], wb):
+                wait_until(lambda: staging_dirs(w) == [], what=f"{w.id} staging cleanup")
+                assert rhino.ReplicaStore(str(w.dir)).checkpoints(OP, 18) == []
+        # a repaired chain completes, and what it holds verifies
+        p.replicate(1, [cluster[2], cluster[4]], version=2).wait()
+        for w in (cluster[2], cluster[4]):
+            store = rhino.ReplicaStore(str(w.dir))
+            assert store.checkpoints(OP, 18) == [1]
+            assert store.verify(operator_id=OP, instance=18, full=True).ok
+    finally:
+        p.db.close()
+        wb.stop()
+
+
 # ---- lifecycle -------------------------------------------------------------------------
 
 

@@ -467,19 +467,17 @@ Status ReplicaStream::FinishFile() {
   const FileEntry& f = manifest_.files[i];
   int fd = recv_fd_;
   recv_fd_ = -1;
-  Status s;
-  if (::fsync(fd) != 0) s = Status::FromErrno(errno, "fsync staging file for " + f.name);
-  // Drop-behind: the file is on disk and a replica's files are cold until a
-  // failover, so free their page-cache pages now rather than letting them
-  // evict the primaries' hot pages (HDFS's drop.cache.behind.writes).
-  if (s.ok()) ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
-  RHINO_RETURN_IF_ERROR(s);
   std::string got = Hex128(XXH3_128bits_digest(recv_hash_));
   if (got != f.checksum) {
+    ::close(fd);
     return Status::Corruption("file " + f.name + " fails its XXH3-128 check: received " + got + ", manifest says " +
                               f.checksum);
   }
+  // §4 step 2: durable before the commit, but fsync'ed off this strand, so
+  // that the next file's chunks keep flowing (file_syncer.h). CommitLocal
+  // waits for the batch.
+  if (syncs_ == nullptr) syncs_ = std::make_unique<SyncBatch>();
+  syncs_->Add(fd, "staging file for " + f.name);
   ++recv_pos_;
   recv_off_ = 0;
   return Status::OK();
@@ -575,6 +573,13 @@ void ReplicaStream::MaybeForwardCommit() {
   }
   if (down_ == nullptr || send_pos_ < send_order_.size()) return;  // chunks still owed downstream
   commit_forwarded_ = true;
+  // This member's files are durable before its successor may commit, as when
+  // each file was fsync'ed inline: a successor never holds a checkpoint that
+  // failed to reach this member's disk.
+  if (syncs_ != nullptr) {
+    Status s = syncs_->Wait();
+    if (!s.ok()) return Fail(Here(s), true, true);
+  }
   // Same connection, after the last chunk: the successor sees it last.
   down_->Send(MessageType::kCommitReq, down_sid_, chain_version_, CommitReq().Encode());
 }
@@ -585,6 +590,10 @@ void ReplicaStream::CommitLocal() {
   if (!s.ok()) {
     env_->metrics->stale_rejections.fetch_add(1);
     return Fail(Here(s), true, false);
+  }
+  if (syncs_ != nullptr) {
+    s = syncs_->Wait();  // every received file fsync'ed (§4 step 2), usually all but the last already
+    if (!s.ok()) return Fail(Here(s), true, false);
   }
   CrashPoint("replica.before_commit");
   for (uint32_t i : need_self_) {
@@ -635,6 +644,7 @@ void ReplicaStream::Finish() {
   phase_ = Phase::kFinished;
   metrics_->active_streams.fetch_sub(1);
   CloseFiles();
+  syncs_.reset();  // files still waiting for an fsync are just closed
   // Partial data is discarded; committed files live on under their pool names.
   if (!staging_.empty()) fs::RemoveAll(staging_);
   staging_.clear();

@@ -34,6 +34,7 @@
 #include "net/connection.h"
 #include "net/connection_pool.h"
 #include "replication/fence_table.h"
+#include "replication/file_syncer.h"
 #include "replication/server_metrics.h"
 #include "rhino/manifest.h"
 #include "rhino/messages.h"
@@ -160,6 +161,7 @@ class ReplicaStream : public std::enable_shared_from_this<ReplicaStream> {
   uint64_t recv_off_ = 0;
   int recv_fd_ = -1;
   XXH3_state_s* recv_hash_ = nullptr;
+  std::unique_ptr<SyncBatch> syncs_;  // received files on their way to disk
   uint32_t up_credits_ = 0;  // credits the predecessor still holds
   uint32_t held_count_ = 0;  // chunk buffers whose credit is not yet returned
 

@@ -17,4 +17,12 @@ void CrashPoint(const char* name) {
   if (!target.empty() && target == name) std::raise(SIGKILL);
 }
 
+bool FaultPoint(const char* name) {
+  static const std::string target = [] {
+    const char* v = std::getenv("RHINO_FAULT_POINT");
+    return std::string(v ? v : "");
+  }();
+  return !target.empty() && target == name;
+}
+
 }  // namespace rhino

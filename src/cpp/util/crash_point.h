@@ -9,4 +9,9 @@
 
 namespace rhino {
 void CrashPoint(const char* name);
+
+// Fault points: RHINO_FAULT_POINT=<name> makes FaultPoint("<name>") return
+// true, every time, so that a test can drive an error path that real
+// hardware rarely takes (an fsync that fails). Same cost as CrashPoint.
+bool FaultPoint(const char* name);
 }  // namespace rhino
