@@ -32,12 +32,21 @@ struct Job {
 
 // One thread for the whole process: fsyncs to one disk gain little from
 // running side by side, and the thread costs nothing while idle. It is never
-// joined (the process may exit with it waiting), so it is created once and
-// never destroyed.
+// joined (the process may exit with it waiting), so it is never destroyed.
+// A forked child has none of its parent's threads: it starts its own syncer
+// (and leaves the parent's copy, whose mutex may be held, untouched).
 class Syncer {
  public:
   static Syncer& Shared() {
-    static Syncer* s = new Syncer();
+    static std::mutex mu;
+    static Syncer* s = nullptr;
+    static pid_t owner = 0;
+    std::lock_guard<std::mutex> l(mu);
+    const pid_t me = ::getpid();
+    if (s == nullptr || owner != me) {
+      s = new Syncer();
+      owner = me;
+    }
     return *s;
   }
 
