@@ -430,6 +430,13 @@ Status ReplicaStream::OnChunk(const ChunkReq& c, std::shared_ptr<std::string> pa
     std::string path = fs::Join(staging_, std::to_string(want));
     recv_fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (recv_fd_ < 0) return Status::FromErrno(errno, "create staging file for " + f.name);
+    // Reserve the whole file first: a member without room for it fails now,
+    // clearly, instead of after part of it is written, and the file's blocks
+    // are allocated at once instead of page by page. File systems without
+    // fallocate (EOPNOTSUPP) just skip the reservation.
+    if (::fallocate(recv_fd_, 0, 0, static_cast<off_t>(f.size)) != 0 && errno != EOPNOTSUPP && errno != ENOSYS) {
+      return Status::FromErrno(errno, "reserve " + std::to_string(f.size) + " bytes for staging file of " + f.name);
+    }
     XXH3_128bits_reset(recv_hash_);
   }
   size_t done = 0;
