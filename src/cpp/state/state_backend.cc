@@ -81,8 +81,14 @@ rocksdb::ColumnFamilyOptions VnodeColumnFamilyOptions(const StateOptions& option
   // the linear scan after it short (RocksDB's default is 16). Both cost a few
   // bytes per entry; the delta encoding of keys they give up matters little
   // next to the values.
+  // The hash index has one byte per bucket and marks a bucket that keys of two
+  // restart intervals share as a collision, which falls back to the binary
+  // search. At RocksDB's default of 0.75 keys per bucket that is about half of
+  // all lookups (1 - e^-0.75 with 4-key intervals); at 0.25 it is about a
+  // fifth, for 4 bytes per key instead of 1.3 (~3% of a 100-byte value's
+  // entry). A 100k-key get_batch then took 5-10% less CPU.
   table.data_block_index_type = rocksdb::BlockBasedTableOptions::kDataBlockBinaryAndHash;
-  table.data_block_hash_table_util_ratio = 0.75;
+  table.data_block_hash_table_util_ratio = 0.25;
   table.block_restart_interval = 4;
   // 16 KiB data blocks (RocksDB's default is 4 KiB): the index, which every
   // open SST file keeps in memory, is 4x smaller, which matters at the TB
@@ -526,8 +532,25 @@ Status StateBackend::MultiGet(const std::vector<std::string_view>& keys, MultiGe
   const size_t num_vnodes = cf_by_vnode_.size();
   const std::vector<size_t>& start = vo.start;
   const std::vector<size_t>& order = vo.order;
+  // The keys, copied in lookup order into one buffer. RocksDB copies each key
+  // into its LookupKey deep inside a long chain of dependent work, so a key
+  // read from the caller's buffer (in input order, i.e. at a random place)
+  // stalled there on a cache miss: perf put 7% of a 100k-key get_batch in that
+  // one memcpy. Here the loads are independent of each other, and the CPU
+  // overlaps their misses.
+  size_t key_bytes = 0;
+  for (size_t i = 0; i < n; ++i) key_bytes += keys[i].size();
+  std::string sorted_keys(key_bytes, '\0');
   std::vector<rocksdb::Slice> slices(n);
-  for (size_t j = 0; j < n; ++j) slices[j] = rocksdb::Slice(keys[order[j]].data(), keys[order[j]].size());
+  {
+    char* p = sorted_keys.data();
+    for (size_t j = 0; j < n; ++j) {
+      const std::string_view k = keys[order[j]];
+      std::memcpy(p, k.data(), k.size());
+      slices[j] = rocksdb::Slice(p, k.size());
+      p += k.size();
+    }
+  }
   std::vector<rocksdb::PinnableSlice>& pinned = r.pinned;  // in sorted order
   std::vector<rocksdb::Status> statuses(n);
   // One snapshot for all vnodes, so the batch reads one consistent cut, as a
