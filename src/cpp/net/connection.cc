@@ -147,10 +147,47 @@ void Connection::OnHeader(const asio::error_code& ec) {
     OnPayload(asio::error_code());
     return;
   }
-  asio::async_read(socket_, asio::buffer(payload_->data(), payload_->size()),
-                   asio::bind_executor(strand_, [self = shared_from_this()](const asio::error_code& e, size_t) {
-                     self->OnPayload(e);
-                   }));
+  ReadPayload(0);
+}
+
+namespace {
+// A chunk's payload (up to 1 MiB) reaches a loopback socket in 64 KiB
+// segments, and the reading thread was woken for each: `perf` of an r=2
+// transfer put more of the middle member's socket thread in being
+// scheduled, polled and woken (and of its peers in waking it) than in
+// copying. With the socket's low-water mark at the part of the payload still
+// due, capped, the kernel wakes the reader once per that many bytes. In
+// alternating 2 GB transfers, 256 KiB took r=1 from 808 to 963 MB/s and r=2
+// from 441 to 501 MB/s (medians of 4), with about a sixth less CPU on every
+// member; 512 KiB did the same, 1 MiB slightly less.
+constexpr size_t kPayloadLowWaterCap = size_t{256} << 10;
+// Below this a payload is read as it comes (mark 1).
+constexpr size_t kPayloadLowWaterMin = 4096;
+}  // namespace
+
+void Connection::SetReceiveLowWater(size_t bytes) {
+  if (bytes == rcvlowat_) return;
+  asio::error_code ec;
+  socket_.set_option(asio::socket_base::receive_low_watermark(static_cast<int>(bytes)), ec);
+  rcvlowat_ = ec ? 1 : bytes;  // without it, reads just wake more often
+}
+
+void Connection::ReadPayload(size_t done) {
+  const size_t remaining = payload_->size() - done;
+  // Small frames (headers, acks, control) keep a mark of 1: the mark is
+  // what makes a waiting reader readable at all.
+  SetReceiveLowWater(remaining > kPayloadLowWaterMin ? std::min(remaining, kPayloadLowWaterCap) : 1);
+  socket_.async_read_some(
+      asio::buffer(payload_->data() + done, remaining),
+      asio::bind_executor(strand_, [self = shared_from_this(), done](const asio::error_code& e, size_t n) {
+        if (self->state_.load() == State::kClosed || self->closing_) return;
+        if (!e && done + n < self->payload_->size()) {
+          self->ReadPayload(done + n);
+          return;
+        }
+        self->SetReceiveLowWater(1);
+        self->OnPayload(e);
+      }));
 }
 
 void Connection::OnPayload(const asio::error_code& ec) {

@@ -143,6 +143,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void BeginSession();
   void ReadHeader();
   void OnHeader(const asio::error_code& ec);
+  void ReadPayload(size_t done);
+  void SetReceiveLowWater(size_t bytes);
   void OnPayload(const asio::error_code& ec);
   void Dispatch(const FrameHeader& h, std::shared_ptr<std::string> payload);
   void HandleHandshake(const FrameHeader& h, const std::string& payload);
@@ -179,6 +181,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   char header_buf_[kFrameHeaderBytes];
   FrameHeader cur_;
   std::shared_ptr<std::string> payload_;
+  size_t rcvlowat_ = 1;  // the socket's SO_RCVLOWAT, as last set
   std::deque<Outgoing> queue_;
   bool writing_ = false;
   bool closing_ = false;  // CloseWithError: stop reading, close when the queue drains
