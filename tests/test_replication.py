@@ -345,6 +345,38 @@ def test_a_corrupted_chunk_fails_the_xxh3_check_and_commits_nothing(cluster):
     assert rhino.ReplicaStore(str(w.dir)).checkpoints(OP, 13) == []
 
 
+def test_a_large_chunk_trickled_in_pieces_arrives_whole_and_small_frames_after_it_are_not_held_back(cluster):
+    """A payload over 4 KiB is read with the socket's low-water mark at the part still due
+    (docs/protocol.md): bytes that come slowly must still all arrive, and the mark must not
+    outlive the payload, or the next small frame would wait for bytes that never come."""
+    w = cluster[3]
+    data = os.urandom((300 << 10) + 1000)  # one chunk, over the mark's 256 KiB cap
+    m = wire.manifest_bytes(OP, 21, 1, [("000001.sst", data)])
+    with wire.RawClient(w.address) as c:
+        c.handshake(SECRET)
+        c.send(wire.frame("OpenStreamReq", wire.open_stream_req(OP, 21, 1, m, chunk_bytes=512 << 10, window=2),
+                          stream_id=1, chain_version=1))
+        h, _ = c.recv_skipping_heartbeats()
+        assert h["type"] == "OpenStreamRsp"
+        f = wire.frame("ChunkReq", wire.chunk_req(0, 0, data), stream_id=1, chain_version=1)
+        for i in range(0, len(f), 16 << 10):
+            c.send(f[i:i + (16 << 10)])
+            time.sleep(0.003)
+        h, _ = c.recv_skipping_heartbeats()
+        assert h["type"] == "CreditRsp"
+        t0 = time.monotonic()
+        c.send(wire.frame("StoreQueryReq", wire.Enc().bytes_(OP).u32(21).done(), stream_id=2))
+        h, _ = c.recv_skipping_heartbeats()  # the client's socket times out after 5 s
+        assert h["type"] == "StoreQueryRsp" and time.monotonic() - t0 < 2.0
+        c.send(wire.frame("CommitReq", b"", stream_id=1, chain_version=1))
+        h, p = c.recv_skipping_heartbeats()
+        assert h["type"] == "CommitRsp", (h["type"], p)
+    store = rhino.ReplicaStore(str(w.dir))
+    assert store.checkpoints(OP, 21) == [1]
+    (pooled,) = store.manifest(OP, 21, 1).files
+    assert (w.dir / "pool" / pooled.identity).read_bytes() == data
+
+
 # ---- fencing ------------------------------------------------------------------------
 
 
