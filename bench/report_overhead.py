@@ -111,8 +111,8 @@ def report(runs: dict[str, dict[str, Any]], png_name: str) -> tuple[str, bool]:
         "## Phases", "",
         "| phase | r | writes/s | MB/s written | checkpoints | delta per checkpoint (median) | checkpoint (median) "
         "| replicated | replications done (coalesced) | lag (median) | put_batch: on CPU / waiting for a CPU / asleep "
-        "| CPU: write loop / RocksDB / sender / workers / idle (cores) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| CPU: write loop / RocksDB / sender / workers / idle (cores) | taken by the hypervisor (steal) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for ph in phases:
         c = ph["cpu"]
@@ -128,7 +128,7 @@ def report(runs: dict[str, dict[str, Any]], png_name: str) -> tuple[str, bool]:
             f"{max(0.0, ph['put_batch_asleep_s']):.1f} s | "
             f"{c['primary_main_thread_cpu_s'] / w:.2f} / {c['primary_rocksdb_threads_cpu_s'] / w:.2f} / "
             f"{max(0.0, c['primary_other_threads_cpu_s']) / w:.2f} / {sum(c['workers_cpu_s'].values()) / w:.2f} / "
-            f"{c['machine_idle_s'] / w:.2f} |")
+            f"{c['machine_idle_s'] / w:.2f} | {c.get('machine_steal_s', 0.0) / w:.2f} cores |")
     lost = 1 - c2["primary_main_thread_cpu_per_s"] / c0["primary_main_thread_cpu_per_s"]
     per_key = c2["put_batch_cpu_us_per_key"] / c0["put_batch_cpu_us_per_key"] - 1
     lines += [
@@ -177,7 +177,9 @@ def report(runs: dict[str, dict[str, Any]], png_name: str) -> tuple[str, bool]:
         "Sources: `/proc/self/task/*/stat` (CPU of the write loop's thread and of the RocksDB threads; the rest of "
         "the primary process is the replication sender and threads that have ended), `/proc/<pid>/stat` of each "
         "worker, `/proc/stat` (machine), `/proc/self/task/<tid>/schedstat` around every `put_batch` call (on a CPU, "
-        "runnable but waiting for a CPU; the rest of the call is asleep).",
+        "runnable but waiting for a CPU; the rest of the call is asleep). Steal is the time the hypervisor ran "
+        "something else while this VM's CPUs wanted to run (`/proc/stat`); it swings between phases on a shared "
+        "host and is much of the noise between pairs.",
         "", "## Replication", "",
         f"- r={r} phases: {s['checkpoints_r2']} checkpoints taken in the windows, "
         f"{s['replications_completed_r2']} replications completed in them "
