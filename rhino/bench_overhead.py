@@ -49,7 +49,9 @@ own session (on Linux with autogroup scheduling, the CPU is then shared
 between the primary and each worker first). `--worker-nice N` runs them with
 `rhino worker --nice N` (thread and autogroup nice), a deployment choice that
 trades replication lag for the primary's CPU; by default they keep the
-primary's priority.
+primary's priority. Their scheduling policy is the daemon's default
+(SCHED_BATCH: same CPU share, no wake-up preemption); `--worker-sched normal`
+runs them under the normal policy instead.
 
 Every JSON line (one per phase, then one summary) carries the parameters, the
 machine (os.cpu_count(), load average) and, per phase, where the CPU went:
@@ -82,7 +84,7 @@ from ._bench_cluster import (SECRET, cpu_seconds, pressure_seconds, start_worker
 from ._machine import describe_machine, machine_summary
 from ._sizes import parse_size
 from ._workload import keys_for, random_values
-from .worker import DEFAULT_NICE
+from .worker import DEFAULT_NICE, DEFAULT_SCHED
 
 OPERATOR = "bench"
 INSTANCE = 0
@@ -430,12 +432,13 @@ def parameters(args: argparse.Namespace, vnodes: list[int]) -> dict:
         "num_vnodes": args.num_vnodes, "instances": args.instances, "vnodes_held": len(vnodes),
         "write_buffer_budget": args.write_buffer_budget, "keep_checkpoints": args.keep_checkpoints,
         "chunk_bytes": args.chunk, "window": args.window, "seed": args.seed, "worker_nice": DEFAULT_NICE if args.worker_nice is None else args.worker_nice,
+        "worker_sched": DEFAULT_SCHED if args.worker_sched is None else args.worker_sched,
         "settle_max_s": args.settle_max,
     }
 
 
 def worker_priorities(workers: list) -> list[dict]:
-    """What each worker applied of its --nice (its `priority` log event)."""
+    """What each worker applied of its --nice and --sched (its `priority` log event)."""
     out = []
     for w in workers:
         rec: dict[str, Any] = {"worker": w.id}
@@ -445,7 +448,7 @@ def worker_priorities(workers: list) -> list[dict]:
             except ValueError:
                 continue
             if ev.get("event") == "priority":
-                rec.update({k: ev.get(k) for k in ("nice", "autogroup_nice")})
+                rec.update({k: ev.get(k) for k in ("nice", "autogroup_nice", "sched")})
         out.append(rec)
     return out
 
@@ -464,6 +467,8 @@ def run(args: argparse.Namespace, command: str) -> list[dict]:
     extra = ["--log-format", "json"]
     if args.worker_nice is not None:
         extra += ["--nice", str(args.worker_nice)]
+    if args.worker_sched is not None:
+        extra += ["--sched", args.worker_sched]
     workers = start_workers(root, list(range(2, 2 + args.replicas)), secret_file, args.window, extra)
     params["worker_priority"] = worker_priorities(workers)
     twins: dict[int, Twin] = {}
@@ -670,6 +675,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replication-timeout", type=float, default=120.0)
     p.add_argument("--worker-nice", type=int, default=None, choices=range(0, 20), metavar="0..19",
                    help="the workers' --nice (default: rhino worker's own default)")
+    p.add_argument("--worker-sched", choices=["batch", "normal"], default=None,
+                   help="the workers' --sched (default: rhino worker's own default, %s)" % DEFAULT_SCHED)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--dir", default=".bench-overhead", help="work directory, removed and recreated")
     p.add_argument("--keep", action="store_true", help="keep the work directory (stores, logs) afterwards")

@@ -597,6 +597,28 @@ def test_worker_nice_lowers_every_thread_and_its_autogroup(cluster, root):
         assert low.stop() == 0
 
 
+def _thread_policies(pid: int) -> set[int]:
+    return {os.sched_getscheduler(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+
+
+def test_worker_threads_run_under_sched_batch_by_default_and_sched_normal_restores_the_normal_policy(cluster, root):
+    """Every thread of a default worker is SCHED_BATCH (its wake-ups never preempt an executor's thread);
+    --sched normal leaves them all under SCHED_OTHER. Both are logged, and both serve."""
+    w = cluster[2]
+    assert len(os.listdir(f"/proc/{w.proc.pid}/task")) > 2  # the C++ runtime's threads are there
+    assert _thread_policies(w.proc.pid) == {os.SCHED_BATCH}
+    assert [e for e in w.events() if e.get("event") == "priority"][-1]["sched"] == "batch"
+
+    normal = WorkerProc(root, "w15", "127.0.0.15", secret_file=w.secret_file, extra_args=["--sched", "normal"]).start()
+    try:
+        assert len(os.listdir(f"/proc/{normal.proc.pid}/task")) > 2
+        assert _thread_policies(normal.proc.pid) == {os.SCHED_OTHER}
+        assert [e for e in normal.events() if e.get("event") == "priority"][-1]["sched"] == "normal"
+        assert rhino.query_store(normal.address, secret=SECRET, operator_id=OP, instance=0) == []
+    finally:
+        assert normal.stop() == 0
+
+
 def test_a_stream_whose_peer_goes_quiet_is_aborted_after_the_idle_timeout(cluster, root):
     # The connection stays alive (heartbeats are answered), but the stream
     # gets no frame: the worker must not keep its staging forever.
