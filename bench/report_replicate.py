@@ -19,7 +19,7 @@ COMMAND = ("rhino bench replicate --workers 3 --replicas 1,2 --size 2G --json \\
 
 
 def _probes(xs: list[float]) -> str:
-    """'plain / early writeback' probe figures."""
+    """'plain / early writeback / direct' probe figures."""
     return " / ".join(f"{x:.0f}" for x in xs)
 
 
@@ -62,8 +62,9 @@ def main(src: str, dst: str) -> int:
         "- Throughput is checkpoint bytes over the time from the call to the primary's ack: the tail's",
         "  fsyncs and every member's commit are included.",
         "- The disk limit is one writer doing 1 MiB writes and one fsync at the end, on the same file",
-        "  system, after a sync, once plainly and once starting writeback after every 1 MiB as the",
-        "  replicas do. This disk's speed drifts within a run, so it is probed "
+        "  system, after a sync: once plainly, once starting writeback after every 1 MiB as the",
+        "  replicas do, and (runs since 2026-11-22 02:30 UTC) once with O_DIRECT, which bypasses the page",
+        "  cache and shows what the device itself absorbs. This disk's speed drifts within a run, so it is probed "
         + ("right before and right after every transfer (probes, MB/s: "
            + "; ".join(f"r={r['replicas']} before {_probes(r['disk_probes_mb_s']['before'])}, after "
                        f"{_probes(r['disk_probes_mb_s']['after'])}" for r in rows) + ")"
@@ -77,8 +78,9 @@ def main(src: str, dst: str) -> int:
         "  above 1 means the probe understates what the disk absorbs, not that data was skipped.",
         "- All workers of this benchmark share one disk (and two cores): with r replicas every byte is",
         "  written r times to that disk, so r x throughput cannot exceed what the disk absorbs. The column",
-        "  'all replicas' writes' shows how close the chain comes to that; the issue's r=2 target assumes",
-        "  one disk per worker, as on separate hosts.",
+        "  'all replicas' writes' shows how close the chain comes to that: when it is near 1, the chain",
+        "  writes as fast as the disk can, and r=2 cannot exceed half the disk limit. The issue's r=2",
+        "  target (0.7) assumes one disk per worker, as on separate hosts.",
         "",
     ]
     with open(dst, "w", encoding="utf-8") as f:

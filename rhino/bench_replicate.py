@@ -11,10 +11,11 @@ One JSON object per line, all figures measured in the same run:
 - replicas, bytes, seconds, throughput_mb_s (checkpoint bytes / seconds from
   the call to the primary's ack, so the tail's fsyncs are included);
 - disk_limit_mb_s: sequential 1 MiB writes of the same size with one fsync at
-  the end, on the same file system, after a sync, once plainly and once
-  starting writeback after every 1 MiB as the replicas do; probed right before
-  and right after every transfer (disk_probes_mb_s), and the fastest probe of
-  the run is the limit every row is judged against;
+  the end, on the same file system, after a sync: once plainly, once
+  starting writeback after every 1 MiB as the replicas do, and once with
+  O_DIRECT (what the device absorbs without the page cache); probed right
+  before and right after every transfer (disk_probes_mb_s), and the fastest
+  probe of the run is the limit every row is judged against;
 - loopback_limit_mb_s: one TCP connection over loopback (Python sockets,
   1 MiB sends);
 - max_rss_growth_mb: per worker, peak RSS during the transfer minus RSS
@@ -92,6 +93,34 @@ def disk_limit_mb_s(directory: Path, size: int, early_writeback: bool = False) -
     return max(1, size >> 20) * (1 << 20) / dt / 1e6
 
 
+def device_limit_mb_s(directory: Path, size: int) -> float | None:
+    """Sequential 1 MiB writes of `size` bytes with O_DIRECT (no page cache: what
+    the device itself absorbs) and one fsync at the end. None where the file
+    system refuses O_DIRECT (tmpfs)."""
+    import mmap
+
+    os.sync()
+    path = directory / "disk-probe-direct"
+    block = mmap.mmap(-1, 1 << 20)  # page-aligned, as O_DIRECT requires
+    block.write(os.urandom(1 << 20))
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0), 0o644)
+    except OSError:
+        return None
+    t0 = time.perf_counter()
+    try:
+        for _ in range(max(1, size >> 20)):
+            os.write(fd, block)
+        os.fsync(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+        path.unlink()
+    dt = time.perf_counter() - t0
+    return max(1, size >> 20) * (1 << 20) / dt / 1e6
+
+
 def loopback_limit_mb_s(size: int) -> float:
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
@@ -156,6 +185,9 @@ def run(args: argparse.Namespace) -> list[dict]:
 
     def probe_disk() -> list[float]:
         got = [disk_limit_mb_s(root, m.total_bytes), disk_limit_mb_s(root, m.total_bytes, early_writeback=True)]
+        direct = device_limit_mb_s(root, m.total_bytes)
+        if direct is not None:
+            got.append(direct)
         probes.extend(got)
         return got
 
@@ -205,7 +237,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 "disk_probe_before_mb_s": round(max(before), 1),
                 "disk_probes_mb_s": {"before": [round(x, 1) for x in before],
                                      "after": [round(x, 1) for x in after],
-                                     "kinds": ["plain", "early writeback"]},
+                                     "kinds": ["plain", "early writeback", "direct"][:len(before)]},
                 "loopback_limit_mb_s": round(loop, 1),
                 "max_rss_growth_mb": round(growth, 1),
                 "credit_window_mb": window_mb,
