@@ -24,6 +24,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+
+def _sched(p: dict) -> str:
+    """The workers' scheduling policy; runs from before `rhino worker --sched` existed ran the normal one."""
+    got = p.get("worker_sched")
+    return {"batch": "SCHED_BATCH", "normal": "SCHED_OTHER"}.get(got, "SCHED_OTHER (before --sched existed)")
+
 def load_runs(path: str) -> dict[str, dict[str, Any]]:
     """{run_id: {"phases": [...], "summary": {...}}}; runs without a summary (interrupted) are skipped."""
     runs: dict[str, dict[str, Any]] = {}
@@ -209,7 +215,8 @@ def report(runs: dict[str, dict[str, Any]], png_name: str) -> tuple[str, bool]:
         f"{p['vnodes_held']} of {p['num_vnodes']} vnodes (instance 0 of {p['instances']}); write-buffer budget "
         f"{p['write_buffer_budget'] >> 20} MiB; a checkpoint every {p['checkpoint_interval_s']:g} s, the newest "
         f"{p['keep_checkpoints']} kept (then gc); replication chunks of {p['chunk_bytes'] >> 10} KiB, credit window "
-        f"{p['window']}, at most one replication in flight; worker nice {p['worker_nice']}; seed {p['seed']}.",
+        f"{p['window']}, at most one replication in flight; worker nice {p['worker_nice']}, "
+        f"scheduling policy {_sched(p)}; seed {p['seed']}.",
         "", "## Machine", "",
         f"- CPU: {m.get('cpu_model')} ({s.get('cpu_count')} cores, os.cpu_count()); the primary and both workers "
         "share them",

@@ -63,7 +63,7 @@ def main(src: str, dst: str) -> int:
         "  fsyncs and every member's commit are included.",
         "- The disk limit is one writer doing 1 MiB writes and one fsync at the end, on the same file",
         "  system, after a sync: once plainly, once starting writeback after every 1 MiB as the",
-        "  replicas do, and (runs since 2026-11-22 02:30 UTC) once with O_DIRECT, which bypasses the page",
+        "  replicas do, and (runs since 02:20 UTC on 2026-11-22) once with O_DIRECT, which bypasses the page",
         "  cache and shows what the device itself absorbs. This disk's speed drifts within a run, so it is probed "
         + ("right before and right after every transfer (probes, MB/s: "
            + "; ".join(f"r={r['replicas']} before {_probes(r['disk_probes_mb_s']['before'])}, after "
