@@ -49,9 +49,10 @@ DEFAULT_NICE = 0
 # a CPU to go idle (sched(7)). Replication is throughput work that no one
 # waits on interactively, and its threads wake up for every chunk, so under
 # the normal policy they kept preempting the executors' threads on a busy
-# host. In the overhead benchmark (bench/README.md) the primary's write rate
-# dropped 5.8-14.2% with r=2 under batch against 15.8-20.7% under normal,
-# with the same replication lag. "normal" restores the normal policy.
+# host. In eight alternating runs of the overhead benchmark (bench/README.md)
+# the primary's write rate dropped 5.8-14.2% with r=2 under batch against
+# 15.8-24.6% under normal, with the same replication lag. "normal" restores
+# the normal policy.
 DEFAULT_SCHED = "batch"
 _SCHED_POLICIES = {"batch": "SCHED_BATCH", "normal": "SCHED_OTHER"}
 
