@@ -36,9 +36,18 @@ struct PyWriteBatch {
   WriteBatch batch;
 };
 
+CompactionStyle CompactionArg(const std::string& name) {
+  CompactionStyle c;
+  if (!ParseCompactionStyle(name, &c))
+    throw py::value_error("compaction must be 'level' or 'universal', got '" + name + "'");
+  return c;
+}
+
 StateOptions MakeOptions(py::object partitioner, const std::string& operator_id, uint32_t instance,
-                         py::object vnodes, uint64_t write_buffer_budget, bool read_only) {
+                         py::object vnodes, uint64_t write_buffer_budget, bool read_only,
+                         const std::string& compaction) {
   StateOptions o;
+  o.compaction = CompactionArg(compaction);
   o.operator_id = operator_id;
   o.instance = instance;
   o.read_only = read_only;
@@ -140,8 +149,9 @@ UnknownVnodeError, and nothing of its batch is written.
 )doc")
       .def_static("open", [](const std::string& path, py::object partitioner, const std::string& operator_id,
                              uint32_t instance, py::object vnodes, uint64_t write_buffer_budget, bool read_only,
-                             bool create) {
-             StateOptions o = MakeOptions(partitioner, operator_id, instance, vnodes, write_buffer_budget, read_only);
+                             bool create, const std::string& compaction) {
+             StateOptions o =
+                 MakeOptions(partitioner, operator_id, instance, vnodes, write_buffer_budget, read_only, compaction);
              o.error_if_missing = !create;
              auto st = std::make_shared<PyState>();
              Status s;
@@ -153,11 +163,13 @@ UnknownVnodeError, and nothing of its batch is written.
              return st;
            }, py::arg("path"), py::kw_only(), py::arg("partitioner") = py::none(), py::arg("operator_id") = "op",
            py::arg("instance") = 0, py::arg("vnodes") = py::none(), py::arg("write_buffer_budget") = 256ull << 20,
-           py::arg("read_only") = false, py::arg("create") = true,
-           "Opens or creates state at `path`. For a new DB, `vnodes` (default: all) become column families.")
+           py::arg("read_only") = false, py::arg("create") = true, py::arg("compaction") = "level",
+           "Opens or creates state at `path`. For a new DB, `vnodes` (default: all) become column families.\n"
+           "`compaction` is each vnode's compaction style, 'level' or 'universal' (chosen at every open).")
       .def_property_readonly("path", [](PyState& s) { return s.get().dir(); })
       .def_property_readonly("operator_id", [](PyState& s) { return s.get().operator_id(); })
       .def_property_readonly("instance", [](PyState& s) { return s.get().instance(); })
+      .def_property_readonly("compaction", [](PyState& s) { return std::string(CompactionStyleName(s.get().compaction())); })
       .def_property_readonly("partitioner", [](PyState& s) { return s.get().partitioner(); })
       .def_property_readonly("vnodes", [](PyState& s) { return s.get().vnodes(); })
       .def_property_readonly("version", [](PyState& s) { return s.get().version(); },
@@ -394,10 +406,11 @@ UnknownVnodeError, and nothing of its batch is written.
   auto store_cls = py::reinterpret_borrow<py::class_<ReplicaStore>>(m.attr("ReplicaStore"));
   store_cls.def("restore", [](const ReplicaStore& store, const std::string& op, uint32_t inst, uint64_t id,
                               const std::string& target, const std::string& mode, const std::string& verify,
-                              uint64_t write_buffer_budget) {
+                              uint64_t write_buffer_budget, const std::string& compaction) {
         RestoreOptions ro = ParseRestoreOptions(mode, verify);
         StateOptions so;
         so.write_buffer_budget = write_buffer_budget;
+        so.compaction = CompactionArg(compaction);
         auto st = std::make_shared<PyState>();
         RestoreStats stats;
         Status s;
@@ -410,6 +423,7 @@ UnknownVnodeError, and nothing of its batch is written.
         return st;
       }, py::arg("operator_id"), py::arg("instance"), py::arg("checkpoint_id"), py::arg("target"), py::kw_only(),
       py::arg("mode") = "link", py::arg("verify") = "size", py::arg("write_buffer_budget") = 256ull << 20,
+      py::arg("compaction") = "level",
       R"doc(Restores a checkpoint into `target` (must not exist) and opens it.
 
 mode='link' hard-links immutable files from the pool (O(files)), falling back to

@@ -126,6 +126,7 @@ class ReplicaStore:
         mode: Literal["link", "copy"] = "link",
         verify: Literal["size", "full"] = "size",
         write_buffer_budget: int = 268435456,
+        compaction: Literal["level", "universal"] = "level",
     ) -> StateBackend: ...
     def restore_files(
         self,
@@ -160,6 +161,7 @@ class StateBackend:
         write_buffer_budget: int = 268435456,
         read_only: bool = False,
         create: bool = True,
+        compaction: Literal["level", "universal"] = "level",
     ) -> StateBackend: ...
     @property
     def path(self) -> str: ...
@@ -167,6 +169,8 @@ class StateBackend:
     def operator_id(self) -> str: ...
     @property
     def instance(self) -> int: ...
+    @property
+    def compaction(self) -> Literal["level", "universal"]: ...
     @property
     def partitioner(self) -> Partitioner: ...
     @property

@@ -147,7 +147,8 @@ class Twin:
         self.name = name
         self.db = rhino.StateBackend.open(str(root / name / "db"), partitioner=partitioner, operator_id=OPERATOR,
                                           instance=INSTANCE, vnodes=vnodes,
-                                          write_buffer_budget=args.write_buffer_budget)
+                                          write_buffer_budget=args.write_buffer_budget,
+                                          compaction=args.compaction)
         self.store = rhino.ReplicaStore(str(root / name / "store"))
         self.workload = Workload(args.seed, partitioner, vnodes, args.value_size, args.batch_keys,
                                  args.update_fraction)
@@ -433,7 +434,7 @@ def parameters(args: argparse.Namespace, vnodes: list[int]) -> dict:
         "write_buffer_budget": args.write_buffer_budget, "keep_checkpoints": args.keep_checkpoints,
         "chunk_bytes": args.chunk, "window": args.window, "seed": args.seed, "worker_nice": DEFAULT_NICE if args.worker_nice is None else args.worker_nice,
         "worker_sched": DEFAULT_SCHED if args.worker_sched is None else args.worker_sched,
-        "settle_max_s": args.settle_max,
+        "settle_max_s": args.settle_max, "compaction": args.compaction,
     }
 
 
@@ -667,6 +668,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the primary holds instance 0's vnodes of a ring over this many instances")
     p.add_argument("--write-buffer-budget", type=lambda s: parse_size(s), default=parse_size("256M"))
     p.add_argument("--keep-checkpoints", type=int, default=4, help="checkpoints kept in the primary's store")
+    p.add_argument("--compaction", choices=["level", "universal"], default="level",
+                   help="compaction style of both twins' vnodes (StateBackend.open(compaction=...))")
     p.add_argument("--chunk", type=int, default=1 << 20, help="replication chunk bytes")
     p.add_argument("--window", type=int, default=16, help="replication credit window (chunks)")
     p.add_argument("--settle-max", type=float, default=15.0,

@@ -83,7 +83,8 @@ def _median(xs: list[float]) -> float:
 
 
 def measure_size(size_bytes: int, *, base_dir: str, value_size: int = 1024, repeats: int = 5,
-                 keep: bool = False, use_drop_caches: bool = True, progress: bool = True,
+                 compaction: str = "level", keep: bool = False, use_drop_caches: bool = True,
+                 progress: bool = True,
                  settle_timeout: float = 1800.0, log: TextIO = sys.stderr) -> dict[str, Any]:
     """Builds, checkpoints and restores one state of about `size_bytes`; returns its figures."""
     def say(msg: str) -> None:
@@ -113,7 +114,7 @@ def measure_size(size_bytes: int, *, base_dir: str, value_size: int = 1024, repe
                 t, stats = _timed(lambda: store.restore_files(OPERATOR, 0, checkpoint_id, target, mode="link"))
                 link_runs.append(t)
                 if with_open:
-                    t, opened = _timed(lambda: StateBackend.open(target, create=False))
+                    t, opened = _timed(lambda: StateBackend.open(target, create=False, compaction=compaction))
                     open_runs.append(t)
                     opened.close()
                 _rm(target)
@@ -123,7 +124,8 @@ def measure_size(size_bytes: int, *, base_dir: str, value_size: int = 1024, repe
             return link_runs, open_runs, stats
 
         # 1. Build the state and checkpoint it right away.
-        db = StateBackend.open(live, partitioner=Partitioner(), operator_id=OPERATOR, instance=0)
+        db = StateBackend.open(live, partitioner=Partitioner(), operator_id=OPERATOR, instance=0,
+                               compaction=compaction)
         built = build_state(db, size_bytes, value_size=value_size, progress=progress,
                             label=f"building {format_bytes(size_bytes)} state")
         store = ReplicaStore(store_dir)
@@ -137,7 +139,7 @@ def measure_size(size_bytes: int, *, base_dir: str, value_size: int = 1024, repe
 
         # 3. Let flushes and compactions drain, then checkpoint the settled state.
         say("  waiting for compactions to drain ...")
-        db = StateBackend.open(live, create=False)
+        db = StateBackend.open(live, create=False, compaction=compaction)
         settle_s, settled = _timed(lambda: db.wait_for_compactions(settle_timeout))
         if not settled:
             say(f"  WARNING: compactions still pending after {settle_timeout:.0f} s; checkpointing anyway")
@@ -184,6 +186,7 @@ def measure_size(size_bytes: int, *, base_dir: str, value_size: int = 1024, repe
         "files": len(manifest.files),
         "keys": built.keys,
         "value_size": value_size,
+        "compaction": compaction,
         "vnodes": len(manifest.vnodes),
         "hardlink_restore_s": _median(link_runs),
         "copy_restore_s": _median(copy_runs),
@@ -212,7 +215,8 @@ def measure_size(size_bytes: int, *, base_dir: str, value_size: int = 1024, repe
     }
 
 
-def run(sizes: list[int], *, base_dir: str, value_size: int = 1024, repeats: int = 5, keep: bool = False,
+def run(sizes: list[int], *, base_dir: str, value_size: int = 1024, repeats: int = 5, compaction: str = "level",
+        keep: bool = False,
         use_drop_caches: bool = True, json_lines: bool = False, out_file: Optional[str] = None,
         command: str = "", stdout: TextIO = sys.stdout, log: TextIO = sys.stderr) -> list[dict[str, Any]]:
     """Measures every size in turn; prints one JSON line (or one summary line) per size as it finishes."""
@@ -221,7 +225,8 @@ def run(sizes: list[int], *, base_dir: str, value_size: int = 1024, repeats: int
     results = []
     for size in sizes:
         print(f"[{format_bytes(size)}] building, checkpointing and restoring (x{repeats})", file=log, flush=True)
-        figures = measure_size(size, base_dir=base_dir, value_size=value_size, repeats=repeats, keep=keep,
+        figures = measure_size(size, base_dir=base_dir, value_size=value_size, repeats=repeats,
+                               compaction=compaction, keep=keep,
                                use_drop_caches=use_drop_caches, log=log)
         figures.update({
             "run_id": run_id,

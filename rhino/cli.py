@@ -81,7 +81,8 @@ def cmd_bench_restore(args: argparse.Namespace) -> int:
     from .bench_restore import run
 
     command = "rhino " + " ".join(shlex.quote(a) for a in args.argv)
-    run(args.sizes, base_dir=args.dir, value_size=args.value_size, repeats=args.repeats, keep=args.keep,
+    run(args.sizes, base_dir=args.dir, value_size=args.value_size, repeats=args.repeats,
+        compaction=args.compaction, keep=args.keep,
         use_drop_caches=not args.no_drop_caches, json_lines=args.json, out_file=args.out, command=command)
     return 0
 
@@ -149,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--value-size", type=_positive_int, default=1024, help="bytes per value (default: %(default)s)")
     p.add_argument("--repeats", type=_positive_int, default=5,
                    help="timed runs per measurement; the median is reported (default: %(default)s)")
+    p.add_argument("--compaction", choices=["level", "universal"], default="level",
+                   help="compaction style of the state's vnodes (default: %(default)s)")
     p.add_argument("--keep", action="store_true", help="keep the state, store and restored directories")
     p.add_argument("--no-drop-caches", action="store_true",
                    help="do not drop the page cache before timed runs (it is dropped when we may)")

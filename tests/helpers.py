@@ -121,3 +121,27 @@ def flip_byte(path: str | os.PathLike, offset: int) -> None:
 def truncate_file(path: str | os.PathLike, drop: int = 1) -> None:
     os.chmod(path, 0o644)
     os.truncate(path, os.path.getsize(path) - drop)
+
+
+# ---------------------------------------------------------------- LSM shape, read by rocksdict
+
+
+def live_sst_files(path) -> list[dict]:
+    """rocksdict's listing of the live SST files of the RocksDB at `path`, sorted by name.
+
+    Opens it read-only with rocksdict's own RocksDB build, so it works while
+    Rhino holds the DB open.
+    """
+    import rocksdict
+
+    names = rocksdict.Rdict.list_cf(str(path))
+    db = rocksdict.Rdict(
+        str(path),
+        options=rocksdict.Options(raw_mode=True),
+        column_families={n: rocksdict.Options(raw_mode=True) for n in names if n != "default"},
+        access_type=rocksdict.AccessType.read_only(),
+    )
+    try:
+        return sorted(db.live_files(), key=lambda f: f["name"])
+    finally:
+        db.close()

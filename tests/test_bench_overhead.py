@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import rhino
 
 PHASE_FIELDS = ("phase", "replicas", "writes_per_s", "keys_written", "window_s", "checkpoints", "checkpoint_ids",
@@ -20,12 +22,13 @@ SUMMARY_FIELDS = ("writes_r0", "writes_r2", "drop", "drop_pairs", "target_drop",
                   "replicas_missing_completed", "cpu", "cpu_count", "loadavg", "machine", "parameters", "command")
 
 
-def test_tiny_run_contract_and_replicas(tmp_path: Path):
+@pytest.mark.parametrize("compaction", ["level", "universal"])
+def test_tiny_run_contract_and_replicas(tmp_path: Path, compaction: str):
     work, out = tmp_path / "work", tmp_path / "overhead.jsonl"
     r = subprocess.run(
         [sys.executable, "-m", "rhino.cli", "bench", "overhead", "--pairs", "1", "--duration", "1.5", "--warmup", "0.6",
          "--checkpoint-interval", "0.3", "--initial-keys", "20000", "--batch-keys", "2000", "--value-size", "64",
-         "--dir", str(work), "--keep", "--json", "--out", str(out)],
+         "--dir", str(work), "--keep", "--json", "--out", str(out), "--compaction", compaction],
         capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
@@ -46,6 +49,7 @@ def test_tiny_run_contract_and_replicas(tmp_path: Path):
     assert abs(summary["drop"] - (1 - summary["writes_r2"] / summary["writes_r0"])) < 1e-3
     assert summary["target_met"] == (summary["drop"] <= 0.10)
     assert summary["cpu_count"] >= 1 and len(summary["loadavg"]) == 3
+    assert all(row["parameters"]["compaction"] == compaction for row in rows)
     assert "PASS" in r.stderr or "FAIL" in r.stderr
 
     (r0,) = [p for p in phases if p["replicas"] == 0]

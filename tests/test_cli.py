@@ -176,9 +176,11 @@ def test_bad_size_is_a_usage_error():
     assert r.returncode == 2 and "invalid size '12Q'" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_bench_restore_prints_one_json_object_per_size(tmp_path):
+@pytest.mark.parametrize("compaction", ["level", "universal"])
+def test_bench_restore_prints_one_json_object_per_size(tmp_path, compaction):
     r = run_cli("bench", "restore", "--sizes", "1M,2M", "--json", "--dir", str(tmp_path / "b"),
-                "--repeats", "1", "--no-drop-caches", "--out", str(tmp_path / "out.jsonl"))
+                "--repeats", "1", "--no-drop-caches", "--out", str(tmp_path / "out.jsonl"),
+                "--compaction", compaction)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == 2
@@ -190,6 +192,7 @@ def test_bench_restore_prints_one_json_object_per_size(tmp_path):
         assert o["linked_files"] + o["copied_files"] == o["files"] and o["linked_files"] > 0
         assert o["files_after_load"] > 0 and o["hardlink_restore_after_load_s"] > 0
         assert o["settled"] is True and o["settle_s"] >= 0
+        assert o["compaction"] == compaction
         assert o["bytes"] >= o["size_bytes"]  # random values do not compress
         assert isinstance(o["machine"], dict) and o["machine"]["cpu_cores"] >= 1
     assert "building" in r.stderr  # the progress bar goes to stderr

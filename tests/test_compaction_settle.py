@@ -11,27 +11,14 @@ from __future__ import annotations
 import time
 
 import pytest
-import rocksdict
 
 import rhino
 from rhino._workload import build_state
 
+from helpers import live_sst_files
+
 VNODES = 4
 L0_TRIGGER = 4  # RocksDB's level0_file_num_compaction_trigger, which Rhino does not change
-
-
-def _live_files(path) -> list[dict]:
-    names = rocksdict.Rdict.list_cf(str(path))
-    db = rocksdict.Rdict(
-        str(path),
-        options=rocksdict.Options(raw_mode=True),
-        column_families={n: rocksdict.Options(raw_mode=True) for n in names if n != "default"},
-        access_type=rocksdict.AccessType.read_only(),
-    )
-    try:
-        return sorted(db.live_files(), key=lambda f: f["name"])
-    finally:
-        db.close()
 
 
 def _loaded(tmp_path) -> rhino.StateBackend:
@@ -47,9 +34,9 @@ def test_settled_state_stops_changing_and_has_merged_its_l0(tmp_path):
     db = _loaded(tmp_path)
     try:
         assert db.wait_for_compactions(120) is True
-        settled = _live_files(tmp_path / "db")
+        settled = live_sst_files(tmp_path / "db")
         time.sleep(0.5)
-        assert _live_files(tmp_path / "db") == settled  # no flush or compaction ran since
+        assert live_sst_files(tmp_path / "db") == settled  # no flush or compaction ran since
         l0 = [f for f in settled if f["level"] == 0]
         # Every vnode (and the default column family) is below the trigger.
         assert len(l0) <= (L0_TRIGGER - 1) * (VNODES + 1)
