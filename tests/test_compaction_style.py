@@ -131,3 +131,36 @@ def test_unknown_style_raises_value_error(tmp_path, store, bad):
 def test_wrong_type_raises_type_error(tmp_path):
     with pytest.raises(TypeError):
         rhino.StateBackend.open(str(tmp_path / "db"), compaction=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("origin,target", [("level", "universal"), ("universal", "level")])
+def test_a_vnode_moves_between_styles(tmp_path, origin, target):
+    # Export from one style, import into the other (a handover between
+    # instances opened with different styles), then write on and compact.
+    p = rhino.Partitioner(num_vnodes=VNODES)
+    a = rhino.StateBackend.open(str(tmp_path / "a"), partitioner=p, vnodes=[0, 1], write_buffer_budget=2 << 20,
+                                compaction=origin)
+    b = rhino.StateBackend.open(str(tmp_path / "b"), partitioner=p, vnodes=[2, 3], instance=1, compaction=target)
+    try:
+        keys = np.arange(300_000, dtype=np.int64) * 7919
+        keys = keys[p.vnodes(keys) == 1]
+        rng = np.random.default_rng(5)
+        model: dict[bytes, bytes] = {}
+        for i in range(0, len(keys), 10_000):  # many small memtables: a multi-level LSM
+            k, v = keys[i:i + 10_000], rng.integers(0, 256, (len(keys[i:i + 10_000]), 100), dtype=np.uint8)
+            a.put_batch(k, v)
+            model.update({key_bytes(int(x)): row.tobytes() for x, row in zip(k, v)})
+        a.flush()
+        assert a.wait_for_compactions(60) is True
+        a.export_vnodes([1], str(tmp_path / "export"))
+        assert b.import_vnodes(str(tmp_path / "export")) == [1]
+        assert dict(b.scan(1)) == model
+        overwritten = keys[::3]
+        b.put_batch(overwritten, np.zeros((len(overwritten), 50), dtype=np.uint8))
+        model.update({key_bytes(int(x)): bytes(50) for x in overwritten})
+        b.flush()
+        assert b.wait_for_compactions(60) is True
+        assert dict(b.scan(1)) == model
+    finally:
+        a.close()
+        b.close()
