@@ -45,9 +45,10 @@ CompactionStyle CompactionArg(const std::string& name) {
 
 StateOptions MakeOptions(py::object partitioner, const std::string& operator_id, uint32_t instance,
                          py::object vnodes, uint64_t write_buffer_budget, bool read_only,
-                         const std::string& compaction) {
+                         const std::string& compaction, uint32_t flush_threads) {
   StateOptions o;
   o.compaction = CompactionArg(compaction);
+  o.flush_threads = flush_threads;
   o.operator_id = operator_id;
   o.instance = instance;
   o.read_only = read_only;
@@ -149,9 +150,9 @@ UnknownVnodeError, and nothing of its batch is written.
 )doc")
       .def_static("open", [](const std::string& path, py::object partitioner, const std::string& operator_id,
                              uint32_t instance, py::object vnodes, uint64_t write_buffer_budget, bool read_only,
-                             bool create, const std::string& compaction) {
-             StateOptions o =
-                 MakeOptions(partitioner, operator_id, instance, vnodes, write_buffer_budget, read_only, compaction);
+                             bool create, const std::string& compaction, uint32_t flush_threads) {
+             StateOptions o = MakeOptions(partitioner, operator_id, instance, vnodes, write_buffer_budget, read_only,
+                                          compaction, flush_threads);
              o.error_if_missing = !create;
              auto st = std::make_shared<PyState>();
              Status s;
@@ -164,8 +165,10 @@ UnknownVnodeError, and nothing of its batch is written.
            }, py::arg("path"), py::kw_only(), py::arg("partitioner") = py::none(), py::arg("operator_id") = "op",
            py::arg("instance") = 0, py::arg("vnodes") = py::none(), py::arg("write_buffer_budget") = 256ull << 20,
            py::arg("read_only") = false, py::arg("create") = true, py::arg("compaction") = "level",
+           py::arg("flush_threads") = 1,
            "Opens or creates state at `path`. For a new DB, `vnodes` (default: all) become column families.\n"
-           "`compaction` is each vnode's compaction style, 'level' or 'universal' (chosen at every open).")
+           "`compaction` is each vnode's compaction style, 'level' or 'universal' (chosen at every open).\n"
+           "`flush_threads` (1..16) lets a checkpoint's vnode flushes overlap.")
       .def_property_readonly("path", [](PyState& s) { return s.get().dir(); })
       .def_property_readonly("operator_id", [](PyState& s) { return s.get().operator_id(); })
       .def_property_readonly("instance", [](PyState& s) { return s.get().instance(); })
@@ -406,11 +409,13 @@ UnknownVnodeError, and nothing of its batch is written.
   auto store_cls = py::reinterpret_borrow<py::class_<ReplicaStore>>(m.attr("ReplicaStore"));
   store_cls.def("restore", [](const ReplicaStore& store, const std::string& op, uint32_t inst, uint64_t id,
                               const std::string& target, const std::string& mode, const std::string& verify,
-                              uint64_t write_buffer_budget, const std::string& compaction) {
+                              uint64_t write_buffer_budget, const std::string& compaction,
+                              uint32_t flush_threads) {
         RestoreOptions ro = ParseRestoreOptions(mode, verify);
         StateOptions so;
         so.write_buffer_budget = write_buffer_budget;
         so.compaction = CompactionArg(compaction);
+        so.flush_threads = flush_threads;
         auto st = std::make_shared<PyState>();
         RestoreStats stats;
         Status s;
@@ -423,7 +428,7 @@ UnknownVnodeError, and nothing of its batch is written.
         return st;
       }, py::arg("operator_id"), py::arg("instance"), py::arg("checkpoint_id"), py::arg("target"), py::kw_only(),
       py::arg("mode") = "link", py::arg("verify") = "size", py::arg("write_buffer_budget") = 256ull << 20,
-      py::arg("compaction") = "level",
+      py::arg("compaction") = "level", py::arg("flush_threads") = 1,
       R"doc(Restores a checkpoint into `target` (must not exist) and opens it.
 
 mode='link' hard-links immutable files from the pool (O(files)), falling back to

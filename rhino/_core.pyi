@@ -127,6 +127,7 @@ class ReplicaStore:
         verify: Literal["size", "full"] = "size",
         write_buffer_budget: int = 268435456,
         compaction: Literal["level", "universal"] = "level",
+        flush_threads: int = 1,
     ) -> StateBackend: ...
     def restore_files(
         self,
@@ -162,6 +163,7 @@ class StateBackend:
         read_only: bool = False,
         create: bool = True,
         compaction: Literal["level", "universal"] = "level",
+        flush_threads: int = 1,
     ) -> StateBackend: ...
     @property
     def path(self) -> str: ...

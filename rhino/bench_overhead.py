@@ -148,7 +148,7 @@ class Twin:
         self.db = rhino.StateBackend.open(str(root / name / "db"), partitioner=partitioner, operator_id=OPERATOR,
                                           instance=INSTANCE, vnodes=vnodes,
                                           write_buffer_budget=args.write_buffer_budget,
-                                          compaction=args.compaction)
+                                          compaction=args.compaction, flush_threads=args.flush_threads)
         self.store = rhino.ReplicaStore(str(root / name / "store"))
         self.workload = Workload(args.seed, partitioner, vnodes, args.value_size, args.batch_keys,
                                  args.update_fraction)
@@ -435,6 +435,7 @@ def parameters(args: argparse.Namespace, vnodes: list[int]) -> dict:
         "chunk_bytes": args.chunk, "window": args.window, "seed": args.seed, "worker_nice": DEFAULT_NICE if args.worker_nice is None else args.worker_nice,
         "worker_sched": DEFAULT_SCHED if args.worker_sched is None else args.worker_sched,
         "settle_max_s": args.settle_max, "compaction": args.compaction,
+        "flush_threads": args.flush_threads,
     }
 
 
@@ -670,6 +671,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-checkpoints", type=int, default=4, help="checkpoints kept in the primary's store")
     p.add_argument("--compaction", choices=["level", "universal"], default="level",
                    help="compaction style of both twins' vnodes (StateBackend.open(compaction=...))")
+    p.add_argument("--flush-threads", type=int, default=1, choices=range(1, 17), metavar="1..16",
+                   help="RocksDB flush threads of both twins (StateBackend.open(flush_threads=...))")
     p.add_argument("--chunk", type=int, default=1 << 20, help="replication chunk bytes")
     p.add_argument("--window", type=int, default=16, help="replication credit window (chunks)")
     p.add_argument("--settle-max", type=float, default=15.0,

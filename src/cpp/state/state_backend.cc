@@ -106,6 +106,11 @@ rocksdb::ColumnFamilyOptions VnodeColumnFamilyOptions(const StateOptions& option
   return cfo;
 }
 
+Status CheckFlushThreads(const StateOptions& options) {
+  if (options.flush_threads >= 1 && options.flush_threads <= 16) return Status::OK();
+  return Status::InvalidArgument("flush_threads must be 1..16, got " + std::to_string(options.flush_threads));
+}
+
 }  // namespace
 
 bool ParseCompactionStyle(const std::string& name, CompactionStyle* out) {
@@ -181,6 +186,7 @@ std::string_view MultiGetResult::value_at(size_t j) const {
 
 Status StateBackend::Open(const std::string& dir, const StateOptions& options,
                           std::unique_ptr<StateBackend>* out) {
+  RHINO_RETURN_IF_ERROR(CheckFlushThreads(options));
   if (!IsValidOperatorId(options.operator_id)) {
     return Status::InvalidArgument("operator id '" + options.operator_id +
                                    "' is not [A-Za-z0-9_.-]{1,128} without a leading '.'");
@@ -200,6 +206,10 @@ Status StateBackend::Open(const std::string& dir, const StateOptions& options,
   dbo.create_missing_column_families = true;
   dbo.write_buffer_manager = b->wbm_;
   dbo.max_background_jobs = 2;
+  // Flush threads: RocksDB derives one from max_background_jobs = 2, and the
+  // compactions keep their one thread either way (bench/README.md, "Flush
+  // threads").
+  dbo.max_background_flushes = static_cast<int>(options.flush_threads);
   // RocksDB loads each column family's table readers on open with
   // max_file_opening_threads threads (default 16), creating them even for a
   // column family of one file: with one column family per vnode that was
@@ -325,6 +335,7 @@ Status StateBackend::Restore(const ReplicaStore& store, const std::string& opera
                              uint64_t checkpoint_id, const std::string& target_dir,
                              const RestoreOptions& restore_options, const StateOptions& options,
                              std::unique_ptr<StateBackend>* out, RestoreStats* stats) {
+  RHINO_RETURN_IF_ERROR(CheckFlushThreads(options));  // before anything is written
   RHINO_RETURN_IF_ERROR(store.Restore(operator_id, instance, checkpoint_id, target_dir, restore_options, stats));
   auto t0 = std::chrono::steady_clock::now();
   StateOptions o = options;
@@ -653,10 +664,22 @@ Status StateBackend::Stats(std::vector<VnodeStats>* out) const {
 
 Status StateBackend::Flush() {
   RHINO_RETURN_IF_ERROR(CheckWritable());
+  return FlushColumnFamilies();
+}
+
+Status StateBackend::FlushColumnFamilies() {
   std::shared_lock lock(cf_mu_);
   std::vector<rocksdb::ColumnFamilyHandle*> cfs{default_cf_};
   for (auto* h : cf_by_vnode_)
     if (h) cfs.push_back(h);
+  // RocksDB 7.8 flushes a list of column families one at a time, waiting for
+  // each (without atomic_flush, which VnodeColumnFamilyOptions explains we do
+  // not use), so no two vnodes' flushes ever overlapped, however many flush
+  // threads there were. Asking for every flush first and waiting afterwards
+  // lets the flush threads share them.
+  rocksdb::FlushOptions start;
+  start.wait = false;
+  RHINO_RETURN_IF_ERROR(WriteResult(db_->Flush(start, cfs), "flush"));
   return WriteResult(db_->Flush(rocksdb::FlushOptions(), cfs), "flush");
 }
 

@@ -72,8 +72,13 @@ Status StateBackend::Checkpoint(ReplicaStore* store, uint64_t checkpoint_id, uin
   };
 
   // Rhino §4.2.2 phase 2, step 1: a RocksDB checkpoint (flushes memtables,
-  // hard-links the immutable SST files, copies the small mutable ones).
+  // hard-links the immutable SST files, copies the small mutable ones). The
+  // memtables are flushed first, side by side: the checkpoint's own flush
+  // takes the column families one at a time, and then finds them flushed
+  // (or flushes only what a concurrent writer added since).
   const std::string db_dir = fs::Join(staging, "db");
+  s = FlushColumnFamilies();
+  if (!s.ok()) return fail(s);
   {
     rocksdb::Checkpoint* raw = nullptr;
     rocksdb::Status rs = rocksdb::Checkpoint::Create(db_.get(), &raw);
