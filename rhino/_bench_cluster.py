@@ -13,9 +13,38 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 SECRET = b"bench-secret"
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit(143) in the main thread, so a bench stopped
+    by `kill`, a CI timeout or a job scheduler unwinds through its `finally`
+    blocks and stops its worker processes (they run in their own sessions and
+    would otherwise outlive it). Further SIGTERMs are ignored while it unwinds,
+    so a second `kill` cannot cut the clean-up short; SIGKILL still can."""
+
+    def _unwind(signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print(f"rhino bench: signal {signum} received, stopping the workers", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _unwind)
+
+
+def wait_replication(handle: Any, timeout: float | None = None, step: float = 0.2) -> dict | None:
+    """`handle.wait(timeout)` in short steps, so the main thread gets back to
+    the interpreter often enough to act on a signal (a single long wait would
+    block in C++ with the GIL released until the transfer ended). Returns the
+    result dict, or None if `timeout` passed; raises what `wait` raises."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = step if deadline is None else min(step, max(0.0, deadline - time.monotonic()))
+        res = handle.wait(left)
+        if res is not None or (deadline is not None and time.monotonic() >= deadline):
+            return res
 
 
 def write_secret(root: Path, secret: bytes = SECRET) -> Path:
@@ -44,6 +73,16 @@ class Worker:
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         self.port = 0
+        try:
+            self._await_listening(timeout)
+        except BaseException:  # a signal or Ctrl-C while it starts: it is not in any list yet
+            self.stop()
+            raise
+        if not self.port:
+            self.stop()
+            raise RuntimeError(f"worker {self.id} did not start; its log: {self.log_path.read_text()[-2000:]}")
+
+    def _await_listening(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not self.port and time.monotonic() < deadline:
             for line in self.log_path.read_text().splitlines():
@@ -56,9 +95,6 @@ class Worker:
             if not self.port and self.proc.poll() is not None:
                 break
             time.sleep(0.05)
-        if not self.port:
-            self.stop()
-            raise RuntimeError(f"worker {self.id} did not start; its log: {self.log_path.read_text()[-2000:]}")
 
     @property
     def pid(self) -> int:

@@ -79,7 +79,7 @@ import numpy as np
 
 import rhino
 
-from ._bench_cluster import (SECRET, cpu_seconds, pressure_seconds, start_workers, system_cpu_seconds,
+from ._bench_cluster import (SECRET, cpu_seconds, exit_on_sigterm, wait_replication, pressure_seconds, start_workers, system_cpu_seconds,
                              thread_cpu_seconds, thread_schedstat, write_secret)
 from ._machine import describe_machine, machine_summary
 from ._sizes import parse_size
@@ -231,7 +231,7 @@ class Twin:
         t0 = time.perf_counter()
         if self.handle is not None:
             try:
-                self.handle.wait(self.args.replication_timeout + 5)
+                wait_replication(self.handle, self.args.replication_timeout + 5)
             except rhino.RhinoError:
                 pass  # recorded by _finish
             self._finish()
@@ -472,10 +472,10 @@ def run(args: argparse.Namespace, command: str) -> list[dict]:
     if args.worker_sched is not None:
         extra += ["--sched", args.worker_sched]
     workers = start_workers(root, list(range(2, 2 + args.replicas)), secret_file, args.window, extra)
-    params["worker_priority"] = worker_priorities(workers)
     twins: dict[int, Twin] = {}
     rows: list[dict] = []
     try:
+        params["worker_priority"] = worker_priorities(workers)
         setup: dict[str, Any] = {}
         for r, name in ((0, "r0"), (args.replicas, f"r{args.replicas}")):
             t0 = time.perf_counter()
@@ -703,7 +703,13 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.update_fraction < 1:
         parser.error("--update-fraction must be in [0, 1)")
     command = "rhino bench overhead " + " ".join(shlex.quote(a) for a in argv)
-    rows = run(args, command)
+    exit_on_sigterm()
+    try:
+        rows = run(args, command)
+    except BaseException:
+        if not args.keep:
+            shutil.rmtree(args.dir, ignore_errors=True)
+        raise
     lines = [json.dumps(row) for row in rows]
     if args.json:
         for line in lines:

@@ -45,7 +45,7 @@ import numpy as np
 
 import rhino
 
-from ._bench_cluster import SECRET, rss_kb, start_workers, write_secret
+from ._bench_cluster import SECRET, exit_on_sigterm, rss_kb, start_workers, wait_replication, write_secret
 
 
 def parse_size(s: str) -> int:
@@ -199,11 +199,11 @@ def run(args: argparse.Namespace) -> list[dict]:
         os.sync()  # the transfer starts with no dirty data of the probe's
         (root / f"r{r}").mkdir()
         workers = start_workers(root / f"r{r}", list(range(2, 2 + args.workers)), secret_file, args.window)
+        done = threading.Event()
         try:
             chain = workers[:r]
             base = {w.proc.pid: rss_kb(w.proc.pid) for w in chain}
             peak = dict(base)
-            done = threading.Event()
 
             def sample() -> None:
                 while not done.is_set():
@@ -211,11 +211,12 @@ def run(args: argparse.Namespace) -> list[dict]:
                         peak[w.proc.pid] = max(peak[w.proc.pid], rss_kb(w.proc.pid))
                     time.sleep(0.01)
 
-            sampler = threading.Thread(target=sample)
+            sampler = threading.Thread(target=sample, daemon=True)
             sampler.start()
             t0 = time.perf_counter()
-            res = rhino.replicate(store, "bench", 0, 1, [w.address for w in chain], chain_version=1, secret=SECRET,
-                                  chunk_bytes=args.chunk, window=args.window, timeout=3600).wait()
+            handle = rhino.replicate(store, "bench", 0, 1, [w.address for w in chain], chain_version=1,
+                                     secret=SECRET, chunk_bytes=args.chunk, window=args.window, timeout=3600)
+            res = wait_replication(handle)
             seconds = time.perf_counter() - t0
             done.set()
             sampler.join()
@@ -250,6 +251,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
             })
         finally:
+            done.set()
             for w in workers:
                 w.stop()
             shutil.rmtree(root / f"r{r}", ignore_errors=True)
@@ -300,7 +302,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    rows = run(args)
+    exit_on_sigterm()
+    try:
+        rows = run(args)
+    except BaseException:
+        shutil.rmtree(args.dir, ignore_errors=True)
+        raise
     for row in rows:
         line = json.dumps(row)
         print(line if args.json else f"r={row['replicas']}: {row['throughput_mb_s']} MB/s "

@@ -173,7 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    delegated = _delegate(argv)
+    try:
+        delegated = _delegate(argv)
+    except KeyboardInterrupt:  # the benchmarks have stopped their workers on the way out
+        print("rhino: interrupted", file=sys.stderr)
+        return 130
     if delegated is not None:
         return delegated
     parser = build_parser()
