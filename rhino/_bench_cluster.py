@@ -1,5 +1,5 @@
-"""Helpers shared by the benchmarks that run real worker processes
-(`rhino bench replicate`, `rhino bench overhead`): starting and stopping
+"""Helpers shared by the benchmarks and the demo that run real worker processes
+(`rhino bench replicate`, `rhino bench overhead`, `rhino demo`): starting and stopping
 `rhino.worker` daemons on 127.0.0.N, and reading a process's RSS and CPU time
 from /proc.
 """

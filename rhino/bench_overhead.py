@@ -79,8 +79,9 @@ import numpy as np
 
 import rhino
 
-from ._bench_cluster import (SECRET, cpu_seconds, exit_on_sigterm, wait_replication, pressure_seconds, start_workers, system_cpu_seconds,
-                             thread_cpu_seconds, thread_schedstat, write_secret)
+from ._bench_cluster import (SECRET, cpu_seconds, exit_on_sigterm, pressure_seconds, start_workers,
+                             system_cpu_seconds, thread_cpu_seconds, thread_schedstat, wait_replication,
+                             write_secret)
 from ._machine import describe_machine, machine_summary
 from ._sizes import parse_size
 from ._workload import keys_for, random_values
