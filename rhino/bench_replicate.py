@@ -46,12 +46,8 @@ import numpy as np
 import rhino
 
 from ._bench_cluster import SECRET, exit_on_sigterm, rss_kb, start_workers, wait_replication, write_secret
-
-
-def parse_size(s: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    s = s.strip().upper()
-    return int(float(s[:-1]) * units[s[-1]]) if s[-1] in units else int(s)
+from ._progress import Progress
+from ._sizes import format_bytes, parse_size
 
 
 _SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>
@@ -150,7 +146,7 @@ def loopback_limit_mb_s(size: int) -> float:
     return received[0] / dt / 1e6
 
 
-def build_checkpoint(root: Path, size: int) -> tuple[rhino.ReplicaStore, rhino.Manifest]:
+def build_checkpoint(root: Path, size: int, progress: bool = False) -> tuple[rhino.ReplicaStore, rhino.Manifest]:
     store = rhino.ReplicaStore(str(root / "primary"))
     rng = np.random.default_rng(1)
     value = 16 << 10
@@ -158,9 +154,11 @@ def build_checkpoint(root: Path, size: int) -> tuple[rhino.ReplicaStore, rhino.M
     with rhino.StateBackend.open(str(root / "live"), operator_id="bench", instance=0,
                                  partitioner=rhino.Partitioner(num_vnodes=8),
                                  write_buffer_budget=256 << 20) as db:
-        for start in range(0, n, 1024):
-            keys = np.arange(start, min(n, start + 1024), dtype=np.int64)
-            db.put_batch(keys, [rng.bytes(value) for _ in range(len(keys))], version=1)
+        with Progress("[replicate] building the checkpoint", n * value, enabled=progress) as bar:
+            for start in range(0, n, 1024):
+                keys = np.arange(start, min(n, start + 1024), dtype=np.int64)
+                db.put_batch(keys, [rng.bytes(value) for _ in range(len(keys))], version=1)
+                bar.advance(len(keys) * value)
         db.flush()
         m = db.checkpoint(store, 1)
     return store, m
@@ -172,10 +170,10 @@ def run(args: argparse.Namespace) -> list[dict]:
     root.mkdir(parents=True)
     size = parse_size(args.size)
     secret_file = write_secret(root)
-    replicas = [int(r) for r in str(args.replicas).split(",")]
-    if max(replicas) > args.workers:
-        raise SystemExit("--replicas cannot exceed --workers")
-    store, m = build_checkpoint(root, size)
+    replicas = parse_replicas(args.replicas)
+    say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if not args.quiet else (lambda *a: None)
+    store, m = build_checkpoint(root, size, progress=not args.quiet)
+    say(f"[replicate] checkpoint 1: {len(m.files)} files, {format_bytes(m.total_bytes)}")
     # This disk's speed drifts within a run (seen: 190 to 950 MB/s), so it is
     # probed right before and right after every transfer, both plainly and
     # with the replicas' early writeback, and every row is judged against the
@@ -192,10 +190,13 @@ def run(args: argparse.Namespace) -> list[dict]:
         return got
 
     loop = loopback_limit_mb_s(m.total_bytes)
+    say(f"[replicate] loopback limit (one TCP connection): {loop:.0f} MB/s")
     rows = []
     run_id = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}"
     for r in replicas:
         before = probe_disk()
+        say(f"[replicate] r={r}: disk probes before (plain, early writeback, O_DIRECT): "
+            + ", ".join(f"{x:.0f}" for x in before) + " MB/s")
         os.sync()  # the transfer starts with no dirty data of the probe's
         (root / f"r{r}").mkdir()
         workers = start_workers(root / f"r{r}", list(range(2, 2 + args.workers)), secret_file, args.window)
@@ -216,10 +217,13 @@ def run(args: argparse.Namespace) -> list[dict]:
             t0 = time.perf_counter()
             handle = rhino.replicate(store, "bench", 0, 1, [w.address for w in chain], chain_version=1,
                                      secret=SECRET, chunk_bytes=args.chunk, window=args.window, timeout=3600)
+            say(f"[replicate] r={r}: replicating {format_bytes(m.total_bytes)} down "
+                + " -> ".join(w.address for w in chain))
             res = wait_replication(handle)
             seconds = time.perf_counter() - t0
             done.set()
             sampler.join()
+            say(f"[replicate] r={r}: {m.total_bytes / seconds / 1e6:.0f} MB/s ({seconds:.2f} s); probing the disk again")
             after = probe_disk()
             tput = m.total_bytes / seconds / 1e6
             disk = max(probes)
@@ -297,11 +301,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
     p.add_argument("--out", default=None, help="also append the JSON lines to this file")
     p.add_argument("--plot", default=None, help="write a bar chart here")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return p
 
 
+def parse_replicas(text: str) -> list[int]:
+    """``"1,2"`` -> [1, 2]. Raises ValueError on anything else."""
+    try:
+        out = [int(p) for p in str(text).split(",")]
+    except ValueError:
+        raise ValueError(f"--replicas {text!r}: expected chain lengths like 1,2") from None
+    if not out or min(out) < 1:
+        raise ValueError(f"--replicas {text!r}: every chain length must be at least 1")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        parse_size(args.size)
+        replicas = parse_replicas(args.replicas)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.workers < 1 or args.chunk < 1 or args.window < 1:
+        parser.error("--workers, --chunk and --window must be positive")
+    if max(replicas) > args.workers:
+        parser.error(f"--replicas {args.replicas}: a chain cannot be longer than --workers ({args.workers})")
     exit_on_sigterm()
     try:
         rows = run(args)

@@ -176,6 +176,19 @@ def test_bad_size_is_a_usage_error():
     assert r.returncode == 2 and "invalid size '12Q'" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--size", "2X"], "invalid size '2X'"),
+    (["--replicas", "1,x"], "expected chain lengths like 1,2"),
+    (["--replicas", "0"], "every chain length must be at least 1"),
+    (["--replicas", "3", "--workers", "2"], "a chain cannot be longer than --workers (2)"),
+    (["--window", "0"], "must be positive"),
+])
+def test_bench_replicate_bad_arguments_are_usage_errors(tmp_path, args, message):
+    r = run_cli("bench", "replicate", *args, "--dir", "w", cwd=tmp_path)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "w").exists()  # refused before anything was started or written
+
+
 @pytest.mark.parametrize("compaction", ["level", "universal"])
 def test_bench_restore_prints_one_json_object_per_size(tmp_path, compaction):
     r = run_cli("bench", "restore", "--sizes", "1M,2M", "--json", "--dir", str(tmp_path / "b"),
