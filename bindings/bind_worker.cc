@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <memory>
 #include <optional>
 
@@ -288,20 +290,41 @@ stop() aborts streams under way and closes connections; join() waits for stop.
       .def_property_readonly("done", [](const PyReplication& r) { return r.handle->Done(); })
       .def("cancel", [](PyReplication& r) { r.handle->Cancel(); }, "Aborts the replication down the chain.")
       .def("wait", [](const PyReplication& r, std::optional<double> timeout) -> py::object {
+             // Waits in slices with the GIL released, and between slices lets Python run its signal
+             // handlers: a transfer of a large checkpoint can take minutes, and Ctrl-C or a SIGTERM
+             // handler must not wait for it. The exception (KeyboardInterrupt, SystemExit) propagates;
+             // the transfer goes on until the handle is dropped or cancelled.
+             constexpr int64_t kSliceMs = 100;
+             const bool bounded = timeout.has_value();
+             const auto deadline = std::chrono::steady_clock::now() +
+                                   std::chrono::milliseconds(bounded ? std::max<int64_t>(
+                                                                           0, static_cast<int64_t>(*timeout * 1000.0))
+                                                                     : 0);
              ReplicationResult res;
-             bool done;
-             {
-               py::gil_scoped_release release;
-               int64_t ms = timeout.has_value() ? static_cast<int64_t>(*timeout * 1000.0) : -1;
-               if (ms < -1) ms = 0;
-               done = r.handle->Wait(ms, &res);
+             for (;;) {
+               int64_t slice = kSliceMs;
+               if (bounded) {
+                 const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       deadline - std::chrono::steady_clock::now())
+                                       .count();
+                 slice = std::clamp<int64_t>(left, 0, kSliceMs);
+               }
+               bool done;
+               {
+                 py::gil_scoped_release release;
+                 done = r.handle->Wait(slice, &res);
+               }
+               if (done) break;
+               if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+               if (bounded && std::chrono::steady_clock::now() >= deadline) return py::none();
              }
-             if (!done) return py::none();
              ThrowIfError(res.status);
              return ResultDict(res);
            }, py::arg("timeout") = py::none(),
            "Waits for the end. Returns the result dict once the chain has committed (the checkpoint is "
-           "complete), raises the mapped RhinoError if it failed, or returns None if `timeout` passed first.");
+           "complete), raises the mapped RhinoError if it failed, or returns None if `timeout` passed first. "
+           "Signals are handled while it waits (Ctrl-C raises KeyboardInterrupt); the transfer itself stops "
+           "only when the handle is cancelled or dropped.");
 
   m.def("replicate", [](const std::string& store_dir, const std::string& operator_id, uint32_t instance,
                         uint64_t checkpoint_id, const std::vector<std::string>& chain, uint64_t chain_version,

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 SECRET = b"bench-secret"
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -32,19 +31,6 @@ def exit_on_sigterm() -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _unwind)
-
-
-def wait_replication(handle: Any, timeout: float | None = None, step: float = 0.2) -> dict | None:
-    """`handle.wait(timeout)` in short steps, so the main thread gets back to
-    the interpreter often enough to act on a signal (a single long wait would
-    block in C++ with the GIL released until the transfer ended). Returns the
-    result dict, or None if `timeout` passed; raises what `wait` raises."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        left = step if deadline is None else min(step, max(0.0, deadline - time.monotonic()))
-        res = handle.wait(left)
-        if res is not None or (deadline is not None and time.monotonic() >= deadline):
-            return res
 
 
 def write_secret(root: Path, secret: bytes = SECRET) -> Path:

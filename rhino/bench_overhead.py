@@ -80,8 +80,7 @@ import numpy as np
 import rhino
 
 from ._bench_cluster import (SECRET, cpu_seconds, exit_on_sigterm, pressure_seconds, start_workers,
-                             system_cpu_seconds, thread_cpu_seconds, thread_schedstat, wait_replication,
-                             write_secret)
+                             system_cpu_seconds, thread_cpu_seconds, thread_schedstat, write_secret)
 from ._machine import describe_machine, machine_summary
 from ._sizes import parse_size
 from ._workload import keys_for, random_values
@@ -232,7 +231,7 @@ class Twin:
         t0 = time.perf_counter()
         if self.handle is not None:
             try:
-                wait_replication(self.handle, self.args.replication_timeout + 5)
+                self.handle.wait(self.args.replication_timeout + 5)
             except rhino.RhinoError:
                 pass  # recorded by _finish
             self._finish()

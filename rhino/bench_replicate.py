@@ -45,7 +45,7 @@ import numpy as np
 
 import rhino
 
-from ._bench_cluster import SECRET, exit_on_sigterm, rss_kb, start_workers, wait_replication, write_secret
+from ._bench_cluster import SECRET, exit_on_sigterm, rss_kb, start_workers, write_secret
 from ._progress import Progress
 from ._sizes import format_bytes, parse_size
 
@@ -219,7 +219,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                                      secret=SECRET, chunk_bytes=args.chunk, window=args.window, timeout=3600)
             say(f"[replicate] r={r}: replicating {format_bytes(m.total_bytes)} down "
                 + " -> ".join(w.address for w in chain))
-            res = wait_replication(handle)
+            res = handle.wait()
             seconds = time.perf_counter() - t0
             done.set()
             sampler.join()

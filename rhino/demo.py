@@ -25,7 +25,7 @@ from typing import TextIO
 import numpy as np
 
 from . import Partitioner, ReplicaStore, StateBackend, __version__
-from ._bench_cluster import Worker, start_workers, wait_replication, write_secret
+from ._bench_cluster import Worker, start_workers, write_secret
 from ._machine import describe_machine, machine_summary
 from ._sizes import format_bytes
 from ._workload import build_state, keys_for, random_values
@@ -227,7 +227,7 @@ def _replicate_and_fail_over(out: _Out, directory: str, store: ReplicaStore, m1,
         for m in (m1, m2):
             h = replicate(store, OPERATOR, INSTANCE, m.checkpoint_id, chain, chain_version=1, secret=secret,
                           timeout=300)
-            res = wait_replication(h, timeout=600)
+            res = h.wait(timeout=600)
             if res is None:
                 raise RuntimeError(f"replication of checkpoint {m.checkpoint_id} did not finish in 600 s")
             sent.append(res)
@@ -260,7 +260,7 @@ def _replicate_and_fail_over(out: _Out, directory: str, store: ReplicaStore, m1,
         # holds every file already, so only the spare receives any.
         h = replicate(store, OPERATOR, INSTANCE, 2, [tail.address, spare.address], chain_version=2, secret=secret,
                       timeout=300)
-        res = wait_replication(h, timeout=600)
+        res = h.wait(timeout=600)
         if res is None:
             raise RuntimeError("replication to the repaired chain did not finish in 600 s")
         spare_store = ReplicaStore(str(spare.dir))

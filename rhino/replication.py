@@ -68,6 +68,9 @@ def replicate(
     The checkpoint is complete once ``handle.wait()`` returns a result: every
     member has committed it (Rhino §4.2.2). ``wait`` raises the mapped error if
     the chain failed; retry on a repaired chain with a higher `chain_version`.
+    ``wait`` releases the GIL but still runs Python's signal handlers every
+    100 ms, so Ctrl-C (KeyboardInterrupt) or a SIGTERM handler interrupts
+    the wait, not the transfer (drop or cancel the handle to stop it).
     Memory per stream is bounded by ``window x chunk_bytes`` at every member.
     Keep the handle until the transfer is done: dropping the last reference to
     it cancels the transfer down the chain (nothing is committed then).
