@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <optional>
 
@@ -294,6 +295,8 @@ stop() aborts streams under way and closes connections; join() waits for stop.
              // handlers: a transfer of a large checkpoint can take minutes, and Ctrl-C or a SIGTERM
              // handler must not wait for it. The exception (KeyboardInterrupt, SystemExit) propagates;
              // the transfer goes on until the handle is dropped or cancelled.
+             if (timeout && (std::isnan(*timeout) || *timeout < 0))
+               ThrowIfError(Status::InvalidArgument("timeout must be a number of seconds >= 0, or None"));
              constexpr int64_t kSliceMs = 100;
              const bool bounded = timeout.has_value();
              const auto deadline = std::chrono::steady_clock::now() +

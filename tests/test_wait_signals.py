@@ -67,3 +67,22 @@ def test_wait_is_interrupted_by_a_signal(tmp_path: Path, how: str):
     else:
         assert proc.returncode == 143, err
     assert took < 20
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan")])
+def test_wait_refuses_a_negative_or_nan_timeout(tmp_path: Path, bad: float):
+    import numpy as np
+
+    import rhino
+    from rhino.replication import replicate
+
+    store = rhino.ReplicaStore(str(tmp_path / "store"))
+    with rhino.StateBackend.open(str(tmp_path / "live"), operator_id="op", instance=0,
+                                 partitioner=rhino.Partitioner(num_vnodes=4)) as db:
+        db.put_batch(np.arange(10, dtype=np.int64), [b"v"] * 10)
+        db.checkpoint(store, 1)
+    # Nobody listens on port 9 of 127.0.0.1 here: the transfer fails soon, but the timeout is refused first.
+    h = replicate(store, "op", 0, 1, ["127.0.0.1:9"], chain_version=1, secret=b"s", timeout=5)
+    with pytest.raises(rhino.InvalidArgumentError, match="timeout must be"):
+        h.wait(bad)
+    h.cancel()
