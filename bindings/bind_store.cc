@@ -2,6 +2,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
+#include <optional>
+
 #include "bind_common.h"
 #include "errors.h"
 #include "rhino/manifest.h"
@@ -138,17 +141,51 @@ atomically committed manifests. A checkpoint is visible iff its manifest is.
            }, py::arg("operator_id"), py::arg("instance"), py::arg("checkpoint_id"), py::arg("target"),
            py::kw_only(), py::arg("mode") = "link", py::arg("verify") = "size",
            "Builds the RocksDB directory of a checkpoint at `target` without opening it.")
-      .def("verify", [](const ReplicaStore& s, const std::string& op, uint32_t inst, bool full) {
+      .def("verify", [](const ReplicaStore& s, const std::string& op, uint32_t inst, bool full,
+                        const py::object& progress) {
+             if (!progress.is_none() && !PyCallable_Check(progress.ptr()))
+               throw py::type_error("progress must be callable(files_checked, bytes_checked) or None");
+             // A full verify of a large store runs for minutes with the GIL released. Every 100 ms
+             // (not per file: most files are small) it takes the GIL back to run Python's signal
+             // handlers, so Ctrl-C interrupts it, and the caller's progress callback. Either one
+             // raising stops the verify, and that exception is what the caller sees.
+             std::optional<py::error_already_set> raised;
+             std::chrono::steady_clock::time_point last{};  // the first file is reported at once
+             ReplicaStore::VerifyObserver observer = [&](const VerifyReport& so_far) {
+               const auto now = std::chrono::steady_clock::now();
+               if (now - last < std::chrono::milliseconds(100)) return true;
+               last = now;
+               py::gil_scoped_acquire gil;
+               if (PyErr_CheckSignals() != 0) {
+                 raised.emplace();
+                 return false;
+               }
+               if (!progress.is_none()) {
+                 try {
+                   progress(so_far.files_checked, so_far.bytes_checked);
+                 } catch (py::error_already_set& e) {
+                   raised.emplace(std::move(e));
+                   return false;
+                 }
+               }
+               return true;
+             };
              VerifyReport r;
              Status status;
              {
                py::gil_scoped_release release;
-               status = s.Verify(op, inst, full ? VerifyLevel::kFull : VerifyLevel::kSize, &r);
+               status = s.Verify(op, inst, full ? VerifyLevel::kFull : VerifyLevel::kSize, &r, observer);
              }
+             if (raised) throw std::move(*raised);
              ThrowIfError(status);
+             if (!progress.is_none()) progress(r.files_checked, r.bytes_checked);  // the final figures, always
              return r;
            }, py::kw_only(), py::arg("operator_id") = "", py::arg("instance") = 0, py::arg("full") = true,
-           "Re-checks committed checkpoints (all, or one instance's); full=True re-hashes every byte.")
+           py::arg("progress") = py::none(),
+           "Re-checks committed checkpoints (all, or one instance's); full=True re-hashes every pooled "
+           "file once (a file shared by several checkpoints is read once). `progress(files_checked, "
+           "bytes_checked)` is called after the first file, then at most every 0.1 s, and once at the end; "
+           "an exception it raises, or Ctrl-C, stops the verify and propagates.")
       .def("retain", [](ReplicaStore& s, const std::string& op, uint32_t inst, uint32_t keep_last) {
              std::vector<uint64_t> removed;
              ThrowIfError(s.Retain(op, inst, keep_last, &removed));

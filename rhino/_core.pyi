@@ -1,6 +1,6 @@
 """Type stubs for rhino._core, the private compiled module (see bindings/)."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -139,7 +139,14 @@ class ReplicaStore:
         mode: Literal["link", "copy"] = "link",
         verify: Literal["size", "full"] = "size",
     ) -> RestoreStats: ...
-    def verify(self, *, operator_id: str = "", instance: int = 0, full: bool = True) -> VerifyReport: ...
+    def verify(
+        self,
+        *,
+        operator_id: str = "",
+        instance: int = 0,
+        full: bool = True,
+        progress: Callable[[int, int], object] | None = None,
+    ) -> VerifyReport: ...
     def retain(self, operator_id: str, instance: int, keep_last: int) -> list[int]: ...
     def gc(self) -> dict[str, int]: ...
     def pool_path(self, identity: str) -> str: ...

@@ -230,7 +230,8 @@ def test_bench_replicate_prints_its_contract_and_judges_against_the_fastest_prob
         assert row["bytes_sent"] == row["bytes"]  # fresh stores: every file crosses the socket
         assert row["disk_limit_mb_s"] == pytest.approx(max(probes), abs=0.1)
         limit = min(row["disk_limit_mb_s"], row["loopback_limit_mb_s"])
-        assert row["fraction_of_limit"] == pytest.approx(row["throughput_mb_s"] / limit, rel=0.01)
+        # fraction_of_limit is rounded to 3 places: a tiny run's 0.0217 is written as 0.022.
+        assert row["fraction_of_limit"] == pytest.approx(row["throughput_mb_s"] / limit, rel=0.01, abs=5e-4)
 
 
 def test_demo_runs_and_verifies(tmp_path, read_rocksdb):

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <set>
+#include <unordered_map>
 
 #include "util/crash_point.h"
 #include "util/fs.h"
@@ -407,8 +408,16 @@ Status ReplicaStore::Restore(const std::string& operator_id, uint32_t instance, 
 }
 
 Status ReplicaStore::Verify(const std::string& operator_id, uint32_t instance, VerifyLevel level,
-                            VerifyReport* report) const {
+                            VerifyReport* report, const VerifyObserver& observer) const {
   *report = VerifyReport();
+  // Pooled files are immutable and shared by consecutive checkpoints (an
+  // incremental checkpoint adds only its delta), so each is read once:
+  // identity -> (its XXH3-128, or the error reading it).
+  struct Hashed {
+    std::string sum;
+    std::string error;
+  };
+  std::unordered_map<std::string, Hashed> hashed;
   std::unique_ptr<Lock> lock;
   RHINO_RETURN_IF_ERROR(AcquireLock(false, &lock));
   std::vector<InstanceRef> instances;
@@ -451,15 +460,24 @@ Status ReplicaStore::Verify(const std::string& operator_id, uint32_t instance, V
           continue;
         }
         if (level == VerifyLevel::kFull) {
-          std::string sum;
-          uint64_t n = 0;
-          Status hs = HashFile(pooled, &sum, &n);
-          report->bytes_checked += n;
-          if (!hs.ok()) {
-            problem(f.name, hs.message());
-          } else if (sum != f.checksum) {
+          auto it = hashed.find(f.identity);
+          if (it == hashed.end()) {
+            Hashed h;
+            uint64_t n = 0;
+            Status hs = HashFile(pooled, &h.sum, &n);
+            report->bytes_checked += n;
+            if (!hs.ok()) h.error = hs.message();
+            it = hashed.emplace(f.identity, std::move(h)).first;
+          }
+          if (!it->second.error.empty()) {
+            problem(f.name, it->second.error);
+          } else if (it->second.sum != f.checksum) {
             problem(f.name, "checksum mismatch");
           }
+        }
+        if (observer && !observer(*report)) {
+          return Status::Aborted("verify stopped by its caller after " + std::to_string(report->files_checked) +
+                                 " files");
         }
       }
     }

@@ -67,7 +67,9 @@ struct VerifyProblem {
 
 struct VerifyReport {
   uint64_t checkpoints = 0;
-  uint64_t files_checked = 0;
+  uint64_t files_checked = 0;  // file references checked, one per file of every checkpoint
+  // Bytes read and re-hashed (kFull). A pooled file that several checkpoints
+  // share is hashed once per Verify, and its result holds for all of them.
   uint64_t bytes_checked = 0;
   std::vector<VerifyProblem> problems;
   bool ok() const { return problems.empty(); }
@@ -144,10 +146,16 @@ class ReplicaStore {
                  const std::string& target_dir, const RestoreOptions& options,
                  RestoreStats* stats) const;
 
+  // Called after every file Verify checks, with the report so far. Returning
+  // false stops the verification: Verify then returns Aborted. A full verify
+  // of a large store runs for minutes; this is how a caller shows progress
+  // and lets its user interrupt it.
+  using VerifyObserver = std::function<bool(const VerifyReport& so_far)>;
+
   // Re-checks every committed checkpoint (or one instance's, if operator_id is
   // non-empty) at `level`.
   Status Verify(const std::string& operator_id, uint32_t instance, VerifyLevel level,
-                VerifyReport* report) const;
+                VerifyReport* report, const VerifyObserver& observer = nullptr) const;
 
   // Deletes the manifests of all but the newest `keep_last` checkpoints of an
   // instance. Files are reclaimed by GarbageCollect.
