@@ -412,6 +412,8 @@ UnknownVnodeError, and nothing of its batch is written.
                               uint64_t write_buffer_budget, const std::string& compaction,
                               uint32_t flush_threads) {
         RestoreOptions ro = ParseRestoreOptions(mode, verify);
+        SignalCheck signals;
+        ro.keep_going = [&signals]() { return signals(); };
         StateOptions so;
         so.write_buffer_budget = write_buffer_budget;
         so.compaction = CompactionArg(compaction);
@@ -423,6 +425,7 @@ UnknownVnodeError, and nothing of its batch is written.
           py::gil_scoped_release release;
           s = StateBackend::Restore(store, op, inst, id, target, ro, so, &st->db, &stats);
         }
+        signals.RethrowIfRaised();
         ThrowIfError(s);
         st->restore_stats = stats;
         return st;
@@ -433,7 +436,9 @@ UnknownVnodeError, and nothing of its batch is written.
 
 mode='link' hard-links immutable files from the pool (O(files)), falling back to
 a copy across filesystems (restore_stats.fell_back_to_copy); mode='copy' copies.
-verify='size' checks presence and sizes (O(files)); 'full' re-hashes every byte.)doc");
+verify='size' checks presence and sizes (O(files)); 'full' re-hashes every byte.
+Ctrl-C stops a long restore (a full verify, a copy) between files; `target`
+is then left absent.)doc");
 }
 
 }  // namespace rhino::py_bindings

@@ -130,12 +130,15 @@ atomically committed manifests. A checkpoint is visible iff its manifest is.
       .def("restore_files", [](const ReplicaStore& s, const std::string& op, uint32_t inst, uint64_t id,
                                const std::string& target, const std::string& mode, const std::string& verify) {
              RestoreOptions o = ParseRestoreOptions(mode, verify);
+             SignalCheck signals;
+             o.keep_going = [&signals]() { return signals(); };
              RestoreStats st;
              Status status;
              {
                py::gil_scoped_release release;
                status = s.Restore(op, inst, id, target, o, &st);
              }
+             signals.RethrowIfRaised();
              ThrowIfError(status);
              return st;
            }, py::arg("operator_id"), py::arg("instance"), py::arg("checkpoint_id"), py::arg("target"),

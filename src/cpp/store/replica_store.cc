@@ -350,6 +350,10 @@ Status ReplicaStore::Restore(const std::string& operator_id, uint32_t instance, 
       }
     }
     sources.push_back(std::move(pooled));
+    if (options.keep_going && !options.keep_going()) {
+      return Status::Aborted("restore of checkpoint " + std::to_string(checkpoint_id) +
+                             " stopped by its caller while verifying");
+    }
   }
 
   std::string parent = fs::Parent(target_dir);
@@ -366,6 +370,10 @@ Status ReplicaStore::Restore(const std::string& operator_id, uint32_t instance, 
 
   Status s;
   for (size_t i = 0; i < m.files.size() && s.ok(); ++i) {
+    if (options.keep_going && !options.keep_going()) {
+      s = Status::Aborted("restore of checkpoint " + std::to_string(checkpoint_id) + " stopped by its caller");
+      break;
+    }
     const FileEntry& f = m.files[i];
     std::string dst = fs::Join(stage, f.name);
     bool linked = false;

@@ -44,6 +44,11 @@ enum class VerifyLevel {
 struct RestoreOptions {
   PlaceMode mode = PlaceMode::kLink;
   VerifyLevel verify = VerifyLevel::kSize;
+  // Asked between files, while they are verified and while they are placed;
+  // returning false stops the restore with Aborted and leaves no target
+  // directory. A full verify or a copy of a large checkpoint runs for
+  // minutes; this is how a caller lets its user interrupt it.
+  std::function<bool()> keep_going;
 };
 
 struct RestoreStats {
