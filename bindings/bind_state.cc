@@ -410,10 +410,10 @@ UnknownVnodeError, and nothing of its batch is written.
   store_cls.def("restore", [](const ReplicaStore& store, const std::string& op, uint32_t inst, uint64_t id,
                               const std::string& target, const std::string& mode, const std::string& verify,
                               uint64_t write_buffer_budget, const std::string& compaction,
-                              uint32_t flush_threads) {
+                              uint32_t flush_threads, const py::object& progress) {
         RestoreOptions ro = ParseRestoreOptions(mode, verify);
         SignalCheck signals;
-        ro.keep_going = [&signals]() { return signals(); };
+        ro.keep_going = RestoreKeepGoing(signals, progress);
         StateOptions so;
         so.write_buffer_budget = write_buffer_budget;
         so.compaction = CompactionArg(compaction);
@@ -431,14 +431,18 @@ UnknownVnodeError, and nothing of its batch is written.
         return st;
       }, py::arg("operator_id"), py::arg("instance"), py::arg("checkpoint_id"), py::arg("target"), py::kw_only(),
       py::arg("mode") = "link", py::arg("verify") = "size", py::arg("write_buffer_budget") = 256ull << 20,
-      py::arg("compaction") = "level", py::arg("flush_threads") = 1,
+      py::arg("compaction") = "level", py::arg("flush_threads") = 1, py::arg("progress") = py::none(),
       R"doc(Restores a checkpoint into `target` (must not exist) and opens it.
 
 mode='link' hard-links immutable files from the pool (O(files)), falling back to
 a copy across filesystems (restore_stats.fell_back_to_copy); mode='copy' copies.
 verify='size' checks presence and sizes (O(files)); 'full' re-hashes every byte.
 Ctrl-C stops a long restore (a full verify, a copy) between files; `target`
-is then left absent.)doc");
+is then left absent.
+progress, if given, is called as progress(stage, files_done, files_total,
+bytes_done, bytes_total), stage 'check' then 'place', after the first file of
+each stage, at most every 0.1 s, and at each stage's end; an exception it
+raises stops the restore like Ctrl-C and propagates.)doc");
 }
 
 }  // namespace rhino::py_bindings

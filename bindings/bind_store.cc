@@ -25,6 +25,22 @@ RestoreOptions ParseRestoreOptions(const std::string& mode, const std::string& v
   return o;
 }
 
+std::function<bool(const RestoreProgress&)> RestoreKeepGoing(SignalCheck& signals, const py::object& progress) {
+  if (!progress.is_none() && !PyCallable_Check(progress.ptr()))
+    throw py::type_error(
+        "progress must be callable(stage, files_done, files_total, bytes_done, bytes_total) or None");
+  return [&signals, &progress](const RestoreProgress& p) {
+    // The first file and the last of each stage are always reported, so a caller sees each stage
+    // start and end even when it takes less than the interval.
+    const bool force = !progress.is_none() && (p.files_done == 1 || p.files_done == p.files_total);
+    return signals.Check(force, [&] {
+      if (progress.is_none()) return;
+      progress(p.stage == RestoreProgress::Stage::kCheck ? "check" : "place", p.files_done, p.files_total,
+               p.bytes_done, p.bytes_total);
+    });
+  };
+}
+
 void BindStore(py::module_& m) {
   py::class_<FileEntry>(m, "FileEntry", "One file of a checkpoint.")
       .def_readonly("name", &FileEntry::name)
@@ -128,10 +144,11 @@ atomically committed manifests. A checkpoint is visible iff its manifest is.
              return mf;
            }, py::arg("operator_id"), py::arg("instance"), py::arg("checkpoint_id"))
       .def("restore_files", [](const ReplicaStore& s, const std::string& op, uint32_t inst, uint64_t id,
-                               const std::string& target, const std::string& mode, const std::string& verify) {
+                               const std::string& target, const std::string& mode, const std::string& verify,
+                               const py::object& progress) {
              RestoreOptions o = ParseRestoreOptions(mode, verify);
              SignalCheck signals;
-             o.keep_going = [&signals]() { return signals(); };
+             o.keep_going = RestoreKeepGoing(signals, progress);
              RestoreStats st;
              Status status;
              {
@@ -142,8 +159,9 @@ atomically committed manifests. A checkpoint is visible iff its manifest is.
              ThrowIfError(status);
              return st;
            }, py::arg("operator_id"), py::arg("instance"), py::arg("checkpoint_id"), py::arg("target"),
-           py::kw_only(), py::arg("mode") = "link", py::arg("verify") = "size",
-           "Builds the RocksDB directory of a checkpoint at `target` without opening it.")
+           py::kw_only(), py::arg("mode") = "link", py::arg("verify") = "size", py::arg("progress") = py::none(),
+           "Builds the RocksDB directory of a checkpoint at `target` without opening it. `progress`, as for "
+           "restore(): progress(stage, files_done, files_total, bytes_done, bytes_total).")
       .def("verify", [](const ReplicaStore& s, const std::string& op, uint32_t inst, bool full,
                         const py::object& progress) {
              if (!progress.is_none() && !PyCallable_Check(progress.ptr()))
@@ -152,26 +170,14 @@ atomically committed manifests. A checkpoint is visible iff its manifest is.
              // (not per file: most files are small) it takes the GIL back to run Python's signal
              // handlers, so Ctrl-C interrupts it, and the caller's progress callback. Either one
              // raising stops the verify, and that exception is what the caller sees.
-             std::optional<py::error_already_set> raised;
-             std::chrono::steady_clock::time_point last{};  // the first file is reported at once
+             SignalCheck signals;
+             bool first = true;  // the first file is reported at once
              ReplicaStore::VerifyObserver observer = [&](const VerifyReport& so_far) {
-               const auto now = std::chrono::steady_clock::now();
-               if (now - last < std::chrono::milliseconds(100)) return true;
-               last = now;
-               py::gil_scoped_acquire gil;
-               if (PyErr_CheckSignals() != 0) {
-                 raised.emplace();
-                 return false;
-               }
-               if (!progress.is_none()) {
-                 try {
-                   progress(so_far.files_checked, so_far.bytes_checked);
-                 } catch (py::error_already_set& e) {
-                   raised.emplace(std::move(e));
-                   return false;
-                 }
-               }
-               return true;
+               const bool force = first;
+               first = false;
+               return signals.Check(force, [&] {
+                 if (!progress.is_none()) progress(so_far.files_checked, so_far.bytes_checked);
+               });
              };
              VerifyReport r;
              Status status;
@@ -179,7 +185,7 @@ atomically committed manifests. A checkpoint is visible iff its manifest is.
                py::gil_scoped_release release;
                status = s.Verify(op, inst, full ? VerifyLevel::kFull : VerifyLevel::kSize, &r, observer);
              }
-             if (raised) throw std::move(*raised);
+             signals.RethrowIfRaised();
              ThrowIfError(status);
              if (!progress.is_none()) progress(r.files_checked, r.bytes_checked);  // the final figures, always
              return r;

@@ -128,6 +128,7 @@ class ReplicaStore:
         write_buffer_budget: int = 268435456,
         compaction: Literal["level", "universal"] = "level",
         flush_threads: int = 1,
+        progress: Callable[[str, int, int, int, int], object] | None = None,
     ) -> StateBackend: ...
     def restore_files(
         self,
@@ -138,6 +139,7 @@ class ReplicaStore:
         *,
         mode: Literal["link", "copy"] = "link",
         verify: Literal["size", "full"] = "size",
+        progress: Callable[[str, int, int, int, int], object] | None = None,
     ) -> RestoreStats: ...
     def verify(
         self,

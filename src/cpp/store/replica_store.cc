@@ -323,6 +323,9 @@ Status ReplicaStore::Restore(const std::string& operator_id, uint32_t instance, 
   Manifest m;
   RHINO_RETURN_IF_ERROR(ReadManifest(operator_id, instance, checkpoint_id, &m));
   std::vector<std::string> sources;
+  RestoreProgress progress;
+  progress.files_total = m.files.size();
+  for (const auto& f : m.files) progress.bytes_total += f.size;
   for (const auto& f : m.files) {
     if (!IsPlainFileName(f.name)) {
       return Status::PathOutsideStore("checkpoint " + std::to_string(checkpoint_id) + " names file '" + f.name +
@@ -350,7 +353,9 @@ Status ReplicaStore::Restore(const std::string& operator_id, uint32_t instance, 
       }
     }
     sources.push_back(std::move(pooled));
-    if (options.keep_going && !options.keep_going()) {
+    ++progress.files_done;
+    progress.bytes_done += f.size;
+    if (options.keep_going && !options.keep_going(progress)) {
       return Status::Aborted("restore of checkpoint " + std::to_string(checkpoint_id) +
                              " stopped by its caller while verifying");
     }
@@ -369,11 +374,9 @@ Status ReplicaStore::Restore(const std::string& operator_id, uint32_t instance, 
   if (::mkdir(stage.c_str(), 0755) != 0) return Status::FromErrno(errno, "mkdir " + stage);
 
   Status s;
+  progress.stage = RestoreProgress::Stage::kPlace;
+  progress.files_done = progress.bytes_done = 0;
   for (size_t i = 0; i < m.files.size() && s.ok(); ++i) {
-    if (options.keep_going && !options.keep_going()) {
-      s = Status::Aborted("restore of checkpoint " + std::to_string(checkpoint_id) + " stopped by its caller");
-      break;
-    }
     const FileEntry& f = m.files[i];
     std::string dst = fs::Join(stage, f.name);
     bool linked = false;
@@ -402,6 +405,13 @@ Status ReplicaStore::Restore(const std::string& operator_id, uint32_t instance, 
       }
     }
     if (i == m.files.size() / 2) CrashPoint("restore.mid_files");
+    if (s.ok()) {
+      ++progress.files_done;
+      progress.bytes_done += f.size;
+      if (options.keep_going && !options.keep_going(progress)) {
+        s = Status::Aborted("restore of checkpoint " + std::to_string(checkpoint_id) + " stopped by its caller");
+      }
+    }
   }
   if (s.ok()) s = fs::FsyncPath(stage);
   if (s.ok()) CrashPoint("restore.before_rename");

@@ -41,14 +41,27 @@ enum class VerifyLevel {
   kFull = 1,  // also re-hash every byte: O(bytes)
 };
 
+// How far a restore has come, given to RestoreOptions::keep_going after each
+// file. A restore first checks every file (kCheck: presence and size, and
+// with VerifyLevel::kFull its checksum), then places them (kPlace: a link or
+// a copy each). bytes_* count the files' sizes, whether or not they were read.
+struct RestoreProgress {
+  enum class Stage { kCheck, kPlace };
+  Stage stage = Stage::kCheck;
+  uint64_t files_done = 0;
+  uint64_t files_total = 0;
+  uint64_t bytes_done = 0;
+  uint64_t bytes_total = 0;
+};
+
 struct RestoreOptions {
   PlaceMode mode = PlaceMode::kLink;
   VerifyLevel verify = VerifyLevel::kSize;
-  // Asked between files, while they are verified and while they are placed;
+  // Called after each file, while they are checked and while they are placed;
   // returning false stops the restore with Aborted and leaves no target
   // directory. A full verify or a copy of a large checkpoint runs for
-  // minutes; this is how a caller lets its user interrupt it.
-  std::function<bool()> keep_going;
+  // minutes; this is how a caller shows progress and lets its user interrupt.
+  std::function<bool(const RestoreProgress&)> keep_going;
 };
 
 struct RestoreStats {
