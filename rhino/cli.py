@@ -89,6 +89,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if result["ok"] else 1
 
 
+def cmd_restore(args: argparse.Namespace) -> int:
+    from .store_restore import format_restore, restore_checkpoint
+
+    result = restore_checkpoint(args.path, args.target, operator_id=args.operator, instance=args.instance,
+                                checkpoint_id=args.checkpoint, copy=args.copy, full_verify=args.full_verify,
+                                progress=not (args.quiet or args.json))
+    print(json.dumps(result, indent=2) if args.json else format_restore(result))
+    return 0
+
+
 def cmd_bench_restore(args: argparse.Namespace) -> int:
     from .bench_restore import run
 
@@ -160,6 +170,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result as JSON (no progress lines)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("restore", help="build a checkpoint's RocksDB directory from a replica store (hard links)",
+                       description="Restores one checkpoint of one instance from the replica store at STORE "
+                                   "into TARGET (which must not exist), as a new owner would: hard links by "
+                                   "default, an independent copy with --copy. Every file is checked first "
+                                   "(size; with --full-verify also its checksum). TARGET appears whole or not "
+                                   "at all; Ctrl-C stops it and leaves nothing.")
+    p.add_argument("path", metavar="STORE", help="a replica store (a worker's --dir)")
+    p.add_argument("target", metavar="TARGET", help="the RocksDB directory to create")
+    p.add_argument("--operator", required=True, metavar="OP")
+    p.add_argument("--instance", required=True, type=int, metavar="N")
+    p.add_argument("--checkpoint", type=int, metavar="ID", help="checkpoint id (default: the newest committed)")
+    p.add_argument("--copy", action="store_true", help="copy the files instead of hard-linking them")
+    p.add_argument("--full-verify", action="store_true", help="re-hash every file before placing it")
+    p.add_argument("--json", action="store_true", help="print the result as JSON (no progress lines)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(func=cmd_restore)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bsub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK")

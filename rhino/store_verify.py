@@ -23,10 +23,10 @@ from ._progress import Progress
 from ._sizes import format_bytes
 from .errors import InvalidArgumentError, NotFoundError
 
-__all__ = ["verify_store", "format_verify", "bytes_to_read"]
+__all__ = ["open_store", "verify_store", "format_verify", "bytes_to_read"]
 
 
-def _open_store(path: str):
+def open_store(path: str):
     from . import ReplicaStore
 
     if not os.path.exists(path):
@@ -59,7 +59,7 @@ def verify_store(path: str, *, operator_id: Optional[str] = None, instance: Opti
     """
     if instance is not None and operator_id is None:
         raise InvalidArgumentError("--instance needs --operator")
-    store = _open_store(path)
+    store = open_store(path)
     held = sorted(store.instances())
     selection = [(op, i) for op, i in held
                  if (operator_id is None or op == operator_id) and (instance is None or i == instance)]
