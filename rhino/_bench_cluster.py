@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -33,10 +34,24 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _unwind)
 
 
+def new_secret() -> bytes:
+    """A random shared secret as text (64 hex digits): what `openssl rand -hex 32` gives an operator.
+    Raw random bytes would not do: `read_secret_file`, which the workers use, strips surrounding
+    whitespace, so a random secret that began or ended with such a byte (about 1 in 20) would
+    differ between the file's readers and a caller that kept the raw bytes."""
+    return secrets.token_hex(32).encode()
+
+
 def write_secret(root: Path, secret: bytes = SECRET) -> Path:
+    """Writes `secret` to root/secret, readable by its owner only from the start (mode 0600)."""
+    if secret != secret.strip() or not secret:
+        raise ValueError("a secret file's secret must be non-empty, with no surrounding whitespace "
+                         "(read_secret_file strips it)")
     path = root / "secret"
-    path.write_bytes(secret)
-    os.chmod(path, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secret)
+    os.chmod(path, 0o600)  # an existing file keeps its mode through O_CREAT
     return path
 
 

@@ -25,11 +25,11 @@ from typing import TextIO
 import numpy as np
 
 from . import Partitioner, ReplicaStore, StateBackend, __version__
-from ._bench_cluster import Worker, start_workers, write_secret
+from ._bench_cluster import Worker, new_secret, start_workers, write_secret
 from ._machine import describe_machine, machine_summary
 from ._sizes import format_bytes
 from ._workload import build_state, keys_for, random_values
-from .replication import replicate
+from .replication import read_secret_file, replicate
 
 __all__ = ["run_demo"]
 
@@ -209,8 +209,8 @@ def _replicate_and_fail_over(out: _Out, directory: str, store: ReplicaStore, m1,
     rep = _Replicated()
     root = Path(directory) / "workers"
     root.mkdir()
-    secret = os.urandom(32)
-    secret_file = write_secret(root, secret)
+    secret_file = write_secret(root, new_secret())
+    secret = read_secret_file(secret_file)  # as the workers read it
     out.step(7, STEPS, "Start three `rhino worker` processes on 127.0.0.2, .3 and .4, and replicate checkpoints 1 "
                    "and 2 down the chain 127.0.0.2 -> 127.0.0.3 (r=2): a member is asked first and receives "
                    "only the files it lacks; a checkpoint is complete when every member has committed it.")

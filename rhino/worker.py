@@ -291,9 +291,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         host, port = parse_address(args.listen)
         secret = read_secret_file(args.secret_file)
+        mode = os.stat(args.secret_file).st_mode & 0o777
     except (OSError, ValueError) as e:
         log.error("bad_configuration", error=str(e))
         return 2
+    if mode & 0o077:  # anyone who reads it can join the cluster and fence its chains
+        log.warning("secret_file_readable_by_others", path=args.secret_file, mode=oct(mode),
+                    advice=f"chmod 600 {args.secret_file}")
 
     stop = threading.Event()
 
