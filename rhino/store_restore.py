@@ -36,6 +36,8 @@ def restore_checkpoint(path: str, target: str, *, operator_id: str, instance: in
     if cid not in held:
         raise NotFoundError(f"{path} holds no checkpoint {cid} of {operator_id}/{instance} "
                             f"(it holds: {', '.join(map(str, held))})")
+    if not target:
+        raise InvalidArgumentError("the restore target is empty: name the directory to create")
     if os.path.lexists(target):
         raise InvalidArgumentError(f"{target} already exists; refusing to overwrite it")
 

@@ -110,3 +110,21 @@ def test_a_damaged_file_stops_a_full_verify_restore(built, tmp_path):
     out = run(str(copy), str(target), "--operator", OP, "--instance", "3", "--full-verify", "--quiet")
     assert out.returncode == 2 and "fails its checksum" in out.stderr and victim.name in out.stderr
     assert not target.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--instance", "-1"], "argument --instance: expected an integer from 0 to 4294967295"),
+    (["--instance", "4294967296"], "argument --instance: expected an integer from 0 to 4294967295"),
+    (["--instance", "x"], "argument --instance: expected a non-negative integer"),
+    (["--instance", "3", "--checkpoint", "-2"], "argument --checkpoint: expected an integer from 0"),
+])
+def test_bad_numbers_are_usage_errors(built, tmp_path, args, message):
+    root, _, _ = built
+    out = run(str(root / "store"), str(tmp_path / "t"), "--operator", OP, *args)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_an_empty_target_is_refused(built):
+    root, _, _ = built
+    out = run(str(root / "store"), "", "--operator", OP, "--instance", "3")
+    assert out.returncode == 2 and "the restore target is empty" in out.stderr

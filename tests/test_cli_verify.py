@@ -90,6 +90,7 @@ def test_one_instance_and_quick(store_dir):
     (["--operator", "nope"], "holds no checkpoints of nope"),
     (["--operator", "agg", "--instance", "7"], "holds no checkpoints of agg/7"),
     (["--instance", "0"], "--instance needs --operator"),
+    (["--operator", "agg", "--instance", "-1"], "argument --instance: expected an integer from 0"),
 ])
 def test_a_selection_the_store_does_not_hold_is_a_usage_error(store_dir, args, message):
     p = run(str(store_dir), *args)
