@@ -34,6 +34,13 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _unwind)
 
 
+def max_chunk_bytes() -> int:
+    """The largest replication chunk: a chunk and its 16-byte header fit in one frame."""
+    from . import _core
+
+    return int(_core.MAX_FRAME_BYTES) - 16
+
+
 def new_secret() -> bytes:
     """A random shared secret as text (64 hex digits): what `openssl rand -hex 32` gives an operator.
     Raw random bytes would not do: `read_secret_file`, which the workers use, strips surrounding

@@ -79,7 +79,7 @@ import numpy as np
 
 import rhino
 
-from ._bench_cluster import (SECRET, cpu_seconds, exit_on_sigterm, pressure_seconds, start_workers,
+from ._bench_cluster import (SECRET, cpu_seconds, exit_on_sigterm, max_chunk_bytes, pressure_seconds, start_workers,
                              system_cpu_seconds, thread_cpu_seconds, thread_schedstat, write_secret)
 from ._machine import describe_machine, machine_summary
 from ._sizes import parse_size
@@ -668,7 +668,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--instances", type=int, default=8,
                    help="the primary holds instance 0's vnodes of a ring over this many instances")
     p.add_argument("--write-buffer-budget", type=lambda s: parse_size(s), default=parse_size("256M"))
-    p.add_argument("--keep-checkpoints", type=int, default=4, help="checkpoints kept in the primary's store")
+    p.add_argument("--keep-checkpoints", type=int, default=4, help="checkpoints kept in the primary's store (0: all)")
     p.add_argument("--compaction", choices=["level", "universal"], default="level",
                    help="compaction style of both twins' vnodes (StateBackend.open(compaction=...))")
     p.add_argument("--flush-threads", type=int, default=1, choices=range(1, 17), metavar="1..16",
@@ -702,6 +702,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--warmup must be >= 0; --initial-keys, --batch-keys and --value-size >= 1")
     if not 0 <= args.update_fraction < 1:
         parser.error("--update-fraction must be in [0, 1)")
+    if args.instances < 1 or not args.instances <= args.num_vnodes <= (1 << 15):
+        parser.error(f"--instances must be >= 1 and --num-vnodes from --instances to {1 << 15} "
+                     f"(every instance holds at least one vnode; there are {1 << 15} key groups)")
+    if args.chunk < 1 or args.chunk > max_chunk_bytes() or args.window < 1:
+        parser.error(f"--chunk must be 1..{max_chunk_bytes()} bytes and --window >= 1")
+    if args.settle_max < 0 or args.replication_timeout <= 0 or args.keep_checkpoints < 0:
+        parser.error("--settle-max and --keep-checkpoints must be >= 0, --replication-timeout > 0")
     command = "rhino bench overhead " + " ".join(shlex.quote(a) for a in argv)
     exit_on_sigterm()
     try:

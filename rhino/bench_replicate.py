@@ -45,7 +45,7 @@ import numpy as np
 
 import rhino
 
-from ._bench_cluster import SECRET, exit_on_sigterm, rss_kb, start_workers, write_secret
+from ._bench_cluster import SECRET, exit_on_sigterm, max_chunk_bytes, rss_kb, start_workers, write_secret
 from ._progress import Progress
 from ._sizes import format_bytes, parse_size
 
@@ -326,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     if args.workers < 1 or args.chunk < 1 or args.window < 1:
         parser.error("--workers, --chunk and --window must be positive")
+    if args.chunk > max_chunk_bytes():
+        parser.error(f"--chunk {args.chunk}: at most {max_chunk_bytes()} bytes (a chunk and its header fit "
+                     f"in one frame)")
     if max(replicas) > args.workers:
         parser.error(f"--replicas {args.replicas}: a chain cannot be longer than --workers ({args.workers})")
     exit_on_sigterm()

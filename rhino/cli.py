@@ -255,6 +255,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:  # the benchmarks have stopped their workers on the way out
         print("rhino: interrupted", file=sys.stderr)
         return 130
+    except ImportError as e:  # the extension is not built: say so, no traceback
+        print(f"rhino: error: cannot import the compiled core ({e}); run `make setup`", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as e:  # noqa: BLE001 - a Rhino error mid-run: its message, no traceback
+        from .errors import RhinoError
+
+        if not isinstance(e, RhinoError):
+            raise
+        print(f"rhino: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     if delegated is not None:
         return delegated
     parser = build_parser()

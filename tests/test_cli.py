@@ -176,17 +176,37 @@ def test_bad_size_is_a_usage_error():
     assert r.returncode == 2 and "invalid size '12Q'" in r.stderr and "Traceback" not in r.stderr
 
 
+MAX_CHUNK = rhino._core.MAX_FRAME_BYTES - 16  # docs/protocol.md: chunk_bytes is in [1, max_frame_bytes - 16]
+
+
 @pytest.mark.parametrize("args,message", [
     (["--size", "2X"], "invalid size '2X'"),
     (["--replicas", "1,x"], "expected chain lengths like 1,2"),
     (["--replicas", "0"], "every chain length must be at least 1"),
     (["--replicas", "3", "--workers", "2"], "a chain cannot be longer than --workers (2)"),
     (["--window", "0"], "must be positive"),
+    (["--chunk", "99999999"], f"--chunk 99999999: at most {MAX_CHUNK} bytes"),
 ])
 def test_bench_replicate_bad_arguments_are_usage_errors(tmp_path, args, message):
     r = run_cli("bench", "replicate", *args, "--dir", "w", cwd=tmp_path)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "w").exists()  # refused before anything was started or written
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--instances", "0"], "--instances must be >= 1"),
+    (["--num-vnodes", "3"], "--num-vnodes from --instances to 32768"),
+    (["--num-vnodes", "40000"], "--num-vnodes from --instances to 32768"),
+    (["--window", "0"], "--window >= 1"),
+    (["--chunk", "0"], f"--chunk must be 1..{MAX_CHUNK} bytes"),
+    (["--settle-max", "-1"], "--settle-max and --keep-checkpoints must be >= 0"),
+    (["--replication-timeout", "0"], "--replication-timeout > 0"),
+    (["--update-fraction", "1"], "--update-fraction must be in [0, 1)"),
+])
+def test_bench_overhead_bad_arguments_are_usage_errors(tmp_path, args, message):
+    r = run_cli("bench", "overhead", *args, "--dir", "w", cwd=tmp_path)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "w").exists()
 
 
 @pytest.mark.parametrize("compaction", ["level", "universal"])
