@@ -21,6 +21,8 @@ import shlex
 import sys
 from typing import Optional, Sequence
 
+from ._argtypes import uint32, uint64
+
 EXIT_USAGE = 2
 
 
@@ -49,28 +51,6 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
-
-
-def _uint32(text: str) -> int:
-    """An instance number: 0 .. 2**32 - 1, as the store keys them."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if not 0 <= v < 1 << 32:
-        raise argparse.ArgumentTypeError(f"expected an integer from 0 to {(1 << 32) - 1}, got {text!r}")
-    return v
-
-
-def _uint64(text: str) -> int:
-    """A checkpoint id: 0 .. 2**64 - 1."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if not 0 <= v < 1 << 64:
-        raise argparse.ArgumentTypeError(f"expected an integer from 0 to {(1 << 64) - 1}, got {text!r}")
     return v
 
 
@@ -186,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "selection. Safe while a worker serves the store.")
     p.add_argument("path", metavar="STORE", help="a replica store (a worker's --dir)")
     p.add_argument("--operator", metavar="OP", help="only this operator's instances")
-    p.add_argument("--instance", type=_uint32, metavar="N", help="only this instance (needs --operator)")
+    p.add_argument("--instance", type=uint32, metavar="N", help="only this instance (needs --operator)")
     p.add_argument("--quick", action="store_true",
                    help="check presence and sizes only, O(files), without reading the data")
     p.add_argument("--json", action="store_true", help="print the result as JSON (no progress lines)")
@@ -202,8 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", metavar="STORE", help="a replica store (a worker's --dir)")
     p.add_argument("target", metavar="TARGET", help="the RocksDB directory to create")
     p.add_argument("--operator", required=True, metavar="OP")
-    p.add_argument("--instance", required=True, type=_uint32, metavar="N")
-    p.add_argument("--checkpoint", type=_uint64, metavar="ID", help="checkpoint id (default: the newest committed)")
+    p.add_argument("--instance", required=True, type=uint32, metavar="N")
+    p.add_argument("--checkpoint", type=uint64, metavar="ID", help="checkpoint id (default: the newest committed)")
     p.add_argument("--copy", action="store_true", help="copy the files instead of hard-linking them")
     p.add_argument("--full-verify", action="store_true", help="re-hash every file before placing it")
     p.add_argument("--json", action="store_true", help="print the result as JSON (no progress lines)")

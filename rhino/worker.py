@@ -31,6 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from . import _core
+from ._argtypes import uint32
 from .replication import parse_address, read_secret_file
 
 __all__ = ["main", "build_parser", "prometheus_text", "JsonLogger", "DEFAULT_NICE", "DEFAULT_SCHED"]
@@ -225,15 +226,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--secret-file", required=True, help="file holding the cluster's shared secret")
     p.add_argument("--metrics-listen", default=None, help="HOST:PORT for the Prometheus /metrics endpoint")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
-    p.add_argument("--io-threads", type=int, default=1,
+    p.add_argument("--io-threads", type=uint32, default=1,
                    help="threads for socket I/O (default: %(default)s, which keeps up with several GB/s)")
-    p.add_argument("--disk-threads", type=int, default=2,
+    p.add_argument("--disk-threads", type=uint32, default=2,
                    help="threads for stream work: file writes, fsyncs, commits (default: %(default)s)")
-    p.add_argument("--heartbeat-ms", type=int, default=500)
-    p.add_argument("--peer-timeout-ms", type=int, default=3000)
-    p.add_argument("--max-window", type=int, default=64, help="most credits granted per stream")
-    p.add_argument("--max-frame-bytes", type=int, default=_core.MAX_FRAME_BYTES)
-    p.add_argument("--stream-idle-timeout-ms", type=int, default=60000,
+    p.add_argument("--heartbeat-ms", type=uint32, default=500)
+    p.add_argument("--peer-timeout-ms", type=uint32, default=3000)
+    p.add_argument("--max-window", type=uint32, default=64, help="most credits granted per stream")
+    p.add_argument("--max-frame-bytes", type=uint32, default=_core.MAX_FRAME_BYTES)
+    p.add_argument("--stream-idle-timeout-ms", type=uint32, default=60000,
                    help="abort a stream that sees no frame from either neighbour for this long (0: never)")
     p.add_argument("--nice", type=int, default=DEFAULT_NICE, choices=range(0, 20), metavar="0..19",
                    help="lower the daemon's CPU priority to this nice value (thread and autogroup nice), so "
@@ -290,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     log = JsonLogger(args.id, args.log_format)
     try:
         host, port = parse_address(args.listen)
+        metrics_address = parse_address(args.metrics_listen) if args.metrics_listen else None
         secret = read_secret_file(args.secret_file)
         mode = os.stat(args.secret_file).st_mode & 0o777
     except (OSError, ValueError) as e:
@@ -341,8 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     sampler = ThroughputSampler(worker)
     sampler.start()
     http = None
-    if args.metrics_listen:
-        mh, mp = parse_address(args.metrics_listen)
+    if metrics_address is not None:
+        mh, mp = metrics_address
         http = _metrics_server(mh, mp, lambda: prometheus_text(args.id, worker.metrics(), sampler.rates()))
         threading.Thread(target=http.serve_forever, name="rhino-metrics", daemon=True).start()
         log.info("metrics_listening", host=mh, port=http.server_address[1])

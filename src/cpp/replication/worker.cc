@@ -9,6 +9,8 @@
 #include "net/connection_pool.h"
 #include "replication/replica_server.h"
 #include "replication/server_metrics.h"
+#include "rhino/frame.h"
+#include "rhino/messages.h"
 #include "rhino/replica_store.h"
 #include "util/buffer_pool.h"
 
@@ -24,6 +26,22 @@ class Worker::Impl {
     if (o.store_dir.empty()) return Status::InvalidArgument("worker needs a store directory");
     if (o.io_threads == 0 || o.disk_threads == 0) return Status::InvalidArgument("thread counts must be >= 1");
     if (o.max_window == 0) return Status::InvalidArgument("max_window must be >= 1");
+    if (o.secret.empty()) return Status::InvalidArgument("worker needs a non-empty shared secret");
+    // A peer is declared dead after peer_timeout_ms without a frame, and idle
+    // connections send a heartbeat every heartbeat_ms (protocol §6): the
+    // timeout must leave room for at least one heartbeat to arrive.
+    if (o.heartbeat_ms == 0) return Status::InvalidArgument("heartbeat_ms must be >= 1");
+    if (o.peer_timeout_ms <= o.heartbeat_ms) {
+      return Status::InvalidArgument("peer_timeout_ms (" + std::to_string(o.peer_timeout_ms) +
+                                     ") must exceed heartbeat_ms (" + std::to_string(o.heartbeat_ms) + ")");
+    }
+    // Every control message must fit in one frame; a cap keeps a peer from
+    // making us allocate an arbitrary buffer for one frame.
+    if (o.max_frame_bytes < kMaxMessageBytes || o.max_frame_bytes > kMaxFrameBytesLimit) {
+      return Status::InvalidArgument("max_frame_bytes must be in [" + std::to_string(kMaxMessageBytes) + ", " +
+                                     std::to_string(kMaxFrameBytesLimit) + "], got " +
+                                     std::to_string(o.max_frame_bytes));
+    }
     // RLIMIT_FSIZE must give EFBIG (a clean NoSpace abort), not SIGXFSZ.
     std::signal(SIGXFSZ, SIG_IGN);
     options_ = o;

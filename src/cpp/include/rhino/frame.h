@@ -42,6 +42,8 @@ constexpr uint32_t kFrameMagic = 0x314E4852;  // "RHN1" in memory order
 constexpr uint8_t kProtocolVersion = 1;
 constexpr size_t kFrameHeaderBytes = 32;
 constexpr uint32_t kDefaultMaxFrameBytes = (4u << 20) + (4u << 10);  // 4 MiB + 4 KiB
+// The largest max_frame_bytes a worker accepts: one frame's payload is one buffer.
+constexpr uint32_t kMaxFrameBytesLimit = 256u << 20;
 
 struct FrameHeader {
   MessageType type = MessageType::kErrorRsp;
