@@ -28,10 +28,10 @@ from ._core import (
     StateBackend,
     VerifyProblem,
     VerifyReport,
-    Worker,
     WriteBatch,
     __version__,
 )
+from ._secret import Worker
 from .errors import (
     AbortedError,
     AlreadyExistsError,

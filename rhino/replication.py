@@ -20,12 +20,9 @@ from collections.abc import Sequence
 
 from . import _core
 from ._core import ReplicationHandle, ReplicaStore
+from ._secret import call_hiding_secret, secret_bytes
 
 __all__ = ["replicate", "query_store", "ReplicationHandle", "read_secret_file", "parse_address"]
-
-
-def _secret_bytes(secret: bytes | str) -> bytes:
-    return secret.encode() if isinstance(secret, str) else bytes(secret)
 
 
 def read_secret_file(path: str | os.PathLike[str]) -> bytes:
@@ -76,14 +73,17 @@ def replicate(
     it cancels the transfer down the chain (nothing is committed then).
     """
     path = store.path if isinstance(store, ReplicaStore) else os.fspath(store)
-    return _core.replicate(
+    if isinstance(chain, (str, bytes)):
+        raise TypeError("chain must be a list of 'host:port' strings, head first, not a single string")
+    return call_hiding_secret(
+        _core.replicate,
         path,
         operator_id,
         instance,
         checkpoint_id,
         list(chain),
         chain_version=chain_version,
-        secret=_secret_bytes(secret),
+        secret=secret_bytes(secret),
         chunk_bytes=chunk_bytes,
         window=window,
         timeout_ms=max(1, int(timeout * 1000)),
@@ -97,9 +97,10 @@ def query_store(
     address: str, *, secret: bytes | str, operator_id: str, instance: int, timeout: float = 5.0
 ) -> list[int]:
     """Checkpoint ids of an instance committed in the store of the worker at `address`."""
-    return _core.query_store(
+    return call_hiding_secret(
+        _core.query_store,
         address,
-        secret=_secret_bytes(secret),
+        secret=secret_bytes(secret),
         operator_id=operator_id,
         instance=instance,
         timeout_ms=max(1, int(timeout * 1000)),

@@ -32,6 +32,7 @@ from typing import Any
 
 from . import _core
 from ._argtypes import uint32
+from ._secret import Worker
 from .replication import parse_address, read_secret_file
 
 __all__ = ["main", "build_parser", "prometheus_text", "JsonLogger", "DEFAULT_NICE", "DEFAULT_SCHED"]
@@ -312,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     # Both before _core.Worker starts its threads, which inherit them.
     log.info("priority", **lower_priority(args.nice), **set_sched_policy(args.sched))
 
-    worker = _core.Worker(
+    worker = Worker(
         id=args.id,
         store_dir=args.dir,
         listen_host=host,
