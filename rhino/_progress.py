@@ -36,8 +36,11 @@ class Progress:
         self._draw(force=True)
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.finish()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self.abandon()  # interrupted or failed: the bar must not claim 100%
 
     def advance(self, n: int) -> None:
         self.done = min(self.done + int(n), self.total)
@@ -48,6 +51,15 @@ class Progress:
             return
         self.done = self.total
         self._draw(force=True)
+        if self._tty:
+            self.stream.write("\n")
+            self.stream.flush()
+        self.enabled = False
+
+    def abandon(self) -> None:
+        """Stops drawing where the job stopped (an error, Ctrl-C), ending the terminal's line."""
+        if not self.enabled:
+            return
         if self._tty:
             self.stream.write("\n")
             self.stream.flush()

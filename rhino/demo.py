@@ -186,7 +186,11 @@ def run_demo(directory: str, size_bytes: int, *, progress: bool = True, stdout: 
     ]
     for k, v in rows:
         out.line(f"  {k:<18} {v}")
-    out.line(f"\nLook inside:  rhino inspect {directory}    rhino inspect {os.path.join(directory, 'workers', 'w3')}")
+    w3 = os.path.join(directory, "workers", "w3")
+    out.line(f"\nLook inside:  rhino inspect {directory}    rhino inspect {w3}")
+    out.line(f"Check a replica's store:  rhino verify {w3}")
+    out.line(f"Take a checkpoint out of it:  rhino restore {w3} {os.path.join(directory, 'ckpt-from-w3')} "
+             f"--operator {OPERATOR} --instance {INSTANCE}")
     return 0 if ok else 1
 
 

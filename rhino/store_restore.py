@@ -61,9 +61,10 @@ def restore_checkpoint(path: str, target: str, *, operator_id: str, instance: in
     try:
         st = store.restore_files(operator_id, instance, cid, target, mode="copy" if copy else "link",
                                  verify="full" if full_verify else "size", progress=report)
-    finally:
+    except BaseException:
         for bar in bars.values():
-            bar.finish()
+            bar.abandon()  # stopped (Ctrl-C, a damaged file): no bar may claim 100%
+        raise
     return {
         "store": path,
         "operator_id": operator_id,

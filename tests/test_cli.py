@@ -273,3 +273,13 @@ def test_demo_runs_and_verifies(tmp_path, read_rocksdb):
     from_replica = read_rocksdb(tmp_path / "tmp" / "restored-from-replica")
     assert sum(len(kv) for kv in from_replica.values()) > 0
     assert from_replica == read_rocksdb(tmp_path / "tmp" / "restored-by-copy")
+    # The commands the demo suggests at its end work as printed (paths made absolute here).
+    suggested = [line.split(":  ", 1)[1] for line in r.stdout.splitlines()
+                 if line.startswith(("Check a replica's store:", "Take a checkpoint out of it:"))]
+    assert len(suggested) == 2
+    for cmd in suggested:
+        args = cmd.split()[1:]  # drop "rhino"
+        args = [str(tmp_path / a) if a.startswith("tmp/") else a for a in args]
+        done = run_cli(*args, "--quiet", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    assert read_rocksdb(tmp_path / "tmp" / "ckpt-from-w3") == from_replica  # the newest checkpoint, as the replica holds it

@@ -128,3 +128,16 @@ def test_an_empty_target_is_refused(built):
     root, _, _ = built
     out = run(str(root / "store"), "", "--operator", OP, "--instance", "3")
     assert out.returncode == 2 and "the restore target is empty" in out.stderr
+
+
+def test_a_stopped_restore_does_not_draw_a_full_bar(built, tmp_path):
+    root, _, _ = built
+    copy = tmp_path / "store"
+    subprocess.run(["cp", "-a", str(root / "store"), str(copy)], check=True)
+    st = rhino.ReplicaStore(str(copy))
+    files = st.manifest(OP, 3, 2).files
+    victim = max(files[1:], key=lambda f: f.size)  # not the first file: the bar has started by then
+    flip_byte(st.pool_path(victim.identity), victim.size // 3)
+    out = run(str(copy), str(tmp_path / "t"), "--operator", OP, "--instance", "3", "--full-verify")
+    assert out.returncode == 2 and "fails its checksum" in out.stderr
+    assert "verify [" in out.stderr and "100.0%" not in out.stderr
