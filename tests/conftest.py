@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import rocksdict
 
 import rhino
+from rhino.testing.cluster import read_rocksdb as _read_rocksdb
 
 
 @pytest.fixture
@@ -31,33 +31,6 @@ def store(store_dir: Path) -> rhino.ReplicaStore:
 def state_dir(tmp_path: Path) -> Path:
     """Where a test's live StateBackend lives (not created yet)."""
     return tmp_path / "state"
-
-
-def _read_rocksdb(path: str | Path) -> dict[str, dict[bytes, bytes]]:
-    """Every column family of the RocksDB at `path`, read by rocksdict read-only.
-
-    Returns {column family name: {key: value}}. rocksdict bundles its own
-    RocksDB, so this reader shares no code with Rhino.
-    """
-    path = str(path)
-    names = rocksdict.Rdict.list_cf(path)
-    raw = rocksdict.Options(raw_mode=True)
-    db = rocksdict.Rdict(
-        path,
-        options=raw,
-        column_families={n: rocksdict.Options(raw_mode=True) for n in names if n != "default"},
-        access_type=rocksdict.AccessType.read_only(),
-    )
-    try:
-        out = {"default": dict(db.items())}
-        for n in names:
-            if n == "default":
-                continue
-            cf = db.get_column_family(n)
-            out[n] = dict(cf.items())
-        return out
-    finally:
-        db.close()
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 
 
 def worker_pids(work: Path) -> set[int]:
-    """PIDs of live `rhino.worker` processes whose command line names `work`."""
+    """PIDs of live `rhino.daemon.worker` processes whose command line names `work`."""
     pids = set()
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -28,7 +28,7 @@ def worker_pids(work: Path) -> set[int]:
                 state = f.read().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if state != "Z" and b"rhino.worker" in argv and any(str(work).encode() in a for a in argv):
+        if state != "Z" and b"rhino.daemon.worker" in argv and any(str(work).encode() in a for a in argv):
             pids.add(int(name))
     return pids
 

@@ -29,7 +29,7 @@ import pytest
 
 import rhino
 
-from dataplane_cluster import SECRET, WorkerProc, write_secret
+from rhino.testing.cluster import SECRET, WorkerProcess, write_secret
 
 OP = "chaos"
 TRIALS = int(os.environ.get("RHINO_CHAOS_TRIALS", "50"))
@@ -58,7 +58,7 @@ def _verify_checkpoint(store: rhino.ReplicaStore, cid: int) -> None:
 def test_chaos_kill_random_member_at_random_point(tmp_path):
     rng = random.Random(SEED)
     secret_file = write_secret(tmp_path)
-    workers = [WorkerProc(tmp_path, f"w{n}", f"127.0.0.{n}", secret_file=secret_file, metrics=False,
+    workers = [WorkerProcess(tmp_path, f"w{n}", f"127.0.0.{n}", secret_file=secret_file, metrics=False,
                           peer_timeout_ms=1000, heartbeat_ms=200).start() for n in (2, 3, 4, 5)]
     chain, spare = workers[:3], workers[3]
     store = rhino.ReplicaStore(str(tmp_path / "primary"))

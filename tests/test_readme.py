@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import rhino
-from dataplane_cluster import SECRET, WorkerProc, write_secret
+from rhino.testing.cluster import SECRET, WorkerProcess, write_secret
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -35,7 +35,7 @@ def test_readme_python_examples_run(tmp_path: Path, monkeypatch):
     root = tmp_path / "w"
     root.mkdir()
     secret_file = write_secret(root, SECRET)
-    workers = [WorkerProc(root, f"w{i}", f"127.0.0.{i}", secret_file=secret_file, metrics=False).start()
+    workers = [WorkerProcess(root, f"w{i}", f"127.0.0.{i}", secret_file=secret_file, metrics=False).start()
                for i in (2, 3)]
     try:
         data = tmp_path / "data"

@@ -1,6 +1,6 @@
 """Chain replication with real worker processes on real sockets (issue 3).
 
-Workers are `python -m rhino.worker` daemons on distinct loopback addresses
+Workers are `python -m rhino.daemon.worker` daemons on distinct loopback addresses
 (127.0.0.2, .3, .4, ...), each with its own replica store, started with setsid
 and stopped or killed by PID. The primary is this test process: it holds a
 real RocksDB instance (rhino.StateBackend), checkpoints it into its own store
@@ -21,11 +21,13 @@ import xxhash
 
 import rhino
 from rhino import _core
+from rhino.testing.cluster import SECRET, WorkerProcess, read_rocksdb, write_secret
 
 import dataplane_wire as wire
-from dataplane_cluster import SECRET, WorkerProc, read_rocksdb, write_secret
 
 OP = "q8-join"
+# Workers here declare a silent peer dead after 1.5 s (the daemon's default: 3 s), so failures show fast.
+QUICK_PEERS = {"heartbeat_ms": 250, "peer_timeout_ms": 1500}
 CHUNK = 64 << 10
 WINDOW = 4
 
@@ -44,7 +46,7 @@ def cluster(root):
     workers = {}
     try:
         for n in (2, 3, 4, 5):
-            workers[n] = WorkerProc(root, f"w{n}", f"127.0.0.{n}", secret_file=secret_file).start()
+            workers[n] = WorkerProcess(root, f"w{n}", f"127.0.0.{n}", **QUICK_PEERS, secret_file=secret_file).start()
         yield workers
     finally:
         for w in workers.values():
@@ -73,7 +75,7 @@ class Primary:
     def checkpoint(self, cid: int) -> rhino.Manifest:
         return self.db.checkpoint(self.store, cid)
 
-    def replicate(self, cid: int, chain: list[WorkerProc], version: int, **kw):
+    def replicate(self, cid: int, chain: list[WorkerProcess], version: int, **kw):
         kw.setdefault("chunk_bytes", CHUNK)
         kw.setdefault("window", WINDOW)
         kw.setdefault("timeout", 30.0)
@@ -96,11 +98,11 @@ def file_digest(path: str) -> str:
         return xxhash.xxh3_128(f.read()).hexdigest()
 
 
-def missing_identities(w: WorkerProc, m: rhino.Manifest) -> set[str]:
+def missing_identities(w: WorkerProcess, m: rhino.Manifest) -> set[str]:
     return {f.identity for f in m.files if not (w.dir / "pool" / f.identity).exists()}
 
 
-def staging_dirs(w: WorkerProc) -> list[str]:
+def staging_dirs(w: WorkerProcess) -> list[str]:
     tmp = w.dir / "tmp"
     return sorted(os.listdir(tmp)) if tmp.exists() else []
 
@@ -413,8 +415,8 @@ def test_stale_chain_version_is_rejected(cluster, root):
 def test_member_killed_mid_transfer_aborts_cleanly_and_a_repaired_chain_completes(cluster, root):
     secret_file = root / "secret"
     # w6 kills itself (SIGKILL) right after writing its first chunk to staging.
-    w6 = WorkerProc(root, "w6", "127.0.0.6", secret_file=secret_file,
-                    env={"RHINO_CRASH_POINT": "replica.after_chunk_write"}).start()
+    w6 = WorkerProcess(root, "w6", "127.0.0.6", **QUICK_PEERS, secret_file=secret_file,
+                       env={"RHINO_CRASH_POINT": "replica.after_chunk_write"}).start()
     p = Primary(root, 3)
     try:
         p.write(np.arange(20_000), 100, version=1)
@@ -489,8 +491,8 @@ def test_disk_full_on_a_replica_fails_the_chain_and_spares_complete_checkpoints(
     def small_files():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    wf = WorkerProc(root, "wfull", "127.0.0.10", secret_file=root / "secret", preexec_fn=small_files,
-                    metrics=False).start()
+    wf = WorkerProcess(root, "wfull", "127.0.0.10", **QUICK_PEERS, secret_file=root / "secret",
+                       preexec_fn=small_files, metrics=False).start()
     p = Primary(root, 5, vnodes=2)
     try:
         p.write(np.arange(200), 100, version=1)
@@ -519,8 +521,8 @@ def test_disk_full_on_a_replica_fails_the_chain_and_spares_complete_checkpoints(
 def test_a_failed_fsync_on_a_replica_fails_the_chain_and_commits_nothing(cluster, root):
     """Members fsync received files on a background thread while the stream goes on (file_syncer.h);
     an fsync that fails there must still stop the commit, with a clear error and no crash."""
-    wb = WorkerProc(root, "wfsync", "127.0.0.14", secret_file=root / "secret", metrics=False,
-                    env={"RHINO_FAULT_POINT": "replica.file_fsync_fails"}).start()
+    wb = WorkerProcess(root, "wfsync", "127.0.0.14", **QUICK_PEERS, secret_file=root / "secret", metrics=False,
+                       env={"RHINO_FAULT_POINT": "replica.file_fsync_fails"}).start()
     p = Primary(root, 18)  # an instance no other test of this module uses
     try:
         p.write(np.arange(3000), 100, version=1)
@@ -583,7 +585,8 @@ def test_worker_nice_lowers_every_thread_and_its_autogroup(cluster, root):
     parent_nice = os.getpriority(os.PRIO_PROCESS, 0)
     assert _thread_nice_values(w.proc.pid) == {parent_nice}
 
-    low = WorkerProc(root, "w9", "127.0.0.9", secret_file=w.secret_file, extra_args=["--nice", "13"]).start()
+    low = WorkerProcess(root, "w9", "127.0.0.9", **QUICK_PEERS, secret_file=w.secret_file,
+                        extra_args=["--nice", "13"]).start()
     try:
         assert len(os.listdir(f"/proc/{low.proc.pid}/task")) > 2  # the C++ runtime's threads are there
         assert _thread_nice_values(low.proc.pid) == {max(13, parent_nice)}
@@ -609,7 +612,8 @@ def test_worker_threads_run_under_sched_batch_by_default_and_sched_normal_restor
     assert _thread_policies(w.proc.pid) == {os.SCHED_BATCH}
     assert [e for e in w.events() if e.get("event") == "priority"][-1]["sched"] == "batch"
 
-    normal = WorkerProc(root, "w15", "127.0.0.15", secret_file=w.secret_file, extra_args=["--sched", "normal"]).start()
+    normal = WorkerProcess(root, "w15", "127.0.0.15", **QUICK_PEERS, secret_file=w.secret_file,
+                           extra_args=["--sched", "normal"]).start()
     try:
         assert len(os.listdir(f"/proc/{normal.proc.pid}/task")) > 2
         assert _thread_policies(normal.proc.pid) == {os.SCHED_OTHER}
@@ -622,8 +626,8 @@ def test_worker_threads_run_under_sched_batch_by_default_and_sched_normal_restor
 def test_a_stream_whose_peer_goes_quiet_is_aborted_after_the_idle_timeout(cluster, root):
     # The connection stays alive (heartbeats are answered), but the stream
     # gets no frame: the worker must not keep its staging forever.
-    w = WorkerProc(root, "widle", "127.0.0.12", secret_file=root / "secret", metrics=False,
-                   extra_args=["--stream-idle-timeout-ms", "800"]).start()
+    w = WorkerProcess(root, "widle", "127.0.0.12", **QUICK_PEERS, secret_file=root / "secret", metrics=False,
+                      extra_args=["--stream-idle-timeout-ms", "800"]).start()
     try:
         m = wire.manifest_bytes(OP, 14, 1, [("000001.sst", b"x" * 10_000)])
         with wire.RawClient(w.address) as c:
@@ -775,8 +779,8 @@ def test_reused_chunk_buffers_are_bounded_once_a_wide_window_drains(cluster, roo
     tail) keeps at most 32 MiB of their buffers for reuse once the stream ends
     (src/cpp/util/buffer_pool.h), and exports that as a gauge."""
     window, chunk = 48, 1 << 20
-    wide = WorkerProc(root, "wwide", "127.0.0.12", secret_file=root / "secret",
-                      extra_args=["--max-window", str(window)]).start()
+    wide = WorkerProcess(root, "wwide", "127.0.0.12", **QUICK_PEERS, secret_file=root / "secret",
+                         extra_args=["--max-window", str(window)]).start()
     p = Primary(root, 17)  # an instance no other test of this module uses (the root is shared)
     tail = StingyTail("127.0.0.13")
     try:

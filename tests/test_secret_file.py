@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from dataplane_cluster import WorkerProc
-from rhino._bench_cluster import new_secret, write_secret
 from rhino.replication import read_secret_file
+from rhino.testing.cluster import WorkerProcess, new_secret, write_secret
 
 
 def test_a_new_secret_reads_back_unchanged(tmp_path: Path):
@@ -54,7 +53,7 @@ def test_a_worker_warns_when_others_can_read_its_secret_file(tmp_path: Path, mod
     secret_file = tmp_path / "secret"
     secret_file.write_bytes(b"rhino-test-secret\n")
     secret_file.chmod(mode)
-    w = WorkerProc(tmp_path, "wsecret", "127.0.0.16", secret_file=secret_file, metrics=False).start()
+    w = WorkerProcess(tmp_path, "wsecret", "127.0.0.16", secret_file=secret_file, metrics=False).start()
     try:
         events = [e for e in w.events() if e.get("event") == "secret_file_readable_by_others"]
     finally:

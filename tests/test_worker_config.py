@@ -17,7 +17,7 @@ def run_worker(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     secret = tmp_path / "secret"
     secret.write_bytes(SECRET + b"\n")
     secret.chmod(0o600)
-    cmd = [sys.executable, "-m", "rhino.worker", "--id", "wbad", "--dir", str(tmp_path / "store"),
+    cmd = [sys.executable, "-m", "rhino.daemon.worker", "--id", "wbad", "--dir", str(tmp_path / "store"),
            "--listen", "127.0.0.2:0", "--secret-file", str(secret), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
 
@@ -45,7 +45,7 @@ def test_bad_configuration_is_refused_clearly(tmp_path, args, status, message):
 
 def test_an_empty_secret_file_is_refused(tmp_path):
     (tmp_path / "empty").write_bytes(b" \n")
-    p = subprocess.run([sys.executable, "-m", "rhino.worker", "--id", "w", "--dir", str(tmp_path / "store"),
+    p = subprocess.run([sys.executable, "-m", "rhino.daemon.worker", "--id", "w", "--dir", str(tmp_path / "store"),
                         "--listen", "127.0.0.2:0", "--secret-file", str(tmp_path / "empty")],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "is empty" in p.stdout + p.stderr

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs a wheel into a fresh virtualenv and checks that `import rhino` works,
 # and that it loads the release librocksdb bundled in the wheel, and that
-# library's compression libraries, never the system ones.
+# library's compression libraries, never the system ones; that every subpackage
+# (rhino.daemon, rhino.cli, rhino.bench, rhino.testing, ..., and rhino.spark, which
+# comes from spark_integration/) imports; and that the console scripts run.
 set -euo pipefail
 wheel=$(readlink -f "$1")
 venv=$(mktemp -d /tmp/rhino-wheel-check.XXXXXX)
@@ -31,5 +33,29 @@ with rhino.StateBackend.open("db", partitioner=p) as db:  # RocksDB really runs
     db.put_batch(np.arange(100, dtype=np.int64), [b"v%d" % i for i in range(100)])
     db.flush()
     assert db.get_batch(np.array([7], dtype=np.int64)) == [b"v7"]
+
+import importlib, os, pkgutil
+subpackages = sorted(f"rhino.{m.name}" for m in pkgutil.iter_modules(rhino.__path__) if m.ispkg)
+for name in ("rhino.daemon", "rhino.cli", "rhino.bench", "rhino.testing", "rhino.spark"):
+    if name not in subpackages:
+        sys.exit(f"FAIL: the wheel lacks {name} (it has {subpackages})")
+modules = subpackages + ["rhino.daemon.worker", "rhino.daemon.metrics", "rhino.cli.main", "rhino.cli.verify",
+                         "rhino.cli.restore", "rhino.cli.demo", "rhino.cli.progress", "rhino.bench.restore",
+                         "rhino.bench.replicate", "rhino.bench.overhead", "rhino.bench.workload",
+                         "rhino.testing.cluster"]
+for name in modules:
+    mod = importlib.import_module(name)
+    if "site-packages" not in mod.__file__:
+        sys.exit(f"FAIL: {name} imported from {mod.__file__}, not from the installed wheel")
+import rhino.spark
+if os.path.dirname(rhino.spark.__file__) != os.path.join(os.path.dirname(rhino.__file__), "spark"):
+    sys.exit(f"FAIL: rhino.spark is at {rhino.spark.__file__}, not inside the rhino package")
+if "pyspark" in sys.modules:
+    sys.exit("FAIL: importing rhino.spark imported pyspark (it is an optional dependency)")
+print("modules imported:", ", ".join(modules))
 print("OK: the wheel imports in a fresh venv and loads its bundled release librocksdb and compression libraries")
 PY
+"$venv/bin/rhino" version
+"$venv/bin/rhino-worker" --help >/dev/null
+"$venv/bin/python" -m rhino --help >/dev/null
+echo "OK: rhino, rhino-worker and python -m rhino run"

@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 import rhino
-from rhino._workload import build_state
+from rhino.bench.workload import build_state
 
 from benchutil import record
 

@@ -79,12 +79,13 @@ import numpy as np
 
 import rhino
 
-from ._bench_cluster import (SECRET, cpu_seconds, exit_on_sigterm, max_chunk_bytes, pressure_seconds, start_workers,
-                             system_cpu_seconds, thread_cpu_seconds, thread_schedstat, write_secret)
-from ._machine import describe_machine, machine_summary
-from ._sizes import parse_size
-from ._workload import keys_for, random_values
-from .worker import DEFAULT_NICE, DEFAULT_SCHED
+from .._machine import describe_machine, machine_summary
+from .._sizes import parse_size
+from ..daemon.worker import DEFAULT_NICE, DEFAULT_SCHED
+from ..testing.cluster import (SECRET, cpu_seconds, pressure_seconds, start_workers, system_cpu_seconds,
+                              thread_cpu_seconds, thread_schedstat, write_secret)
+from .common import exit_on_sigterm, max_chunk_bytes
+from .workload import keys_for, random_values
 
 OPERATOR = "bench"
 INSTANCE = 0

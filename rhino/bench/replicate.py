@@ -45,9 +45,10 @@ import numpy as np
 
 import rhino
 
-from ._bench_cluster import SECRET, exit_on_sigterm, max_chunk_bytes, rss_kb, start_workers, write_secret
-from ._progress import Progress
-from ._sizes import format_bytes, parse_size
+from .._sizes import format_bytes, parse_size
+from ..cli.progress import Progress
+from ..testing.cluster import SECRET, rss_kb, start_workers, write_secret
+from .common import exit_on_sigterm, max_chunk_bytes
 
 
 _SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>

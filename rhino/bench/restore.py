@@ -39,11 +39,11 @@ import sys
 import time
 from typing import Any, Callable, Optional, TextIO
 
-from . import Partitioner, ReplicaStore, StateBackend
-from ._machine import describe_machine
-from ._sizes import format_bytes
-from ._workload import build_state
-from .errors import NoSpaceError
+from .. import Partitioner, ReplicaStore, StateBackend
+from .._machine import describe_machine
+from .._sizes import format_bytes
+from ..errors import NoSpaceError
+from .workload import build_state
 
 __all__ = ["drop_caches", "measure_size", "run"]
 

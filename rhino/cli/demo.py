@@ -24,12 +24,12 @@ from typing import TextIO
 
 import numpy as np
 
-from . import Partitioner, ReplicaStore, StateBackend, __version__
-from ._bench_cluster import Worker, new_secret, start_workers, write_secret
-from ._machine import describe_machine, machine_summary
-from ._sizes import format_bytes
-from ._workload import build_state, keys_for, random_values
-from .replication import read_secret_file, replicate
+from .. import Partitioner, ReplicaStore, StateBackend, __version__
+from .._machine import describe_machine, machine_summary
+from .._sizes import format_bytes
+from ..bench.workload import build_state, keys_for, random_values
+from ..replication import read_secret_file, replicate
+from ..testing.cluster import WorkerProcess, new_secret, start_workers, write_secret
 
 __all__ = ["run_demo"]
 
@@ -219,7 +219,7 @@ def _replicate_and_fail_over(out: _Out, directory: str, store: ReplicaStore, m1,
                    "and 2 down the chain 127.0.0.2 -> 127.0.0.3 (r=2): a member is asked first and receives "
                    "only the files it lacks; a checkpoint is complete when every member has committed it.")
     try:
-        workers: list[Worker] = start_workers(root, [2, 3, 4], secret_file, max_window=16)
+        workers: list[WorkerProcess] = start_workers(root, [2, 3, 4], secret_file, max_window=16)
     except RuntimeError as e:  # e.g. a worker could not bind 127.0.0.N: say so, no traceback
         out.fact(f"FAILED to start the workers: {e}")
         return rep

@@ -21,13 +21,13 @@ import shlex
 import sys
 from typing import Optional, Sequence
 
-from ._argtypes import uint32, uint64
+from .._argtypes import uint32, uint64
 
 EXIT_USAGE = 2
 
 
 def _size(text: str) -> int:
-    from ._sizes import parse_size
+    from .._sizes import parse_size
 
     try:
         return parse_size(text)
@@ -36,7 +36,7 @@ def _size(text: str) -> int:
 
 
 def _sizes(text: str) -> list[int]:
-    from ._sizes import parse_sizes
+    from .._sizes import parse_sizes
 
     try:
         return parse_sizes(text)
@@ -57,7 +57,7 @@ def _positive_int(text: str) -> int:
 def cmd_version(args: argparse.Namespace) -> int:
     import rhino
     from rhino import _core
-    from ._machine import loaded_library
+    from .._machine import loaded_library
 
     print(f"rhino {rhino.__version__}")
     print(f"python {sys.version.split()[0]} ({sys.executable})")
@@ -69,7 +69,7 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from .inspection import format_report, inspect_path
+    from ..inspection import format_report, inspect_path
 
     report = inspect_path(args.path, exact=args.exact)
     if args.json:
@@ -80,7 +80,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .store_verify import format_verify, verify_store
+    from .verify import format_verify, verify_store
 
     result = verify_store(args.path, operator_id=args.operator, instance=args.instance, full=not args.quick,
                           progress=not (args.quiet or args.json))
@@ -92,7 +92,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from .store_restore import format_restore, restore_checkpoint
+    from .restore import format_restore, restore_checkpoint
 
     result = restore_checkpoint(args.path, args.target, operator_id=args.operator, instance=args.instance,
                                 checkpoint_id=args.checkpoint, copy=args.copy, full_verify=args.full_verify,
@@ -102,7 +102,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_restore(args: argparse.Namespace) -> int:
-    from .bench_restore import run
+    from ..bench.restore import run
 
     command = "rhino " + " ".join(shlex.quote(a) for a in args.argv)
     run(args.sizes, base_dir=args.dir, value_size=args.value_size, repeats=args.repeats,
@@ -119,10 +119,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # Subcommands that own their argument parsing (their modules have main(argv)).
 _DELEGATED = {
-    ("worker",): ("rhino.worker", "the worker daemon: replica store and data-plane server of one host"),
-    ("bench", "replicate"): ("rhino.bench_replicate",
+    ("worker",): ("rhino.daemon.worker", "the worker daemon: replica store and data-plane server of one host"),
+    ("bench", "replicate"): ("rhino.bench.replicate",
                              "chain-replication throughput vs the disk and loopback limits, same run"),
-    ("bench", "overhead"): ("rhino.bench_overhead",
+    ("bench", "overhead"): ("rhino.bench.overhead",
                             "a primary's writes/s while its checkpoints replicate (r=2) vs r=0, same run"),
 }
 
@@ -239,7 +239,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"rhino: error: cannot import the compiled core ({e}); run `make setup`", file=sys.stderr)
         return EXIT_USAGE
     except Exception as e:  # noqa: BLE001 - a Rhino error mid-run: its message, no traceback
-        from .errors import RhinoError
+        from ..errors import RhinoError
 
         if not isinstance(e, RhinoError):
             raise
@@ -251,7 +251,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv
     try:
-        from .errors import RhinoError
+        from ..errors import RhinoError
     except ImportError as e:  # the extension is not built: say so, no traceback
         print(f"rhino: error: cannot import the compiled core ({e}); run `make setup`", file=sys.stderr)
         return EXIT_USAGE

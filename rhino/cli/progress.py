@@ -11,7 +11,7 @@ import sys
 import time
 from typing import TextIO
 
-from ._sizes import format_bytes
+from .._sizes import format_bytes
 
 __all__ = ["Progress"]
 

@@ -16,9 +16,9 @@ import sys
 import time
 from typing import Any, Optional, TextIO
 
-from ._progress import Progress
-from .errors import InvalidArgumentError, NotFoundError
-from .store_verify import open_store
+from ..errors import InvalidArgumentError, NotFoundError
+from .progress import Progress
+from .verify import open_store
 
 __all__ = ["restore_checkpoint", "format_restore"]
 
@@ -84,7 +84,7 @@ def restore_checkpoint(path: str, target: str, *, operator_id: str, instance: in
 
 
 def format_restore(r: dict[str, Any]) -> str:
-    from ._sizes import format_bytes
+    from .._sizes import format_bytes
 
     how = (f"{r['linked_files']} hard-linked, {r['copied_files']} copied ({format_bytes(r['copied_bytes'])})"
            + ("; links failed across file systems, so it copied" if r["fell_back_to_copy"] else ""))

@@ -19,15 +19,15 @@ import sys
 import time
 from typing import Any, Optional, TextIO
 
-from ._progress import Progress
-from ._sizes import format_bytes
-from .errors import InvalidArgumentError, NotFoundError
+from .._sizes import format_bytes
+from ..errors import InvalidArgumentError, NotFoundError
+from .progress import Progress
 
 __all__ = ["open_store", "verify_store", "format_verify", "bytes_to_read"]
 
 
 def open_store(path: str):
-    from . import ReplicaStore
+    from .. import ReplicaStore
 
     if not os.path.exists(path):
         raise NotFoundError(f"{path}: no such file or directory")

@@ -1,7 +1,15 @@
-"""Helpers shared by the benchmarks and the demo that run real worker processes
-(`rhino bench replicate`, `rhino bench overhead`, `rhino demo`): starting and stopping
-`rhino.worker` daemons on 127.0.0.N, and reading a process's RSS and CPU time
-from /proc.
+"""A local multi-host cluster of real ``rhino worker`` processes (DESIGN §6), for the
+tests, the benchmarks (``rhino bench replicate``, ``rhino bench overhead``) and the
+demo:
+
+- :class:`WorkerProcess`: one ``python -m rhino.daemon.worker`` on its own loopback
+  address 127.0.0.N with its own store directory, started in its own session and
+  stopped (SIGTERM) or killed (SIGKILL) by PID; :func:`start_workers` starts several;
+- :func:`write_secret` / :func:`new_secret`: the cluster's shared-secret file;
+- :func:`rss_kb`, :func:`cpu_seconds`, ...: what the benchmarks read from /proc;
+- :func:`read_rocksdb`: a RocksDB directory read by rocksdict, a reader that shares
+  no code with Rhino (rocksdict is imported when it is called, so this module does
+  not need it).
 """
 
 from __future__ import annotations
@@ -13,32 +21,19 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any, Callable, Optional
 
-SECRET = b"bench-secret"
+__all__ = ["SECRET", "WorkerProcess", "start_workers", "new_secret", "write_secret", "read_rocksdb",
+           "rss_kb", "cpu_seconds", "thread_cpu_seconds", "system_cpu_seconds", "thread_schedstat",
+           "pressure_seconds"]
+
+SECRET = b"rhino-test-secret-0123456789"
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def exit_on_sigterm() -> None:
-    """Turn SIGTERM into SystemExit(143) in the main thread, so a bench stopped
-    by `kill`, a CI timeout or a job scheduler unwinds through its `finally`
-    blocks and stops its worker processes (they run in their own sessions and
-    would otherwise outlive it). Further SIGTERMs are ignored while it unwinds,
-    so a second `kill` cannot cut the clean-up short; SIGKILL still can."""
-
-    def _unwind(signum: int, _frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        print(f"rhino bench: signal {signum} received, stopping the workers", file=sys.stderr, flush=True)
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, _unwind)
-
-
-def max_chunk_bytes() -> int:
-    """The largest replication chunk: a chunk and its 16-byte header fit in one frame."""
-    from . import _core
-
-    return int(_core.MAX_FRAME_BYTES) - 16
+# ---- the shared secret --------------------------------------------------------------
 
 
 def new_secret() -> bytes:
@@ -54,7 +49,7 @@ def write_secret(root: Path, secret: bytes = SECRET) -> Path:
     if secret != secret.strip() or not secret:
         raise ValueError("a secret file's secret must be non-empty, with no surrounding whitespace "
                          "(read_secret_file strips it)")
-    path = root / "secret"
+    path = Path(root) / "secret"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(secret)
@@ -62,75 +57,167 @@ def write_secret(root: Path, secret: bytes = SECRET) -> Path:
     return path
 
 
-class Worker:
-    """One `python -m rhino.worker` process on 127.0.0.`n`, store in root/w`n`,
-    log in root/w`n`.log (JSON lines); the port is chosen by the kernel and
-    read back from the log's `listening` event."""
+# ---- worker processes -----------------------------------------------------------------
 
-    def __init__(self, root: Path, n: int, secret_file: Path, max_window: int, extra_args: list[str] | None = None,
-                 timeout: float = 30.0) -> None:
-        self.id = f"w{n}"
-        self.dir = root / self.id
-        self.host = f"127.0.0.{n}"
-        self.log_path = root / f"{self.id}.log"
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rhino.worker", "--id", self.id, "--dir", str(self.dir), "--listen",
-             f"{self.host}:0", "--secret-file", str(secret_file), "--max-window", str(max_window),
-             *(extra_args or [])],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
+
+class WorkerProcess:
+    """One ``python -m rhino.daemon.worker`` process: id `worker_id`, listening on `host`
+    (127.0.0.N), store in root/`worker_id`, log in root/`worker_id`.log (JSON lines).
+
+    The data-plane port is chosen by the kernel unless `port` is given, and read back
+    from the log's ``listening`` event; a restart (``start()`` again) reuses it, so a
+    chain's address stays valid. `metrics` also serves ``/metrics`` on `host` (any port).
+    `heartbeat_ms`, `peer_timeout_ms` and `max_window` are passed on when given; None
+    keeps the daemon's defaults. Construct, then :meth:`start`.
+    """
+
+    def __init__(self, root: Path, worker_id: str, host: str, *, secret_file: Path, port: int = 0,
+                 metrics: bool = True, max_window: Optional[int] = None, heartbeat_ms: Optional[int] = None,
+                 peer_timeout_ms: Optional[int] = None, env: Optional[dict[str, str]] = None,
+                 preexec_fn: Optional[Callable[[], Any]] = None, extra_args: Optional[list[str]] = None) -> None:
+        root = Path(root)
+        self.id = worker_id
+        self.host = host
+        self.dir = root / worker_id
+        self.log_path = root / f"{worker_id}.log"
+        self.secret_file = Path(secret_file)
+        self.requested_port = port
+        self.metrics_enabled = metrics
+        self.max_window = max_window
+        self.heartbeat_ms = heartbeat_ms
+        self.peer_timeout_ms = peer_timeout_ms
+        self.env = env
+        self.preexec_fn = preexec_fn
+        self.extra_args = list(extra_args or [])
+        self.proc: Optional[subprocess.Popen] = None
         self.port = 0
-        try:
-            self._await_listening(timeout)
-        except BaseException:  # a signal or Ctrl-C while it starts: it is not in any list yet
-            self.stop()
-            raise
-        if not self.port:
-            self.stop()
-            raise RuntimeError(f"worker {self.id} did not start; its log: {self.log_path.read_text()[-2000:]}")
-
-    def _await_listening(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.port and time.monotonic() < deadline:
-            for line in self.log_path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if rec.get("event") == "listening" and rec.get("worker") == self.id:
-                    self.port = rec["port"]
-            if not self.port and self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
+        self.metrics_port = 0
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def stop(self, timeout: float = 60.0) -> None:
-        """SIGTERM (the clean shutdown), then SIGKILL if it does not exit in time."""
-        if self.proc.poll() is not None:
-            return
-        os.kill(self.proc.pid, signal.SIGTERM)
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "not started"
+        return self.proc.pid
+
+    def command(self, port: int) -> list[str]:
+        cmd = [sys.executable, "-m", "rhino.daemon.worker", "--id", self.id, "--dir", str(self.dir),
+               "--listen", f"{self.host}:{port}", "--secret-file", str(self.secret_file)]
+        for flag, value in (("--max-window", self.max_window), ("--heartbeat-ms", self.heartbeat_ms),
+                            ("--peer-timeout-ms", self.peer_timeout_ms)):
+            if value is not None:
+                cmd += [flag, str(value)]
+        if self.metrics_enabled:
+            cmd += ["--metrics-listen", f"{self.host}:0"]
+        return cmd + self.extra_args
+
+    def start(self, timeout: float = 30.0) -> "WorkerProcess":
+        """Starts the process and waits for its ``listening`` event. A worker that exits or does
+        not listen in time is stopped, and RuntimeError raised. A worker whose start is interrupted
+        (Ctrl-C, a signal) is stopped too before the exception goes on: it is in nobody's list yet."""
+        env = dict(os.environ)
+        if self.env:
+            env.update(self.env)
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        port = self.port or self.requested_port  # a restart keeps its port
+        self.metrics_port = 0
+        log = open(self.log_path, "ab")
         try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            self.proc = subprocess.Popen(self.command(port), stdout=log, stderr=log,
+                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                         preexec_fn=self.preexec_fn)
+        finally:
+            log.close()
+        try:
+            problem = self._await_listening(offset, timeout)
+        except BaseException:
+            self.stop()
+            raise
+        if problem:
+            self.stop()
+            raise RuntimeError(f"worker {self.id} {problem}; its log: {self.log_path.read_text()[-2000:]}")
+        return self
+
+    def _await_listening(self, offset: int, timeout: float) -> Optional[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for rec in self.events(offset):
+                if rec.get("worker") != self.id:
+                    continue
+                if rec.get("event") == "metrics_listening":
+                    self.metrics_port = rec["port"]
+                if rec.get("event") == "listening":
+                    self.port = rec["port"]
+                    return None
+            if self.proc.poll() is not None:
+                return f"exited with {self.proc.returncode}"
+            time.sleep(0.02)
+        return f"did not start in {timeout:g} s"
+
+    def events(self, offset: int = 0) -> list[dict]:
+        """The JSON log records of the worker's log file from byte `offset` on."""
+        out = []
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                for line in f.read().splitlines():
+                    try:
+                        out.append(json.loads(line))
+                    except ValueError:
+                        pass
+        except FileNotFoundError:
+            pass
+        return out
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Sends `sig` (SIGKILL: a crash) and waits for the process to end."""
+        if self.alive():
+            os.kill(self.proc.pid, sig)
+            self.proc.wait(timeout=30)
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM (the clean shutdown) and wait; SIGKILL if it does not exit in `timeout`.
+        Returns the exit code (0 for a clean shutdown, negative for a signal)."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        return self.proc.returncode
+
+    def metrics_text(self) -> str:
+        """The ``/metrics`` page (Prometheus text format); needs `metrics`."""
+        with urllib.request.urlopen(f"http://{self.host}:{self.metrics_port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def metric(self, name: str, labels: str = "") -> float:
+        """One sample of the Prometheus endpoint, e.g. metric("rhino_worker_auth_failures_total"),
+        metric("rhino_worker_checkpoints_total", 'state="complete"')."""
+        prefix = f'{name}{{worker="{self.id}"' + ("," + labels if labels else "") + "}"
+        for line in self.metrics_text().splitlines():
+            if line.startswith(prefix + " "):
+                return float(line.split()[-1])
+        raise KeyError(prefix)
 
 
 def start_workers(root: Path, numbers: list[int], secret_file: Path, max_window: int,
-                  extra_args: list[str] | None = None) -> list[Worker]:
-    """Workers on 127.0.0.n for every n in `numbers`; all stopped again if one fails to start."""
-    workers: list[Worker] = []
+                  extra_args: Optional[list[str]] = None) -> list[WorkerProcess]:
+    """Workers w`n` on 127.0.0.`n` for every n in `numbers`, without metrics, with the daemon's
+    timeouts; all stopped again if one fails to start."""
+    workers: list[WorkerProcess] = []
     try:
         for n in numbers:
-            workers.append(Worker(root, n, secret_file, max_window, extra_args))
+            workers.append(WorkerProcess(root, f"w{n}", f"127.0.0.{n}", secret_file=secret_file, metrics=False,
+                                         max_window=max_window, extra_args=extra_args).start())
     except BaseException:
         for w in workers:
             w.stop()
@@ -138,7 +225,40 @@ def start_workers(root: Path, numbers: list[int], secret_file: Path, max_window:
     return workers
 
 
+# ---- an independent RocksDB reader ---------------------------------------------------------
+
+
+def read_rocksdb(path: str | Path) -> dict[str, dict[bytes, bytes]]:
+    """{column family: {key: value}} of a RocksDB directory, read by rocksdict
+    (its own RocksDB build, read-only): a reader that shares no code with Rhino.
+    Close the Rhino handle first, or read a directory nobody writes to."""
+    import rocksdict  # the test and bench extras; not a dependency of the package
+
+    path = str(path)
+    names = rocksdict.Rdict.list_cf(path)
+    db = rocksdict.Rdict(
+        path,
+        options=rocksdict.Options(raw_mode=True),
+        column_families={n: rocksdict.Options(raw_mode=True) for n in names if n != "default"},
+        access_type=rocksdict.AccessType.read_only(),
+    )
+    try:
+        out = {"default": dict(db.items())}
+        for n in names:
+            if n != "default":
+                cf = db.get_column_family(n)
+                out[n] = dict(cf.items())
+                del cf
+        return out
+    finally:
+        db.close()
+
+
+# ---- /proc readings ---------------------------------------------------------------------
+
+
 def rss_kb(pid: int) -> int:
+    """Resident memory of a process, in KiB."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):

@@ -1,0 +1,31 @@
+"""What the benchmark drivers that run worker processes share (`rhino bench replicate`,
+`rhino bench overhead`)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+__all__ = ["exit_on_sigterm", "max_chunk_bytes"]
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit(143) in the main thread, so a bench stopped
+    by `kill`, a CI timeout or a job scheduler unwinds through its `finally`
+    blocks and stops its worker processes (they run in their own sessions and
+    would otherwise outlive it). Further SIGTERMs are ignored while it unwinds,
+    so a second `kill` cannot cut the clean-up short; SIGKILL still can."""
+
+    def _unwind(signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print(f"rhino bench: signal {signum} received, stopping the workers", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _unwind)
+
+
+def max_chunk_bytes() -> int:
+    """The largest replication chunk: a chunk and its 16-byte header fit in one frame."""
+    from .. import _core
+
+    return int(_core.MAX_FRAME_BYTES) - 16

@@ -1,0 +1,60 @@
+"""The package's layout (issue 18): the library API at the top of `rhino`, the daemon,
+the command line, the benchmarks, the test harness and the Spark layer in
+subpackages, each importable, and the entry points that name them working.
+
+Each check runs in a fresh interpreter, so what one import pulls in is not hidden
+by what the test session imported before."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+SUBPACKAGES = ["rhino.daemon", "rhino.cli", "rhino.bench", "rhino.testing", "rhino.spark"]
+MODULES = ["rhino.daemon.worker", "rhino.daemon.metrics", "rhino.cli.main", "rhino.cli.verify", "rhino.cli.restore",
+           "rhino.cli.demo", "rhino.cli.progress", "rhino.bench.restore", "rhino.bench.replicate",
+           "rhino.bench.overhead", "rhino.bench.workload", "rhino.bench.common", "rhino.testing.cluster"]
+
+
+def python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("name", SUBPACKAGES + MODULES)
+def test_every_subpackage_and_module_imports(name):
+    p = python(f"import importlib; importlib.import_module({name!r})")
+    assert p.returncode == 0, p.stderr
+
+
+def test_the_library_api_does_not_pull_in_the_tools():
+    """`import rhino` is the embedded API: no command line, daemon, bench, harness or their libraries."""
+    p = python("import sys, rhino; print(' '.join(sorted(sys.modules)))")
+    assert p.returncode == 0, p.stderr
+    loaded = set(p.stdout.split())
+    unwanted = {"rhino.cli", "rhino.daemon", "rhino.bench", "rhino.testing", "rhino.spark",
+                "tqdm", "prometheus_client", "rocksdict", "pyspark"}
+    assert not loaded & unwanted, sorted(loaded & unwanted)
+
+
+def test_rhino_spark_comes_from_spark_integration_and_does_not_import_pyspark():
+    p = python("import sys, rhino.spark; print(rhino.spark.__file__); print('pyspark' in sys.modules)")
+    assert p.returncode == 0, p.stderr
+    path, pyspark_loaded = p.stdout.split()
+    assert path.replace("\\", "/").endswith("spark_integration/spark/__init__.py") or "/rhino/spark/" in path
+    assert pyspark_loaded == "False"
+
+
+def test_the_harness_does_not_need_rocksdict_to_import():
+    p = python("import sys; sys.modules['rocksdict'] = None; import rhino.testing.cluster")
+    assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.parametrize("argv", [["-m", "rhino", "--help"], ["-m", "rhino.cli", "--help"],
+                                  ["-m", "rhino.daemon.worker", "--help"], ["-m", "rhino", "worker", "--help"],
+                                  ["-m", "rhino", "bench", "overhead", "--help"]])
+def test_the_module_entry_points_run(argv):
+    p = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("usage: rhino")
