@@ -1,18 +1,31 @@
-"""The ``/metrics`` endpoint of ``rhino worker`` (``--metrics-listen``): the C++
-worker's metrics snapshot (``Worker.metrics()``) in the Prometheus text format,
-plus chunk throughput over the last few seconds."""
+"""The ``/metrics`` endpoint of ``rhino worker`` (``--metrics-listen``), served by
+``prometheus_client``.
+
+:class:`WorkerCollector` turns the C++ worker's metrics snapshot
+(``Worker.metrics()``, taken at each scrape) and the chunk throughput over the
+last few seconds (:class:`ThroughputSampler`) into Prometheus metric families.
+Every sample carries a ``worker`` label; per-instance samples also carry
+``operator`` and ``instance``. :func:`metrics_server` serves a registry holding
+only that collector at ``/metrics`` (any other path: 404).
+"""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
+from typing import Any, Callable, Optional
+from urllib.parse import urlparse
+
+from prometheus_client.exposition import MetricsHandler, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from .. import _core
 
-__all__ = ["ThroughputSampler", "prometheus_text", "metrics_server"]
+__all__ = ["ThroughputSampler", "WorkerCollector", "worker_registry", "prometheus_text", "metrics_server"]
 
 
 class ThroughputSampler:
@@ -53,92 +66,113 @@ class ThroughputSampler:
         return (r1 - r0) / dt, (s1 - s0) / dt
 
 
-def _esc(v: Any) -> str:
-    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+# (name, help, snapshot key) of the worker-wide counters and gauges with no label but `worker`.
+_COUNTERS = [
+    ("rhino_worker_bytes_received_total", "Chunk bytes received from predecessors.", "bytes_received"),
+    ("rhino_worker_bytes_sent_total", "Chunk bytes sent to successors.", "bytes_sent"),
+    ("rhino_worker_bytes_written_total", "Chunk bytes written to staging files.", "bytes_written"),
+    ("rhino_worker_streams_opened_total", "Replication streams opened.", "streams_opened"),
+    ("rhino_worker_auth_failures_total", "Failed authentications (protocol §2).", "auth_failures"),
+    ("rhino_worker_rejected_frames_total", "Invalid frames and messages rejected (protocol §1).", "rejected_frames"),
+    ("rhino_worker_stale_rejections_total", "Streams or frames fenced off as stale (protocol §5).",
+     "stale_rejections"),
+    ("rhino_worker_peers_dead_total", "Peers declared dead by timeout (protocol §6).", "peers_dead"),
+]
+_GAUGES = [
+    ("rhino_worker_active_streams", "Replication streams under way.", "active_streams"),
+    ("rhino_worker_in_flight_credits", "Chunk buffers held right now (credits lent and not yet returned), all streams.",
+     "in_flight_credits"),
+    ("rhino_worker_open_connections", "Open data-plane connections.", "open_connections"),
+    ("rhino_worker_buffer_pool_cached_bytes", "Free chunk buffers kept for reuse (at most 32 MiB).",
+     "buffer_pool_cached_bytes"),
+]
+# (name, help, instance key) of the per-instance gauges; an instance whose value is None has no sample.
+_INSTANCE_GAUGES = [
+    ("rhino_replica_last_committed_checkpoint", "Newest checkpoint of an instance committed here by replication.",
+     "last_committed"),
+    ("rhino_replica_last_opened_checkpoint", "Newest checkpoint of an instance a stream was opened for.",
+     "last_opened"),
+    ("rhino_replica_chain_version", "Newest chain version seen for an instance (protocol §5).", "chain_version"),
+]
+
+
+class WorkerCollector(Collector):
+    """The metric families of one worker, from `snapshot()` (``Worker.metrics()``) and `rates()`
+    (received, sent bytes per second), both called at every scrape."""
+
+    def __init__(self, worker_id: str, snapshot: Callable[[], dict[str, Any]],
+                 rates: Optional[Callable[[], tuple[float, float]]] = None) -> None:
+        self.worker_id = worker_id
+        self._snapshot = snapshot
+        self._rates = rates if rates is not None else (lambda: (0.0, 0.0))
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._snapshot()
+        rates = self._rates()
+        w = self.worker_id
+        for name, help_, key in _COUNTERS:
+            c = CounterMetricFamily(name, help_, labels=["worker"])
+            c.add_metric([w], m[key])
+            yield c
+        net = CounterMetricFamily("rhino_worker_network_bytes_total", "Frame bytes on the wire, headers included.",
+                                  labels=["worker", "direction"])
+        net.add_metric([w, "in"], m["net_bytes_in"])
+        net.add_metric([w, "out"], m["net_bytes_out"])
+        yield net
+        tput = GaugeMetricFamily("rhino_worker_throughput_bytes_per_second",
+                                 "Chunk throughput over the last few seconds.", labels=["worker", "direction"])
+        tput.add_metric([w, "in"], round(rates[0], 1))
+        tput.add_metric([w, "out"], round(rates[1], 1))
+        yield tput
+        cps = CounterMetricFamily("rhino_worker_checkpoints_total", "Checkpoint streams by final state on this worker.",
+                                  labels=["worker", "state"])
+        cps.add_metric([w, "complete"], m["checkpoints_complete"])
+        cps.add_metric([w, "aborted"], m["checkpoints_aborted"])
+        yield cps
+        for name, help_, key in _GAUGES:
+            g = GaugeMetricFamily(name, help_, labels=["worker"])
+            g.add_metric([w], m[key])
+            yield g
+
+        instances = m.get("instances", [])
+        labels = ["worker", "operator", "instance"]
+        for name, help_, key in _INSTANCE_GAUGES:
+            g = GaugeMetricFamily(name, help_, labels=labels)
+            for i in instances:
+                if i[key] is not None:
+                    g.add_metric([w, i["operator_id"], str(i["instance"])], i[key])
+            yield g
+        lag = GaugeMetricFamily("rhino_replica_lag_checkpoints",
+                                "Replica lag of an instance: newest opened minus newest committed checkpoint id.",
+                                labels=labels)
+        for i in instances:
+            committed = i["last_committed"] if i["last_committed"] is not None else 0
+            lag.add_metric([w, i["operator_id"], str(i["instance"])], max(0, i["last_opened"] - committed))
+        yield lag
+
+
+def worker_registry(worker_id: str, snapshot: Callable[[], dict[str, Any]],
+                    rates: Optional[Callable[[], tuple[float, float]]] = None) -> CollectorRegistry:
+    """A registry holding only the worker's collector (no process or platform metrics)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(WorkerCollector(worker_id, snapshot, rates))
+    return registry
 
 
 def prometheus_text(worker_id: str, m: dict[str, Any], rates: tuple[float, float] = (0.0, 0.0)) -> str:
     """The Prometheus text exposition (format 0.0.4) of a metrics snapshot."""
-    w = f'worker="{_esc(worker_id)}"'
-    out: list[str] = []
-
-    def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
-        out.append(f"# HELP {name} {help_}")
-        out.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            lab = w + ("," + labels if labels else "")
-            out.append(f"{name}{{{lab}}} {value}")
-
-    metric("rhino_worker_bytes_received_total", "counter", "Chunk bytes received from predecessors.",
-           [("", m["bytes_received"])])
-    metric("rhino_worker_bytes_sent_total", "counter", "Chunk bytes sent to successors.", [("", m["bytes_sent"])])
-    metric("rhino_worker_bytes_written_total", "counter", "Chunk bytes written to staging files.",
-           [("", m["bytes_written"])])
-    metric("rhino_worker_network_bytes_total", "counter", "Frame bytes on the wire, headers included.",
-           [('direction="in"', m["net_bytes_in"]), ('direction="out"', m["net_bytes_out"])])
-    metric("rhino_worker_throughput_bytes_per_second", "gauge",
-           "Chunk throughput over the last few seconds.",
-           [('direction="in"', round(rates[0], 1)), ('direction="out"', round(rates[1], 1))])
-    metric("rhino_worker_active_streams", "gauge", "Replication streams under way.", [("", m["active_streams"])])
-    metric("rhino_worker_in_flight_credits", "gauge",
-           "Chunk buffers held right now (credits lent and not yet returned), all streams.",
-           [("", m["in_flight_credits"])])
-    metric("rhino_worker_streams_opened_total", "counter", "Replication streams opened.", [("", m["streams_opened"])])
-    metric("rhino_worker_checkpoints_total", "counter", "Checkpoint streams by final state on this worker.",
-           [('state="complete"', m["checkpoints_complete"]), ('state="aborted"', m["checkpoints_aborted"])])
-    metric("rhino_worker_auth_failures_total", "counter", "Failed authentications (protocol §2).",
-           [("", m["auth_failures"])])
-    metric("rhino_worker_rejected_frames_total", "counter", "Invalid frames and messages rejected (protocol §1).",
-           [("", m["rejected_frames"])])
-    metric("rhino_worker_stale_rejections_total", "counter", "Streams or frames fenced off as stale (protocol §5).",
-           [("", m["stale_rejections"])])
-    metric("rhino_worker_peers_dead_total", "counter", "Peers declared dead by timeout (protocol §6).",
-           [("", m["peers_dead"])])
-    metric("rhino_worker_open_connections", "gauge", "Open data-plane connections.", [("", m["open_connections"])])
-    metric("rhino_worker_buffer_pool_cached_bytes", "gauge",
-           "Free chunk buffers kept for reuse (at most 32 MiB).", [("", m["buffer_pool_cached_bytes"])])
-    inst = m.get("instances", [])
-
-    def per_instance(key: str) -> list[tuple[str, float]]:
-        rows = []
-        for i in inst:
-            v = i[key]
-            if v is None:
-                continue
-            rows.append((f'operator="{_esc(i["operator_id"])}",instance="{i["instance"]}"', v))
-        return rows
-
-    metric("rhino_replica_last_committed_checkpoint", "gauge",
-           "Newest checkpoint of an instance committed here by replication.", per_instance("last_committed"))
-    metric("rhino_replica_last_opened_checkpoint", "gauge",
-           "Newest checkpoint of an instance a stream was opened for.", per_instance("last_opened"))
-    lag = []
-    for i in inst:
-        committed = i["last_committed"] if i["last_committed"] is not None else 0
-        lag.append((f'operator="{_esc(i["operator_id"])}",instance="{i["instance"]}"',
-                     max(0, i["last_opened"] - committed)))
-    metric("rhino_replica_lag_checkpoints", "gauge",
-           "Replica lag of an instance: newest opened minus newest committed checkpoint id.", lag)
-    metric("rhino_replica_chain_version", "gauge", "Newest chain version seen for an instance (protocol §5).",
-           per_instance("chain_version"))
-    return "\n".join(out) + "\n"
+    return generate_latest(worker_registry(worker_id, lambda: m, lambda: rates)).decode()
 
 
-def metrics_server(host: str, port: int, render: Any) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
+def metrics_server(host: str, port: int, registry: CollectorRegistry) -> ThreadingHTTPServer:
+    """An HTTP server (not started: call ``serve_forever``) for `registry` at ``/metrics``."""
+
+    class Handler(MetricsHandler.factory(registry)):  # type: ignore[misc]
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            if self.path.split("?")[0] != "/metrics":
+            if urlparse(self.path).path != "/metrics":
                 self.send_error(404)
                 return
-            body = render().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:  # scrapes are not worth a log line
-            pass
+            super().do_GET()
 
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True

@@ -32,7 +32,7 @@ from .. import _core
 from .._argtypes import uint32
 from .._secret import Worker
 from ..replication import parse_address, read_secret_file
-from .metrics import ThroughputSampler, metrics_server, prometheus_text
+from .metrics import ThroughputSampler, metrics_server, worker_registry
 
 __all__ = ["main", "build_parser", "JsonLogger", "DEFAULT_NICE", "DEFAULT_SCHED"]
 
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     http = None
     if metrics_address is not None:
         mh, mp = metrics_address
-        http = metrics_server(mh, mp, lambda: prometheus_text(args.id, worker.metrics(), sampler.rates()))
+        http = metrics_server(mh, mp, worker_registry(args.id, worker.metrics, sampler.rates))
         threading.Thread(target=http.serve_forever, name="rhino-metrics", daemon=True).start()
         log.info("metrics_listening", host=mh, port=http.server_address[1])
     log.info("listening", host=host, port=worker.port, dir=args.dir, pid=os.getpid())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -201,12 +202,16 @@ class WorkerProcess:
 
     def metric(self, name: str, labels: str = "") -> float:
         """One sample of the Prometheus endpoint, e.g. metric("rhino_worker_auth_failures_total"),
-        metric("rhino_worker_checkpoints_total", 'state="complete"')."""
-        prefix = f'{name}{{worker="{self.id}"' + ("," + labels if labels else "") + "}"
-        for line in self.metrics_text().splitlines():
-            if line.startswith(prefix + " "):
-                return float(line.split()[-1])
-        raise KeyError(prefix)
+        metric("rhino_worker_checkpoints_total", 'state="complete"'): the sample of that name whose
+        labels are exactly `labels` plus this worker's ``worker`` label, in any order."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        want = {"worker": self.id, **dict(re.findall(r'(\w+)="([^"]*)"', labels))}
+        for family in text_string_to_metric_families(self.metrics_text()):
+            for sample in family.samples:
+                if sample.name == name and sample.labels == want:
+                    return float(sample.value)
+        raise KeyError(f"{name} {want}")
 
 
 def start_workers(root: Path, numbers: list[int], secret_file: Path, max_window: int,
