@@ -71,6 +71,31 @@ py::dict MetricsDict(const WorkerMetrics& m) {
     inst.append(e);
   }
   d["instances"] = inst;
+  py::list hosted;
+  for (const auto& h : m.hosted) {
+    py::dict e;
+    e["operator_id"] = h.operator_id;
+    e["instance"] = h.instance;
+    e["epoch"] = h.epoch;
+    e["version"] = h.has_version ? py::object(py::int_(h.version)) : py::object(py::none());
+    e["session_open"] = h.session_open;
+    e["sessions_opened"] = h.sessions_opened;
+    e["sessions_aborted"] = h.sessions_aborted;
+    e["commits"] = h.commits;
+    e["commit_failures"] = h.commit_failures;
+    e["rollbacks"] = h.rollbacks;
+    e["keys_written"] = h.keys_written;
+    e["bytes_written"] = h.bytes_written;
+    e["bytes_replicated"] = h.bytes_replicated;
+    e["write_seconds"] = h.write_seconds;
+    e["checkpoint_seconds"] = h.checkpoint_seconds;
+    e["replicate_seconds"] = h.replicate_seconds;
+    e["last_complete"] = h.has_complete ? py::object(py::int_(h.last_complete)) : py::object(py::none());
+    e["replications_pending"] = h.replications_pending;
+    e["vnodes"] = h.vnodes;
+    hosted.append(e);
+  }
+  d["hosted"] = hosted;
   return d;
 }
 
@@ -241,9 +266,16 @@ stop() aborts streams under way and closes connections; join() waits for stop.
       .def(py::init([](const std::string& id, const std::string& store_dir, const std::string& listen_host,
                        uint16_t listen_port, const std::string& secret, uint32_t io_threads, uint32_t disk_threads,
                        uint32_t heartbeat_ms, uint32_t peer_timeout_ms, uint32_t max_frame_bytes,
-                       uint32_t max_window, uint32_t stream_idle_timeout_ms) {
+                       uint32_t max_window, uint32_t stream_idle_timeout_ms, const std::string& state_dir,
+                       const std::string& unix_socket, uint32_t service_threads, uint64_t max_session_bytes,
+                       uint32_t replicate_timeout_ms) {
              auto w = std::make_unique<PyWorker>();
              WorkerOptions o;
+             o.state_dir = state_dir;
+             o.unix_socket = unix_socket;
+             o.service_threads = service_threads;
+             o.max_session_bytes = max_session_bytes;
+             o.replicate_timeout_ms = replicate_timeout_ms;
              o.id = id;
              o.store_dir = store_dir;
              o.listen_host = listen_host;
@@ -263,7 +295,9 @@ stop() aborts streams under way and closes connections; join() waits for stop.
            py::arg("listen_port") = 0, py::arg("secret"), py::arg("io_threads") = 1, py::arg("disk_threads") = 2,
            py::arg("heartbeat_ms") = 500, py::arg("peer_timeout_ms") = 3000,
            py::arg("max_frame_bytes") = kDefaultMaxFrameBytes, py::arg("max_window") = 64,
-           py::arg("stream_idle_timeout_ms") = 60000)
+           py::arg("stream_idle_timeout_ms") = 60000, py::arg("state_dir") = "", py::arg("unix_socket") = "",
+           py::arg("service_threads") = 4, py::arg("max_session_bytes") = 1ull << 30,
+           py::arg("replicate_timeout_ms") = 60000)
       .def("start", [](PyWorker& w) {
              Status s;
              {

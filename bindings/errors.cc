@@ -27,6 +27,9 @@ constexpr Mapping kTable[] = {
     {Status::Code::kAborted, "AbortedError"},
     {Status::Code::kStaleChainVersion, "StaleChainVersionError"},
     {Status::Code::kAuthFailed, "AuthFailedError"},
+    {Status::Code::kUnknownInstance, "UnknownInstanceError"},
+    {Status::Code::kSessionBusy, "SessionBusyError"},
+    {Status::Code::kStaleEpoch, "StaleEpochError"},
 };
 
 }  // namespace

@@ -35,4 +35,5 @@ PYBIND11_MODULE(_core, m) {
   rhino::py_bindings::BindStore(m);
   rhino::py_bindings::BindState(m);
   rhino::py_bindings::BindWorker(m);
+  rhino::py_bindings::BindService(m);
 }

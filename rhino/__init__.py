@@ -10,6 +10,8 @@ The public API:
 - :class:`Worker` is one host's runtime: replica store plus data-plane server;
   :func:`replicate` streams a checkpoint down a chain of workers and
   :func:`query_store` asks a worker what it holds (docs/protocol.md).
+- :func:`connect` reaches a worker's state service: sessions read and write
+  the instances it hosts, one micro-batch at a time (:mod:`rhino.client`).
 
 Errors are subclasses of :class:`RhinoError` (see :mod:`rhino.errors`).
 """
@@ -49,8 +51,12 @@ from .errors import (
     RhinoTimeoutError,
     StaleChainVersionError,
     UnknownVnodeError,
+    UnknownInstanceError,
+    SessionBusyError,
+    StaleEpochError,
 )
 from .replication import query_store, replicate
+from .client import Client, Session, connect
 
 __all__ = [
     "__version__",
@@ -68,6 +74,9 @@ __all__ = [
     "ReplicationHandle",
     "replicate",
     "query_store",
+    "connect",
+    "Client",
+    "Session",
     "errors",
     "RhinoError",
     "NotFoundError",
@@ -85,4 +94,7 @@ __all__ = [
     "AbortedError",
     "StaleChainVersionError",
     "AuthFailedError",
+    "UnknownInstanceError",
+    "SessionBusyError",
+    "StaleEpochError",
 ]

@@ -25,6 +25,9 @@ __all__ = [
     "AbortedError",
     "StaleChainVersionError",
     "AuthFailedError",
+    "UnknownInstanceError",
+    "SessionBusyError",
+    "StaleEpochError",
 ]
 
 
@@ -94,3 +97,18 @@ class StaleChainVersionError(RhinoError, RuntimeError):
 
 class AuthFailedError(RhinoError, PermissionError):
     """A peer does not know the shared secret (protocol §2)."""
+
+
+class UnknownInstanceError(RhinoError, LookupError):
+    """The worker does not host that (operator, instance): it was never opened
+    there, it was closed, or it moved to another worker (protocol §7)."""
+
+
+class SessionBusyError(BusyError):
+    """The instance already has an open session: one batch at a time (protocol §7.2)."""
+
+
+class StaleEpochError(RhinoError, RuntimeError):
+    """A request of an older configuration epoch: the instance has moved on, ask
+    the coordinator for the current placement (fencing, protocol §7.4)."""
+

@@ -1,5 +1,8 @@
 #include "net/connection.h"
 
+#include <arpa/inet.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -8,6 +11,29 @@
 #include "util/buffer_pool.h"
 
 namespace rhino::net {
+namespace {
+
+// "ip:port" of a TCP peer, "unix" for a Unix-socket peer (it has no name).
+std::string DescribePeer(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+  char host[INET6_ADDRSTRLEN] = {0};
+  if (ss.ss_family == AF_INET) {
+    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+    return std::string(host) + ":" + std::to_string(ntohs(a->sin_port));
+  }
+  if (ss.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+    return "[" + std::string(host) + "]:" + std::to_string(ntohs(a->sin6_port));
+  }
+  if (ss.ss_family == AF_UNIX) return "unix";
+  return "?";
+}
+
+}  // namespace
 namespace {
 
 int64_t MsSince(std::chrono::steady_clock::time_point t) {
@@ -42,9 +68,7 @@ std::string Connection::peer_id() const {
 void Connection::StartServer(ReadyHandler ready) {
   asio::post(strand_, [self = shared_from_this(), ready = std::move(ready)]() mutable {
     self->ready_ = std::move(ready);
-    asio::error_code ec;
-    auto ep = self->socket_.remote_endpoint(ec);
-    self->remote_ = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
+    self->remote_ = DescribePeer(self->socket_.native_handle());
     self->BeginSession();
     // Server side of §2: wait for HelloReq.
   });
@@ -63,45 +87,66 @@ void Connection::StartClient(const std::string& host, uint16_t port, ReadyHandle
     asio::ip::tcp::endpoint ep(addr, port);
     if (!self->options_.local_bind_host.empty()) {
       asio::ip::address local = asio::ip::make_address(self->options_.local_bind_host, ec);
-      if (!ec) self->socket_.open(local.is_v4() ? asio::ip::tcp::v4() : asio::ip::tcp::v6(), ec);
-      if (!ec) self->socket_.bind(asio::ip::tcp::endpoint(local, 0), ec);
+      if (!ec) {
+        asio::ip::tcp::endpoint local_ep(local, 0);
+        self->socket_.open(asio::generic::stream_protocol(local_ep.protocol()), ec);
+        if (!ec) self->socket_.bind(asio::generic::stream_protocol::endpoint(local_ep), ec);
+      }
       if (ec) {
         self->DoClose(Status::IOError("cannot bind to " + self->options_.local_bind_host + ": " + ec.message()));
         return;
       }
     }
-    // The handshake deadline (peer_timeout_ms) covers the connect as well.
-    self->started_ = Clock::now();
-    self->last_recv_ = self->last_send_ = self->started_;
-    if (self->counters_ != nullptr) self->counters_->open_connections.fetch_add(1);
-    self->timer_.expires_after(std::chrono::milliseconds(0));
-    self->timer_.async_wait(asio::bind_executor(self->strand_, [self](const asio::error_code& e) {
-      if (!e) self->Tick();
-    }));
-    self->socket_.async_connect(ep, asio::bind_executor(self->strand_, [self](const asio::error_code& e) {
-      if (self->state_.load() == State::kClosed) return;
-      if (e) {
-        self->DoClose(Status::PeerDead("cannot connect to " + self->remote_ + ": " + e.message()));
-        return;
-      }
-      self->BeginSession();
-      // Client side of §2: HelloReq with a fresh nonce.
-      Status s = NewNonce(&self->client_nonce_);
-      if (!s.ok()) {
-        self->DoClose(s);
-        return;
-      }
-      HelloReq hello;
-      hello.worker_id = self->options_.worker_id;
-      hello.client_nonce = self->client_nonce_;
-      self->SendNow(MessageType::kHelloReq, 0, hello.Encode());
-    }));
+    self->Connect(asio::generic::stream_protocol::endpoint(ep));
   });
+}
+
+void Connection::StartClientUnix(const std::string& path, ReadyHandler ready) {
+  asio::post(strand_, [self = shared_from_this(), path, ready = std::move(ready)]() mutable {
+    self->ready_ = std::move(ready);
+    self->remote_ = "unix:" + path;
+    // sockaddr_un holds 107 bytes of path and a NUL.
+    if (path.empty() || path.size() > 107) {
+      self->DoClose(Status::InvalidArgument("a Unix socket path must have 1 to 107 bytes, got " +
+                                            std::to_string(path.size()) + ": " + path));
+      return;
+    }
+    self->Connect(asio::generic::stream_protocol::endpoint(asio::local::stream_protocol::endpoint(path)));
+  });
+}
+
+void Connection::Connect(const asio::generic::stream_protocol::endpoint& ep) {
+  // The handshake deadline (peer_timeout_ms) covers the connect as well.
+  started_ = Clock::now();
+  last_recv_ = last_send_ = started_;
+  if (counters_ != nullptr) counters_->open_connections.fetch_add(1);
+  timer_.expires_after(std::chrono::milliseconds(0));
+  timer_.async_wait(asio::bind_executor(strand_, [self = shared_from_this()](const asio::error_code& e) {
+    if (!e) self->Tick();
+  }));
+  socket_.async_connect(ep, asio::bind_executor(strand_, [self = shared_from_this()](const asio::error_code& e) {
+    if (self->state_.load() == State::kClosed) return;
+    if (e) {
+      self->DoClose(Status::PeerDead("cannot connect to " + self->remote_ + ": " + e.message()));
+      return;
+    }
+    self->BeginSession();
+    // Client side of §2: HelloReq with a fresh nonce.
+    Status s = NewNonce(&self->client_nonce_);
+    if (!s.ok()) {
+      self->DoClose(s);
+      return;
+    }
+    HelloReq hello;
+    hello.worker_id = self->options_.worker_id;
+    hello.client_nonce = self->client_nonce_;
+    self->SendNow(MessageType::kHelloReq, 0, hello.Encode());
+  }));
 }
 
 void Connection::BeginSession() {
   asio::error_code ec;
-  socket_.set_option(asio::ip::tcp::no_delay(true), ec);
+  socket_.set_option(asio::ip::tcp::no_delay(true), ec);  // fails harmlessly on a Unix socket
   if (started_ == Clock::time_point()) {
     started_ = Clock::now();
     last_recv_ = last_send_ = started_;
@@ -504,7 +549,7 @@ void Connection::DoClose(const Status& why) {
   if (state_.exchange(State::kClosed) == State::kClosed) return;
   asio::error_code ec;
   timer_.cancel();
-  socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
+  socket_.shutdown(asio::socket_base::shutdown_both, ec);
   socket_.close(ec);
   queue_.clear();
   writing_ = false;

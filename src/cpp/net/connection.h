@@ -93,12 +93,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void set_unclaimed_handler(UnclaimedHandler h) { unclaimed_ = std::move(h); }
   void set_close_handler(CloseHandler h) { on_close_ = std::move(h); }
 
-  // Server: the socket to accept into, then StartServer.
-  asio::ip::tcp::socket& socket() { return socket_; }
+  // Server: the socket to accept into (TCP or Unix domain: a generic stream
+  // socket takes either), then StartServer.
+  using Socket = asio::generic::stream_protocol::socket;
+  Socket& socket() { return socket_; }
   void StartServer(ReadyHandler ready);
   // Client: connects to host:port and authenticates. `ready` is called once:
   // OK when authenticated, else the reason (AuthFailed, PeerDead, Timeout...).
   void StartClient(const std::string& host, uint16_t port, ReadyHandler ready);
+  // Client over a Unix domain socket at `path` (a client on the same host).
+  void StartClientUnix(const std::string& path, ReadyHandler ready);
 
   // Queues one frame. `on_sent` runs once the frame is fully written to the
   // socket (the kernel holds it): the credit protocol (§4 step 3) counts a
@@ -156,13 +160,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Reject(uint32_t stream_id, const Status& why);
   void DoClose(const Status& why);
   void FinishHandshake(const Status& s);
+  void Connect(const asio::generic::stream_protocol::endpoint& ep);
   void SendNow(MessageType type, uint32_t stream_id, std::string payload);
 
   const Role role_;
   const ConnectionOptions options_;
   ConnectionCounters* const counters_;
   asio::strand<asio::io_context::executor_type> strand_;
-  asio::ip::tcp::socket socket_;
+  Socket socket_;
   asio::steady_timer timer_;
   // Read by is_open() from any thread; written on the strand.
   std::atomic<State> state_{State::kHandshake};

@@ -43,7 +43,7 @@ constexpr size_t kOffMagic = 0, kOffVersion = 4, kOffType = 5, kOffFlags = 6, kO
 
 bool IsKnownMessageType(uint8_t type) {
   return type >= static_cast<uint8_t>(MessageType::kHelloReq) &&
-         type <= static_cast<uint8_t>(MessageType::kErrorRsp);
+         type <= static_cast<uint8_t>(kLastMessageType);
 }
 
 const char* MessageTypeName(MessageType type) {
@@ -64,6 +64,19 @@ const char* MessageTypeName(MessageType type) {
     case MessageType::kStoreQueryReq: return "StoreQueryReq";
     case MessageType::kStoreQueryRsp: return "StoreQueryRsp";
     case MessageType::kErrorRsp: return "ErrorRsp";
+    case MessageType::kInstanceReq: return "InstanceReq";
+    case MessageType::kInstanceRsp: return "InstanceRsp";
+    case MessageType::kSessionOpenReq: return "SessionOpenReq";
+    case MessageType::kSessionOpenRsp: return "SessionOpenRsp";
+    case MessageType::kGetReq: return "GetReq";
+    case MessageType::kGetRsp: return "GetRsp";
+    case MessageType::kWriteReq: return "WriteReq";
+    case MessageType::kSessionRsp: return "SessionRsp";
+    case MessageType::kScanReq: return "ScanReq";
+    case MessageType::kScanRsp: return "ScanRsp";
+    case MessageType::kSessionCommitReq: return "SessionCommitReq";
+    case MessageType::kSessionCommitRsp: return "SessionCommitRsp";
+    case MessageType::kSessionAbortReq: return "SessionAbortReq";
   }
   return "Unknown";
 }
@@ -185,6 +198,14 @@ void Encoder::PutStrList(const std::vector<std::string>& v) {
   for (const auto& s : v) PutBytes(s);
 }
 
+void Encoder::PutBytesList(const std::vector<std::string_view>& v) {
+  size_t total = 4;
+  for (const auto& s : v) total += 4 + s.size();
+  buf_.reserve(buf_.size() + total);
+  PutU32(static_cast<uint32_t>(v.size()));
+  for (const auto& s : v) PutBytes(s);
+}
+
 // ---- Decoder ----
 
 Status Decoder::Need(size_t n, const char* what) const {
@@ -285,6 +306,19 @@ Status Decoder::GetStrList(std::vector<std::string>* v, size_t max_count, size_t
     std::string s;
     RHINO_RETURN_IF_ERROR(GetBytes(&s, max_len));
     v->push_back(std::move(s));
+  }
+  return Status::OK();
+}
+
+Status Decoder::GetBytesViewList(std::vector<std::string_view>* v, size_t max_count, size_t max_len) {
+  uint32_t n = 0;
+  RHINO_RETURN_IF_ERROR(GetCount(&n, 4, max_count, "list<bytes>"));
+  v->clear();
+  v->reserve(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    std::string_view s;
+    RHINO_RETURN_IF_ERROR(GetBytesView(&s, max_len));
+    v->push_back(s);
   }
   return Status::OK();
 }

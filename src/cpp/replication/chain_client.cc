@@ -319,15 +319,22 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
     work.reset();
     io_thread.join();
     conn_.reset();
-    std::lock_guard<std::mutex> l(mu_);
-    result.status = s;
-    result.bytes_sent = progress_.bytes_sent;
-    result.files_sent = progress_.files_sent;
-    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    progress_.state = s.ok() ? ReplicationState::kComplete : ReplicationState::kFailed;
-    result_ = std::move(result);
-    done_ = true;
-    cv_.notify_all();
+    ReplicationResult done_copy;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      result.status = s;
+      result.bytes_sent = progress_.bytes_sent;
+      result.files_sent = progress_.files_sent;
+      result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      progress_.state = s.ok() ? ReplicationState::kComplete : ReplicationState::kFailed;
+      result_ = std::move(result);
+      done_ = true;
+      done_copy = result_;
+      cv_.notify_all();
+    }
+    // Outside the lock: the callback may start the next replication or
+    // answer a client (the state service's barrier commit).
+    if (options_.on_done) options_.on_done(done_copy);
   }
 
   const std::string store_dir_;

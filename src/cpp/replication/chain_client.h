@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +21,8 @@
 
 namespace rhino {
 
+struct ReplicationResult;
+
 struct ReplicateOptions {
   uint32_t chunk_bytes = 1 << 20;  // bytes per ChunkReq (protocol §4 step 2)
   uint32_t window = 16;            // credits asked for; members may grant fewer
@@ -28,6 +31,9 @@ struct ReplicateOptions {
   uint32_t peer_timeout_ms = 3000;
   uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
   std::string client_id = "primary";  // our name in the handshake
+  // Called once, on the replication's own thread, when it ends (after Wait
+  // would return). Must not destroy the handle from inside.
+  std::function<void(const ReplicationResult&)> on_done;
 };
 
 enum class ReplicationState { kConnecting, kOpening, kTransferring, kCommitting, kComplete, kFailed };

@@ -3,6 +3,10 @@
 #include <chrono>
 
 #include "rhino/messages.h"
+#include "service/state_service.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace rhino {
 
@@ -17,6 +21,7 @@ ReplicaServer::ReplicaServer(asio::io_context& io, asio::thread_pool& disk, Repl
       options_(options),
       fences_(store->dir()),
       acceptor_(io),
+      unix_acceptor_(io),
       accept_retry_(io) {
   env_.worker_id = options.connection.worker_id;
   env_.store = store;
@@ -50,40 +55,88 @@ Status ReplicaServer::Listen(const std::string& host, uint16_t port) {
   return Status::OK();
 }
 
+Status ReplicaServer::ListenUnix(const std::string& path) {
+  if (path.empty() || path.size() > 107) {
+    return Status::InvalidArgument("a Unix socket path must have 1 to 107 bytes, got " + std::to_string(path.size()) +
+                                   ": " + path);
+  }
+  asio::error_code ec;
+  asio::local::stream_protocol::endpoint ep(path);
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) return Status::AlreadyExists(path + " exists and is not a socket");
+    // A socket left by a killed worker: replace it, unless a live one answers.
+    asio::local::stream_protocol::socket probe(io_);
+    probe.connect(ep, ec);
+    if (!ec) return Status::Busy("another process is listening on " + path);
+    ::unlink(path.c_str());
+    ec.clear();
+  }
+  unix_acceptor_.open(ep.protocol(), ec);
+  if (!ec) unix_acceptor_.bind(ep, ec);
+  // Owner-only before listen(): until then a connect is refused anyway.
+  if (!ec && ::chmod(path.c_str(), 0600) != 0) ec = asio::error_code(errno, asio::system_category());
+  if (!ec) unix_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    asio::error_code ignored;
+    unix_acceptor_.close(ignored);
+    return Status::IOError("cannot listen on Unix socket " + path + ": " + ec.message());
+  }
+  unix_path_ = path;
+  AcceptUnix();
+  return Status::OK();
+}
+
 void ReplicaServer::Accept() {
   auto conn = net::Connection::Create(io_, net::Connection::Role::kServer, options_.connection, counters_);
-  acceptor_.async_accept(conn->socket(), [this, conn](const asio::error_code& ec) {
-    if (ec == asio::error::operation_aborted) return;  // Shutdown
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (stopping_) return;
-      if (!ec) conns_[conn.get()] = conn;
-    }
-    if (!ec) {
-      net::Connection* raw = conn.get();
-      conn->set_unclaimed_handler([this](const std::shared_ptr<net::Connection>& c, const FrameHeader& h,
-                                         std::shared_ptr<std::string> payload) {
-        return OnUnclaimed(c, h, std::move(payload));
-      });
-      conn->set_close_handler([this, raw](const Status&) {
-        std::lock_guard<std::mutex> l(mu_);
-        conns_.erase(raw);
-      });
-      conn->StartServer([](const Status&) {});
+  acceptor_.async_accept(conn->socket(), [this, conn](const asio::error_code& ec) { OnAccepted(conn, ec, false); });
+}
+
+void ReplicaServer::AcceptUnix() {
+  auto conn = net::Connection::Create(io_, net::Connection::Role::kServer, options_.connection, counters_);
+  unix_acceptor_.async_accept(conn->socket(), [this, conn](const asio::error_code& ec) { OnAccepted(conn, ec, true); });
+}
+
+void ReplicaServer::OnAccepted(const std::shared_ptr<net::Connection>& conn, const asio::error_code& ec,
+                               bool unix_socket) {
+  if (ec == asio::error::operation_aborted) return;  // Shutdown
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stopping_) return;
+    if (!ec) conns_[conn.get()] = conn;
+  }
+  auto again = [this, unix_socket]() {
+    if (unix_socket) {
+      AcceptUnix();
+    } else {
       Accept();
-      return;
     }
-    // e.g. EMFILE: back off instead of spinning on a failing accept.
-    accept_retry_.expires_after(std::chrono::milliseconds(100));
-    accept_retry_.async_wait([this](const asio::error_code& e) {
-      if (!e) Accept();
+  };
+  if (!ec) {
+    net::Connection* raw = conn.get();
+    conn->set_unclaimed_handler([this](const std::shared_ptr<net::Connection>& c, const FrameHeader& h,
+                                       std::shared_ptr<std::string> payload) {
+      return OnUnclaimed(c, h, std::move(payload));
     });
+    conn->set_close_handler([this, raw](const Status&) {
+      std::lock_guard<std::mutex> l(mu_);
+      conns_.erase(raw);
+    });
+    conn->StartServer([](const Status&) {});
+    again();
+    return;
+  }
+  // e.g. EMFILE: back off instead of spinning on a failing accept.
+  accept_retry_.expires_after(std::chrono::milliseconds(100));
+  accept_retry_.async_wait([again](const asio::error_code& e) {
+    if (!e) again();
   });
 }
 
 std::shared_ptr<net::StreamListener> ReplicaServer::OnUnclaimed(const std::shared_ptr<net::Connection>& conn,
                                                                 const FrameHeader& h,
                                                                 std::shared_ptr<std::string> payload) {
+  if (service_ != nullptr && StateService::Handles(h.type)) return service_->OnUnclaimed(conn, h, std::move(payload));
   switch (h.type) {
     case MessageType::kOpenStreamReq: {
       OpenStreamReq req;
@@ -178,6 +231,10 @@ void ReplicaServer::Shutdown(int wait_ms) {
   asio::post(io_, [this]() {
     asio::error_code ec;
     acceptor_.close(ec);
+    if (unix_acceptor_.is_open()) {
+      unix_acceptor_.close(ec);
+      ::unlink(unix_path_.c_str());
+    }
     accept_retry_.cancel();
   });
   for (auto& s : streams) s->Abort(Status::Aborted("worker is shutting down"));

@@ -43,6 +43,13 @@ class ReplicaServer {
 
   // Binds and starts accepting. `port` 0 picks an ephemeral port (see port()).
   Status Listen(const std::string& host, uint16_t port);
+  // Also accepts on a Unix domain socket at `path`, for clients on the same
+  // host (protocol §7.1): created owner-only (0600) before it listens, so no
+  // other user can connect even for a moment; the secret is still required.
+  // An existing socket file is replaced only if nothing answers on it.
+  Status ListenUnix(const std::string& path);
+  // Frames of the state service's types go to `service` (set before Listen).
+  void set_service(class StateService* service) { service_ = service; }
   uint16_t port() const { return port_; }
 
   // Stops accepting, aborts every stream ("worker shutting down"), closes
@@ -52,6 +59,8 @@ class ReplicaServer {
 
  private:
   void Accept();
+  void AcceptUnix();
+  void OnAccepted(const std::shared_ptr<net::Connection>& conn, const asio::error_code& ec, bool unix_socket);
   std::shared_ptr<net::StreamListener> OnUnclaimed(const std::shared_ptr<net::Connection>& conn,
                                                    const FrameHeader& h, std::shared_ptr<std::string> payload);
   void AnswerStoreQuery(const std::shared_ptr<net::Connection>& conn, const FrameHeader& h,
@@ -68,6 +77,9 @@ class ReplicaServer {
   FenceTable fences_;
   StreamEnv env_;
   asio::ip::tcp::acceptor acceptor_;
+  asio::local::stream_protocol::acceptor unix_acceptor_;
+  std::string unix_path_;
+  class StateService* service_ = nullptr;
   asio::steady_timer accept_retry_;
   uint16_t port_ = 0;
 

@@ -9,6 +9,7 @@
 #include "net/connection_pool.h"
 #include "replication/replica_server.h"
 #include "replication/server_metrics.h"
+#include "service/state_service.h"
 #include "rhino/frame.h"
 #include "rhino/messages.h"
 #include "rhino/replica_store.h"
@@ -63,8 +64,33 @@ class Worker::Impl {
     so.max_window = o.max_window;
     so.stream_idle_timeout_ms = o.stream_idle_timeout_ms;
     server_ = std::make_unique<ReplicaServer>(*io_, *disk_, store_.get(), pool_.get(), &metrics_, &counters_, so);
-    Status s = server_->Listen(o.listen_host, o.listen_port);
+    Status s;
+    if (!o.state_dir.empty()) {
+      StateServiceOptions ss;
+      ss.worker_id = o.id;
+      ss.state_dir = o.state_dir;
+      ss.secret = o.secret;
+      ss.threads = o.service_threads;
+      ss.max_frame_bytes = o.max_frame_bytes;
+      ss.max_session_bytes = o.max_session_bytes;
+      ss.peer_timeout_ms = o.peer_timeout_ms;
+      ss.replicate.chunk_bytes = o.replicate_chunk_bytes;
+      ss.replicate.window = o.replicate_window;
+      ss.replicate.timeout_ms = o.replicate_timeout_ms;
+      ss.replicate.heartbeat_ms = o.heartbeat_ms;
+      ss.replicate.peer_timeout_ms = o.peer_timeout_ms;
+      ss.replicate.max_frame_bytes = o.max_frame_bytes;
+      service_ = std::make_unique<StateService>(store_.get(), &counters_, ss);
+      s = service_->Start();
+      if (s.ok()) server_->set_service(service_.get());
+    } else if (!o.unix_socket.empty()) {
+      s = Status::InvalidArgument("a Unix socket serves the state service, which needs a state directory");
+    }
+    if (s.ok()) s = server_->Listen(o.listen_host, o.listen_port);
+    if (s.ok() && !o.unix_socket.empty()) s = server_->ListenUnix(o.unix_socket);
     if (!s.ok()) {
+      if (service_) service_->Shutdown();
+      service_.reset();
       server_.reset();
       pool_.reset();
       disk_->join();
@@ -90,6 +116,8 @@ class Worker::Impl {
     // connections, then the threads.
     server_->Shutdown(5000);
     pool_->CloseAll(Status::Aborted("worker " + options_.id + " is shutting down"));
+    // After the connections: sessions still open are aborted, instances closed.
+    if (service_) service_->Shutdown();
     // Let the close and abort frames go out before the loop stops.
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     work_.reset();
@@ -101,6 +129,10 @@ class Worker::Impl {
     // then drops the handlers that hold the last connections and streams,
     // whose strands live on the disk pool, which goes last.
     server_.reset();
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      service_.reset();
+    }
     pool_.reset();
     io_.reset();
     disk_.reset();
@@ -118,6 +150,11 @@ class Worker::Impl {
 
   WorkerMetrics Metrics() {
     WorkerMetrics m;
+    {
+      // Stop resets service_ under mu_: a metrics scrape never sees it freed.
+      std::lock_guard<std::mutex> l(mu_);
+      if (service_ && !stopping_) m.hosted = service_->Metrics();
+    }
     m.bytes_received = metrics_.bytes_received.load();
     m.bytes_sent = metrics_.bytes_sent.load();
     m.bytes_written = metrics_.bytes_written.load();
@@ -153,6 +190,7 @@ class Worker::Impl {
   std::unique_ptr<asio::thread_pool> disk_;
   std::unique_ptr<net::ConnectionPool> pool_;
   std::unique_ptr<ReplicaServer> server_;
+  std::unique_ptr<StateService> service_;
   std::vector<std::thread> threads_;
 };
 

@@ -519,6 +519,24 @@ Status ReplicaStore::Retain(const std::string& operator_id, uint32_t instance, u
   return fs::FsyncPath(inst_dir);
 }
 
+Status ReplicaStore::DiscardAfter(const std::string& operator_id, uint32_t instance, std::optional<uint64_t> after,
+                                  std::vector<uint64_t>* removed) {
+  removed->clear();
+  std::string inst_dir;
+  RHINO_RETURN_IF_ERROR(InstanceDir(operator_id, instance, &inst_dir));
+  std::vector<uint64_t> ids;
+  RHINO_RETURN_IF_ERROR(ListCheckpoints(operator_id, instance, &ids));
+  // Newest first: a crash part-way leaves a prefix of the history, never a gap.
+  for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+    if (after && *it <= *after) break;
+    std::string p = fs::Join(inst_dir, ManifestName(*it));
+    if (::unlink(p.c_str()) != 0 && errno != ENOENT) return Status::FromErrno(errno, "unlink " + p);
+    removed->push_back(*it);
+  }
+  if (removed->empty()) return Status::OK();
+  return fs::FsyncPath(inst_dir);
+}
+
 Status ReplicaStore::GarbageCollect(GcStats* stats) {
   *stats = GcStats();
   std::unique_ptr<Lock> lock;

@@ -33,7 +33,22 @@ enum class MessageType : uint8_t {
   kStoreQueryReq = 14,
   kStoreQueryRsp = 15,
   kErrorRsp = 16,
+  // The state service (protocol §7): instances hosted by a worker, sessions.
+  kInstanceReq = 17,
+  kInstanceRsp = 18,
+  kSessionOpenReq = 19,
+  kSessionOpenRsp = 20,
+  kGetReq = 21,
+  kGetRsp = 22,
+  kWriteReq = 23,
+  kSessionRsp = 24,
+  kScanReq = 25,
+  kScanRsp = 26,
+  kSessionCommitReq = 27,
+  kSessionCommitRsp = 28,
+  kSessionAbortReq = 29,
 };
+constexpr MessageType kLastMessageType = MessageType::kSessionAbortReq;
 
 bool IsKnownMessageType(uint8_t type);
 const char* MessageTypeName(MessageType type);
@@ -91,6 +106,7 @@ class Encoder {
   void PutU32List(const std::vector<uint32_t>& v);
   void PutU64List(const std::vector<uint64_t>& v);
   void PutStrList(const std::vector<std::string>& v);
+  void PutBytesList(const std::vector<std::string_view>& v);
 
   std::string& buffer() { return buf_; }
   std::string Finish() { return std::move(buf_); }
@@ -117,6 +133,8 @@ class Decoder {
   Status GetU32List(std::vector<uint32_t>* v, size_t max_count = UINT32_MAX);
   Status GetU64List(std::vector<uint64_t>* v, size_t max_count = UINT32_MAX);
   Status GetStrList(std::vector<std::string>* v, size_t max_count, size_t max_len);
+  // A list of byte strings viewed in place (no copy): the data must outlive *v.
+  Status GetBytesViewList(std::vector<std::string_view>* v, size_t max_count, size_t max_len);
   // Corruption if bytes are left over: a well-formed payload is consumed exactly.
   Status Done() const;
 

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -179,6 +180,11 @@ class ReplicaStore {
   // instance. Files are reclaimed by GarbageCollect.
   Status Retain(const std::string& operator_id, uint32_t instance, uint32_t keep_last,
                 std::vector<uint64_t>* removed);
+  // Deletes the manifests of the instance's checkpoints newer than `after`
+  // (all of them if `after` is unset), newest first. A re-executed micro-batch
+  // replaces the history after the checkpoint it restarts from (design §5).
+  Status DiscardAfter(const std::string& operator_id, uint32_t instance, std::optional<uint64_t> after,
+                      std::vector<uint64_t>* removed);
   // Removes pooled files that no committed manifest references, and stale staging.
   Status GarbageCollect(GcStats* stats);
 

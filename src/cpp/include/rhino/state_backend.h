@@ -231,6 +231,7 @@ class StateBackend {
   Status WaitForCompactions(std::chrono::milliseconds timeout, bool* settled) const;
 
  private:
+  friend class SessionBatch;  // a session's writes go through the same routing and column families
   StateBackend() = default;
   Status Route(std::string_view key, rocksdb::ColumnFamilyHandle** cf) const;
   // Refuses writes to a read-only DB, and resumes a DB that a write error

@@ -29,10 +29,13 @@ class Status {
     kTimeout = 11,         // a deadline passed (e.g. a chain did not ack in time)
     kPeerDead = 12,        // a peer closed its connection or stopped answering heartbeats
     kAborted = 13,         // a stream was aborted (by a peer, a cancel or a shutdown)
+    kUnknownInstance = 14, // an instance the worker does not host (state service, protocol §7)
+    kSessionBusy = 15,     // an instance already has an open session (protocol §7)
     // Wire codes of docs/protocol.md §3: numbered apart so that they stay
     // stable whatever local codes are added above.
     kStaleChainVersion = 100,  // a frame of an older replica chain (fenced, protocol §5)
     kAuthFailed = 101,         // the peer does not know the shared secret (protocol §2)
+    kStaleEpoch = 102,         // a request of an older configuration epoch (fenced, protocol §7.4)
   };
 
   Status() = default;
@@ -52,6 +55,9 @@ class Status {
   static Status Aborted(std::string msg) { return Status(Code::kAborted, std::move(msg)); }
   static Status StaleChainVersion(std::string msg) { return Status(Code::kStaleChainVersion, std::move(msg)); }
   static Status AuthFailed(std::string msg) { return Status(Code::kAuthFailed, std::move(msg)); }
+  static Status UnknownInstance(std::string msg) { return Status(Code::kUnknownInstance, std::move(msg)); }
+  static Status SessionBusy(std::string msg) { return Status(Code::kSessionBusy, std::move(msg)); }
+  static Status StaleEpoch(std::string msg) { return Status(Code::kStaleEpoch, std::move(msg)); }
   // Rebuilds a Status from a code received on the wire (docs/protocol.md §3).
   // An unknown code becomes IOError, keeping the number in the message.
   static Status FromCode(uint32_t code, std::string msg);
@@ -68,6 +74,7 @@ class Status {
   bool IsTimeout() const { return code_ == Code::kTimeout; }
   bool IsStaleChainVersion() const { return code_ == Code::kStaleChainVersion; }
   bool IsAuthFailed() const { return code_ == Code::kAuthFailed; }
+  bool IsStaleEpoch() const { return code_ == Code::kStaleEpoch; }
   Code code() const { return code_; }
   const std::string& message() const { return msg_; }
   std::string ToString() const;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "rhino/frame.h"
+#include "rhino/instance_metrics.h"
 #include "rhino/status.h"
 
 namespace rhino {
@@ -21,6 +22,19 @@ struct WorkerOptions {
   // ---- identity and storage ----
   std::string id = "worker";  // worker id, sent in the handshake and in error messages
   std::string store_dir;      // the replica store (created if missing)
+
+  // ---- the state service (docs/protocol.md §7) ----
+  // Where the live state of the instances this worker hosts lives. Empty: no
+  // state service (the worker only takes part in replica chains).
+  std::string state_dir;
+  // A Unix domain socket for clients on this host (owner-only); empty = none.
+  std::string unix_socket;
+  uint32_t service_threads = 4;               // sessions of different instances run in parallel
+  uint64_t max_session_bytes = 1ull << 30;    // uncommitted writes one session may hold
+  // How a commit replicates its checkpoint down the instance's chain.
+  uint32_t replicate_chunk_bytes = 1u << 20;
+  uint32_t replicate_window = 16;
+  uint32_t replicate_timeout_ms = 60000;
 
   // ---- network ----
   std::string listen_host = "127.0.0.1";  // DESIGN §3: loopback unless told otherwise
@@ -77,6 +91,8 @@ struct WorkerMetrics {
   // memory: free chunk buffers kept for reuse (util/buffer_pool.h; at most 32 MiB)
   uint64_t buffer_pool_cached_bytes = 0;
   std::vector<InstanceReplicaState> instances;
+  // The instances whose live state this worker hosts (state service).
+  std::vector<InstanceMetrics> hosted;
 };
 
 class Worker {

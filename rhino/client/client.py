@@ -1,0 +1,163 @@
+"""`rhino.connect` and the Client: one authenticated connection to a worker."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterable, Optional, Sequence
+
+from .. import _core
+from .._secret import call_hiding_secret, secret_bytes
+from ..errors import InvalidArgumentError
+from .session import Session
+
+__all__ = ["connect", "Client"]
+
+
+def connect(address: str | os.PathLike, *, secret: Any, client_id: str = "client",
+            request_timeout: float = 120.0, peer_timeout: float = 3.0,
+            bind_host: str = "") -> "Client":
+    """Connects to a worker's state service.
+
+    ``address`` is a Unix socket path (a worker on this host: ``rhino worker
+    --unix-socket``) or ``"host:port"`` (a worker elsewhere, its ``--listen``).
+    ``secret`` is the cluster's shared secret (bytes or str); a wrong one
+    raises :class:`rhino.AuthFailedError`. ``request_timeout`` bounds one
+    request, a barrier commit included; ``bind_host`` sets the TCP client's
+    own address (e.g. this host's 127.0.0.N).
+    """
+    address = os.fspath(address)
+    if not isinstance(address, str) or not address:
+        raise InvalidArgumentError("address must be a Unix socket path or 'host:port'")
+    if request_timeout <= 0 or peer_timeout <= 0:
+        raise InvalidArgumentError("timeouts must be positive")
+    handle = call_hiding_secret(
+        _core.StateClient.connect, address, secret_bytes(secret), client_id=client_id,
+        peer_timeout_ms=int(peer_timeout * 1000), request_timeout_ms=int(request_timeout * 1000),
+        local_bind_host=bind_host)
+    return Client(handle)
+
+
+def _json(args: dict) -> str:
+    return json.dumps(args, separators=(",", ":"))
+
+
+class Client:
+    """A connection to one worker. Thread-safe; close() (or ``with``) ends it."""
+
+    def __init__(self, handle: "_core.StateClient") -> None:
+        self._h = handle
+
+    # ---- sessions ----------------------------------------------------------
+    def session(self, operator_id: str, instance: int, *, batch: int, epoch: int) -> Session:
+        """Opens the session of micro-batch ``batch`` on an instance the worker hosts.
+
+        The session sees exactly the state at version ``batch - 1``; if the
+        worker's state is ahead (the batch runs again), the worker first rolls
+        it back by a hard-link restore (``Session.rolled_back``). Raises
+        :class:`rhino.SessionBusyError` if the instance has an open session,
+        :class:`rhino.StaleEpochError` for an old ``epoch``, and
+        :class:`rhino.UnknownInstanceError` if the worker does not host it.
+        """
+        _check_uint("batch", batch)
+        _check_uint("epoch", epoch)
+        _check_uint("instance", instance)
+        h, version, rolled_back = self._h.open_session(operator_id, instance, batch, epoch)
+        return Session(h, operator_id=operator_id, instance=instance, batch=batch, epoch=epoch,
+                       version=version, rolled_back=rolled_back)
+
+    # ---- instances (what the coordinator will call) ----------------------------
+    def open_instance(self, operator_id: str, instance: int, *, epoch: int, num_vnodes: int = 256,
+                      num_key_groups: int = 1 << 15, seed: int = 0, vnodes: Optional[Iterable[int]] = None,
+                      chain: Sequence[str] = (), chain_version: int = 0) -> dict:
+        """Hosts an instance on the worker under ``epoch`` (created empty if new,
+        else opened as it was): it stays open across batches. ``vnodes`` are
+        the vnodes it holds (all when None); ``chain`` the replica chain each
+        commit's checkpoint goes down (``"host:port"`` of each member)."""
+        args = {"num_vnodes": num_vnodes, "num_key_groups": num_key_groups, "seed": seed,
+                "chain": list(chain), "chain_version": chain_version}
+        if vnodes is not None:
+            args["vnodes"] = [int(v) for v in vnodes]
+        return self._call("open", operator_id, instance, epoch, args)
+
+    def close_instance(self, operator_id: str, instance: int, *, epoch: int) -> None:
+        """Stops hosting the instance; its files stay, and open_instance opens them again."""
+        self._call("close", operator_id, instance, epoch, {})
+
+    def takeover(self, operator_id: str, instance: int, *, epoch: int, checkpoint: Optional[int] = None,
+                 chain: Sequence[str] = (), chain_version: int = 0) -> dict:
+        """Starts hosting the instance from checkpoint ``checkpoint`` (default:
+        the newest) of the worker's **own** replica store, by hard links, under
+        the new ``epoch`` (failover). Returns its info, with ``restore_s``."""
+        return self._call("takeover", operator_id, instance, epoch,
+                          {"checkpoint": checkpoint, "chain": list(chain), "chain_version": chain_version})
+
+    def fence(self, operator_id: str, instance: int, *, epoch: int) -> None:
+        """Raises the instance's epoch on this worker: requests of older epochs are refused from now on."""
+        self._call("fence", operator_id, instance, epoch, {})
+
+    def import_vnodes(self, operator_id: str, instance: int, *, epoch: int, from_operator: str,
+                      from_instance: int, checkpoint: int, vnodes: Iterable[int]) -> list[int]:
+        """Imports ``vnodes`` into a hosted instance from checkpoint ``checkpoint``
+        of another instance, held in this worker's replica store (by hard links)."""
+        out = self._call("import", operator_id, instance, epoch,
+                         {"from_operator": from_operator, "from_instance": from_instance,
+                          "checkpoint": checkpoint, "vnodes": [int(v) for v in vnodes]})
+        return out["imported"]
+
+    def move_vnodes(self, operator_id: str, instance: int, *, epoch: int, to_operator: str, to_instance: int,
+                    to_epoch: int, vnodes: Iterable[int]) -> list[int]:
+        """Moves ``vnodes`` between two instances this worker hosts (export, import, drop)."""
+        out = self._call("move_vnodes", operator_id, instance, epoch,
+                         {"to_operator": to_operator, "to_instance": to_instance, "to_epoch": to_epoch,
+                          "vnodes": [int(v) for v in vnodes]})
+        return out["moved"]
+
+    def instances(self) -> list[dict]:
+        """What the worker hosts: one dict per instance (epoch, version, vnodes, chain, ...)."""
+        return self._call("list", "", 0, 0, {})["instances"]
+
+    def status(self, operator_id: str, instance: int, *, checkpoint: Optional[int] = None) -> dict:
+        """One instance as this worker sees it: its checkpoints here, and if it is
+        hosted here its epoch, version and, for ``checkpoint``, that checkpoint's
+        replication ("complete", "pending", "failed" or "unknown")."""
+        return self._call("status", operator_id, instance, 0, {"checkpoint": checkpoint})
+
+    def _call(self, action: str, operator_id: str, instance: int, epoch: int, args: dict) -> dict:
+        _check_uint("instance", instance)
+        _check_uint("epoch", epoch)
+        return json.loads(self._h.instance(action, operator_id, instance, epoch, _json(args)))
+
+    # ---- lifetime -------------------------------------------------------------
+    @property
+    def address(self) -> str:
+        return self._h.address
+
+    @property
+    def is_unix(self) -> bool:
+        """True over a Unix domain socket (a client on the worker's host)."""
+        return self._h.is_unix
+
+    @property
+    def is_open(self) -> bool:
+        return self._h.is_open
+
+    def close(self) -> None:
+        """Closes the connection; a session still open on it is aborted by the worker."""
+        self._h.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<rhino.Client {'unix' if self._h.is_unix else 'tcp'}:{self._h.address}>"
+
+
+def _check_uint(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0 or value >= 1 << 64:
+        raise InvalidArgumentError(f"{name} must be in [0, 2**64), got {value}")

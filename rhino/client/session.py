@@ -1,0 +1,124 @@
+"""A session: one client's reads and writes of one instance for one micro-batch."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+from .. import _core
+from ..errors import InvalidArgumentError
+
+__all__ = ["Session", "CommitResult"]
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What a commit did: the version it wrote, and how long each part took.
+
+    ``replication`` is "complete" (barrier mode: the chain holds checkpoint
+    ``version``), "pending" (async mode: ask ``Client.status(..., checkpoint=)``)
+    or "none" (the instance has no chain).
+    """
+
+    version: int
+    replication: str
+    write_s: float
+    checkpoint_s: float
+    replicate_s: Optional[float]
+    keys: int
+    bytes: int
+    delta_bytes: int
+    stats: dict = field(repr=False)
+
+
+class Session:
+    """Reads see the state at version ``batch - 1`` plus this session's own writes.
+
+    Keys are a 1-D int64 NumPy array, a pyarrow array, or a sequence of bytes,
+    str or int, as for :class:`rhino.StateBackend`; values are a sequence of
+    bytes-like objects, a NumPy array of fixed-width rows, or a pyarrow binary
+    array. Batches larger than one frame are streamed in several.
+
+    Use it as a context manager: leaving the block without :meth:`commit`
+    aborts the session. One thread at a time.
+    """
+
+    def __init__(self, handle: "_core.ClientSession", *, operator_id: str, instance: int, batch: int,
+                 epoch: int, version: Optional[int], rolled_back: bool) -> None:
+        self._h = handle
+        self.operator_id = operator_id
+        self.instance = instance
+        self.batch = batch
+        self.epoch = epoch
+        #: The version this session sees (batch - 1), None for batch 0.
+        self.version = version
+        #: True if the worker's state was ahead and was rolled back for this session.
+        self.rolled_back = rolled_back
+
+    # ---- reads ---------------------------------------------------------------
+    def get_batch(self, keys: Any) -> list[Optional[bytes]]:
+        """The values of many keys (None where absent)."""
+        return self._h.get_batch(keys)
+
+    def get_batch_array(self, keys: Any, width: int) -> tuple[Any, Any]:
+        """Fixed-width values: (uint8 array of shape (n, width), bool found mask)."""
+        return self._h.get_batch_array(keys, width)
+
+    def scan(self, *, vnode: Optional[int] = None, prefix: bytes = b"", page_size: int = 4096
+             ) -> Iterator[tuple[bytes, bytes]]:
+        """(key, value) pairs whose key starts with ``prefix``, of one vnode or of
+        all the instance's vnodes (vnode by vnode, keys in order within each),
+        fetched a page at a time: never a whole vnode in one list."""
+        if isinstance(prefix, str):
+            prefix = prefix.encode()
+        if page_size <= 0:
+            raise InvalidArgumentError("page_size must be positive")
+        after_vnode: Optional[int] = None
+        after_key: Optional[bytes] = None
+        while True:
+            keys, values, done, last_vnode = self._h._scan_page(vnode, bytes(prefix), after_vnode, after_key,
+                                                                  page_size)
+            yield from zip(keys, values)
+            if done or not keys:
+                return
+            after_vnode, after_key = last_vnode, keys[-1]
+
+    # ---- writes --------------------------------------------------------------
+    def put_batch(self, keys: Any, values: Any) -> None:
+        self._h.put_batch(keys, values)
+
+    def delete_batch(self, keys: Any) -> None:
+        self._h.delete_batch(keys)
+
+    # ---- the end -------------------------------------------------------------
+    def commit(self, mode: str = "barrier") -> CommitResult:
+        """Writes every update at version ``batch`` in one atomic write, takes
+        checkpoint ``batch``, and replicates it down the instance's chain.
+        ``barrier`` returns once the chain has committed it; ``async`` returns
+        after the local checkpoint, with the replication under way."""
+        version, stats_json = self._h.commit(mode)
+        stats = json.loads(stats_json) if stats_json else {}
+        return CommitResult(version=version, replication=stats.get("replication", "none"),
+                            write_s=stats.get("write_s", 0.0), checkpoint_s=stats.get("checkpoint_s", 0.0),
+                            replicate_s=stats.get("replicate_s"), keys=stats.get("keys", 0),
+                            bytes=stats.get("bytes", 0), delta_bytes=stats.get("delta_bytes", 0), stats=stats)
+
+    def abort(self) -> None:
+        """Drops every write of the session; the state stays at ``batch - 1``."""
+        self._h.abort()
+
+    @property
+    def open(self) -> bool:
+        return self._h.open
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if self._h.open:
+            self._h.abort()
+
+    def __repr__(self) -> str:
+        state = "open" if self._h.open else "ended"
+        return f"<rhino.Session {self.operator_id}/{self.instance} batch {self.batch} epoch {self.epoch} {state}>"

@@ -1,0 +1,204 @@
+// The messages of the state service (docs/protocol.md §7): a client hosts,
+// takes over and fences instances on a worker (InstanceReq), and reads and
+// writes one instance for one micro-batch in a session (SessionOpenReq, then
+// Get/Write/Scan, then SessionCommitReq or SessionAbortReq). They travel on
+// the same framed, authenticated connections as the data plane (§1, §2),
+// over TCP or a Unix domain socket, with chain version 0 in the frame header:
+// fencing is by the configuration epoch each request carries.
+//
+// Encode / Decode as in rhino/messages.h: Decode checks the shape (bounds,
+// list counts, trailing bytes) and nothing else; the service checks meaning.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rhino/frame.h"
+#include "rhino/messages.h"
+#include "rhino/status.h"
+
+namespace rhino {
+
+constexpr size_t kMaxOperatorIdBytes = 128;
+// InstanceReq.args and InstanceRsp.result are JSON objects of this size at most.
+constexpr size_t kMaxJsonBytes = 1 << 20;
+
+// What an InstanceReq asks (§7.1).
+enum class InstanceAction : uint8_t {
+  kOpen = 1,         // host (create or open) the instance under `epoch`
+  kClose = 2,        // stop hosting it (its files stay)
+  kTakeover = 3,     // host it from a checkpoint of this worker's replica store (failover)
+  kFence = 4,        // raise the instance's epoch here without hosting it
+  kImport = 5,       // import vnodes from a checkpoint in the replica store into a hosted instance
+  kMoveVnodes = 6,   // export vnodes of one hosted instance and import them into another
+  kList = 7,         // the instances hosted here (operator_id empty)
+  kStatus = 8,       // one instance: epoch, version, checkpoints, replication of a checkpoint
+  kDiscardAfter = 9, // drop this store's checkpoints of the instance newer than `after` (re-execution)
+};
+const char* InstanceActionName(InstanceAction a);
+
+struct InstanceReq {
+  static constexpr MessageType kType = MessageType::kInstanceReq;
+  uint8_t action = 0;
+  std::string operator_id;
+  uint32_t instance = 0;
+  uint64_t epoch = 0;
+  std::string args;  // JSON object
+  std::string Encode() const;
+  static Status Decode(std::string_view payload, InstanceReq* out);
+};
+
+struct InstanceRsp {
+  static constexpr MessageType kType = MessageType::kInstanceRsp;
+  uint32_t code = 0;
+  std::string message;
+  std::string result;  // JSON
+  std::string Encode() const;
+  static Status Decode(std::string_view payload, InstanceRsp* out);
+};
+
+struct SessionOpenReq {
+  static constexpr MessageType kType = MessageType::kSessionOpenReq;
+  std::string operator_id;
+  uint32_t instance = 0;
+  uint64_t batch = 0;
+  uint64_t epoch = 0;
+  std::string Encode() const;
+  static Status Decode(std::string_view payload, SessionOpenReq* out);
+};
+
+struct SessionOpenRsp {
+  static constexpr MessageType kType = MessageType::kSessionOpenRsp;
+  uint32_t code = 0;
+  std::string message;
+  bool has_version = false;  // the version the session sees (batch - 1), if any
+  uint64_t version = 0;
+  bool rolled_back = false;  // the live state was ahead and was restored to batch - 1
+  std::string Encode() const;
+  static Status Decode(std::string_view payload, SessionOpenRsp* out);
+};
+
+// Looks keys up. Encoding views the caller's keys; decoding views the payload.
+struct GetReq {
+  static constexpr MessageType kType = MessageType::kGetReq;
+  std::vector<std::string_view> keys;
+  std::string Encode() const;
+  static Status Decode(std::string_view payload, GetReq* out);
+};
+
+// The answers for the first found.size() keys of the request, in order (at
+// most one frame's worth: the client asks again for the rest).
+struct GetRsp {
+  static constexpr MessageType kType = MessageType::kGetRsp;
+  uint32_t code = 0;
+  std::string message;
+  std::string found;                     // one byte (0/1) per answered key
+  std::vector<std::string_view> values;  // the values of the found keys, in order
+  static Status Decode(std::string_view payload, GetRsp* out);
+};
+
+enum class WriteOp : uint8_t { kPut = 1, kDelete = 2 };
+
+struct WriteReq {
+  static constexpr MessageType kType = MessageType::kWriteReq;
+  uint8_t op = 0;
+  std::vector<std::string_view> keys;
+  std::vector<std::string_view> values;  // puts only
+  std::string Encode() const;
+  static Status Decode(std::string_view payload, WriteReq* out);
+};
+
+// The answer to a WriteReq or a SessionAbortReq.
+struct SessionRsp {
+  static constexpr MessageType kType = MessageType::kSessionRsp;
+  uint32_t code = 0;
+  std::string message;
+  uint64_t count = 0;
+  std::string Encode() const;
+  static Status Decode(std::string_view payload, SessionRsp* out);
+};
+
+struct ScanReq {
+  static constexpr MessageType kType = MessageType::kScanReq;
+  bool has_vnode = false;
+  uint32_t vnode = 0;
+  std::string prefix;
+  bool has_after = false;  // resume strictly after (after_vnode, after_key)
+  uint32_t after_vnode = 0;
+  std::string after_key;
+  uint32_t max_items = 0;  // 0 = as many as fit in one frame
+  std::string Encode() const;
+  static Status Decode(std::string_view payload, ScanReq* out);
+};
+
+struct ScanRsp {
+  static constexpr MessageType kType = MessageType::kScanRsp;
+  uint32_t code = 0;
+  std::string message;
+  bool done = false;             // nothing after the last entry
+  uint32_t last_vnode = 0;       // the vnode of the last entry (the cursor)
+  std::vector<std::string_view> keys;
+  std::vector<std::string_view> values;
+  static Status Decode(std::string_view payload, ScanRsp* out);
+};
+
+enum class CommitMode : uint8_t { kBarrier = 0, kAsync = 1 };
+
+struct SessionCommitReq {
+  static constexpr MessageType kType = MessageType::kSessionCommitReq;
+  uint8_t mode = 0;
+  std::string Encode() const;
+  static Status Decode(std::string_view payload, SessionCommitReq* out);
+};
+
+struct SessionCommitRsp {
+  static constexpr MessageType kType = MessageType::kSessionCommitRsp;
+  uint32_t code = 0;
+  std::string message;
+  uint64_t version = 0;
+  std::string stats;  // JSON: timings, bytes, replication state
+  std::string Encode() const;
+  static Status Decode(std::string_view payload, SessionCommitRsp* out);
+};
+
+struct SessionAbortReq {
+  static constexpr MessageType kType = MessageType::kSessionAbortReq;
+  std::string reason;
+  std::string Encode() const;
+  static Status Decode(std::string_view payload, SessionAbortReq* out);
+};
+
+// Builds the payload of a GetRsp / ScanRsp incrementally, so that the server
+// never copies values twice (encoded straight from RocksDB's pinned slices).
+class GetRspBuilder {
+ public:
+  explicit GetRspBuilder(size_t n_hint);
+  // Bytes the payload would have with one more value of `len` bytes.
+  size_t SizeWith(size_t len) const { return 4 + 4 + 4 + found_.size() + 1 + 4 + values_bytes_ + 4 + len; }
+  void Add(bool found, std::string_view value);
+  std::string Finish();
+ private:
+  std::string found_;
+  Encoder values_;
+  uint32_t count_ = 0;
+  size_t values_bytes_ = 0;
+};
+
+class ScanRspBuilder {
+ public:
+  size_t SizeWith(size_t klen, size_t vlen) const { return 4 + 4 + 1 + 4 + 8 + bytes_ + 8 + klen + vlen; }
+  void Add(std::string_view key, std::string_view value);
+  size_t count() const { return count_; }
+  std::string Finish(bool done, uint32_t last_vnode);
+ private:
+  Encoder keys_, values_;
+  uint32_t count_ = 0;
+  size_t bytes_ = 0;
+};
+
+// An error answer of the right type for a request of type `req`.
+std::string ServiceErrorPayload(MessageType rsp, const Status& s);
+
+}  // namespace rhino

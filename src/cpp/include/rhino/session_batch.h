@@ -1,0 +1,72 @@
+// SessionBatch: the uncommitted writes of one session (docs/design.md §1
+// "session", §5 exactly-once).
+//
+// A session for micro-batch b reads the state at version b-1 and writes in
+// batches; nothing it writes is visible to anybody else until Commit, which
+// applies every write and the new version in one atomic RocksDB write. Reads
+// inside the session see its own writes: lookups and scans go through
+// RocksDB's WriteBatchWithIndex over the DB (GetFromBatchAndDB,
+// NewIteratorWithBase), so a scan merges the session's puts and deletes into
+// the DB's keys in order, without building a vnode in memory.
+//
+// Thread-safety: none; the state service uses one SessionBatch from one
+// instance's strand at a time. The StateBackend must outlive it, and must not
+// import or drop vnodes while it holds writes (the service refuses that while
+// a session is open).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rhino/status.h"
+
+namespace rhino {
+
+class StateBackend;
+
+class SessionBatch {
+ public:
+  explicit SessionBatch(StateBackend* db);
+  ~SessionBatch();
+  SessionBatch(const SessionBatch&) = delete;
+  SessionBatch& operator=(const SessionBatch&) = delete;
+
+  // UnknownVnode (adding nothing) if any key's vnode is not held.
+  Status Put(const std::vector<std::string_view>& keys, const std::vector<std::string_view>& values);
+  Status Delete(const std::vector<std::string_view>& keys);
+
+  // Looks up keys[from..], calling fn(i, found, value) in input order, i = from,
+  // from+1, ...; stops (OK) after the first key for which fn returns false.
+  // The value view is valid only during the call.
+  Status MultiGet(const std::vector<std::string_view>& keys, size_t from,
+                  const std::function<bool(size_t, bool, std::string_view)>& fn) const;
+
+  // Calls fn(vnode, key, value) for the session's view of the entries whose key
+  // starts with `prefix`, vnode by vnode in ascending order (only `vnode` if
+  // set), keys in RocksDB's order within a vnode, starting strictly after
+  // (after_vnode, after_key) if `after_key` is set. Stops when fn returns false.
+  Status Scan(std::optional<uint32_t> vnode, std::string_view prefix, std::optional<uint32_t> after_vnode,
+              std::optional<std::string_view> after_key,
+              const std::function<bool(uint32_t, std::string_view, std::string_view)>& fn) const;
+
+  // Applies every write and the state version `version` in one atomic write.
+  // The batch is empty afterwards.
+  Status Commit(uint64_t version);
+
+  size_t count() const { return count_; }     // puts and deletes so far
+  uint64_t bytes() const { return bytes_; }   // key and value bytes so far
+
+ private:
+  struct Rep;
+  StateBackend* const db_;
+  std::unique_ptr<Rep> rep_;
+  size_t count_ = 0;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace rhino

@@ -1,0 +1,103 @@
+// StateClient: a client of a worker's state service (docs/protocol.md §7):
+// one authenticated connection, over a Unix domain socket (a client on the
+// worker's host) or TCP (a client elsewhere), with the same messages.
+//
+// Requests block the calling thread until their answer arrives or the
+// request timeout passes; bindings release the GIL around them. Batches larger
+// than one frame are split into several frames, sent back to back, and their
+// answers collected in order.
+//
+// Thread-safety: one StateClient may serve several threads (each request has
+// its own stream); a ClientSession is used by one thread at a time. Close()
+// from any thread fails the calls in flight with Aborted.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rhino/frame.h"
+#include "rhino/service_messages.h"
+#include "rhino/status.h"
+
+namespace rhino {
+
+struct StateClientOptions {
+  std::string client_id = "client";
+  std::string secret;
+  uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
+  uint32_t heartbeat_ms = 500;
+  uint32_t peer_timeout_ms = 3000;
+  uint32_t request_timeout_ms = 120000;  // one request, e.g. a barrier commit
+  std::string local_bind_host;           // TCP only: our end's address (e.g. this host's 127.0.0.N)
+};
+
+class ClientSession;
+
+class StateClient {
+ public:
+  // `address` is "host:port" (TCP) or a Unix socket path: "unix:/path" or any
+  // path containing '/'.
+  static Status Connect(const std::string& address, const StateClientOptions& options,
+                        std::shared_ptr<StateClient>* out);
+  ~StateClient();
+  StateClient(const StateClient&) = delete;
+  StateClient& operator=(const StateClient&) = delete;
+
+  // An InstanceReq (§7.1); *result is the answer's JSON.
+  Status Instance(InstanceAction action, const std::string& operator_id, uint32_t instance, uint64_t epoch,
+                  const std::string& args_json, std::string* result_json);
+  // Opens a session for batch `batch` at `epoch` (§7.2).
+  Status OpenSession(const std::string& operator_id, uint32_t instance, uint64_t batch, uint64_t epoch,
+                     std::unique_ptr<ClientSession>* out, SessionOpenRsp* info);
+  void Close();
+  bool is_open() const;
+  const std::string& address() const { return address_; }
+  bool is_unix() const { return unix_; }
+  uint32_t max_frame_bytes() const { return options_.max_frame_bytes; }
+
+  class Impl;
+
+ private:
+  friend class ClientSession;
+  StateClient() = default;
+  std::string address_;
+  bool unix_ = false;
+  StateClientOptions options_;
+  std::shared_ptr<Impl> impl_;
+};
+
+class ClientSession {
+ public:
+  ~ClientSession();  // aborts the session if it is still open
+  ClientSession(const ClientSession&) = delete;
+  ClientSession& operator=(const ClientSession&) = delete;
+
+  // fn(i, found, value) for every key, in no particular order; the value
+  // view is valid during the call only.
+  Status Get(const std::vector<std::string_view>& keys,
+             const std::function<void(size_t, bool, std::string_view)>& fn);
+  Status Put(const std::vector<std::string_view>& keys, const std::vector<std::string_view>& values);
+  Status Delete(const std::vector<std::string_view>& keys);
+  // One page of a scan: entries after the request's cursor (§7.3).
+  Status ScanPage(const ScanReq& req, ScanRsp* out, std::shared_ptr<std::string>* payload);
+  Status Commit(CommitMode mode, SessionCommitRsp* out);
+  Status Abort(const std::string& reason);
+  bool open() const { return open_; }
+  uint64_t batch() const { return batch_; }
+
+ private:
+  friend class StateClient;
+  ClientSession() = default;
+  Status Write(WriteOp op, const std::vector<std::string_view>& keys, const std::vector<std::string_view>* values);
+  std::shared_ptr<StateClient::Impl> impl_;
+  uint32_t stream_id_ = 0;
+  uint64_t batch_ = 0;
+  bool open_ = false;
+  uint32_t frame_budget_ = 0;  // payload bytes per request frame
+};
+
+}  // namespace rhino

@@ -1,0 +1,524 @@
+#include "service/hosted_instance.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+
+#include "util/fs.h"
+
+namespace rhino {
+namespace {
+
+using json = nlohmann::json;
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string Describe(const InstanceConfig& c) { return c.operator_id + "/" + std::to_string(c.instance); }
+
+json ConfigJson(const InstanceConfig& c) {
+  return json{{"format", 1},
+              {"operator_id", c.operator_id},
+              {"instance", c.instance},
+              {"epoch", c.epoch},
+              {"partitioner",
+               {{"num_key_groups", c.partitioner.num_key_groups},
+                {"num_vnodes", c.partitioner.num_vnodes},
+                {"seed", c.partitioner.seed}}},
+              {"vnodes", c.vnodes},
+              {"chain", c.chain},
+              {"chain_version", c.chain_version},
+              {"db_name", c.db_name}};
+}
+
+// Recent checkpoints whose replication state is kept for status queries.
+constexpr size_t kKeptReplications = 256;
+
+}  // namespace
+
+Status ParseInstanceConfig(const std::string& text, InstanceConfig* c) {
+  try {
+    json j = json::parse(text);
+    c->operator_id = j.at("operator_id").get<std::string>();
+    c->instance = j.at("instance").get<uint32_t>();
+    c->epoch = j.at("epoch").get<uint64_t>();
+    c->partitioner.num_key_groups = j.at("partitioner").at("num_key_groups").get<uint32_t>();
+    c->partitioner.num_vnodes = j.at("partitioner").at("num_vnodes").get<uint32_t>();
+    c->partitioner.seed = j.at("partitioner").at("seed").get<uint64_t>();
+    c->vnodes = j.at("vnodes").get<std::vector<uint32_t>>();
+    c->chain = j.at("chain").get<std::vector<std::string>>();
+    c->chain_version = j.at("chain_version").get<uint64_t>();
+    c->db_name = j.at("db_name").get<std::string>();
+  } catch (const std::exception& e) {
+    return Status::Corruption(std::string("malformed instance.json: ") + e.what());
+  }
+  if (!IsValidOperatorId(c->operator_id)) return Status::Corruption("instance.json names operator '" + c->operator_id + "'");
+  if (!c->db_name.empty() && !IsPlainFileName(c->db_name)) return Status::Corruption("instance.json names db '" + c->db_name + "'");
+  return Status::OK();
+}
+
+HostedInstance::HostedInstance(const InstanceEnv& env, InstanceConfig config, asio::thread_pool& pool)
+    : env_(env), strand_(asio::make_strand(pool.get_executor())), config_(std::move(config)) {
+  m_.operator_id = config_.operator_id;
+  m_.instance = config_.instance;
+}
+
+HostedInstance::~HostedInstance() { Close(); }
+
+std::string HostedInstance::Dir() const {
+  return fs::Join(fs::Join(fs::Join(env_.state_dir, "instances"), config_.operator_id), std::to_string(config_.instance));
+}
+
+std::string HostedInstance::DbDir(const std::string& name) const { return fs::Join(Dir(), name); }
+
+StateOptions HostedInstance::Options(bool create) const {
+  StateOptions o;
+  o.partitioner = config_.partitioner;
+  o.operator_id = config_.operator_id;
+  o.instance = config_.instance;
+  o.vnodes = config_.vnodes;
+  o.error_if_missing = !create;
+  return o;
+}
+
+Status HostedInstance::SaveConfig() {
+  RHINO_RETURN_IF_ERROR(fs::MakeDirs(Dir()));
+  return fs::WriteFileAtomic(fs::Join(Dir(), "instance.json"), ConfigJson(config_).dump() + "\n");
+}
+
+Status HostedInstance::Open(const InstanceEnv& env, InstanceConfig config, asio::thread_pool& pool,
+                            std::shared_ptr<HostedInstance>* out) {
+  std::shared_ptr<HostedInstance> h(new HostedInstance(env, std::move(config), pool));
+  std::lock_guard<std::mutex> l(h->mu_);
+  const bool create = h->config_.db_name.empty();
+  if (create) h->config_.db_name = "db-" + fs::RandomHex(6);
+  RHINO_RETURN_IF_ERROR(fs::MakeDirs(h->Dir()));
+  RHINO_RETURN_IF_ERROR(StateBackend::Open(h->DbDir(h->config_.db_name), h->Options(create), &h->db_));
+  h->config_.vnodes = h->db_->vnodes();
+  RHINO_RETURN_IF_ERROR(h->SaveConfig());
+  *out = std::move(h);
+  return Status::OK();
+}
+
+Status HostedInstance::Takeover(const InstanceEnv& env, InstanceConfig config, uint64_t checkpoint_id,
+                                asio::thread_pool& pool, std::shared_ptr<HostedInstance>* out) {
+  Manifest m;
+  RHINO_RETURN_IF_ERROR(env.store->ReadManifest(config.operator_id, config.instance, checkpoint_id, &m));
+  config.partitioner = m.partitioner;
+  config.vnodes = m.vnodes;
+  std::shared_ptr<HostedInstance> h(new HostedInstance(env, std::move(config), pool));
+  std::lock_guard<std::mutex> l(h->mu_);
+  const std::string old_db = h->config_.db_name;
+  // Checkpoints after the one taken over belong to a history that ends here.
+  std::vector<uint64_t> dropped;
+  RHINO_RETURN_IF_ERROR(env.store->DiscardAfter(h->config_.operator_id, h->config_.instance, checkpoint_id, &dropped));
+  h->config_.db_name = "db-" + fs::RandomHex(6);
+  RHINO_RETURN_IF_ERROR(fs::MakeDirs(h->Dir()));
+  RestoreStats stats;
+  RHINO_RETURN_IF_ERROR(StateBackend::Restore(*env.store, h->config_.operator_id, h->config_.instance, checkpoint_id,
+                                              h->DbDir(h->config_.db_name), RestoreOptions(), h->Options(false),
+                                              &h->db_, &stats));
+  h->config_.vnodes = h->db_->vnodes();
+  RHINO_RETURN_IF_ERROR(h->SaveConfig());
+  if (!old_db.empty() && old_db != h->config_.db_name) fs::RemoveAll(h->DbDir(old_db));
+  // The new chain may hold checkpoints after c of the old primary's history.
+  if (!dropped.empty() || !h->config_.chain.empty()) {
+    h->discard_pending_ = true;
+    h->discard_after_ = checkpoint_id;
+  }
+  h->m_.has_complete = true;
+  h->m_.last_complete = checkpoint_id;
+  *out = std::move(h);
+  return Status::OK();
+}
+
+Status HostedInstance::SetPlacement(uint64_t epoch, const std::vector<std::string>& chain, uint64_t chain_version) {
+  if (epoch < config_.epoch) {
+    return Status::StaleEpoch(Describe(config_) + " is hosted here at epoch " + std::to_string(config_.epoch) +
+                              ", above " + std::to_string(epoch));
+  }
+  if (chain_version < config_.chain_version) {
+    return Status::StaleChainVersion(Describe(config_) + " has chain version " +
+                                     std::to_string(config_.chain_version) + ", above " +
+                                     std::to_string(chain_version));
+  }
+  config_.epoch = epoch;
+  config_.chain = chain;
+  config_.chain_version = chain_version;
+  return SaveConfig();
+}
+
+std::optional<uint64_t> HostedInstance::version() const {
+  if (!db_) return std::nullopt;
+  return db_->version();
+}
+
+Status HostedInstance::Recover() {
+  std::vector<uint64_t> ids;
+  RHINO_RETURN_IF_ERROR(env_.store->ListCheckpoints(config_.operator_id, config_.instance, &ids));
+  std::optional<uint64_t> newest;
+  if (!ids.empty()) newest = ids.back();
+  std::optional<uint64_t> live = db_ ? db_->version() : std::nullopt;
+  if (live == newest) return Status::OK();
+  // A commit wrote version v and the worker died before checkpoint v was
+  // committed: the client never got an ack and will run the batch again.
+  return RollbackTo(newest);
+}
+
+void HostedInstance::CancelReplications(const std::string& why) {
+  if (repl_active_) {
+    repl_active_->Cancel();
+    repl_active_.reset();  // waits for its runner; its on_done only posts
+  }
+  auto fail = [&](uint64_t id) {
+    auto it = repl_.find(id);
+    if (it == repl_.end()) return;
+    it->second.state = "failed";
+    it->second.message = why;
+    if (it->second.waiter) {
+      SessionCommitRsp rsp = it->second.rsp;
+      rsp.code = WireCode(Status::Aborted(why));
+      rsp.message = "checkpoint " + std::to_string(id) + " of " + Describe(config_) + " was not replicated: " + why;
+      auto w = std::move(it->second.waiter);
+      it->second.waiter = nullptr;
+      w(rsp);
+    }
+  };
+  if (repl_active_id_ != 0) fail(repl_active_id_);
+  for (uint64_t id : repl_queue_) fail(id);
+  repl_queue_.clear();
+  repl_active_id_ = 0;
+}
+
+void HostedInstance::Close() {
+  std::unique_ptr<StateBackend> db;
+  {
+    CancelReplications("the instance was closed");
+    session_.reset();
+    db = std::move(db_);
+  }
+}
+
+Status HostedInstance::RollbackTo(std::optional<uint64_t> version) {
+  CancelReplications("batch " + (version ? std::to_string(*version + 1) : std::string("0")) + " is re-executed");
+  const std::string old_name = config_.db_name;
+  const std::string new_name = "db-" + fs::RandomHex(6);
+  std::vector<uint32_t> vnodes = db_ ? db_->vnodes() : config_.vnodes;
+  db_.reset();
+  std::vector<uint64_t> dropped;
+  Status s = env_.store->DiscardAfter(config_.operator_id, config_.instance, version, &dropped);
+  if (s.ok()) {
+    if (version) {
+      RestoreStats stats;
+      s = StateBackend::Restore(*env_.store, config_.operator_id, config_.instance, *version, DbDir(new_name),
+                                RestoreOptions(), Options(false), &db_, &stats);
+    } else {
+      config_.vnodes = vnodes;
+      s = StateBackend::Open(DbDir(new_name), Options(true), &db_);
+    }
+  }
+  if (!s.ok()) {
+    // Keep serving the state we had rather than nothing.
+    fs::RemoveAll(DbDir(new_name));
+    Status r = StateBackend::Open(DbDir(old_name), Options(false), &db_);
+    return Status::FromCode(WireCode(s), "cannot roll " + Describe(config_) + " back to " +
+                                             (version ? "checkpoint " + std::to_string(*version) : "empty") + ": " +
+                                             s.message() + (r.ok() ? "" : "; reopening its state failed too: " + r.message()));
+  }
+  config_.db_name = new_name;
+  config_.vnodes = db_->vnodes();
+  RHINO_RETURN_IF_ERROR(SaveConfig());
+  fs::RemoveAll(DbDir(old_name));
+  m_.rollbacks++;
+  if (!config_.chain.empty()) {
+    discard_pending_ = true;
+    discard_after_ = version;
+  }
+  if (version && m_.has_complete && m_.last_complete > *version) m_.last_complete = *version;
+  if (!version) m_.has_complete = false;
+  return Status::OK();
+}
+
+Status HostedInstance::OpenSession(uint64_t token, uint64_t batch, uint64_t epoch, SessionOpenRsp* rsp) {
+  if (!db_) return Status::UnknownInstance(Describe(config_) + " is closed");
+  if (session_) {
+    return Status::SessionBusy(Describe(config_) + " already has an open session (batch " +
+                               std::to_string(session_->batch_id) + ")");
+  }
+  if (epoch != config_.epoch) {
+    return Status::StaleEpoch("session at epoch " + std::to_string(epoch) + " for " + Describe(config_) +
+                              ", which this worker hosts at epoch " + std::to_string(config_.epoch));
+  }
+  // Design §5: the session for batch b sees exactly version b-1.
+  std::optional<uint64_t> want;
+  if (batch > 0) want = batch - 1;
+  std::optional<uint64_t> live = db_->version();
+  bool rolled_back = false;
+  if (live != want) {
+    const bool ahead = live && (!want || *live > *want);
+    if (!ahead) {
+      return Status::InvalidArgument("batch " + std::to_string(batch) + " of " + Describe(config_) +
+                                     " needs the state at version " + (want ? std::to_string(*want) : "none") +
+                                     ", but it is at " + (live ? "version " + std::to_string(*live) : "no version") +
+                                     ": earlier batches were not committed here");
+    }
+    // Batch b runs again (a retried, speculative or re-run task): back to b-1
+    // by a local hard-link restore.
+    if (want) {
+      std::vector<uint64_t> ids;
+      RHINO_RETURN_IF_ERROR(env_.store->ListCheckpoints(config_.operator_id, config_.instance, &ids));
+      if (!std::binary_search(ids.begin(), ids.end(), *want)) {
+        return Status::NotFound("batch " + std::to_string(batch) + " of " + Describe(config_) +
+                                " is re-executed, but checkpoint " + std::to_string(*want) +
+                                " is not in this worker's store to roll back to");
+      }
+    }
+    RHINO_RETURN_IF_ERROR(RollbackTo(want));
+    rolled_back = true;
+  }
+  session_ = std::make_unique<Session>();
+  session_->token = token;
+  session_->batch_id = batch;
+  session_->epoch = epoch;
+  session_->writes = std::make_unique<SessionBatch>(db_.get());
+  m_.sessions_opened++;
+  rsp->has_version = want.has_value();
+  rsp->version = want.value_or(0);
+  rsp->rolled_back = rolled_back;
+  return Status::OK();
+}
+
+Status HostedInstance::CheckSession(uint64_t token) const {
+  if (!session_ || session_->token != token) {
+    return Status::Aborted("the session on " + Describe(config_) + " is no longer open");
+  }
+  return Status::OK();
+}
+
+void HostedInstance::Abort(uint64_t token) {
+  if (session_ && session_->token == token) {
+    session_.reset();  // nothing of it was written
+    m_.sessions_aborted++;
+  }
+}
+
+void HostedInstance::Commit(uint64_t token, CommitMode mode, const std::function<Status()>& check_epoch,
+                            CommitReply reply) {
+  SessionCommitRsp rsp;
+  auto fail = [&](const Status& s) {
+    m_.commit_failures++;
+    rsp.code = WireCode(s);
+    rsp.message = s.message();
+    reply(rsp);
+  };
+  Status s = CheckSession(token);
+  if (!s.ok()) return fail(s);
+  std::unique_ptr<Session> sess = std::move(session_);
+  // Fenced while the session ran: nothing of it is written (design §5).
+  s = check_epoch();
+  if (!s.ok()) {
+    m_.sessions_aborted++;
+    return fail(s);
+  }
+  const uint64_t b = sess->batch_id;
+  const std::optional<uint64_t> before = db_->version();
+  const uint64_t keys = sess->writes->count(), bytes = sess->writes->bytes();
+  const double t0 = Now();
+  s = sess->writes->Commit(b);
+  const double t1 = Now();
+  if (!s.ok()) return fail(s);
+  Manifest m;
+  s = db_->Checkpoint(env_.store, b, config_.epoch, &m);
+  const double t2 = Now();
+  if (!s.ok()) {
+    // Without checkpoint b the write is not a commit: undo it, so the live
+    // state and the store agree again.
+    Status r = RollbackTo(before);
+    return fail(r.ok() ? s : Status::FromCode(WireCode(s), s.message() + "; undoing the write failed: " + r.message()));
+  }
+  m_.commits++;
+  m_.keys_written += keys;
+  m_.bytes_written += bytes;
+  m_.write_seconds += t1 - t0;
+  m_.checkpoint_seconds += t2 - t1;
+  rsp.version = b;
+  json stats{{"write_s", t1 - t0},
+             {"checkpoint_s", t2 - t1},
+             {"keys", keys},
+             {"bytes", bytes},
+             {"checkpoint_bytes", m.total_bytes()},
+             {"delta_bytes", m.delta_bytes()},
+             {"delta_files", m.delta_files()},
+             {"files", m.files.size()}};
+  if (config_.chain.empty()) {
+    stats["replication"] = "none";
+    m_.has_complete = true;
+    m_.last_complete = b;
+    repl_[b].state = "complete";
+    rsp.stats = stats.dump();
+    reply(rsp);
+    return;
+  }
+  stats["replication"] = mode == CommitMode::kBarrier ? "complete" : "pending";
+  stats["chain"] = config_.chain;
+  rsp.stats = stats.dump();
+  Replication& r = repl_[b];
+  r = Replication();
+  r.started = Now();
+  r.rsp = rsp;
+  if (mode == CommitMode::kBarrier) r.waiter = std::move(reply);
+  while (repl_.size() > kKeptReplications) repl_.erase(repl_.begin());
+  repl_queue_.push_back(b);
+  StartNextReplication();
+  if (mode == CommitMode::kAsync) reply(rsp);
+}
+
+void HostedInstance::StartNextReplication() {
+  while (!repl_active_ && !repl_queue_.empty()) {
+    const uint64_t id = repl_queue_.front();
+    repl_queue_.erase(repl_queue_.begin());
+    Status s;
+    if (discard_pending_ && env_.discard_on_chain) {
+      // A rollback dropped checkpoints here that the chain may hold: the
+      // re-executed batch's checkpoint replaces them there too.
+      s = env_.discard_on_chain(config_, discard_after_);
+      if (s.ok()) discard_pending_ = false;
+    }
+    if (s.ok()) {
+      ReplicateOptions o = env_.replicate;
+      std::weak_ptr<HostedInstance> weak = weak_from_this();
+      auto exec = strand_;
+      o.on_done = [weak, exec, id](const ReplicationResult& result) {
+        // On the replication's own thread: hand over to the instance's strand.
+        asio::post(exec, [weak, id, result]() {
+          if (auto self = weak.lock()) {
+            std::lock_guard<std::mutex> l(self->mu_);
+            self->OnReplicationDone(id, result);
+          }
+        });
+      };
+      repl_active_id_ = id;
+      s = ReplicateCheckpoint(env_.store->dir(), config_.operator_id, config_.instance, id, config_.chain,
+                              config_.chain_version, env_.secret, o, &repl_active_);
+    }
+    if (!s.ok()) {
+      ReplicationResult r;
+      r.status = s;
+      r.checkpoint_id = id;
+      repl_active_.reset();
+      OnReplicationDone(id, r);
+    }
+  }
+}
+
+void HostedInstance::OnReplicationDone(uint64_t checkpoint_id, const ReplicationResult& result) {
+  if (repl_active_id_ != checkpoint_id) return;  // cancelled meanwhile
+  repl_active_.reset();
+  repl_active_id_ = 0;
+  auto it = repl_.find(checkpoint_id);
+  if (it != repl_.end()) {
+    Replication& r = it->second;
+    const double secs = Now() - r.started;
+    m_.replicate_seconds += secs;
+    m_.bytes_replicated += result.bytes_sent;
+    r.state = result.status.ok() ? "complete" : "failed";
+    r.message = result.status.message();
+    if (result.status.ok() && (!m_.has_complete || checkpoint_id > m_.last_complete)) {
+      m_.has_complete = true;
+      m_.last_complete = checkpoint_id;
+    }
+    if (r.waiter) {
+      SessionCommitRsp rsp = r.rsp;
+      if (!result.status.ok()) {
+        rsp.code = WireCode(result.status);
+        rsp.message = "checkpoint " + std::to_string(checkpoint_id) + " of " + Describe(config_) +
+                      " is committed here but not on its chain: " + result.status.message();
+      } else {
+        json stats = json::parse(rsp.stats);
+        stats["replicate_s"] = secs;
+        stats["bytes_replicated"] = result.bytes_sent;
+        rsp.stats = stats.dump();
+      }
+      auto w = std::move(r.waiter);
+      r.waiter = nullptr;
+      w(rsp);
+    }
+  }
+  StartNextReplication();
+}
+
+std::string HostedInstance::ReplicationStateOf(uint64_t checkpoint_id, std::string* message) {
+  auto it = repl_.find(checkpoint_id);
+  if (it == repl_.end()) {
+    if (m_.has_complete && checkpoint_id <= m_.last_complete) return "complete";
+    return "unknown";
+  }
+  *message = it->second.message;
+  return it->second.state;
+}
+
+Status HostedInstance::ImportFromCheckpoint(const std::string& from_operator, uint32_t from_instance,
+                                            uint64_t checkpoint_id, const std::vector<uint32_t>& vnodes,
+                                            std::vector<uint32_t>* imported) {
+  if (!db_) return Status::UnknownInstance(Describe(config_) + " is closed");
+  if (session_) return Status::SessionBusy(Describe(config_) + " has an open session: import between batches");
+  const std::string work = fs::Join(fs::Join(env_.state_dir, "tmp"), "import-" + fs::RandomHex(8));
+  RHINO_RETURN_IF_ERROR(fs::MakeDirs(work));
+  Status s;
+  {
+    // The origin's checkpoint, restored by hard links, exports the vnodes
+    // (design §4 step 4: CreateColumnFamilyWithImport over linked SSTs).
+    Manifest m;
+    s = env_.store->ReadManifest(from_operator, from_instance, checkpoint_id, &m);
+    std::unique_ptr<StateBackend> origin;
+    if (s.ok()) {
+      StateOptions o;
+      o.partitioner = m.partitioner;
+      o.operator_id = from_operator;
+      o.instance = from_instance;
+      o.error_if_missing = true;
+      RestoreStats stats;
+      s = StateBackend::Restore(*env_.store, from_operator, from_instance, checkpoint_id, fs::Join(work, "origin"),
+                                RestoreOptions(), o, &origin, &stats);
+    }
+    if (s.ok()) s = origin->ExportVnodes(vnodes, fs::Join(work, "export"));
+  }
+  if (s.ok()) s = db_->ImportVnodes(fs::Join(work, "export"), imported);
+  fs::RemoveAll(work);
+  if (!s.ok()) return s;
+  config_.vnodes = db_->vnodes();
+  return SaveConfig();
+}
+
+Status HostedInstance::MoveVnodesTo(HostedInstance* target, const std::vector<uint32_t>& vnodes,
+                                    std::vector<uint32_t>* moved) {
+  if (!db_ || !target->db_) return Status::UnknownInstance("an instance of the move is closed");
+  if (session_ || target->session_) return Status::SessionBusy("an instance of the move has an open session");
+  const std::string work = fs::Join(fs::Join(env_.state_dir, "tmp"), "move-" + fs::RandomHex(8));
+  RHINO_RETURN_IF_ERROR(fs::MakeDirs(fs::Parent(work)));
+  RHINO_RETURN_IF_ERROR(db_->ExportVnodes(vnodes, work));
+  Status s = target->db_->ImportVnodes(work, moved);
+  fs::RemoveAll(work);
+  if (!s.ok()) return s;
+  RHINO_RETURN_IF_ERROR(db_->DropVnodes(vnodes));
+  config_.vnodes = db_->vnodes();
+  target->config_.vnodes = target->db_->vnodes();
+  RHINO_RETURN_IF_ERROR(SaveConfig());
+  return target->SaveConfig();
+}
+
+InstanceMetrics HostedInstance::Metrics() {
+  InstanceMetrics m = m_;
+  m.epoch = config_.epoch;
+  auto v = version();
+  m.has_version = v.has_value();
+  m.version = v.value_or(0);
+  m.session_open = session_ != nullptr;
+  m.replications_pending = static_cast<uint32_t>(repl_queue_.size() + (repl_active_ ? 1 : 0));
+  m.vnodes = static_cast<uint32_t>(config_.vnodes.size());
+  return m;
+}
+
+}  // namespace rhino

@@ -1,0 +1,157 @@
+// HostedInstance: one operator instance whose live state a worker hosts
+// (docs/design.md §2 "state service"). The worker keeps its RocksDB open
+// across micro-batches and serves it to one session at a time; a commit
+// writes the session's updates at version b, takes checkpoint b into the
+// worker's own replica store, and replicates its delta down the instance's
+// chain (Rhino paper §4.2.2) — all here, in C++, never in the client.
+//
+// On disk, under <state_dir>/instances/<operator_id>/<instance>/:
+//   instance.json   the configuration below, written atomically
+//   db-<hex>/       the live RocksDB (a rollback builds a new one and switches)
+//
+// Thread-safety: every method runs with mu() held; the state service runs
+// them on the instance's strand, so the frames of a session are handled in
+// order, and takes mu() of two instances (in address order) to move vnodes.
+#pragma once
+
+#include <asio.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "replication/chain_client.h"
+#include "rhino/instance_metrics.h"
+#include "rhino/partitioner.h"
+#include "rhino/replica_store.h"
+#include "rhino/service_messages.h"
+#include "rhino/session_batch.h"
+#include "rhino/state_backend.h"
+#include "rhino/status.h"
+
+namespace rhino {
+
+// What a worker persists about an instance it hosts.
+struct InstanceConfig {
+  std::string operator_id;
+  uint32_t instance = 0;
+  uint64_t epoch = 0;
+  PartitionerOptions partitioner;
+  std::vector<uint32_t> vnodes;     // the vnodes held (an empty state is created with these)
+  std::vector<std::string> chain;   // "host:port" of the replica chain w1..wr (may be empty: r = 0)
+  uint64_t chain_version = 0;
+  std::string db_name;              // the live RocksDB's directory name
+};
+
+// Parses instance.json (written by HostedInstance::SaveConfig).
+Status ParseInstanceConfig(const std::string& text, InstanceConfig* out);
+
+// Where the instances of one worker live, and what they share.
+struct InstanceEnv {
+  std::string worker_id;
+  std::string state_dir;
+  ReplicaStore* store = nullptr;
+  std::string secret;       // to replicate down the chains
+  ReplicateOptions replicate;
+  // Asks each chain member to drop the instance's checkpoints after `after`
+  // (a re-executed batch replaces them); set by the state service.
+  std::function<Status(const InstanceConfig&, std::optional<uint64_t> after)> discard_on_chain;
+};
+
+class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
+ public:
+  using CommitReply = std::function<void(const SessionCommitRsp&)>;
+
+  // Opens the instance described by `config` (its db_name must exist), or
+  // creates an empty one if config.db_name is empty.
+  static Status Open(const InstanceEnv& env, InstanceConfig config, asio::thread_pool& pool,
+                     std::shared_ptr<HostedInstance>* out);
+  // Builds the instance from checkpoint `checkpoint_id` of this worker's own
+  // replica store by hard links (the takeover of design §4); the partitioner
+  // and vnodes come from the checkpoint's manifest.
+  static Status Takeover(const InstanceEnv& env, InstanceConfig config, uint64_t checkpoint_id,
+                         asio::thread_pool& pool, std::shared_ptr<HostedInstance>* out);
+  ~HostedInstance();
+
+  std::mutex& mu() { return mu_; }
+  asio::strand<asio::thread_pool::executor_type>& strand() { return strand_; }
+  const InstanceConfig& config() const { return config_; }
+
+  // ---- configuration (REQUIRES: mu held) ----
+  Status SetPlacement(uint64_t epoch, const std::vector<std::string>& chain, uint64_t chain_version);
+  // After a restart: brings the live state back to the newest checkpoint of
+  // the store (a commit whose checkpoint never completed was never acknowledged).
+  Status Recover();
+  // Closes the DB; nothing works afterwards. Pending replications are cancelled.
+  void Close();
+
+  // ---- sessions (design §5; REQUIRES: mu held) ----
+  bool has_session() const { return session_ != nullptr; }
+  uint64_t session_token() const { return session_ ? session_->token : 0; }
+  Status OpenSession(uint64_t token, uint64_t batch, uint64_t epoch, SessionOpenRsp* rsp);
+  Status CheckSession(uint64_t token) const;
+  SessionBatch* session_batch() { return session_->writes.get(); }
+  // Commit: the reply is called once, on any thread (at once, or when the chain acks).
+  void Commit(uint64_t token, CommitMode mode, const std::function<Status()>& check_epoch, CommitReply reply);
+  void Abort(uint64_t token);
+
+  // ---- vnode moves (REQUIRES: mu held, no session) ----
+  Status ImportFromCheckpoint(const std::string& from_operator, uint32_t from_instance, uint64_t checkpoint_id,
+                              const std::vector<uint32_t>& vnodes, std::vector<uint32_t>* imported);
+  Status MoveVnodesTo(HostedInstance* target, const std::vector<uint32_t>& vnodes, std::vector<uint32_t>* moved);
+
+  // ---- status ----
+  InstanceMetrics Metrics();
+  // "complete", "pending", "failed" (with *message) or "unknown".
+  std::string ReplicationStateOf(uint64_t checkpoint_id, std::string* message);
+  std::optional<uint64_t> version() const;
+
+ private:
+  struct Session {
+    uint64_t token = 0;
+    uint64_t batch_id = 0;
+    uint64_t epoch = 0;
+    std::unique_ptr<SessionBatch> writes;
+  };
+  struct Replication {
+    std::string state = "pending";  // pending / complete / failed
+    std::string message;
+    CommitReply waiter;             // a barrier commit waiting for the chain
+    SessionCommitRsp rsp;           // the answer the waiter gets on success
+    double started = 0;
+  };
+
+  HostedInstance(const InstanceEnv& env, InstanceConfig config, asio::thread_pool& pool);
+  std::string Dir() const;
+  std::string DbDir(const std::string& name) const;
+  StateOptions Options(bool create) const;
+  Status SaveConfig();
+  // Rebuilds the live state at `version` (empty if unset) and drops the
+  // store's checkpoints after it (design §5: re-execution).
+  Status RollbackTo(std::optional<uint64_t> version);
+  void CancelReplications(const std::string& why);
+  void StartNextReplication();  // REQUIRES: mu held
+  void OnReplicationDone(uint64_t checkpoint_id, const ReplicationResult& result);
+
+  const InstanceEnv env_;
+  asio::strand<asio::thread_pool::executor_type> strand_;
+  std::mutex mu_;
+  InstanceConfig config_;
+  std::unique_ptr<StateBackend> db_;
+  std::unique_ptr<Session> session_;
+  bool discard_pending_ = false;              // the chain holds checkpoints a rollback dropped here
+  std::optional<uint64_t> discard_after_;
+  std::vector<uint64_t> repl_queue_;          // committed checkpoints not yet sent down the chain
+  std::unique_ptr<ReplicationHandle> repl_active_;
+  uint64_t repl_active_id_ = 0;
+  std::map<uint64_t, Replication> repl_;      // recent checkpoints' replication states
+  InstanceMetrics m_;
+};
+
+}  // namespace rhino

@@ -1,0 +1,95 @@
+// StateService: the part of a worker that hosts the live state of instances
+// and serves it to clients (docs/design.md §2, docs/protocol.md §7).
+//
+// - InstanceReq: open, close, take over, fence, import and move vnodes, list,
+//   status. Every one carries the configuration epoch; a request of an epoch
+//   below the highest this worker has seen for the instance is refused with
+//   StaleEpoch (§7.4). Epochs are persisted under <state_dir>/fences/, so a
+//   restarted worker stays fenced.
+// - Sessions: a SessionOpenReq on a fresh stream id opens a session on that
+//   stream; its Get/Write/Scan frames follow on the same stream, then a
+//   SessionCommitReq or SessionAbortReq ends it. A closed connection aborts
+//   the session: nothing of it is visible.
+//
+// Work runs on the service's own threads, never on the connection strands or
+// on the data plane's disk threads: a barrier commit waits for a chain whose
+// members need their disk threads free. Each instance has a strand, so the
+// frames of a session are handled in order and sessions of different
+// instances run in parallel; admin requests run on one admin strand.
+#pragma once
+
+#include <asio.hpp>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "net/connection.h"
+#include "replication/fence_table.h"
+#include "service/hosted_instance.h"
+#include "rhino/service_messages.h"
+
+namespace rhino {
+
+struct StateServiceOptions {
+  std::string worker_id = "worker";
+  std::string state_dir;
+  std::string secret;
+  uint32_t threads = 4;
+  uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
+  // The most a session may hold in uncommitted writes (key and value bytes).
+  uint64_t max_session_bytes = 1ull << 30;
+  ReplicateOptions replicate;
+  uint32_t peer_timeout_ms = 3000;
+};
+
+class StateService {
+ public:
+  StateService(ReplicaStore* store, net::ConnectionCounters* counters, const StateServiceOptions& options);
+  ~StateService();
+  StateService(const StateService&) = delete;
+  StateService& operator=(const StateService&) = delete;
+
+  // Re-hosts the instances found under state_dir, each brought back to the
+  // newest checkpoint in the store (HostedInstance::Recover).
+  Status Start();
+  // Closes every instance (open sessions are aborted). Idempotent.
+  void Shutdown();
+
+  static bool Handles(MessageType type);
+  // From the server's unclaimed-frame handler (on the connection's strand).
+  std::shared_ptr<net::StreamListener> OnUnclaimed(const std::shared_ptr<net::Connection>& conn,
+                                                   const FrameHeader& h, std::shared_ptr<std::string> payload);
+
+  std::vector<InstanceMetrics> Metrics();
+
+ private:
+  class SessionStream;
+  using Key = std::pair<std::string, uint32_t>;
+
+  void HandleInstanceReq(const std::shared_ptr<net::Connection>& conn, uint32_t stream_id, const InstanceReq& req);
+  Status DoInstanceReq(const InstanceReq& req, std::string* result);
+  std::shared_ptr<HostedInstance> Find(const std::string& op, uint32_t instance);
+  Status CheckEpoch(const std::string& op, uint32_t instance, uint64_t epoch);
+  Status RaiseEpoch(const std::string& op, uint32_t instance, uint64_t epoch);
+  Status DiscardOnChain(const InstanceConfig& config, std::optional<uint64_t> after);
+  void Reject(const std::shared_ptr<net::Connection>& conn, const FrameHeader& h, const Status& why);
+
+  ReplicaStore* const store_;
+  net::ConnectionCounters* const counters_;
+  const StateServiceOptions options_;
+  InstanceEnv env_;
+  FenceTable epochs_;
+  asio::thread_pool pool_;
+  asio::strand<asio::thread_pool::executor_type> admin_;
+  std::atomic<uint64_t> next_token_{1};
+
+  std::mutex mu_;
+  bool stopped_ = false;                                     // GUARDED_BY(mu_)
+  std::map<Key, std::shared_ptr<HostedInstance>> instances_; // GUARDED_BY(mu_)
+};
+
+}  // namespace rhino
