@@ -81,7 +81,8 @@ chaos: setup
 	RHINO_CHAOS_TRIALS=$${RHINO_CHAOS_TRIALS:-500} $(PY) -m pytest tests/test_chaos.py -q -s $(PYTEST_ARGS)
 
 FUZZ_SECONDS ?= 60
-FUZZ_SOURCES := fuzz/frame_fuzzer.cc src/cpp/net/frame.cc src/cpp/net/messages.cc src/cpp/net/address.cc \
+FUZZ_SOURCES := fuzz/frame_fuzzer.cc src/cpp/net/frame.cc src/cpp/net/messages.cc src/cpp/net/service_messages.cc \
+  src/cpp/net/address.cc \
   src/cpp/replication/manifest_check.cc src/cpp/state/manifest.cc src/cpp/util/status.cc
 # libFuzzer under clang, with ASan and UBSan, on the frame and message decoders.
 build/frame_fuzzer: $(FUZZ_SOURCES) $(shell find src/cpp/include -name '*.h')

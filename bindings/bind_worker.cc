@@ -16,6 +16,7 @@
 #include "replication/manifest_check.h"
 #include "rhino/frame.h"
 #include "rhino/messages.h"
+#include "rhino/service_messages.h"
 #include "rhino/worker.h"
 
 namespace py = pybind11;
@@ -246,6 +247,13 @@ py::dict MessageDict(MessageType type, std::string_view payload, uint32_t max_fr
       ThrowIfError(ErrorRsp::Decode(payload, &m));
       d["code"] = m.code;
       d["message"] = py::bytes(m.message);
+      break;
+    }
+    default: {
+      // The state service's messages (protocol §7): decoded and re-encoded.
+      std::string again;
+      ThrowIfError(DecodeServiceMessage(type, payload, &again));
+      d["reencoded"] = py::bytes(again);
       break;
     }
   }

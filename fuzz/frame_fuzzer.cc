@@ -1,5 +1,6 @@
 // libFuzzer target for the receive side of the data plane (docs/protocol.md
-// §1, §3, §4 step 1): the frame decoder, every message decoder, and the
+// §1, §3, §4 step 1, §7): the frame decoder, every message decoder (the state
+// service's sessions included), and the
 // manifest checks of an OpenStreamReq -- the code a worker runs on bytes from
 // the network. Built with -fsanitize=fuzzer,address,undefined by `make fuzz`.
 //
@@ -20,6 +21,7 @@
 #include "rhino/frame.h"
 #include "rhino/manifest.h"
 #include "rhino/messages.h"
+#include "rhino/service_messages.h"
 
 namespace {
 
@@ -80,6 +82,12 @@ void DecodeMessage(MessageType type, std::string_view payload) {
     case MessageType::kStoreQueryReq: return RoundTrip<StoreQueryReq>(payload);
     case MessageType::kStoreQueryRsp: return RoundTrip<StoreQueryRsp>(payload);
     case MessageType::kErrorRsp: return RoundTrip<ErrorRsp>(payload);
+    default: {
+      // The state service's messages (protocol §7), sessions included.
+      std::string again;
+      if (DecodeServiceMessage(type, payload, &again).ok()) Check(again == payload);
+      return;
+    }
   }
 }
 

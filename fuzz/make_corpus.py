@@ -56,6 +56,20 @@ def main() -> None:
         14: enc_bytes(b"op") + u32(1),
         15: u32(0) + enc_bytes(b"") + u32(2) + u64(8) + u64(9),
         16: u32(100) + enc_bytes(b"stale chain version"),
+        # The state service (protocol §7).
+        17: b"\x01" + enc_bytes(b"op") + u32(1) + u64(7) + enc_bytes(b'{"num_vnodes":16}'),
+        18: u32(0) + enc_bytes(b"") + enc_bytes(b'{"epoch":7}'),
+        19: enc_bytes(b"op") + u32(1) + u64(42) + u64(7),
+        20: u32(0) + enc_bytes(b"") + b"\x01" + u64(41) + b"\x00",
+        21: u32(2) + enc_bytes(b"k1") + enc_bytes(b"k2"),
+        22: u32(0) + enc_bytes(b"") + enc_bytes(b"\x01\x00") + u32(1) + enc_bytes(b"v1"),
+        23: b"\x01" + u32(1) + enc_bytes(b"k1") + u32(1) + enc_bytes(b"v1"),
+        24: u32(0) + enc_bytes(b"") + u64(1),
+        25: b"\x01" + u32(3) + enc_bytes(b"pre") + b"\x01" + u32(3) + enc_bytes(b"pre-9") + u32(100),
+        26: u32(0) + enc_bytes(b"") + b"\x00" + u32(3) + u32(1) + enc_bytes(b"pre-a") + u32(1) + enc_bytes(b"v"),
+        27: b"\x00",
+        28: u32(0) + enc_bytes(b"") + u64(42) + enc_bytes(b'{"write_s":0.1}'),
+        29: enc_bytes(b"client gave up"),
     }
     for t, p in payloads.items():
         frame = _core.encode_frame(t, p, stream_id=1 if t not in (1, 2, 3, 4, 12, 13) else 0, chain_version=3)

@@ -141,6 +141,15 @@ Status GetRsp::Decode(std::string_view payload, GetRsp* out) {
   return Status::OK();
 }
 
+std::string GetRsp::Encode() const {
+  Encoder e;
+  e.PutU32(code);
+  e.PutBytes(Cut(message));
+  e.PutBytes(found);
+  e.PutBytesList(values);
+  return e.Finish();
+}
+
 std::string WriteReq::Encode() const {
   Encoder e;
   e.PutU8(op);
@@ -208,6 +217,17 @@ Status ScanRsp::Decode(std::string_view payload, ScanRsp* out) {
   RHINO_RETURN_IF_ERROR(d.Done());
   if (out->keys.size() != out->values.size()) return Status::Corruption("ScanRsp has more keys than values or fewer");
   return Status::OK();
+}
+
+std::string ScanRsp::Encode() const {
+  Encoder e;
+  e.PutU32(code);
+  e.PutBytes(Cut(message));
+  e.PutU8(done ? 1 : 0);
+  e.PutU32(last_vnode);
+  e.PutBytesList(keys);
+  e.PutBytesList(values);
+  return e.Finish();
 }
 
 std::string SessionCommitReq::Encode() const {
@@ -307,6 +327,38 @@ std::string ServiceErrorPayload(MessageType rsp, const Status& s) {
     default: break;
   }
   return e.Finish();
+}
+
+namespace {
+
+template <typename M>
+Status ReEncode(std::string_view payload, std::string* out) {
+  M m;
+  RHINO_RETURN_IF_ERROR(M::Decode(payload, &m));
+  *out = m.Encode();
+  return Status::OK();
+}
+
+}  // namespace
+
+Status DecodeServiceMessage(MessageType type, std::string_view payload, std::string* reencoded) {
+  reencoded->clear();
+  switch (type) {
+    case MessageType::kInstanceReq: return ReEncode<InstanceReq>(payload, reencoded);
+    case MessageType::kInstanceRsp: return ReEncode<InstanceRsp>(payload, reencoded);
+    case MessageType::kSessionOpenReq: return ReEncode<SessionOpenReq>(payload, reencoded);
+    case MessageType::kSessionOpenRsp: return ReEncode<SessionOpenRsp>(payload, reencoded);
+    case MessageType::kGetReq: return ReEncode<GetReq>(payload, reencoded);
+    case MessageType::kGetRsp: return ReEncode<GetRsp>(payload, reencoded);
+    case MessageType::kWriteReq: return ReEncode<WriteReq>(payload, reencoded);
+    case MessageType::kSessionRsp: return ReEncode<SessionRsp>(payload, reencoded);
+    case MessageType::kScanReq: return ReEncode<ScanReq>(payload, reencoded);
+    case MessageType::kScanRsp: return ReEncode<ScanRsp>(payload, reencoded);
+    case MessageType::kSessionCommitReq: return ReEncode<SessionCommitReq>(payload, reencoded);
+    case MessageType::kSessionCommitRsp: return ReEncode<SessionCommitRsp>(payload, reencoded);
+    case MessageType::kSessionAbortReq: return ReEncode<SessionAbortReq>(payload, reencoded);
+    default: return Status::OK();
+  }
 }
 
 }  // namespace rhino

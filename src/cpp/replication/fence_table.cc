@@ -32,9 +32,9 @@ Status FenceTable::Observe(const std::string& operator_id, uint32_t instance, ui
   std::lock_guard<std::mutex> l(mu_);
   uint64_t highest = LoadLocked(operator_id, instance);
   if (version < highest) {
-    return Status::StaleChainVersion("chain version " + std::to_string(version) + " of " + operator_id + "/" +
-                                     std::to_string(instance) + " is stale: version " + std::to_string(highest) +
-                                     " has been seen");
+    return Status::StaleChainVersion(noun_ + " " + std::to_string(version) + " of " + operator_id + "/" +
+                                     std::to_string(instance) + " is stale: " + noun_ + " " +
+                                     std::to_string(highest) + " has been seen");
   }
   if (version == highest) return Status::OK();
   // Durable before anybody acts on it: a restart must not un-fence.
@@ -50,8 +50,8 @@ Status FenceTable::Check(const std::string& operator_id, uint32_t instance, uint
   std::lock_guard<std::mutex> l(mu_);
   uint64_t highest = LoadLocked(operator_id, instance);
   if (version < highest) {
-    return Status::StaleChainVersion("chain version " + std::to_string(version) + " of " + operator_id + "/" +
-                                     std::to_string(instance) + " was fenced off by version " +
+    return Status::StaleChainVersion(noun_ + " " + std::to_string(version) + " of " + operator_id + "/" +
+                                     std::to_string(instance) + " was fenced off by " + noun_ + " " +
                                      std::to_string(highest));
   }
   return Status::OK();

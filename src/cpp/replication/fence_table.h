@@ -22,7 +22,10 @@ namespace rhino {
 
 class FenceTable {
  public:
-  explicit FenceTable(std::string store_dir) : dir_(std::move(store_dir)) {}
+  // `noun` names what is fenced in messages: "chain version" for replica
+  // chains, "epoch" for the state service's configuration epochs (protocol §7.4).
+  explicit FenceTable(std::string store_dir, std::string noun = "chain version")
+      : dir_(std::move(store_dir)), noun_(std::move(noun)) {}
 
   // Records that a stream of `version` opened for the instance.
   // StaleChainVersion if a higher version was seen before; *raised is set if
@@ -36,6 +39,7 @@ class FenceTable {
   std::string PathOf(const std::string& operator_id, uint32_t instance) const;
 
   const std::string dir_;
+  const std::string noun_;
   std::mutex mu_;
   std::map<std::pair<std::string, uint32_t>, uint64_t> highest_;  // GUARDED_BY(mu_)
 };

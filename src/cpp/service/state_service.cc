@@ -276,7 +276,7 @@ StateService::StateService(ReplicaStore* store, net::ConnectionCounters* counter
     : store_(store),
       counters_(counters),
       options_(options),
-      epochs_(options.state_dir),
+      epochs_(options.state_dir, "epoch"),
       pool_(std::max<uint32_t>(1, options.threads)),
       admin_(asio::make_strand(pool_.get_executor())) {
   env_.worker_id = options.worker_id;
@@ -356,8 +356,7 @@ std::shared_ptr<HostedInstance> StateService::Find(const std::string& op, uint32
 Status StateService::CheckEpoch(const std::string& op, uint32_t instance, uint64_t epoch) {
   Status s = epochs_.Check(op, instance, epoch);
   if (s.IsStaleChainVersion()) {
-    return Status::StaleEpoch("epoch " + std::to_string(epoch) + " of " + Describe(op, instance) +
-                              " is stale on worker " + options_.worker_id + ": " + s.message());
+    return Status::StaleEpoch("worker " + options_.worker_id + ": " + s.message());
   }
   return s;
 }
@@ -366,8 +365,7 @@ Status StateService::RaiseEpoch(const std::string& op, uint32_t instance, uint64
   bool raised = false;
   Status s = epochs_.Observe(op, instance, epoch, &raised);
   if (s.IsStaleChainVersion()) {
-    return Status::StaleEpoch("epoch " + std::to_string(epoch) + " of " + Describe(op, instance) +
-                              " is stale on worker " + options_.worker_id + ": " + s.message());
+    return Status::StaleEpoch("worker " + options_.worker_id + ": " + s.message());
   }
   return s;
 }

@@ -96,6 +96,7 @@ struct GetRsp {
   std::string message;
   std::string found;                     // one byte (0/1) per answered key
   std::vector<std::string_view> values;  // the values of the found keys, in order
+  std::string Encode() const;  // the server builds it with GetRspBuilder instead
   static Status Decode(std::string_view payload, GetRsp* out);
 };
 
@@ -141,6 +142,7 @@ struct ScanRsp {
   uint32_t last_vnode = 0;       // the vnode of the last entry (the cursor)
   std::vector<std::string_view> keys;
   std::vector<std::string_view> values;
+  std::string Encode() const;  // the server builds it with ScanRspBuilder instead
   static Status Decode(std::string_view payload, ScanRsp* out);
 };
 
@@ -198,7 +200,12 @@ class ScanRspBuilder {
   size_t bytes_ = 0;
 };
 
-// An error answer of the right type for a request of type `req`.
+// An error answer of type `rsp` (a …Rsp of this file) carrying `s`.
 std::string ServiceErrorPayload(MessageType rsp, const Status& s);
+
+// Decodes a payload of any type of this file and re-encodes it (for the fuzz
+// target and the bindings' decode_frame): *reencoded is empty if `type` is
+// not a state-service type.
+Status DecodeServiceMessage(MessageType type, std::string_view payload, std::string* reencoded);
 
 }  // namespace rhino
