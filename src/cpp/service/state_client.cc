@@ -16,6 +16,10 @@ namespace {
 
 // Frame payload left for keys and values after a request's fixed fields.
 constexpr uint32_t kRequestOverhead = 64;
+// Keys per request: a batch goes as several requests sent back to back, so
+// the worker looks up or stages one while the client encodes the next and
+// decodes the previous answer (on two cores, the two processes overlap).
+constexpr size_t kKeysPerRequest = 8192;
 
 // The frames of one stream, as they arrive (a StreamListener on the
 // connection's strand feeds it; the requesting thread waits on it).
@@ -282,7 +286,7 @@ Status ClientSession::Get(const std::vector<std::string_view>& keys,
   for (size_t i = 0; i < keys.size(); ++i) {
     const size_t cost = 4 + keys[i].size();
     if (cost > frame_budget_) return Status::InvalidArgument("a key of " + std::to_string(keys[i].size()) + " bytes does not fit in a frame");
-    if (bytes + cost > frame_budget_) {
+    if (bytes + cost > frame_budget_ || i - begin == kKeysPerRequest) {
       send(begin, i);
       begin = i;
       bytes = 0;
@@ -346,7 +350,7 @@ Status ClientSession::Write(WriteOp op, const std::vector<std::string_view>& key
       return Status::InvalidArgument("an entry of " + std::to_string(cost) + " bytes does not fit in a frame of " +
                                      std::to_string(frame_budget_) + " bytes (max_frame_bytes)");
     }
-    if (bytes + cost > frame_budget_) {
+    if (bytes + cost > frame_budget_ || i - begin == kKeysPerRequest) {
       send(begin, i);
       begin = i;
       bytes = 0;

@@ -1,11 +1,13 @@
 #include "rhino/session_batch.h"
 
 #include <rocksdb/db.h>
-#include <rocksdb/utilities/write_batch_with_index.h>
+#include <rocksdb/write_batch.h>
 
 #include <algorithm>
+#include <deque>
 #include <mutex>
 #include <shared_mutex>
+#include <unordered_map>
 
 #include "rhino/state_backend.h"
 #include "state/state_internal.h"
@@ -14,87 +16,125 @@ namespace rhino {
 
 using namespace state_internal;  // FromRocks, EncodeU64, kVersionKey
 
+namespace {
+
+// Bytes that never move once written (the index views them): blocks of 1 MiB,
+// or one block of its own for a larger item.
+class Arena {
+ public:
+  std::string_view Copy(std::string_view s) {
+    if (blocks_.empty() || blocks_.back().capacity() - blocks_.back().size() < s.size()) {
+      blocks_.emplace_back();
+      blocks_.back().reserve(std::max<size_t>(s.size(), size_t{1} << 20));
+    }
+    std::string& b = blocks_.back();
+    const size_t at = b.size();
+    b.append(s.data(), s.size());  // within capacity: no reallocation
+    return std::string_view(b.data() + at, s.size());
+  }
+
+ private:
+  std::deque<std::string> blocks_;
+};
+
+struct Write {
+  uint32_t vnode = 0;
+  bool put = false;
+  std::string_view key;
+  std::string_view value;
+};
+
+}  // namespace
+
 struct SessionBatch::Rep {
-  // overwrite_key: a key written twice keeps one index entry, its last write.
-  rocksdb::WriteBatchWithIndex batch{rocksdb::BytewiseComparator(), 0, /*overwrite_key=*/true};
+  rocksdb::WriteBatch batch;                            // what Commit writes
+  Arena arena;                                          // keys and values the index views
+  std::vector<Write> writes;                            // every write, in order
+  std::unordered_map<std::string_view, uint32_t> last;  // key -> its last write
 };
 
 SessionBatch::SessionBatch(StateBackend* db) : db_(db), rep_(std::make_unique<Rep>()) {}
 SessionBatch::~SessionBatch() = default;
 
-Status SessionBatch::Put(const std::vector<std::string_view>& keys, const std::vector<std::string_view>& values) {
-  if (keys.size() != values.size()) {
-    return Status::InvalidArgument(std::to_string(keys.size()) + " keys but " + std::to_string(values.size()) +
+Status SessionBatch::Add(bool put, const std::vector<std::string_view>& keys,
+                         const std::vector<std::string_view>* values) {
+  if (put && keys.size() != values->size()) {
+    return Status::InvalidArgument(std::to_string(keys.size()) + " keys but " + std::to_string(values->size()) +
                                    " values");
   }
   std::shared_lock lock(db_->cf_mu_);
   // Route every key first: a batch with one key of a vnode not held adds nothing.
   std::vector<rocksdb::ColumnFamilyHandle*> cfs(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) RHINO_RETURN_IF_ERROR(db_->Route(keys[i], &cfs[i]));
+  Rep& r = *rep_;
+  r.writes.reserve(r.writes.size() + keys.size());
+  r.last.reserve(r.last.size() + keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
-    rocksdb::Status s = rep_->batch.Put(cfs[i], rocksdb::Slice(keys[i].data(), keys[i].size()),
-                                        rocksdb::Slice(values[i].data(), values[i].size()));
-    if (!s.ok()) return FromRocks(s, "session put");
-    bytes_ += keys[i].size() + values[i].size();
+    const rocksdb::Slice k(keys[i].data(), keys[i].size());
+    rocksdb::Status s = put ? r.batch.Put(cfs[i], k, rocksdb::Slice((*values)[i].data(), (*values)[i].size()))
+                            : r.batch.Delete(cfs[i], k);
+    if (!s.ok()) return FromRocks(s, put ? "session put" : "session delete");
+    Write w;
+    w.vnode = db_->partitioner_.VnodeOfBytes(keys[i]);
+    w.put = put;
+    w.key = r.arena.Copy(keys[i]);
+    if (put) w.value = r.arena.Copy((*values)[i]);
+    r.last[w.key] = static_cast<uint32_t>(r.writes.size());
+    r.writes.push_back(w);
+    bytes_ += keys[i].size() + (put ? (*values)[i].size() : 0);
   }
   count_ += keys.size();
   return Status::OK();
 }
 
-Status SessionBatch::Delete(const std::vector<std::string_view>& keys) {
-  std::shared_lock lock(db_->cf_mu_);
-  std::vector<rocksdb::ColumnFamilyHandle*> cfs(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) RHINO_RETURN_IF_ERROR(db_->Route(keys[i], &cfs[i]));
-  for (size_t i = 0; i < keys.size(); ++i) {
-    rocksdb::Status s = rep_->batch.Delete(cfs[i], rocksdb::Slice(keys[i].data(), keys[i].size()));
-    if (!s.ok()) return FromRocks(s, "session delete");
-    bytes_ += keys[i].size();
-  }
-  count_ += keys.size();
-  return Status::OK();
+Status SessionBatch::Put(const std::vector<std::string_view>& keys, const std::vector<std::string_view>& values) {
+  return Add(true, keys, &values);
 }
+
+Status SessionBatch::Delete(const std::vector<std::string_view>& keys) { return Add(false, keys, nullptr); }
 
 Status SessionBatch::MultiGet(const std::vector<std::string_view>& keys, size_t from,
                               const std::function<bool(size_t, bool, std::string_view)>& fn) const {
   if (from >= keys.size()) return Status::OK();
-  std::shared_lock lock(db_->cf_mu_);
+  const Rep& r = *rep_;
   const size_t n = keys.size() - from;
-  // One MultiGetFromBatchAndDB per vnode over its keys in bytewise order
-  // (sorted_input), as StateBackend::MultiGet does for the DB alone.
-  std::vector<uint32_t> vnode_of(n);
-  for (size_t j = 0; j < n; ++j) {
-    rocksdb::ColumnFamilyHandle* cf = nullptr;
-    RHINO_RETURN_IF_ERROR(db_->Route(keys[from + j], &cf));
-    vnode_of[j] = db_->partitioner_.VnodeOfBytes(keys[from + j]);
+  // Keys the session wrote answer from its writes; the rest from the DB, in
+  // one MultiGet (the in-process path: grouped by vnode, sorted, pinned).
+  std::vector<int64_t> own(n, -1);
+  std::vector<std::string_view> misses;
+  std::vector<size_t> miss_of;
+  if (!r.last.empty()) {
+    misses.reserve(n);
+    miss_of.assign(n, 0);
+    for (size_t j = 0; j < n; ++j) {
+      auto it = r.last.find(keys[from + j]);
+      if (it != r.last.end()) {
+        own[j] = it->second;
+      } else {
+        miss_of[j] = misses.size();
+        misses.push_back(keys[from + j]);
+      }
+    }
   }
-  std::vector<size_t> order(n);
-  for (size_t j = 0; j < n; ++j) order[j] = j;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    if (vnode_of[a] != vnode_of[b]) return vnode_of[a] < vnode_of[b];
-    return keys[from + a] < keys[from + b];
-  });
-  std::vector<rocksdb::PinnableSlice> values(n);
-  std::vector<rocksdb::Status> statuses(n);
-  std::vector<rocksdb::Slice> slices(n);
-  for (size_t k = 0; k < n; ++k) slices[k] = rocksdb::Slice(keys[from + order[k]].data(), keys[from + order[k]].size());
-  rocksdb::ReadOptions ro;
-  size_t begin = 0;
-  while (begin < n) {
-    size_t end = begin;
-    while (end < n && vnode_of[order[end]] == vnode_of[order[begin]]) ++end;
-    rocksdb::ColumnFamilyHandle* cf = db_->cf_by_vnode_[vnode_of[order[begin]]];
-    rep_->batch.MultiGetFromBatchAndDB(db_->db_.get(), ro, cf, end - begin, &slices[begin], &values[begin],
-                                       &statuses[begin], /*sorted_input=*/true);
-    begin = end;
+  MultiGetResult db;
+  if (r.last.empty()) {
+    std::vector<std::string_view> rest(keys.begin() + from, keys.end());
+    RHINO_RETURN_IF_ERROR(db_->MultiGet(rest, &db));
+  } else if (!misses.empty()) {
+    RHINO_RETURN_IF_ERROR(db_->MultiGet(misses, &db));
   }
-  std::vector<size_t> slot(n);
-  for (size_t k = 0; k < n; ++k) slot[order[k]] = k;
   for (size_t j = 0; j < n; ++j) {
-    const size_t k = slot[j];
-    const rocksdb::Status& s = statuses[k];
-    if (!s.ok() && !s.IsNotFound()) return FromRocks(s, "session get");
-    bool found = s.ok();
-    std::string_view v = found ? std::string_view(values[k].data(), values[k].size()) : std::string_view();
+    bool found;
+    std::string_view v;
+    if (own[j] >= 0) {
+      const Write& w = r.writes[static_cast<size_t>(own[j])];
+      found = w.put;
+      v = w.value;
+    } else {
+      const size_t k = r.last.empty() ? j : miss_of[j];
+      found = db.found(k);
+      if (found) v = db.value(k);
+    }
     if (!fn(from + j, found, v)) break;
   }
   return Status::OK();
@@ -109,24 +149,57 @@ Status SessionBatch::Scan(std::optional<uint32_t> vnode, std::string_view prefix
     return Status::UnknownVnode("cannot scan vnode " + std::to_string(*vnode) + ": instance " +
                                 std::to_string(db_->instance_) + " of '" + db_->operator_id_ + "' does not hold it");
   }
+  const Rep& r = *rep_;
   const rocksdb::Slice pfx(prefix.data(), prefix.size());
+  const rocksdb::Comparator* cmp = rocksdb::BytewiseComparator();
   for (uint32_t v = vnode ? *vnode : 0; v < cfs.size(); ++v) {
     if (vnode && v != *vnode) break;
     if (cfs[v] == nullptr) continue;
     if (after_vnode && v < *after_vnode) continue;
     const bool resume = after_vnode && after_key && v == *after_vnode;
+    // The session's last write of each key of this vnode in range, sorted.
+    std::vector<const Write*> mine;
+    for (const auto& [key, idx] : r.last) {
+      const Write& w = r.writes[idx];
+      if (w.vnode != v || !rocksdb::Slice(key.data(), key.size()).starts_with(pfx)) continue;
+      if (resume && cmp->Compare(rocksdb::Slice(key.data(), key.size()),
+                                 rocksdb::Slice(after_key->data(), after_key->size())) <= 0) {
+        continue;
+      }
+      mine.push_back(&w);
+    }
+    std::sort(mine.begin(), mine.end(), [cmp](const Write* a, const Write* b) {
+      return cmp->Compare(rocksdb::Slice(a->key.data(), a->key.size()), rocksdb::Slice(b->key.data(), b->key.size())) < 0;
+    });
     rocksdb::ReadOptions ro;
-    std::unique_ptr<rocksdb::Iterator> it(
-        rep_->batch.NewIteratorWithBase(cfs[v], db_->db_->NewIterator(ro, cfs[v]), &ro));
-    if (resume) {  // the cursor key starts with the prefix: it was returned by this scan
+    std::unique_ptr<rocksdb::Iterator> it(db_->db_->NewIterator(ro, cfs[v]));
+    if (resume) {
       it->Seek(rocksdb::Slice(after_key->data(), after_key->size()));
       if (it->Valid() && it->key() == rocksdb::Slice(after_key->data(), after_key->size())) it->Next();
     } else {
       it->Seek(pfx);
     }
-    for (; it->Valid() && it->key().starts_with(pfx); it->Next()) {
-      rocksdb::Slice k = it->key(), val = it->value();
-      if (!fn(v, std::string_view(k.data(), k.size()), std::string_view(val.data(), val.size()))) return Status::OK();
+    size_t m = 0;
+    for (;;) {
+      const bool db_ok = it->Valid() && it->key().starts_with(pfx);
+      if (!db_ok && m == mine.size()) break;
+      int c;  // < 0: the DB's key comes first; > 0: the session's; 0: the session's write replaces it
+      if (!db_ok) {
+        c = 1;
+      } else if (m == mine.size()) {
+        c = -1;
+      } else {
+        c = cmp->Compare(it->key(), rocksdb::Slice(mine[m]->key.data(), mine[m]->key.size()));
+      }
+      if (c < 0) {
+        rocksdb::Slice k = it->key(), val = it->value();
+        if (!fn(v, std::string_view(k.data(), k.size()), std::string_view(val.data(), val.size()))) return Status::OK();
+        it->Next();
+        continue;
+      }
+      const Write* w = mine[m++];
+      if (c == 0) it->Next();
+      if (w->put && !fn(v, w->key, w->value)) return Status::OK();
     }
     if (!it->status().ok()) return FromRocks(it->status(), "session scan of vnode " + std::to_string(v));
   }
@@ -138,9 +211,8 @@ Status SessionBatch::Commit(uint64_t version) {
   std::shared_lock lock(db_->cf_mu_);
   rocksdb::Status s = rep_->batch.Put(db_->default_cf_, kVersionKey, EncodeU64(version));
   if (!s.ok()) return FromRocks(s, "session version");
-  RHINO_RETURN_IF_ERROR(
-      db_->WriteResult(db_->db_->Write(rocksdb::WriteOptions(), rep_->batch.GetWriteBatch()), "session commit"));
-  rep_->batch.Clear();
+  RHINO_RETURN_IF_ERROR(db_->WriteResult(db_->db_->Write(rocksdb::WriteOptions(), &rep_->batch), "session commit"));
+  rep_ = std::make_unique<Rep>();
   count_ = 0;
   bytes_ = 0;
   return Status::OK();

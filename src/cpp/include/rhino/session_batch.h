@@ -3,11 +3,17 @@
 //
 // A session for micro-batch b reads the state at version b-1 and writes in
 // batches; nothing it writes is visible to anybody else until Commit, which
-// applies every write and the new version in one atomic RocksDB write. Reads
-// inside the session see its own writes: lookups and scans go through
-// RocksDB's WriteBatchWithIndex over the DB (GetFromBatchAndDB,
-// NewIteratorWithBase), so a scan merges the session's puts and deletes into
-// the DB's keys in order, without building a vnode in memory.
+// applies every write and the new version in one atomic RocksDB write.
+//
+// Writes are appended to a rocksdb::WriteBatch (the commit writes it as it
+// is) and indexed by key in a hash table, so reads inside the session see
+// them: a lookup answers from the index, or else from the DB (one
+// StateBackend::MultiGet for all the keys the session has not written); a
+// scan merges the session's sorted writes of the vnode with a DB iterator,
+// without building the vnode in memory. RocksDB's WriteBatchWithIndex does
+// the same job, but its skiplist compares keys by decoding them from the
+// batch, twice per put when a key may be written again: staging 100k puts
+// cost 4x a direct write of them (bench/README.md, "State service").
 //
 // Thread-safety: none; the state service uses one SessionBatch from one
 // instance's strand at a time. The StateBackend must outlive it, and must not
@@ -63,6 +69,7 @@ class SessionBatch {
 
  private:
   struct Rep;
+  Status Add(bool put, const std::vector<std::string_view>& keys, const std::vector<std::string_view>* values);
   StateBackend* const db_;
   std::unique_ptr<Rep> rep_;
   size_t count_ = 0;
