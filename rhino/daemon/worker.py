@@ -1,8 +1,11 @@
-"""``rhino worker``: the per-host daemon (DESIGN §2, issue 3).
+"""``rhino worker``: the per-host daemon (docs/design.md §2).
 
-It hosts the C++ runtime (:class:`rhino._core.Worker`): the replica store and
-the data-plane server that takes part in replica chains (docs/protocol.md).
-This module is only its shell:
+It hosts the C++ runtime (:class:`rhino._core.Worker`): the replica store, the
+data-plane server that takes part in replica chains, and the state service,
+which keeps the live state of the instances whose primary is on this host
+open across micro-batches and serves it to the host's tasks in sessions, over
+a Unix domain socket, and to other hosts over the same TCP listener
+(docs/protocol.md §7). This module is only its shell:
 
 - command-line options;
 - structured logging, one JSON object per line on stderr;
@@ -94,6 +97,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", required=True, help="replica store directory (created if missing)")
     p.add_argument("--listen", required=True, help="HOST:PORT to serve the data plane on (PORT 0: any free port)")
     p.add_argument("--secret-file", required=True, help="file holding the cluster's shared secret")
+    p.add_argument("--state-dir", default=None,
+                   help="where the live state of the instances this worker hosts lives (default: DIR/state; it "
+                        "must be on the store's filesystem, so that a takeover or a rollback restores by hard links)")
+    p.add_argument("--unix-socket", default=None,
+                   help="Unix domain socket for clients on this host, created owner-only (default: DIR/worker.sock; "
+                        "'none' for no socket); clients still need the shared secret")
+    p.add_argument("--service-threads", type=uint32, default=4,
+                   help="threads of the state service: sessions of different instances run in parallel "
+                        "(default: %(default)s)")
+    p.add_argument("--max-session-bytes", type=_size, default="1G",
+                   help="uncommitted keys and values one session may hold (default: 1G)")
+    p.add_argument("--replication-timeout", type=float, default=60.0,
+                   help="seconds a commit's checkpoint may take to reach the end of its chain (default: %(default)s)")
     p.add_argument("--metrics-listen", default=None, help="HOST:PORT for the Prometheus /metrics endpoint")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
     p.add_argument("--io-threads", type=uint32, default=1,
@@ -115,6 +131,27 @@ def build_parser() -> argparse.ArgumentParser:
                         "but its wake-ups never preempt a running thread, such as an executor's; 'normal' "
                         "(SCHED_OTHER) lets them (default: %(default)s)")
     return p
+
+
+def _size(text: str) -> int:
+    from .._sizes import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def service_paths(args: argparse.Namespace) -> tuple[str, str]:
+    """The state directory and the Unix socket path ('' for none) the options name."""
+    state_dir = args.state_dir or os.path.join(args.dir, "state")
+    sock = args.unix_socket if args.unix_socket is not None else os.path.join(args.dir, "worker.sock")
+    if sock.lower() == "none":
+        sock = ""
+    if sock and len(os.fsencode(os.path.abspath(sock))) > 107:  # sockaddr_un holds 107 bytes and a NUL
+        raise ValueError(f"Unix socket path {os.path.abspath(sock)!r} is longer than 107 bytes: "
+                         "pass a shorter --unix-socket, or --unix-socket none")
+    return state_dir, os.path.abspath(sock) if sock else ""
 
 
 def set_sched_policy(name: str) -> dict[str, Any]:
@@ -164,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         metrics_address = parse_address(args.metrics_listen) if args.metrics_listen else None
         secret = read_secret_file(args.secret_file)
         mode = os.stat(args.secret_file).st_mode & 0o777
+        state_dir, unix_socket = service_paths(args)
+        if not (args.replication_timeout > 0) or args.replication_timeout > 86400:
+            raise ValueError(f"--replication-timeout must be in (0, 86400] seconds, got {args.replication_timeout}")
     except (OSError, ValueError) as e:
         log.error("bad_configuration", error=str(e))
         return 2
@@ -195,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         max_frame_bytes=args.max_frame_bytes,
         max_window=args.max_window,
         stream_idle_timeout_ms=args.stream_idle_timeout_ms,
+        state_dir=state_dir,
+        unix_socket=unix_socket,
+        service_threads=args.service_threads,
+        max_session_bytes=args.max_session_bytes,
+        replicate_timeout_ms=int(args.replication_timeout * 1000),
     )
     try:
         worker.start()  # opens the store: stale staging of a killed predecessor goes
@@ -218,7 +263,12 @@ def main(argv: list[str] | None = None) -> int:
         http = metrics_server(mh, mp, worker_registry(args.id, worker.metrics, sampler.rates))
         threading.Thread(target=http.serve_forever, name="rhino-metrics", daemon=True).start()
         log.info("metrics_listening", host=mh, port=http.server_address[1])
-    log.info("listening", host=host, port=worker.port, dir=args.dir, pid=os.getpid())
+    hosted = worker.metrics()["hosted"]
+    if hosted:  # re-hosted after a restart, each at the newest checkpoint of the store
+        log.info("instances_hosted", instances=[{"operator_id": h["operator_id"], "instance": h["instance"],
+                                                 "epoch": h["epoch"], "version": h["version"]} for h in hosted])
+    log.info("listening", host=host, port=worker.port, dir=args.dir, state_dir=state_dir,
+             unix_socket=unix_socket or None, pid=os.getpid())
 
     while not stop.wait(0.5):
         pass

@@ -20,6 +20,7 @@ import re
 import secrets
 import signal
 import subprocess
+import tempfile
 import sys
 import time
 import urllib.request
@@ -93,6 +94,13 @@ class WorkerProcess:
         self.proc: Optional[subprocess.Popen] = None
         self.port = 0
         self.metrics_port = 0
+        # The state service's Unix socket: in root if the path fits a sockaddr_un
+        # (107 bytes), else in a short directory of its own under /tmp.
+        sock = (root / f"{worker_id}.sock").resolve()
+        if len(os.fsencode(str(sock))) > 100:
+            sock = Path(tempfile.mkdtemp(prefix="rhino-sock-")) / f"{worker_id}.sock"
+        self.unix_socket = sock
+        self.state_dir = self.dir / "state"
 
     @property
     def address(self) -> str:
@@ -105,7 +113,8 @@ class WorkerProcess:
 
     def command(self, port: int) -> list[str]:
         cmd = [sys.executable, "-m", "rhino.daemon.worker", "--id", self.id, "--dir", str(self.dir),
-               "--listen", f"{self.host}:{port}", "--secret-file", str(self.secret_file)]
+               "--listen", f"{self.host}:{port}", "--secret-file", str(self.secret_file),
+               "--unix-socket", str(self.unix_socket)]
         for flag, value in (("--max-window", self.max_window), ("--heartbeat-ms", self.heartbeat_ms),
                             ("--peer-timeout-ms", self.peer_timeout_ms)):
             if value is not None:

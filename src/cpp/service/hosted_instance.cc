@@ -30,7 +30,9 @@ json ConfigJson(const InstanceConfig& c) {
               {"vnodes", c.vnodes},
               {"chain", c.chain},
               {"chain_version", c.chain_version},
-              {"db_name", c.db_name}};
+              {"db_name", c.db_name},
+              {"discard_pending", c.discard_pending},
+              {"discard_after", c.discard_after ? json(*c.discard_after) : json(nullptr)}};
 }
 
 // Recent checkpoints whose replication state is kept for status queries.
@@ -51,6 +53,8 @@ Status ParseInstanceConfig(const std::string& text, InstanceConfig* c) {
     c->chain = j.at("chain").get<std::vector<std::string>>();
     c->chain_version = j.at("chain_version").get<uint64_t>();
     c->db_name = j.at("db_name").get<std::string>();
+    c->discard_pending = j.value("discard_pending", false);
+    if (j.contains("discard_after") && !j["discard_after"].is_null()) c->discard_after = j["discard_after"].get<uint64_t>();
   } catch (const std::exception& e) {
     return Status::Corruption(std::string("malformed instance.json: ") + e.what());
   }
@@ -103,7 +107,7 @@ Status HostedInstance::Open(const InstanceEnv& env, InstanceConfig config, asio:
 }
 
 Status HostedInstance::Takeover(const InstanceEnv& env, InstanceConfig config, uint64_t checkpoint_id,
-                                asio::thread_pool& pool, std::shared_ptr<HostedInstance>* out) {
+                                asio::thread_pool& pool, std::shared_ptr<HostedInstance>* out, RestoreStats* stats) {
   Manifest m;
   RHINO_RETURN_IF_ERROR(env.store->ReadManifest(config.operator_id, config.instance, checkpoint_id, &m));
   config.partitioner = m.partitioner;
@@ -116,18 +120,15 @@ Status HostedInstance::Takeover(const InstanceEnv& env, InstanceConfig config, u
   RHINO_RETURN_IF_ERROR(env.store->DiscardAfter(h->config_.operator_id, h->config_.instance, checkpoint_id, &dropped));
   h->config_.db_name = "db-" + fs::RandomHex(6);
   RHINO_RETURN_IF_ERROR(fs::MakeDirs(h->Dir()));
-  RestoreStats stats;
   RHINO_RETURN_IF_ERROR(StateBackend::Restore(*env.store, h->config_.operator_id, h->config_.instance, checkpoint_id,
                                               h->DbDir(h->config_.db_name), RestoreOptions(), h->Options(false),
-                                              &h->db_, &stats));
+                                              &h->db_, stats));
   h->config_.vnodes = h->db_->vnodes();
+  // The new chain may hold checkpoints after c of the old primary's history.
+  h->config_.discard_pending = !h->config_.chain.empty();
+  h->config_.discard_after = checkpoint_id;
   RHINO_RETURN_IF_ERROR(h->SaveConfig());
   if (!old_db.empty() && old_db != h->config_.db_name) fs::RemoveAll(h->DbDir(old_db));
-  // The new chain may hold checkpoints after c of the old primary's history.
-  if (!dropped.empty() || !h->config_.chain.empty()) {
-    h->discard_pending_ = true;
-    h->discard_after_ = checkpoint_id;
-  }
   h->m_.has_complete = true;
   h->m_.last_complete = checkpoint_id;
   *out = std::move(h);
@@ -229,13 +230,16 @@ Status HostedInstance::RollbackTo(std::optional<uint64_t> version) {
   }
   config_.db_name = new_name;
   config_.vnodes = db_->vnodes();
+  if (!config_.chain.empty()) {
+    // Drop what the chain holds after `version` (the lowest point rolled back to).
+    if (!config_.discard_pending || !version || (config_.discard_after && *version < *config_.discard_after)) {
+      config_.discard_after = version;
+    }
+    config_.discard_pending = true;
+  }
   RHINO_RETURN_IF_ERROR(SaveConfig());
   fs::RemoveAll(DbDir(old_name));
   m_.rollbacks++;
-  if (!config_.chain.empty()) {
-    discard_pending_ = true;
-    discard_after_ = version;
-  }
   if (version && m_.has_complete && m_.last_complete > *version) m_.last_complete = *version;
   if (!version) m_.has_complete = false;
   return Status::OK();
@@ -380,11 +384,14 @@ void HostedInstance::StartNextReplication() {
     const uint64_t id = repl_queue_.front();
     repl_queue_.erase(repl_queue_.begin());
     Status s;
-    if (discard_pending_ && env_.discard_on_chain) {
+    if (config_.discard_pending && env_.discard_on_chain) {
       // A rollback dropped checkpoints here that the chain may hold: the
       // re-executed batch's checkpoint replaces them there too.
-      s = env_.discard_on_chain(config_, discard_after_);
-      if (s.ok()) discard_pending_ = false;
+      s = env_.discard_on_chain(config_, config_.discard_after);
+      if (s.ok()) {
+        config_.discard_pending = false;
+        s = SaveConfig();
+      }
     }
     if (s.ok()) {
       ReplicateOptions o = env_.replicate;

@@ -47,6 +47,11 @@ struct InstanceConfig {
   std::vector<std::string> chain;   // "host:port" of the replica chain w1..wr (may be empty: r = 0)
   uint64_t chain_version = 0;
   std::string db_name;              // the live RocksDB's directory name
+  // The chain may hold checkpoints after `discard_after` (none: any) that a
+  // rollback or takeover dropped here; they go before the next replication.
+  // Persisted: a worker restarted in between must still drop them (§7.3).
+  bool discard_pending = false;
+  std::optional<uint64_t> discard_after;
 };
 
 // Parses instance.json (written by HostedInstance::SaveConfig).
@@ -76,7 +81,7 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   // replica store by hard links (the takeover of design §4); the partitioner
   // and vnodes come from the checkpoint's manifest.
   static Status Takeover(const InstanceEnv& env, InstanceConfig config, uint64_t checkpoint_id,
-                         asio::thread_pool& pool, std::shared_ptr<HostedInstance>* out);
+                         asio::thread_pool& pool, std::shared_ptr<HostedInstance>* out, RestoreStats* stats);
   ~HostedInstance();
 
   std::mutex& mu() { return mu_; }
@@ -145,8 +150,6 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   InstanceConfig config_;
   std::unique_ptr<StateBackend> db_;
   std::unique_ptr<Session> session_;
-  bool discard_pending_ = false;              // the chain holds checkpoints a rollback dropped here
-  std::optional<uint64_t> discard_after_;
   std::vector<uint64_t> repl_queue_;          // committed checkpoints not yet sent down the chain
   std::unique_ptr<ReplicationHandle> repl_active_;
   uint64_t repl_active_id_ = 0;

@@ -589,7 +589,8 @@ Status StateService::DoInstanceReq(const InstanceReq& req, std::string* result) 
       }
       const auto t0 = std::chrono::steady_clock::now();
       std::shared_ptr<HostedInstance> inst;
-      RHINO_RETURN_IF_ERROR(HostedInstance::Takeover(env_, c, checkpoint, pool_, &inst));
+      RestoreStats rs;
+      RHINO_RETURN_IF_ERROR(HostedInstance::Takeover(env_, c, checkpoint, pool_, &inst, &rs));
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const std::string dir = fs::Join(fs::Join(fs::Join(options_.state_dir, "instances"), op), std::to_string(i));
       fs::RemoveAll(fs::Join(dir, "CLOSED"));
@@ -599,6 +600,10 @@ Status StateService::DoInstanceReq(const InstanceReq& req, std::string* result) 
       }
       out["checkpoint"] = checkpoint;
       out["restore_s"] = secs;
+      out["restore"] = {{"files", rs.files},           {"linked_files", rs.linked_files},
+                        {"copied_files", rs.copied_files}, {"copied_bytes", rs.copied_bytes},
+                        {"total_bytes", rs.total_bytes}, {"build_s", rs.build_seconds},
+                        {"open_s", rs.open_seconds}};
       std::lock_guard<std::mutex> l(mu_);
       instances_[{op, i}] = inst;
       break;
