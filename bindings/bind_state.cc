@@ -21,13 +21,55 @@ namespace rhino::py_bindings {
 namespace {
 
 // The Python-facing handle: closeable, and remembers how it was restored.
+//
+// Calls run with the GIL released, so close() may come from another thread
+// while one is under way. Every call therefore holds a pass of `gate` (see
+// CloseGate in bind_common.h) for as long as it uses the DB, results it still
+// pins included: close() refuses new calls (InvalidArgumentError
+// "StateBackend is closed"), waits with the GIL released for the calls under
+// way, then destroys the DB, and returns only then (the directory's LOCK is
+// free). A pass is taken with the GIL held (it never blocks), after the
+// arguments are read and before the GIL is released.
 struct PyState {
-  std::unique_ptr<StateBackend> db;
+  CloseGate gate{"StateBackend"};
+  std::unique_ptr<StateBackend> db;  // set before the handle is shared; reset only by Close()
   std::optional<RestoreStats> restore_stats;
 
-  StateBackend& get() {
-    if (!db) throw StatusError{Status::InvalidArgument("state backend is closed")};
-    return *db;
+  // The DB for the length of one call.
+  class Use {
+   public:
+    StateBackend* operator->() const { return db_; }
+    StateBackend& operator*() const { return *db_; }
+
+   private:
+    friend struct PyState;
+    Use(CloseGate::Pass pass, StateBackend* db) : pass_(std::move(pass)), db_(db) {}
+    CloseGate::Pass pass_;
+    StateBackend* db_;
+  };
+
+  // Raises InvalidArgumentError "StateBackend is closed" once close() has begun.
+  Use use() {
+    CloseGate::Pass pass = gate.Enter();
+    return Use(std::move(pass), db.get());
+  }
+
+  // Call without the GIL. Waits for the calls under way, then closes the DB.
+  void Close() {
+    gate.Close([this] { db.reset(); });
+  }
+
+  ~PyState() {
+    // Garbage collection or interpreter exit: no call is under way (each
+    // holds a reference to the handle), so this only closes the DB, letting
+    // go of the GIL meanwhile as close() does (RocksDB may wait for a flush).
+    if (!db) return;
+    if (PyGILState_Check()) {
+      py::gil_scoped_release release;
+      Close();
+    } else {
+      Close();
+    }
   }
 };
 
@@ -92,25 +134,25 @@ void WriteWith(PyState& st, py::handle keys, py::handle values, std::optional<ui
   ByteViews k, v;
   k.LoadKeys(keys);
   if (!values.is_none()) v.LoadValues(values);
-  StateBackend& db = st.get();
+  auto db = st.use();
   Status s;
   {
     py::gil_scoped_release release;
     WriteBatch batch;
-    s = values.is_none() ? db.BatchDelete(&batch, k.views()) : db.BatchPut(&batch, k.views(), v.views());
-    if (s.ok()) s = db.Write(&batch, version);
+    s = values.is_none() ? db->BatchDelete(&batch, k.views()) : db->BatchPut(&batch, k.views(), v.views());
+    if (s.ok()) s = db->Write(&batch, version);
   }
   ThrowIfError(s);
 }
 
-// MultiGet of Python keys, the GIL released during the lookups.
-void LookUp(PyState& st, py::handle keys, MultiGetResult* r) {
-  ByteViews k;
-  k.LoadKeys(keys);
+// MultiGet of Python keys, the GIL released during the lookups. The values
+// stay pinned in the DB while *r lives: the caller holds `db` (a pass) for
+// longer than *r.
+void LookUp(const PyState::Use& db, const ByteViews& k, MultiGetResult* r) {
   Status s;
   {
     py::gil_scoped_release release;
-    s = st.get().MultiGet(k.views(), r);
+    s = db->MultiGet(k.views(), r);
   }
   ThrowIfError(s);
 }
@@ -129,12 +171,12 @@ void BindState(py::module_& m) {
              ByteViews k, v;
              k.LoadKeys(keys);
              v.LoadValues(values);
-             ThrowIfError(b.owner->get().BatchPut(&b.batch, k.views(), v.views()));
+             ThrowIfError(b.owner->use()->BatchPut(&b.batch, k.views(), v.views()));
            }, py::arg("keys"), py::arg("values"))
       .def("delete", [](PyWriteBatch& b, py::handle keys) {
              ByteViews k;
              k.LoadKeys(keys);
-             ThrowIfError(b.owner->get().BatchDelete(&b.batch, k.views()));
+             ThrowIfError(b.owner->use()->BatchDelete(&b.batch, k.views()));
            }, py::arg("keys"))
       .def("clear", [](PyWriteBatch& b) { b.batch.Clear(); })
       .def("__len__", [](const PyWriteBatch& b) { return b.batch.count(); });
@@ -169,33 +211,38 @@ UnknownVnodeError, and nothing of its batch is written.
            "Opens or creates state at `path`. For a new DB, `vnodes` (default: all) become column families.\n"
            "`compaction` is each vnode's compaction style, 'level' or 'universal' (chosen at every open).\n"
            "`flush_threads` (1..16) lets a checkpoint's vnode flushes overlap.")
-      .def_property_readonly("path", [](PyState& s) { return s.get().dir(); })
-      .def_property_readonly("operator_id", [](PyState& s) { return s.get().operator_id(); })
-      .def_property_readonly("instance", [](PyState& s) { return s.get().instance(); })
-      .def_property_readonly("compaction", [](PyState& s) { return std::string(CompactionStyleName(s.get().compaction())); })
-      .def_property_readonly("partitioner", [](PyState& s) { return s.get().partitioner(); })
-      .def_property_readonly("vnodes", [](PyState& s) { return s.get().vnodes(); })
-      .def_property_readonly("version", [](PyState& s) { return s.get().version(); },
+      .def_property_readonly("path", [](PyState& s) { return s.use()->dir(); })
+      .def_property_readonly("operator_id", [](PyState& s) { return s.use()->operator_id(); })
+      .def_property_readonly("instance", [](PyState& s) { return s.use()->instance(); })
+      .def_property_readonly("compaction", [](PyState& s) { return std::string(CompactionStyleName(s.use()->compaction())); })
+      .def_property_readonly("partitioner", [](PyState& s) { return s.use()->partitioner(); })
+      .def_property_readonly("vnodes", [](PyState& s) { return s.use()->vnodes(); })
+      .def_property_readonly("version", [](PyState& s) { return s.use()->version(); },
                              "The state version (micro-batch id) last written with version=..., or None.")
-      .def_property_readonly("last_checkpoint", [](PyState& s) { return s.get().last_checkpoint(); })
+      .def_property_readonly("last_checkpoint", [](PyState& s) { return s.use()->last_checkpoint(); })
       .def_property_readonly("restore_stats", [](PyState& s) { return s.restore_stats; },
                              "RestoreStats if this state was opened by ReplicaStore.restore(), else None.")
-      .def_property_readonly("closed", [](PyState& s) { return !s.db; })
+      .def_property_readonly("closed", [](PyState& s) { return !s.gate.open(); },
+                             "True once close() has begun (calls then raise InvalidArgumentError).")
       .def("get", [](PyState& st, py::handle key) {
              std::string k = KeyBytes(key), value;
+             auto db = st.use();
              Status s;
              {
                py::gil_scoped_release release;
-               s = st.get().Get(k, &value);
+               s = db->Get(k, &value);
              }
              return MaybeBytes(s, value);
            }, py::arg("key"), "The value of `key`, or None.")
       .def("put", [](PyState& st, py::handle key, py::bytes value) {
              std::string k = KeyBytes(key);
              std::string_view v = value;
-             ThrowIfError(st.get().Put(k, v));
+             ThrowIfError(st.use()->Put(k, v));
            }, py::arg("key"), py::arg("value"))
-      .def("delete", [](PyState& st, py::handle key) { ThrowIfError(st.get().Delete(KeyBytes(key))); }, py::arg("key"))
+      .def("delete", [](PyState& st, py::handle key) {
+             std::string k = KeyBytes(key);
+             ThrowIfError(st.use()->Delete(k));
+           }, py::arg("key"))
       .def("put_batch", [](PyState& st, py::handle keys, py::handle values, std::optional<uint64_t> version) {
              if (values.is_none()) throw StatusError{Status::InvalidArgument("values must not be None")};
              WriteWith(st, keys, values, version);
@@ -205,22 +252,26 @@ UnknownVnodeError, and nothing of its batch is written.
              WriteWith(st, keys, py::none(), version);
            }, py::arg("keys"), py::kw_only(), py::arg("version") = py::none())
       .def("batch", [](std::shared_ptr<PyState> st) {
-             st->get();
+             st->use();  // "StateBackend is closed" once closed
              return PyWriteBatch{st, WriteBatch()};
            }, "A new WriteBatch for this state.")
       .def("write", [](PyState& st, PyWriteBatch& b, std::optional<uint64_t> version) {
              if (b.owner.get() != &st) throw StatusError{Status::InvalidArgument("batch belongs to another StateBackend")};
+             auto db = st.use();
              Status s;
              {
                py::gil_scoped_release release;
-               s = st.get().Write(&b.batch, version);
+               s = db->Write(&b.batch, version);
              }
              ThrowIfError(s);
            }, py::arg("batch"), py::kw_only(), py::arg("version") = py::none(),
            "Applies `batch` atomically, together with the state version if given.")
       .def("get_batch", [](PyState& st, py::handle keys) {
-             MultiGetResult r;
-             LookUp(st, keys, &r);
+             ByteViews k;
+             k.LoadKeys(keys);
+             auto db = st.use();
+             MultiGetResult r;  // destroyed (unpinning its values) before db
+             LookUp(db, k, &r);
              // Each value is copied once: from RocksDB's pinned block into its
              // bytes object, in lookup order (see MultiGetResult::value_at).
              const size_t n = r.size();
@@ -242,14 +293,17 @@ UnknownVnodeError, and nothing of its batch is written.
              ByteViews k;
              k.LoadKeys(keys);
              std::vector<size_t> order;
-             ThrowIfError(st.get().BatchOrder(k.views(), &order));
+             ThrowIfError(st.use()->BatchOrder(k.views(), &order));
              py::array_t<int64_t> out(static_cast<py::ssize_t>(order.size()));
              std::copy(order.begin(), order.end(), out.mutable_data());
              return out;
            }, py::arg("keys"), "For tests: the order batches apply and look up `keys` in (indices).")
       .def("get_batch_array", [](PyState& st, py::handle keys, size_t width) {
-             MultiGetResult r;
-             LookUp(st, keys, &r);
+             ByteViews k;
+             k.LoadKeys(keys);
+             auto db = st.use();
+             MultiGetResult r;  // destroyed (unpinning its values) before db
+             LookUp(db, k, &r);
              const auto n = static_cast<py::ssize_t>(r.size());
              py::array_t<uint8_t> out({n, static_cast<py::ssize_t>(width)});
              py::array_t<bool> mask(n);
@@ -276,18 +330,22 @@ UnknownVnodeError, and nothing of its batch is written.
            }, py::arg("keys"), py::arg("width"),
            "Fixed-width values of many keys: (uint8 array of shape (n, width), bool found mask).")
       .def("get_batch_arrow", [](PyState& st, py::handle keys, std::optional<bool> large) {
-             MultiGetResult r;
-             LookUp(st, keys, &r);
+             ByteViews k;
+             k.LoadKeys(keys);
+             auto db = st.use();
+             MultiGetResult r;  // destroyed (unpinning its values) before db
+             LookUp(db, k, &r);
              return MultiGetToArrow(r, large);
            }, py::arg("keys"), py::kw_only(), py::arg("large") = py::none(),
            "Values of many keys as a pyarrow binary array (null where absent); large=True gives large_binary.")
       .def("scan", [](PyState& st, int64_t vnode) {
              CheckVnodeArg(vnode);
              std::vector<std::pair<std::string, std::string>> items;
+             auto db = st.use();
              Status s;
              {
                py::gil_scoped_release release;
-               s = st.get().Scan(static_cast<uint32_t>(vnode), [&](std::string_view k, std::string_view v) {
+               s = db->Scan(static_cast<uint32_t>(vnode), [&](std::string_view k, std::string_view v) {
                  items.emplace_back(std::string(k), std::string(v));
                  return true;
                });
@@ -300,10 +358,11 @@ UnknownVnodeError, and nothing of its batch is written.
       .def("count", [](PyState& st, int64_t vnode) {
              CheckVnodeArg(vnode);
              uint64_t n = 0;
+             auto db = st.use();
              Status s;
              {
                py::gil_scoped_release release;
-               s = st.get().Scan(static_cast<uint32_t>(vnode), [&](std::string_view, std::string_view) {
+               s = db->Scan(static_cast<uint32_t>(vnode), [&](std::string_view, std::string_view) {
                  ++n;
                  return true;
                });
@@ -313,10 +372,11 @@ UnknownVnodeError, and nothing of its batch is written.
            }, py::arg("vnode"), "Exact number of keys in one vnode (a scan).")
       .def("checkpoint", [](PyState& st, ReplicaStore& store, uint64_t checkpoint_id, uint64_t epoch) {
              Manifest mf;
+             auto db = st.use();
              Status s;
              {
                py::gil_scoped_release release;
-               s = st.get().Checkpoint(&store, checkpoint_id, epoch, &mf);
+               s = db->Checkpoint(&store, checkpoint_id, epoch, &mf);
              }
              ThrowIfError(s);
              return mf;
@@ -324,30 +384,32 @@ UnknownVnodeError, and nothing of its batch is written.
            "Takes checkpoint `checkpoint_id` into `store` and returns its committed Manifest.")
       .def("export_vnodes", [](PyState& st, std::vector<int64_t> vnodes, const std::string& path) {
              auto v = ToVnodes(vnodes);
+             auto db = st.use();
              Status s;
              {
                py::gil_scoped_release release;
-               s = st.get().ExportVnodes(v, path);
+               s = db->ExportVnodes(v, path);
              }
              ThrowIfError(s);
            }, py::arg("vnodes"), py::arg("path"), "Exports vnodes into `path` (must not exist) as hard links.")
       .def("import_vnodes", [](PyState& st, const std::string& path) {
              std::vector<uint32_t> imported;
+             auto db = st.use();
              Status s;
              {
                py::gil_scoped_release release;
-               s = st.get().ImportVnodes(path, &imported);
+               s = db->ImportVnodes(path, &imported);
              }
              ThrowIfError(s);
              return imported;
            }, py::arg("path"), "Imports (and consumes) an export made by export_vnodes(); returns the vnodes.")
       .def("drop_vnodes", [](PyState& st, std::vector<int64_t> vnodes) {
              auto v = ToVnodes(vnodes);
-             ThrowIfError(st.get().DropVnodes(v));
+             ThrowIfError(st.use()->DropVnodes(v));
            }, py::arg("vnodes"))
       .def("stats", [](PyState& st) {
              std::vector<VnodeStats> v;
-             ThrowIfError(st.get().Stats(&v));
+             ThrowIfError(st.use()->Stats(&v));
              py::list out;
              for (const auto& x : v) {
                py::dict d;
@@ -359,10 +421,11 @@ UnknownVnodeError, and nothing of its batch is written.
              return out;
            }, "Per-vnode RocksDB estimates: vnode, estimated_keys, sst_bytes.")
       .def("flush", [](PyState& st) {
+             auto db = st.use();
              Status s;
              {
                py::gil_scoped_release release;
-               s = st.get().Flush();
+               s = db->Flush();
              }
              ThrowIfError(s);
            })
@@ -382,8 +445,11 @@ UnknownVnodeError, and nothing of its batch is written.
                bool settled = false;
                Status s;
                {
+                 // A pass per slice, not for the whole wait: a close() between
+                 // slices goes ahead, and the next slice raises "closed".
+                 auto db = st.use();
                  py::gil_scoped_release release;
-                 s = st.get().WaitForCompactions(slice, &settled);
+                 s = db->WaitForCompactions(slice, &settled);
                }
                ThrowIfError(s);
                if (settled) return true;
@@ -397,14 +463,24 @@ UnknownVnodeError, and nothing of its batch is written.
            "a checkpoint leaves fewer L0 files "
            "in it, and a hard-link restore costs one link per file.")
       .def("close", [](PyState& st) {
-             py::gil_scoped_release release;
-             st.db.reset();
-           }, "Closes the DB; later calls raise InvalidArgumentError.")
+             py::gil_scoped_release release;  // the calls under way may need the GIL to finish
+             st.Close();
+           },
+           "Closes the DB. Safe from any thread: calls that have begun finish first (close() waits "
+           "for them), later ones raise InvalidArgumentError; when it returns the directory can be "
+           "reopened. Idempotent. Raises InvalidArgumentError if called from inside a call on this "
+           "StateBackend (e.g. from a callback), which it would wait for forever.")
       .def("__enter__", [](std::shared_ptr<PyState> st) { return st; })
       .def("__exit__", [](PyState& st, py::args) {
         py::gil_scoped_release release;
-        st.db.reset();
-      });
+        st.Close();
+      })
+      .def("_in_call", [](PyState& st, py::object fn) {
+             auto db = st.use();
+             return fn();
+           }, py::arg("fn"),
+           "For tests: runs fn() (with the GIL) as a call on this StateBackend does, holding it open: "
+           "a close() meanwhile waits for fn to return. Returns fn's result.");
 
   auto store_cls = py::reinterpret_borrow<py::class_<ReplicaStore>>(m.attr("ReplicaStore"));
   store_cls.def("restore", [](const ReplicaStore& store, const std::string& op, uint32_t inst, uint64_t id,
