@@ -1,5 +1,5 @@
 // Apache Arrow binary arrays in and out of the state backend, without a
-// Python object per value (DESIGN §1: "take NumPy / Arrow buffers without
+// Python object per value (docs/design.md §2: "take NumPy / Arrow buffers without
 // copying"). Variable-width values are what a list of bytes carries, but as
 // three buffers: offsets, data and a validity bitmap. PySpark's Arrow paths
 // (mapInArrow, applyInArrow, the Arrow-optimized UDFs) hand such arrays over

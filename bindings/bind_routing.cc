@@ -60,7 +60,7 @@ RoutingTable MakeTable(py::handle assignment, uint32_t num_instances, uint64_t e
 
 void BindRouting(py::module_& m) {
   py::class_<Partitioner>(m, "Partitioner", R"doc(
-Maps keys to key groups and vnodes (DESIGN §1).
+Maps keys to key groups and vnodes (docs/design.md §1).
 
 key group = top log2(K) bits of XXH3_64(key bytes, seed); vnode = floor(kg * V / K).
 An int key is hashed as its 8 little-endian bytes; a str key as its UTF-8 bytes.

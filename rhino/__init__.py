@@ -2,7 +2,7 @@
 
 The public API:
 
-- :class:`Partitioner` maps keys to key groups and vnodes (XXH3, DESIGN §1).
+- :class:`Partitioner` maps keys to key groups and vnodes (XXH3, docs/design.md §1).
 - :class:`RoutingTable` maps vnodes to instances, versioned by an epoch.
 - :class:`StateBackend` is one instance's state: RocksDB, a column family per vnode.
 - :class:`ReplicaStore` holds checkpoints: a content-addressed file pool plus

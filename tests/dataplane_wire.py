@@ -38,6 +38,20 @@ TYPES = {
     "StoreQueryReq": 14,
     "StoreQueryRsp": 15,
     "ErrorRsp": 16,
+    # The state service (§7).
+    "InstanceReq": 17,
+    "InstanceRsp": 18,
+    "SessionOpenReq": 19,
+    "SessionOpenRsp": 20,
+    "GetReq": 21,
+    "GetRsp": 22,
+    "WriteReq": 23,
+    "SessionRsp": 24,
+    "ScanReq": 25,
+    "ScanRsp": 26,
+    "SessionCommitReq": 27,
+    "SessionCommitRsp": 28,
+    "SessionAbortReq": 29,
 }
 NAMES = {v: k for k, v in TYPES.items()}
 
@@ -45,6 +59,7 @@ NAMES = {v: k for k, v in TYPES.items()}
 OK, NOT_FOUND, CORRUPTION, INVALID_ARGUMENT = 0, 1, 2, 3
 PATH_OUTSIDE_STORE, NO_SPACE, TIMEOUT, ABORTED = 8, 9, 11, 13
 STALE_CHAIN_VERSION, AUTH_FAILED = 100, 101
+UNKNOWN_INSTANCE, SESSION_BUSY, STALE_EPOCH = 14, 15, 102
 
 
 def checksum(data: bytes) -> int:
@@ -243,6 +258,11 @@ class RawClient:
     """A blocking socket speaking the protocol by hand."""
 
     def __init__(self, address: str, timeout: float = 5.0) -> None:
+        if "/" in address:  # a Unix domain socket (the state service, §7)
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(timeout)
+            self.sock.connect(address)
+            return
         host, port = address.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=timeout)
 

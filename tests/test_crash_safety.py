@@ -17,7 +17,7 @@ computed independently in NumPy (and read back both through Rhino and through
 - a restore target is either absent or complete;
 - the killed child's live DB reopens (WAL recovery) with everything written
   before the kill, and checkpointing goes on (next id; or the same id again
-  after the re-execution path of DESIGN §5, restore + re-apply).
+  after the re-execution path of docs/design.md §5, restore + re-apply).
 """
 
 from __future__ import annotations
@@ -381,7 +381,7 @@ def test_sigkill_during_checkpoint(tmp_path, model, point):
     model.check_backend(db, 3)
     assert db.last_checkpoint in (2, 3)  # 3 was recorded in the DB before the kill; never committed unless after_commit
 
-    # Retry of the same id, the way a re-executed batch does it (DESIGN §5): restore the last
+    # Retry of the same id, the way a re-executed batch does it (docs/design.md §5): restore the last
     # committed checkpoint, re-apply batch 3, checkpoint 3. It succeeds iff 3 was not committed.
     retry = store.restore(OP, INSTANCE, 2, str(tmp_path / "retry"))
     apply_batch(retry, 3)

@@ -1,4 +1,4 @@
-"""Routing of keys to key groups and vnodes (DESIGN §1, issue 2 "Routing").
+"""Routing of keys to key groups and vnodes (docs/design.md §1, issue 2 "Routing").
 
 Every Python entry point of Partitioner, and the StateBackend's own routing,
 must agree with an independent oracle: the ``xxhash`` package's XXH3-64,

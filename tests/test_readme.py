@@ -70,3 +70,34 @@ def test_readme_python_examples_run(tmp_path: Path, monkeypatch):
     finally:
         for w in workers:
             w.stop()
+
+
+def test_readme_state_service_example_runs(tmp_path: Path, monkeypatch):
+    """The ```python block of "## The state service" runs as written, against
+    two real workers (the README's socket path and replica address mapped)."""
+    text = README.read_text()
+    part = text[text.index("## The state service"):]
+    part = part[: part.index("\n## ", 1)]
+    blocks = re.findall(r"```python\n(.*?)```", part, flags=re.S)
+    assert len(blocks) == 1
+    root = tmp_path / "w"
+    root.mkdir()
+    secret_file = write_secret(root, SECRET)
+    workers = [WorkerProcess(root, f"w{i}", f"127.0.0.{i}", secret_file=secret_file, metrics=False).start()
+               for i in (2, 3)]
+    try:
+        code = (blocks[0].replace('"/data/rhino/w2/worker.sock"', repr(str(workers[0].unix_socket)))
+                .replace("127.0.0.3:7000", workers[1].address))
+        assert "/data/rhino" not in code and "7000" not in code, "a README address the test does not map"
+        monkeypatch.chdir(root)
+        ns: dict = {}
+        exec(compile(code, "README.md (state service)", "exec"), ns)
+        assert ns["result"].replication == "complete" and ns["result"].version == 0
+        assert ns["n"] > 0
+        # The session of batch 1 was not committed: the worker is still at version 0.
+        assert [i["version"] for i in ns["client"].instances()] == [0]
+        assert rhino.ReplicaStore(str(workers[1].dir)).checkpoints("q8", 0) == [0]
+        ns["client"].close()
+    finally:
+        for w in workers:
+            w.stop()

@@ -1,4 +1,4 @@
-"""The epoch-versioned routing table: vnode -> instance (DESIGN §1, issue 2 "Routing").
+"""The epoch-versioned routing table: vnode -> instance (docs/design.md §1, issue 2 "Routing").
 
 The initial table comes from a consistent-hash ring, so adding one instance to
 p moves at most 1.5 * V / (p + 1) vnodes, all of them to the new instance.

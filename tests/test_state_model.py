@@ -11,7 +11,7 @@ state version and the store's committed checkpoints must equal the model.
 
 The oracles are independent of the code under test: the model routes keys with
 the `xxhash` package (key group = top log2(K) bits of XXH3-64, vnode =
-floor(kg * V / K), DESIGN §1), and restored checkpoints are also read with
+floor(kg * V / K), docs/design.md §1), and restored checkpoints are also read with
 `rocksdict`, a different RocksDB binding.
 """
 

@@ -124,6 +124,9 @@ _DELEGATED = {
                              "chain-replication throughput vs the disk and loopback limits, same run"),
     ("bench", "overhead"): ("rhino.bench.overhead",
                             "a primary's writes/s while its checkpoints replicate (r=2) vs r=0, same run"),
+    ("bench", "service"): ("rhino.bench.service",
+                           "sessions over the Unix socket and TCP vs in-process StateBackend, and the per-batch "
+                           "fixed cost at r=0 and r=2, same run"),
 }
 
 
@@ -219,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     bsub.add_parser("replicate", help=_DELEGATED[("bench", "replicate")][1] + " (rhino bench replicate --help)",
                     add_help=False)
     bsub.add_parser("overhead", help=_DELEGATED[("bench", "overhead")][1] + " (rhino bench overhead --help)",
+                    add_help=False)
+    bsub.add_parser("service", help=_DELEGATED[("bench", "service")][1] + " (rhino bench service --help)",
                     add_help=False)
 
     p = sub.add_parser("demo", help="the single-host demonstration: build, checkpoint, restore, verify")

@@ -1,4 +1,4 @@
-"""A local multi-host cluster of real ``rhino worker`` processes (DESIGN §6), for the
+"""A local multi-host cluster of real ``rhino worker`` processes (docs/design.md §6), for the
 tests, the benchmarks (``rhino bench replicate``, ``rhino bench overhead``) and the
 demo:
 

@@ -1,4 +1,4 @@
-"""``rhino.spark``: the PySpark layer of Rhino (DESIGN §2).
+"""``rhino.spark``: the PySpark layer of Rhino (docs/design.md §2).
 
 The operator API (run a keyed processor per micro-batch from ``foreachBatch`` /
 ``mapPartitions``, with each task pinned to the host of its instance's primary),

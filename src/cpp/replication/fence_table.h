@@ -1,5 +1,5 @@
 // FenceTable: the highest replica-chain version seen per instance
-// (docs/protocol.md §5; 3FS-style fencing, DESIGN §3 "failure model").
+// (docs/protocol.md §5; 3FS-style fencing, docs/design.md §3 "failure model").
 //
 // A repaired chain always gets a higher version, so once a worker has seen
 // version v for an instance it refuses any frame of that instance with a lower

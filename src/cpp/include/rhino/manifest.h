@@ -1,7 +1,7 @@
 // Manifest: the committed description of one checkpoint of one instance.
 //
 // A checkpoint is visible in a replica store iff its manifest file exists
-// (Rhino §4.2 / DESIGN §3 step 6): the manifest is written to a temporary file,
+// (Rhino §4.2 / docs/design.md §3 step 6): the manifest is written to a temporary file,
 // fsync'ed and renamed into place, so a partial checkpoint is never visible.
 //
 // On disk a manifest is one line of JSON followed by a trailer line

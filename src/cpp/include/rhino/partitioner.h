@@ -1,4 +1,4 @@
-// Partitioner: key -> key group -> vnode (DESIGN §1).
+// Partitioner: key -> key group -> vnode (docs/design.md §1).
 //
 //   key group = top log2(K) bits of XXH3_64(key_bytes, seed)     unit of hashing
 //   vnode     = floor(kg * V / K), a contiguous range of key groups  unit of migration

@@ -1,5 +1,5 @@
 // ReplicaStore: a worker's store of checkpoint files and committed manifests
-// (DESIGN §1 "replica store"). This is its local half: the file pool, atomic
+// (docs/design.md §1 "replica store"). This is its local half: the file pool, atomic
 // manifest commits, retention, garbage collection, verification and local
 // restore by hard links. The network half (chain replication) feeds the same
 // primitives.

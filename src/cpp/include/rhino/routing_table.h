@@ -1,4 +1,4 @@
-// RoutingTable: vnode -> instance, versioned by a configuration epoch (DESIGN §1).
+// RoutingTable: vnode -> instance, versioned by a configuration epoch (docs/design.md §1).
 //
 // The initial table comes from a consistent-hash ring with `tokens_per_instance`
 // tokens per instance (the ring's "virtual nodes"). The ring decides *which*

@@ -1,4 +1,4 @@
-// StateBackend: one operator instance's keyed state (DESIGN §1, Rhino §3.2).
+// StateBackend: one operator instance's keyed state (docs/design.md §1, Rhino §3.2).
 //
 // One RocksDB per instance, one column family per vnode ("vnode-00042"), so a
 // vnode can be exported and imported as a unit. All column families share one
@@ -171,7 +171,7 @@ class StateBackend {
   Status BatchDelete(WriteBatch* batch, const std::vector<std::string_view>& keys) const;
   // Applies `batch` atomically; if `version` is set, the state version is
   // written in the same RocksDB write batch, so state and version never
-  // disagree (DESIGN §5). Clears `batch` on success.
+  // disagree (docs/design.md §5). Clears `batch` on success.
   Status Write(WriteBatch* batch, std::optional<uint64_t> version);
   // Looks up many keys on one consistent snapshot. The values stay pinned in
   // RocksDB's block cache (or memtable) until `out` is destroyed or reused, so
@@ -194,7 +194,7 @@ class StateBackend {
   // The checkpoint this DB was last checkpointed as or restored from.
   std::optional<uint64_t> last_checkpoint() const;
 
-  // ---- checkpoints (DESIGN §1, Rhino §4.2.2 phase 2 step 1) ----
+  // ---- checkpoints (docs/design.md §1, Rhino §4.2.2 phase 2 step 1) ----
   // Takes checkpoint `checkpoint_id` into `store`: a RocksDB
   // checkpoint (hard links) is staged, its files pooled by content identity,
   // and the manifest committed atomically. The delta is the set of files not

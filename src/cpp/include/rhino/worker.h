@@ -1,4 +1,4 @@
-// Worker: one host's Rhino runtime (DESIGN §2): its replica store and the
+// Worker: one host's Rhino runtime (docs/design.md §2): its replica store and the
 // data-plane server that takes part in replica chains (docs/protocol.md §4).
 // The `rhino worker` daemon (rhino/worker.py) is a thin shell around it.
 //
@@ -37,7 +37,7 @@ struct WorkerOptions {
   uint32_t replicate_timeout_ms = 60000;
 
   // ---- network ----
-  std::string listen_host = "127.0.0.1";  // DESIGN §3: loopback unless told otherwise
+  std::string listen_host = "127.0.0.1";  // docs/design.md §3: loopback unless told otherwise
   uint16_t listen_port = 0;               // 0 = an ephemeral port (see Worker::port)
   std::string secret;                     // shared secret of the cluster (protocol §2)
   // Socket I/O only (stream work runs on the disk threads). One thread

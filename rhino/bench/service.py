@@ -1,0 +1,292 @@
+"""The state service against the in-process state backend, in the same run (issue 18).
+
+    rhino bench service --json --out bench/results/service.jsonl \
+        --plot bench/results/service.png --report bench/results/service.md
+
+It starts real worker processes on 127.0.0.2 (the primary) and, for r=2,
+127.0.0.3 and .4, and measures:
+
+- throughput of ``put_batch`` and ``get_batch`` for ``--keys`` keys (int64)
+  with ``--value-bytes`` values, in a session over the Unix socket, over TCP
+  (a client bound to 127.0.0.5, as on another host), and in-process on a
+  ``rhino.StateBackend`` with the same partitioner: the baseline. Each figure
+  is the median of ``--repeat`` calls; ``ratio_to_inprocess`` is keys/s over
+  the baseline's keys/s. The put is the call alone (the session stages it;
+  the commit writes it), so a second row, ``put+commit``, gives one batch of
+  puts made durable as checkpoint b, against the in-process put_batch plus
+  checkpoint of the same batch;
+- the per-batch fixed cost: opening a session on an instance the worker
+  already hosts, and committing a 1-key batch (barrier mode), at r=0 and at
+  r=2, ``--fixed-reps`` times each (median and p90).
+
+One JSON object per line; the targets of issue 18 are checked in the rows
+(Unix-socket throughput >= 70% of in-process; opening a session <= 2 ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+import rhino
+
+from ..testing.cluster import SECRET, start_workers, write_secret
+from .common import exit_on_sigterm
+
+THROUGHPUT_TARGET = 0.70  # Unix-socket keys/s over in-process keys/s
+OPEN_TARGET_MS = 2.0
+NUM_VNODES = 64
+
+
+def _median(xs: list[float]) -> float:
+    return float(np.median(xs))
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def _throughput_rows(op: str, transport: str, seconds: list[float], keys: int, base: dict[str, float],
+                     args: argparse.Namespace) -> dict:
+    med = _median(seconds)
+    row = {"figure": "throughput", "op": op, "transport": transport, "keys": keys, "value_bytes": args.value_bytes,
+           "repeat": len(seconds), "seconds_median": round(med, 6), "seconds_min": round(min(seconds), 6),
+           "keys_per_s": round(keys / med)}
+    if transport != "in-process":
+        row["ratio_to_inprocess"] = round(base[op] / med, 3)
+        if transport == "unix" and op in ("put", "get"):
+            row["target"] = THROUGHPUT_TARGET
+            row["target_met"] = row["ratio_to_inprocess"] >= THROUGHPUT_TARGET
+    return row
+
+
+def run(args: argparse.Namespace, emit: Callable[[dict], None]) -> None:
+    root = Path(args.dir)
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    n = args.keys
+    keys = np.arange(n, dtype=np.int64)
+    values = np.random.default_rng(0).integers(0, 256, size=(n, args.value_bytes), dtype=np.uint8)
+    emit({"figure": "setup", "command": "rhino bench service " + " ".join(args.argv), "keys": n,
+          "value_bytes": args.value_bytes, "repeat": args.repeat, "fixed_reps": args.fixed_reps,
+          "num_vnodes": NUM_VNODES, "cpus": os.cpu_count(), "python": platform.python_version(),
+          "rhino": rhino.__version__, "unix": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+
+    # ---- the baseline: the same work in-process ----
+    part = rhino.Partitioner(num_vnodes=NUM_VNODES)
+    store = rhino.ReplicaStore(str(root / "inproc-store"))
+    base: dict[str, float] = {}
+    with rhino.StateBackend.open(str(root / "inproc"), partitioner=part, operator_id="inproc") as db:
+        put_s = [_timed(lambda: db.put_batch(keys, values, version=b)) for b in range(args.repeat)]
+        get_s = [_timed(lambda: db.get_batch(keys)) for _ in range(args.repeat)]
+        pc_s = []
+        for b in range(args.repeat):
+            t = time.perf_counter()
+            db.put_batch(keys, values, version=100 + b)
+            db.checkpoint(store, 100 + b)
+            pc_s.append(time.perf_counter() - t)
+    base = {"put": _median(put_s), "get": _median(get_s), "put+commit": _median(pc_s)}
+    for op, xs in (("put", put_s), ("get", get_s), ("put+commit", pc_s)):
+        emit(_throughput_rows(op, "in-process", xs, n, base, args))
+    shutil.rmtree(root / "inproc", ignore_errors=True)
+    shutil.rmtree(root / "inproc-store", ignore_errors=True)
+
+    secret_file = write_secret(root, SECRET)
+    workers = start_workers(root, [2, 3, 4], secret_file, max_window=64)
+    try:
+        w2, w3, w4 = workers
+        # ---- throughput through a session ----
+        for transport in ("unix", "tcp"):
+            if transport == "unix":
+                client = rhino.connect(w2.unix_socket, secret=SECRET)
+            else:
+                client = rhino.connect(w2.address, secret=SECRET, bind_host="127.0.0.5")
+            op = f"tp-{transport}"
+            client.open_instance(op, 0, epoch=1, num_vnodes=NUM_VNODES)
+            with client.session(op, 0, batch=0, epoch=1) as s:
+                s.put_batch(keys, values)
+                s.commit()
+            put_s, get_s = [], []
+            for _ in range(args.repeat):
+                with client.session(op, 0, batch=1, epoch=1) as s:  # aborted: batch 1 again next time
+                    put_s.append(_timed(lambda: s.put_batch(keys, values)))
+                with client.session(op, 0, batch=1, epoch=1) as s:
+                    got = []
+                    get_s.append(_timed(lambda: got.append(s.get_batch(keys))))
+            assert got[0][n - 1] == values[n - 1].tobytes()  # the state really is there
+            pc_s = []
+            for b in range(1, args.repeat + 1):
+                s = client.session(op, 0, batch=b, epoch=1)
+                t = time.perf_counter()
+                s.put_batch(keys, values)
+                s.commit()
+                pc_s.append(time.perf_counter() - t)
+            for name, xs in (("put", put_s), ("get", get_s), ("put+commit", pc_s)):
+                emit(_throughput_rows(name, transport, xs, n, base, args))
+            client.close_instance(op, 0, epoch=1)
+            client.close()
+
+        # ---- the fixed cost of a batch: open + commit of 1 key ----
+        client = rhino.connect(w2.unix_socket, secret=SECRET)
+        for r, chain in ((0, []), (2, [w3.address, w4.address])):
+            op = f"fixed-r{r}"
+            client.open_instance(op, 0, epoch=1, num_vnodes=NUM_VNODES, chain=chain, chain_version=1)
+            with client.session(op, 0, batch=0, epoch=1) as s:  # a state to checkpoint on top of
+                s.put_batch(keys[:10_000], values[:10_000])
+                s.commit()
+            open_ms, commit_ms, total_ms = [], [], []
+            for b in range(1, args.fixed_reps + 1):
+                t0 = time.perf_counter()
+                s = client.session(op, 0, batch=b, epoch=1)
+                t1 = time.perf_counter()
+                s.put_batch(keys[b % n: b % n + 1], values[:1])
+                t2 = time.perf_counter()
+                res = s.commit("barrier")
+                t3 = time.perf_counter()
+                open_ms.append((t1 - t0) * 1e3)
+                commit_ms.append((t3 - t2) * 1e3)
+                total_ms.append((t3 - t0) * 1e3)
+            row = {"figure": "fixed_cost", "replicas": r, "transport": "unix", "reps": args.fixed_reps,
+                   "open_ms_median": round(_median(open_ms), 3), "open_ms_p90": round(float(np.percentile(open_ms, 90)), 3),
+                   "commit_ms_median": round(_median(commit_ms), 3),
+                   "commit_ms_p90": round(float(np.percentile(commit_ms, 90)), 3),
+                   "batch_ms_median": round(_median(total_ms), 3),
+                   "last_commit": {k: res.stats.get(k) for k in ("write_s", "checkpoint_s", "replicate_s",
+                                                                 "delta_bytes", "delta_files", "files")},
+                   "open_target_ms": OPEN_TARGET_MS}
+            row["open_target_met"] = row["open_ms_median"] <= OPEN_TARGET_MS
+            emit(row)
+        client.close()
+    finally:
+        for w in workers:
+            w.stop()
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tp = [r for r in rows if r["figure"] == "throughput"]
+    fixed = [r for r in rows if r["figure"] == "fixed_cost"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [2, 1]})
+    ops = ["put", "get", "put+commit"]
+    transports = ["in-process", "unix", "tcp"]
+    width = 0.26
+    for i, t in enumerate(transports):
+        ys = [next((r["keys_per_s"] / 1e3 for r in tp if r["op"] == op and r["transport"] == t), 0) for op in ops]
+        bars = ax1.bar(np.arange(len(ops)) + (i - 1) * width, ys, width, label=t)
+        for b, op in zip(bars, ops):
+            r = next((r for r in tp if r["op"] == op and r["transport"] == t), None)
+            if r and "ratio_to_inprocess" in r:
+                ax1.annotate(f"{r['ratio_to_inprocess']:.0%}", (b.get_x() + b.get_width() / 2, b.get_height()),
+                             ha="center", va="bottom", fontsize=8)
+    ax1.set_xticks(np.arange(len(ops)), ops)
+    ax1.set_ylabel("thousand keys/s (median)")
+    n = tp[0]["keys"] if tp else 0
+    vb = tp[0]["value_bytes"] if tp else 0
+    ax1.set_title(f"{n:,} keys, {vb}-byte values: session vs in-process")
+    ax1.legend()
+    labels = [f"r={r['replicas']}" for r in fixed]
+    ax2.bar(np.arange(len(fixed)) - 0.2, [r["open_ms_median"] for r in fixed], 0.4, label="open session")
+    ax2.bar(np.arange(len(fixed)) + 0.2, [r["commit_ms_median"] for r in fixed], 0.4, label="commit 1 key")
+    ax2.axhline(OPEN_TARGET_MS, color="gray", ls="--", lw=1, label=f"open target {OPEN_TARGET_MS} ms")
+    ax2.set_xticks(np.arange(len(fixed)), labels)
+    ax2.set_ylabel("ms (median)")
+    ax2.set_yscale("log")
+    ax2.set_title("per-batch fixed cost (Unix socket)")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def report(rows: list[dict], path: str) -> None:
+    setup = next(r for r in rows if r["figure"] == "setup")
+    lines = ["# State service: sessions against the in-process state backend", "",
+             f"Command: `{setup['command']}`, run at {setup['unix']} on {setup['cpus']} CPUs "
+             f"(the primary worker, the replicas and the client share them).", "",
+             "| op | transport | keys/s (median) | ratio to in-process | target |", "|---|---|---:|---:|---|"]
+    for r in rows:
+        if r["figure"] == "throughput":
+            target = ""
+            if "target" in r:
+                target = f">= {r['target']:.0%}: {'met' if r['target_met'] else 'missed'}"
+            ratio = f"{r['ratio_to_inprocess']:.0%}" if "ratio_to_inprocess" in r else "baseline"
+            lines.append(f"| {r['op']} | {r['transport']} | {r['keys_per_s']:,} | {ratio} | {target} |")
+    lines += ["", "| replicas | open session, ms (median / p90) | commit 1 key, ms (median / p90) | target |",
+              "|---:|---:|---:|---|"]
+    for r in rows:
+        if r["figure"] == "fixed_cost":
+            met = "met" if r["open_target_met"] else "missed"
+            lines.append(f"| {r['replicas']} | {r['open_ms_median']} / {r['open_ms_p90']} | "
+                         f"{r['commit_ms_median']} / {r['commit_ms_p90']} | open <= {r['open_target_ms']} ms: {met} |")
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rhino bench service",
+                                description="Sessions over the Unix socket and TCP against in-process StateBackend.")
+    p.add_argument("--keys", type=int, default=100_000)
+    p.add_argument("--value-bytes", type=int, default=100)
+    p.add_argument("--repeat", type=int, default=7, help="calls per throughput figure (median)")
+    p.add_argument("--fixed-reps", type=int, default=50, help="batches per fixed-cost figure")
+    p.add_argument("--dir", default=".bench-service")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
+    p.add_argument("--out", default=None, help="also append the JSON lines to this file")
+    p.add_argument("--plot", default=None, help="write a chart here (PNG)")
+    p.add_argument("--report", default=None, help="write a Markdown table here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = build_parser()
+    args = p.parse_args(argv)
+    args.argv = argv
+    for name in ("keys", "value_bytes", "repeat", "fixed_reps"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    exit_on_sigterm()
+    rows: list[dict] = []
+    out = open(args.out, "a") if args.out else None
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        line = json.dumps(row)
+        if args.json:
+            print(line, flush=True)
+        else:
+            print("  ".join(f"{k}={v}" for k, v in row.items() if k != "command"), file=sys.stderr, flush=True)
+        if out:
+            out.write(line + "\n")
+            out.flush()
+
+    try:
+        run(args, emit)
+    finally:
+        if out:
+            out.close()
+    if args.plot:
+        plot(rows, args.plot)
+    if args.report:
+        report(rows, args.report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
