@@ -147,6 +147,14 @@ void Connection::Connect(const asio::generic::stream_protocol::endpoint& ep) {
 void Connection::BeginSession() {
   asio::error_code ec;
   socket_.set_option(asio::ip::tcp::no_delay(true), ec);  // fails harmlessly on a Unix socket
+  if (socket_.local_endpoint(ec).protocol().family() == AF_UNIX) {
+    // A Unix socket moves at most its buffer per wake-up (about 200 KB by
+    // default); a session's answer frames are megabytes. TCP on loopback
+    // sizes its own buffers.
+    socket_.set_option(asio::socket_base::send_buffer_size(4 << 20), ec);
+    socket_.set_option(asio::socket_base::receive_buffer_size(4 << 20), ec);
+    ec.clear();
+  }
   if (started_ == Clock::time_point()) {
     started_ = Clock::now();
     last_recv_ = last_send_ = started_;

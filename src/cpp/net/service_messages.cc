@@ -1,5 +1,7 @@
 #include "rhino/service_messages.h"
 
+#include <cstring>
+
 namespace rhino {
 namespace {
 
@@ -291,6 +293,34 @@ std::string GetRspBuilder::Finish() {
   e.PutU32(count_);
   e.buffer().append(values_.buffer());
   return e.Finish();
+}
+
+std::string EncodeGetRsp(const std::vector<uint8_t>& found, const std::vector<std::string_view>& values, size_t count) {
+  size_t hits = 0, bytes = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (found[i]) {
+      ++hits;
+      bytes += 4 + values[i].size();
+    }
+  }
+  std::string out;
+  out.resize(4 + 4 + 4 + count + 4 + bytes);
+  char* p = out.data();
+  auto u32 = [&p](uint32_t v) {
+    for (int k = 0; k < 4; ++k) *p++ = static_cast<char>((v >> (8 * k)) & 0xff);
+  };
+  u32(0);  // code
+  u32(0);  // message ""
+  u32(static_cast<uint32_t>(count));
+  for (size_t i = 0; i < count; ++i) *p++ = static_cast<char>(found[i] ? 1 : 0);
+  u32(static_cast<uint32_t>(hits));
+  for (size_t i = 0; i < count; ++i) {
+    if (!found[i]) continue;
+    u32(static_cast<uint32_t>(values[i].size()));
+    std::memcpy(p, values[i].data(), values[i].size());
+    p += values[i].size();
+  }
+  return out;
 }
 
 void ScanRspBuilder::Add(std::string_view key, std::string_view value) {

@@ -19,7 +19,7 @@ constexpr uint32_t kRequestOverhead = 64;
 // Keys per request: a batch goes as several requests sent back to back, so
 // the worker looks up or stages one while the client encodes the next and
 // decodes the previous answer (on two cores, the two processes overlap).
-constexpr size_t kKeysPerRequest = 8192;
+constexpr size_t kKeysPerRequest = 32768;  // 8192: get 0.11 s, 32768: 0.094 s, 65536: 0.105 s (100k keys)
 
 // The frames of one stream, as they arrive (a StreamListener on the
 // connection's strand feeds it; the requesting thread waits on it).
@@ -267,8 +267,9 @@ ClientSession::~ClientSession() {
   if (open_) Abort("the client dropped the session").ok();
 }
 
-Status ClientSession::Get(const std::vector<std::string_view>& keys,
-                          const std::function<void(size_t, bool, std::string_view)>& fn) {
+Status ClientSession::Get(
+    const std::vector<std::string_view>& keys,
+    const std::function<void(size_t, bool, std::string_view, const std::shared_ptr<std::string>&)>& fn) {
   if (!open_) return Status::Aborted("the session is no longer open");
   auto inbox = SessionInbox(impl_.get(), stream_id_);
   if (!inbox) return Status::Aborted("the session is no longer open");
@@ -319,7 +320,7 @@ Status ClientSession::Get(const std::vector<std::string_view>& keys,
     size_t v = 0;
     for (size_t j = 0; j < answered; ++j) {
       const bool found = rsp.found[j] != 0;
-      fn(b + j, found, found ? rsp.values[v++] : std::string_view());
+      fn(b + j, found, found ? rsp.values[v++] : std::string_view(), f.payload);
     }
     if (b + answered < e && first.ok()) send(b + answered, e);
   }

@@ -137,20 +137,26 @@ class StateService::SessionStream : public net::StreamListener,
           std::lock_guard<std::mutex> l(inst.mu());
           s = inst.CheckSession(token_);
           if (s.ok()) {
-            GetRspBuilder b(req.keys.size());
             const size_t budget = svc_->options_.max_frame_bytes;
             Status too_big;
-            s = inst.session_batch()->MultiGet(req.keys, 0, [&](size_t i, bool found, std::string_view v) {
-              if (found && b.SizeWith(v.size()) > budget) {
-                if (i == 0) too_big = Status::InvalidArgument("a value of " + std::to_string(v.size()) +
-                                                              " bytes does not fit in a frame (max_frame_bytes)");
-                return false;
-              }
-              b.Add(found, v);
-              return true;
-            });
+            s = inst.session_batch()->MultiGetAll(
+                req.keys, 0, [&](const std::vector<uint8_t>& found, const std::vector<std::string_view>& values) {
+                  // Answer the longest prefix that fits in one frame; the client asks again for the rest.
+                  size_t size = 16, count = 0;
+                  for (; count < found.size(); ++count) {
+                    const size_t add = 1 + (found[count] ? 4 + values[count].size() : 0);
+                    if (size + add > budget) break;
+                    size += add;
+                  }
+                  if (count == 0 && !found.empty()) {
+                    too_big = Status::InvalidArgument("a value of " + std::to_string(values[0].size()) +
+                                                      " bytes does not fit in a frame (max_frame_bytes)");
+                    return;
+                  }
+                  out = EncodeGetRsp(found, values, count);
+                });
             if (s.ok()) s = too_big;
-            if (s.ok()) out = b.Finish();
+            if (s.ok() && req.keys.empty()) out = EncodeGetRsp({}, {}, 0);
           }
         }
         if (!s.ok()) return Reply(MessageType::kGetRsp, s);

@@ -140,6 +140,22 @@ Status SessionBatch::MultiGet(const std::vector<std::string_view>& keys, size_t 
   return Status::OK();
 }
 
+Status SessionBatch::MultiGetAll(
+    const std::vector<std::string_view>& keys, size_t from,
+    const std::function<void(const std::vector<uint8_t>&, const std::vector<std::string_view>&)>& all) const {
+  const size_t n = keys.size() > from ? keys.size() - from : 0;
+  std::vector<uint8_t> found(n, 0);
+  std::vector<std::string_view> values(n);
+  // The views stay valid inside MultiGet's callback chain: collect, then hand over there.
+  size_t seen = 0;
+  return MultiGet(keys, from, [&](size_t i, bool f, std::string_view v) {
+    found[i - from] = f;
+    values[i - from] = v;
+    if (++seen == n) all(found, values);
+    return true;
+  });
+}
+
 Status SessionBatch::Scan(std::optional<uint32_t> vnode, std::string_view prefix, std::optional<uint32_t> after_vnode,
                           std::optional<std::string_view> after_key,
                           const std::function<bool(uint32_t, std::string_view, std::string_view)>& fn) const {

@@ -188,6 +188,10 @@ class GetRspBuilder {
   size_t values_bytes_ = 0;
 };
 
+// The payload of a GetRsp answering found[0..count) with their values, sized
+// exactly before anything is copied (each value is copied once).
+std::string EncodeGetRsp(const std::vector<uint8_t>& found, const std::vector<std::string_view>& values, size_t count);
+
 class ScanRspBuilder {
  public:
   size_t SizeWith(size_t klen, size_t vlen) const { return 4 + 4 + 1 + 4 + 8 + bytes_ + 8 + klen + vlen; }

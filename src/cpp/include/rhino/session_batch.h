@@ -51,6 +51,12 @@ class SessionBatch {
   // The value view is valid only during the call.
   Status MultiGet(const std::vector<std::string_view>& keys, size_t from,
                   const std::function<bool(size_t, bool, std::string_view)>& fn) const;
+  // The same lookups of keys[from..], handed over at once: found[j] and
+  // values[j] for key from + j (views valid during the call only), so that
+  // the caller can size its answer before it copies anything.
+  Status MultiGetAll(const std::vector<std::string_view>& keys, size_t from,
+                     const std::function<void(const std::vector<uint8_t>&, const std::vector<std::string_view>&)>& all)
+      const;
 
   // Calls fn(vnode, key, value) for the session's view of the entries whose key
   // starts with `prefix`, vnode by vnode in ascending order (only `vnode` if

@@ -76,10 +76,11 @@ class ClientSession {
   ClientSession(const ClientSession&) = delete;
   ClientSession& operator=(const ClientSession&) = delete;
 
-  // fn(i, found, value) for every key, in no particular order; the value
-  // view is valid during the call only.
+  // fn(i, found, value, frame) for every key, in no particular order. The
+  // value views `frame`, the answer it arrived in: keep that shared pointer
+  // to use the value after the call (no copy is made here).
   Status Get(const std::vector<std::string_view>& keys,
-             const std::function<void(size_t, bool, std::string_view)>& fn);
+             const std::function<void(size_t, bool, std::string_view, const std::shared_ptr<std::string>&)>& fn);
   Status Put(const std::vector<std::string_view>& keys, const std::vector<std::string_view>& values);
   Status Delete(const std::vector<std::string_view>& keys);
   // One page of a scan: entries after the request's cursor (§7.3).
