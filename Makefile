@@ -1,8 +1,8 @@
 # Rhino: every target does its own setup on a fresh Debian 12 machine.
 #   make demo   - setup, then the end-to-end demonstration
 #   make test   - setup, then the whole test suite
-#   make bench  - setup, then micro-benchmarks, the restore sweep, chain replication throughput and the
-#                 steady-state overhead of replication (results in bench/results/)
+#   make bench  - setup, then micro-benchmarks, the restore sweep, chain replication throughput, the
+#                 steady-state overhead of replication and the state service (results in bench/results/)
 #   make wheel  - a self-contained wheel (auditwheel-repaired), checked in a fresh venv
 #   make chaos  - 500 trials of SIGKILLing a random replica-chain member mid-transfer
 #   make fuzz   - the frame-decoder fuzz target (libFuzzer under clang), for FUZZ_SECONDS (default 60)
@@ -76,6 +76,9 @@ bench: setup
 	$(PY) bench/report_replicate.py bench/results/replicate.jsonl bench/results/replicate.md
 	$(VENV)/bin/rhino bench overhead --json --dir .bench-overhead --out bench/results/overhead.jsonl
 	$(PY) bench/report_overhead.py bench/results/overhead.jsonl bench/results/overhead.png
+	rm -f bench/results/service.jsonl
+	$(VENV)/bin/rhino bench service --json --repeat 25 --fixed-reps 50 --out bench/results/service.jsonl \
+	  --plot bench/results/service.png --report bench/results/service.md
 
 chaos: setup
 	RHINO_CHAOS_TRIALS=$${RHINO_CHAOS_TRIALS:-500} $(PY) -m pytest tests/test_chaos.py -q -s $(PYTEST_ARGS)
@@ -103,7 +106,7 @@ wheel: setup
 	bash tools/check_wheel.sh wheelhouse/rhino_state-*.whl
 
 clean:
-	rm -rf build dist wheelhouse .demo .bench-restore .bench-replicate .bench-overhead $(VENV)
+	rm -rf build dist wheelhouse .demo .bench-restore .bench-replicate .bench-overhead .bench-service $(VENV)
 
 # Also the RocksDB build (~15 minutes to redo).
 distclean: clean
