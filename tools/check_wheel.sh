@@ -36,13 +36,14 @@ with rhino.StateBackend.open("db", partitioner=p) as db:  # RocksDB really runs
 
 import importlib, os, pkgutil
 subpackages = sorted(f"rhino.{m.name}" for m in pkgutil.iter_modules(rhino.__path__) if m.ispkg)
-for name in ("rhino.daemon", "rhino.cli", "rhino.bench", "rhino.testing", "rhino.spark"):
+for name in ("rhino.daemon", "rhino.cli", "rhino.bench", "rhino.testing", "rhino.spark", "rhino.client"):
     if name not in subpackages:
         sys.exit(f"FAIL: the wheel lacks {name} (it has {subpackages})")
 modules = subpackages + ["rhino.daemon.worker", "rhino.daemon.metrics", "rhino.cli.main", "rhino.cli.verify",
                          "rhino.cli.restore", "rhino.cli.demo", "rhino.cli.progress", "rhino.bench.restore",
                          "rhino.bench.replicate", "rhino.bench.overhead", "rhino.bench.workload",
-                         "rhino.testing.cluster"]
+                         "rhino.bench.service", "rhino.testing.cluster", "rhino.client.client",
+                         "rhino.client.session"]
 for name in modules:
     mod = importlib.import_module(name)
     if "site-packages" not in mod.__file__:
@@ -53,6 +54,23 @@ if os.path.dirname(rhino.spark.__file__) != os.path.join(os.path.dirname(rhino._
 if "pyspark" in sys.modules:
     sys.exit("FAIL: importing rhino.spark imported pyspark (it is an optional dependency)")
 print("modules imported:", ", ".join(modules))
+
+# The state service runs from the wheel: a worker hosting an instance, a
+# session over its Unix socket, a commit, and the state read back.
+w = rhino.Worker(id="wheel", store_dir=os.path.abspath("store"), secret=b"wheel-check-secret",
+                 state_dir=os.path.abspath("state"), unix_socket=os.path.abspath("w.sock"))
+w.start()
+try:
+    with rhino.connect(os.path.abspath("w.sock"), secret=b"wheel-check-secret") as c:
+        c.open_instance("op", 0, epoch=1, num_vnodes=8)
+        with c.session("op", 0, batch=0, epoch=1) as s:
+            s.put_batch(np.arange(10, dtype=np.int64), [b"w%d" % i for i in range(10)])
+            s.commit()
+        with c.session("op", 0, batch=1, epoch=1) as s:
+            assert s.get_batch(np.array([3], dtype=np.int64)) == [b"w3"]
+finally:
+    w.stop()
+print("OK: a session on the state service of a worker from the wheel")
 print("OK: the wheel imports in a fresh venv and loads its bundled release librocksdb and compression libraries")
 PY
 "$venv/bin/rhino" version

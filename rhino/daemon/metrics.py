@@ -149,6 +149,56 @@ class WorkerCollector(Collector):
             committed = i["last_committed"] if i["last_committed"] is not None else 0
             lag.add_metric([w, i["operator_id"], str(i["instance"])], max(0, i["last_opened"] - committed))
         yield lag
+        yield from _hosted_families(w, m.get("hosted", []))
+
+
+# The state service, per hosted instance (docs/protocol.md §7.6).
+_HOSTED_COUNTERS = [
+    ("rhino_session_opened_total", "Sessions opened on a hosted instance.", "sessions_opened"),
+    ("rhino_session_aborted_total", "Sessions that ended without a commit (abort, dead client, lost connection).",
+     "sessions_aborted"),
+    ("rhino_session_commits_total", "Commits of a hosted instance (written and checkpointed).", "commits"),
+    ("rhino_session_commit_failures_total", "Commits that failed (nothing of them stays visible).", "commit_failures"),
+    ("rhino_instance_rollbacks_total", "Rollbacks of a hosted instance to checkpoint b-1 (batch b ran again).",
+     "rollbacks"),
+    ("rhino_session_keys_written_total", "Puts and deletes committed.", "keys_written"),
+    ("rhino_session_bytes_written_total", "Key and value bytes committed.", "bytes_written"),
+    ("rhino_instance_replicated_bytes_total", "Checkpoint bytes a hosted instance sent down its chain.",
+     "bytes_replicated"),
+]
+_HOSTED_GAUGES = [
+    ("rhino_instance_epoch", "Configuration epoch a hosted instance is served under.", "epoch"),
+    ("rhino_instance_version", "State version (last committed batch) of a hosted instance.", "version"),
+    ("rhino_instance_last_complete_checkpoint", "Newest checkpoint the whole chain holds.", "last_complete"),
+    ("rhino_instance_replications_pending", "Committed checkpoints not yet acknowledged by the chain.",
+     "replications_pending"),
+    ("rhino_instance_session_open", "1 while a session is open on the instance.", "session_open"),
+    ("rhino_instance_vnodes", "Vnodes the instance holds.", "vnodes"),
+]
+
+
+def _hosted_families(w: str, hosted: list[dict[str, Any]]) -> Iterator[Metric]:
+    labels = ["worker", "operator", "instance"]
+    for name, help_, key in _HOSTED_COUNTERS:
+        c = CounterMetricFamily(name, help_, labels=labels)
+        for h in hosted:
+            c.add_metric([w, h["operator_id"], str(h["instance"])], h[key])
+        yield c
+    for name, help_, key in _HOSTED_GAUGES:
+        g = GaugeMetricFamily(name, help_, labels=labels)
+        for h in hosted:
+            if h[key] is not None:
+                g.add_metric([w, h["operator_id"], str(h["instance"])], float(h[key]))
+        yield g
+    # The commit latency, split into its three parts (sums of seconds; divide by
+    # rhino_session_commits_total for the mean of each).
+    lat = CounterMetricFamily("rhino_session_commit_seconds_total",
+                              "Commit time of a hosted instance, by part: write, checkpoint, replication.",
+                              labels=labels + ["part"])
+    for h in hosted:
+        for part in ("write", "checkpoint", "replicate"):
+            lat.add_metric([w, h["operator_id"], str(h["instance"]), part], h[f"{part}_seconds"])
+    yield lat
 
 
 def worker_registry(worker_id: str, snapshot: Callable[[], dict[str, Any]],
