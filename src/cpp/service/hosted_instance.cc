@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "util/crash_point.h"
 #include "util/fs.h"
 
 namespace rhino {
@@ -333,6 +334,9 @@ void HostedInstance::Commit(uint64_t token, CommitMode mode, const std::function
   s = sess->writes->Commit(b);
   const double t1 = Now();
   if (!s.ok()) return fail(s);
+  // A worker killed here has version b written but no checkpoint b: its
+  // restart rolls back to b-1 (Recover), and the unacknowledged batch runs again.
+  CrashPoint("service.after_write");
   Manifest m;
   s = db_->Checkpoint(env_.store, b, config_.epoch, &m);
   const double t2 = Now();
@@ -342,6 +346,7 @@ void HostedInstance::Commit(uint64_t token, CommitMode mode, const std::function
     Status r = RollbackTo(before);
     return fail(r.ok() ? s : Status::FromCode(WireCode(s), s.message() + "; undoing the write failed: " + r.message()));
   }
+  CrashPoint("service.after_checkpoint");  // before the chain has it: the client got no ack
   m_.commits++;
   m_.keys_written += keys;
   m_.bytes_written += bytes;

@@ -1,0 +1,159 @@
+"""Sessions beyond the model test's single instance: sessions of different
+instances in parallel, async commits and their queryable completion, and a
+worker killed inside a commit (crash points, a real SIGKILL) coming back at
+the last acknowledged batch. Expected states come from dict models kept by
+the test, and the replica's copy is read with rocksdict."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import rhino
+from rhino.testing.cluster import SECRET, WorkerProcess, read_rocksdb, write_secret
+
+
+def kb(k: int) -> bytes:
+    return int(k).to_bytes(8, "little", signed=True)
+
+
+@pytest.fixture
+def secret_file(tmp_path: Path) -> Path:
+    return write_secret(tmp_path, SECRET)
+
+
+def vnode_state(path: Path) -> dict[bytes, bytes]:
+    return {k: v for n, cf in read_rocksdb(path).items() if n.startswith("vnode-") for k, v in cf.items()}
+
+
+def test_sessions_of_different_instances_run_in_parallel(tmp_path: Path, secret_file: Path) -> None:
+    w = WorkerProcess(tmp_path, "w2", "127.0.0.2", secret_file=secret_file, metrics=False).start()
+    try:
+        setup = rhino.connect(w.unix_socket, secret=SECRET)
+        for i in range(3):
+            setup.open_instance("par", i, epoch=1, num_vnodes=16)
+        setup.close()
+        spans: dict[int, list[tuple[float, float]]] = {i: [] for i in range(3)}
+        models: dict[int, dict[bytes, bytes]] = {i: {} for i in range(3)}
+        errors: list[BaseException] = []
+        start = threading.Barrier(3)
+
+        def run(i: int) -> None:
+            try:
+                rng = np.random.default_rng(i)
+                with rhino.connect(w.unix_socket, secret=SECRET) as c:
+                    start.wait()
+                    for b in range(6):
+                        t0 = time.monotonic()
+                        with c.session("par", i, batch=b, epoch=1) as s:
+                            keys = rng.choice(5000, size=2000, replace=False).astype(np.int64)
+                            values = [bytes([i, b]) * 20 for _ in keys]
+                            s.put_batch(keys, values)
+                            assert s.get_batch(keys[:5]) == values[:5]
+                            s.commit()
+                        spans[i].append((t0, time.monotonic()))
+                        models[i].update({kb(k): v for k, v in zip(keys, values)})
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        # Sessions of different instances were open at the same time on the one worker.
+        overlaps = sum(1 for i in range(3) for j in range(i + 1, 3) for a in spans[i] for b in spans[j]
+                       if a[0] < b[1] and b[0] < a[1])
+        assert overlaps > 0
+        with rhino.connect(w.unix_socket, secret=SECRET) as c:
+            for i in range(3):
+                with c.session("par", i, batch=6, epoch=1) as s:
+                    assert dict(s.scan(page_size=700)) == models[i]
+    finally:
+        w.stop()
+
+
+def test_async_commit_completes_on_the_chain(tmp_path: Path, secret_file: Path) -> None:
+    w2 = WorkerProcess(tmp_path, "w2", "127.0.0.2", secret_file=secret_file, metrics=False).start()
+    w3 = WorkerProcess(tmp_path, "w3", "127.0.0.3", secret_file=secret_file, metrics=False).start()
+    try:
+        c = rhino.connect(w2.unix_socket, secret=SECRET)
+        c.open_instance("asy", 0, epoch=1, num_vnodes=8, chain=[w3.address], chain_version=1)
+        model: dict[bytes, bytes] = {}
+        for b in range(4):
+            with c.session("asy", 0, batch=b, epoch=1) as s:
+                keys = np.arange(b * 100, b * 100 + 3000, dtype=np.int64)
+                s.put_batch(keys, [b"a%d" % b] * len(keys))
+                r = s.commit("async")
+            assert r.replication == "pending" and r.version == b
+            model.update({kb(k): b"a%d" % b for k in keys})
+        deadline = time.monotonic() + 30
+        while c.status("asy", 0, checkpoint=3)["replication"] != "complete":
+            assert time.monotonic() < deadline, c.status("asy", 0, checkpoint=3)
+            time.sleep(0.05)
+        st = c.status("asy", 0, checkpoint=3)
+        assert st["last_complete"] == 3 and st["replications_pending"] == 0
+        store = rhino.ReplicaStore(str(w3.dir))
+        assert store.checkpoints("asy", 0) == [0, 1, 2, 3]  # one at a time, in order, every one
+        store.restore("asy", 0, 3, str(tmp_path / "r3")).close()
+        assert vnode_state(tmp_path / "r3") == model
+        c.close()
+    finally:
+        w2.stop()
+        w3.stop()
+
+
+@pytest.mark.parametrize("point", ["service.after_write", "service.after_checkpoint"])
+def test_worker_killed_inside_a_commit(tmp_path: Path, secret_file: Path, point: str) -> None:
+    """SIGKILL inside commit(batch 1): the client gets no ack, the restarted worker
+    serves version 0, and batch 1 runs again and commits, on the chain too."""
+    w3 = WorkerProcess(tmp_path, "w3", "127.0.0.3", secret_file=secret_file, metrics=False).start()
+    w2 = WorkerProcess(tmp_path, "w2", "127.0.0.2", secret_file=secret_file, metrics=False).start()
+    try:
+        c = rhino.connect(w2.unix_socket, secret=SECRET)
+        c.open_instance("crash", 0, epoch=1, num_vnodes=8, chain=[w3.address], chain_version=1)
+        keys = np.arange(500, dtype=np.int64)
+        with c.session("crash", 0, batch=0, epoch=1) as s:
+            s.put_batch(keys, [b"zero"] * 500)
+            s.commit()
+        c.close()
+        # The same worker, restarted with the crash point armed.
+        w2.stop()
+        w2.env = {"RHINO_CRASH_POINT": point}
+        w2.start()
+        c = rhino.connect(w2.unix_socket, secret=SECRET)
+        s = c.session("crash", 0, batch=1, epoch=1)
+        s.put_batch(keys[:100], [b"one"] * 100)
+        with pytest.raises((rhino.PeerDeadError, rhino.AbortedError, rhino.RhinoTimeoutError)):
+            s.commit()
+        w2.proc.wait(timeout=30)
+        assert w2.proc.returncode == -9  # it really was killed there
+        c.close()
+        w2.env = None
+        w2.start()
+        c = rhino.connect(w2.unix_socket, secret=SECRET)
+        info = {i["instance"]: i for i in c.instances() if i["operator_id"] == "crash"}
+        assert info[0]["version"] == (0 if point == "service.after_write" else 1)
+        # The task runs batch 1 again: it sees version 0 either way.
+        with c.session("crash", 0, batch=1, epoch=1) as s:
+            assert s.version == 0
+            assert s.get_batch(keys[:101]) == [b"zero"] * 101
+            s.put_batch(keys[:100], [b"again"] * 100)
+            r = s.commit()
+        assert r.replication == "complete"
+        model = {kb(k): (b"again" if k < 100 else b"zero") for k in keys}
+        store = rhino.ReplicaStore(str(w3.dir))
+        assert store.checkpoints("crash", 0)[-1] == 1
+        store.restore("crash", 0, 1, str(tmp_path / "r1")).close()
+        assert vnode_state(tmp_path / "r1") == model
+        c.close()
+    finally:
+        w2.env = None
+        if w2.alive():
+            w2.stop()
+        w3.stop()
