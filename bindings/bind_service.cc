@@ -53,11 +53,12 @@ struct PySession {
   }
 };
 
-// Values received for a Get, in one arena: found[i], and [off[i], off[i]+len[i]).
+// Values received for a Get: found[i] and value[i], a view into one of the
+// answer frames kept in `frames` (no copy until the Python objects are built).
 struct Received {
   std::vector<uint8_t> found;
-  std::vector<size_t> off, len;
-  std::string arena;
+  std::vector<std::string_view> value;
+  std::vector<std::shared_ptr<std::string>> frames;
 };
 
 void Fetch(PySession& s, py::handle keys, Received* r) {
@@ -65,8 +66,7 @@ void Fetch(PySession& s, py::handle keys, Received* r) {
   k.LoadKeys(keys);
   const size_t n = k.size();
   r->found.assign(n, 0);
-  r->off.assign(n, 0);
-  r->len.assign(n, 0);
+  r->value.assign(n, std::string_view());
   Status st;
   {
     py::gil_scoped_release release;
@@ -74,13 +74,11 @@ void Fetch(PySession& s, py::handle keys, Received* r) {
     if (!s.session) {
       st = Status::Aborted("the session is closed");
     } else {
-      st = s.session->Get(k.views(), [&](size_t i, bool found, std::string_view v) {
+      st = s.session->Get(k.views(), [&](size_t i, bool found, std::string_view v,
+                                         const std::shared_ptr<std::string>& frame) {
         r->found[i] = found;
-        if (found) {
-          r->off[i] = r->arena.size();
-          r->len[i] = v.size();
-          r->arena.append(v.data(), v.size());
-        }
+        r->value[i] = v;
+        if (r->frames.empty() || r->frames.back() != frame) r->frames.push_back(frame);
       });
     }
   }
@@ -179,7 +177,7 @@ void BindService(py::module_& m) {
              py::list out(n);
              for (size_t i = 0; i < n; ++i) {
                if (r.found[i]) {
-                 PyObject* b = PyBytes_FromStringAndSize(r.arena.data() + r.off[i], static_cast<Py_ssize_t>(r.len[i]));
+                 PyObject* b = PyBytes_FromStringAndSize(r.value[i].data(), static_cast<Py_ssize_t>(r.value[i].size()));
                  if (b == nullptr) throw py::error_already_set();
                  PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), b);
                } else {
@@ -204,12 +202,12 @@ void BindService(py::module_& m) {
                  std::memset(o + i * width, 0, width);
                  continue;
                }
-               if (r.len[i] != width) {
+               if (r.value[i].size() != width) {
                  throw StatusError{Status::InvalidArgument("value " + std::to_string(i) + " has " +
-                                                           std::to_string(r.len[i]) + " bytes, not width " +
+                                                           std::to_string(r.value[i].size()) + " bytes, not width " +
                                                            std::to_string(width))};
                }
-               std::memcpy(o + i * width, r.arena.data() + r.off[i], width);
+               std::memcpy(o + i * width, r.value[i].data(), width);
              }
              return py::make_tuple(out, mask);
            },

@@ -157,3 +157,34 @@ def test_worker_killed_inside_a_commit(tmp_path: Path, secret_file: Path, point:
         if w2.alive():
             w2.stop()
         w3.stop()
+
+
+def test_batches_larger_than_a_frame(tmp_path: Path, secret_file: Path) -> None:
+    """With 64 KiB frames, a 3 MB put, get and scan each take dozens of frames;
+    a get's answers split where the values stop fitting and the rest is asked
+    for again. Everything reads back as written, in order."""
+    frame = 64 << 10
+    w = WorkerProcess(tmp_path, "w2", "127.0.0.2", secret_file=secret_file, metrics=False,
+                      extra_args=["--max-frame-bytes", str(frame)]).start()
+    try:
+        c = rhino.connect(w.unix_socket, secret=SECRET, max_frame_bytes=frame)
+        c.open_instance("big", 0, epoch=1, num_vnodes=8)
+        rng = np.random.default_rng(5)
+        keys = rng.permutation(20_000).astype(np.int64)
+        values = [rng.bytes(int(n)) for n in rng.integers(50, 250, size=len(keys))]
+        with c.session("big", 0, batch=0, epoch=1) as s:
+            s.put_batch(keys, values)
+            assert s.get_batch(keys) == values  # the session's own writes, many frames each way
+            s.commit()
+        model = {kb(k): v for k, v in zip(keys, values)}
+        with c.session("big", 0, batch=1, epoch=1) as s:
+            assert s.get_batch(keys) == values
+            items = list(s.scan(page_size=1 << 20))  # pages cut by the frame, not by the page size
+            assert dict(items) == model and len(items) == len(model)
+            with pytest.raises(rhino.InvalidArgumentError, match="does not fit in a frame"):
+                s.put_batch([1], [b"x" * frame])
+        with pytest.raises(rhino.InvalidArgumentError):
+            rhino.connect(w.unix_socket, secret=SECRET, max_frame_bytes=1024)  # below every message's size
+        c.close()
+    finally:
+        w.stop()

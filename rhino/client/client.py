@@ -16,7 +16,7 @@ __all__ = ["connect", "Client"]
 
 def connect(address: str | os.PathLike, *, secret: Any, client_id: str = "client",
             request_timeout: float = 120.0, peer_timeout: float = 3.0,
-            bind_host: str = "") -> "Client":
+            bind_host: str = "", max_frame_bytes: Optional[int] = None) -> "Client":
     """Connects to a worker's state service.
 
     ``address`` is a Unix socket path (a worker on this host: ``rhino worker
@@ -24,7 +24,9 @@ def connect(address: str | os.PathLike, *, secret: Any, client_id: str = "client
     ``secret`` is the cluster's shared secret (bytes or str); a wrong one
     raises :class:`rhino.AuthFailedError`. ``request_timeout`` bounds one
     request, a barrier commit included; ``bind_host`` sets the TCP client's
-    own address (e.g. this host's 127.0.0.N).
+    own address (e.g. this host's 127.0.0.N). ``max_frame_bytes`` must not
+    exceed the worker's ``--max-frame-bytes`` (default: the same default):
+    batches are split into frames of that size.
     """
     address = os.fspath(address)
     if not isinstance(address, str) or not address:
@@ -34,7 +36,8 @@ def connect(address: str | os.PathLike, *, secret: Any, client_id: str = "client
     handle = call_hiding_secret(
         _core.StateClient.connect, address, secret_bytes(secret), client_id=client_id,
         peer_timeout_ms=int(peer_timeout * 1000), request_timeout_ms=int(request_timeout * 1000),
-        local_bind_host=bind_host)
+        local_bind_host=bind_host,
+        max_frame_bytes=int(max_frame_bytes if max_frame_bytes is not None else _core.MAX_FRAME_BYTES))
     return Client(handle)
 
 
