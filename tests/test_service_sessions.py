@@ -6,6 +6,7 @@ the test, and the replica's copy is read with rocksdict."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -108,7 +109,21 @@ def test_async_commit_completes_on_the_chain(tmp_path: Path, secret_file: Path) 
         w3.stop()
 
 
-@pytest.mark.parametrize("point", ["service.after_write", "service.after_checkpoint"])
+SERVICE_CRASH_POINTS = ["service.after_write", "service.after_checkpoint"]
+
+
+def test_every_service_crash_point_is_covered() -> None:
+    """The list above names every CrashPoint("...") of src/cpp/service/, so a new one is not missed."""
+    src = Path(__file__).resolve().parent.parent / "src" / "cpp" / "service"
+    if not src.is_dir():
+        pytest.skip("C++ sources not present")
+    found = set()
+    for p in src.rglob("*.cc"):
+        found |= set(re.findall(r'CrashPoint\("([^"]+)"\)', p.read_text()))
+    assert found == set(SERVICE_CRASH_POINTS)
+
+
+@pytest.mark.parametrize("point", SERVICE_CRASH_POINTS)
 def test_worker_killed_inside_a_commit(tmp_path: Path, secret_file: Path, point: str) -> None:
     """SIGKILL inside commit(batch 1): the client gets no ack, the restarted worker
     serves version 0, and batch 1 runs again and commits, on the chain too."""
