@@ -115,8 +115,8 @@ void Connection::StartClientUnix(const std::string& path, ReadyHandler ready) {
   });
 }
 
-void Connection::Connect(const asio::generic::stream_protocol::endpoint& ep) {
-  // The handshake deadline (peer_timeout_ms) covers the connect as well.
+void Connection::StartClock() {
+  if (started_ != Clock::time_point()) return;
   started_ = Clock::now();
   last_recv_ = last_send_ = started_;
   if (counters_ != nullptr) counters_->open_connections.fetch_add(1);
@@ -124,6 +124,10 @@ void Connection::Connect(const asio::generic::stream_protocol::endpoint& ep) {
   timer_.async_wait(asio::bind_executor(strand_, [self = shared_from_this()](const asio::error_code& e) {
     if (!e) self->Tick();
   }));
+}
+
+void Connection::Connect(const asio::generic::stream_protocol::endpoint& ep) {
+  StartClock();  // the handshake deadline (peer_timeout_ms) covers the connect as well
   socket_.async_connect(ep, asio::bind_executor(strand_, [self = shared_from_this()](const asio::error_code& e) {
     if (self->state_.load() == State::kClosed) return;
     if (e) {
@@ -155,15 +159,7 @@ void Connection::BeginSession() {
     socket_.set_option(asio::socket_base::receive_buffer_size(4 << 20), ec);
     ec.clear();
   }
-  if (started_ == Clock::time_point()) {
-    started_ = Clock::now();
-    last_recv_ = last_send_ = started_;
-    if (counters_ != nullptr) counters_->open_connections.fetch_add(1);
-    timer_.expires_after(std::chrono::milliseconds(0));
-    timer_.async_wait(asio::bind_executor(strand_, [self = shared_from_this()](const asio::error_code& e) {
-      if (!e) self->Tick();
-    }));
-  }
+  StartClock();
   ReadHeader();
 }
 

@@ -161,6 +161,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void DoClose(const Status& why);
   void FinishHandshake(const Status& s);
   void Connect(const asio::generic::stream_protocol::endpoint& ep);
+  // Starts the liveness clock and the heartbeat timer (§6), once.
+  void StartClock();
   void SendNow(MessageType type, uint32_t stream_id, std::string payload);
 
   const Role role_;
