@@ -144,6 +144,32 @@ def inspect_store(path: str) -> dict[str, Any]:
     }
 
 
+def inspect_hosted(store_path: str) -> list[dict[str, Any]]:
+    """The instances a worker hosts, from ``state/instances/*/*/instance.json`` beside its store
+    (``rhino worker``'s default --state-dir): their configuration only, so it runs beside the worker."""
+    import json
+
+    root = os.path.join(store_path, "state", "instances")
+    out: list[dict[str, Any]] = []
+    if not os.path.isdir(root):
+        return out
+    for op in sorted(os.listdir(root)):
+        for inst in sorted(os.listdir(os.path.join(root, op)), key=lambda n: (len(n), n)):
+            d = os.path.join(root, op, inst)
+            try:
+                with open(os.path.join(d, "instance.json")) as f:
+                    c = json.load(f)
+            except (OSError, ValueError) as e:
+                out.append({"operator_id": op, "instance": inst, "error": str(e)})
+                continue
+            out.append({"operator_id": c.get("operator_id"), "instance": c.get("instance"), "epoch": c.get("epoch"),
+                        "vnodes": len(c.get("vnodes", [])), "chain": c.get("chain", []),
+                        "chain_version": c.get("chain_version"),
+                        "hosted": not os.path.exists(os.path.join(d, "CLOSED")),
+                        "discard_pending": c.get("discard_pending", False)})
+    return out
+
+
 def inspect_path(path: str, *, exact: bool = False) -> dict[str, Any]:
     kind = detect(path)
     report: dict[str, Any] = {"path": os.path.abspath(path), "kind": kind, "state": None, "store": None}
@@ -151,6 +177,7 @@ def inspect_path(path: str, *, exact: bool = False) -> dict[str, Any]:
         report["state"] = inspect_state(path, exact=exact)
     elif kind == "store":
         report["store"] = inspect_store(path)
+        report["hosted"] = inspect_hosted(path)
     else:
         live, store = os.path.join(path, "live"), os.path.join(path, "store")
         if _is_state(live):
@@ -244,4 +271,11 @@ def format_report(report: dict[str, Any]) -> str:
         if out:
             out.append("")
         out += _fmt_store(report["store"])
+    if report.get("hosted"):
+        out += ["", "  hosted instances (state service, state/; docs/protocol.md §7):"]
+        rows = [[h["operator_id"], h["instance"], "error: " + h["error"], "", "", ""] if "error" in h else
+                [h["operator_id"], h["instance"], h["epoch"], h["vnodes"],
+                 " -> ".join(h["chain"]) or "(r = 0)", "yes" if h["hosted"] else "closed"]
+                for h in report["hosted"]]
+        out += _table(["operator", "instance", "epoch", "vnodes", "chain", "hosted"], rows, indent="    ")
     return "\n".join(out)

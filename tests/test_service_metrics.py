@@ -50,3 +50,29 @@ def test_hosted_instance_metrics(tmp_path: Path) -> None:
     finally:
         w2.stop()
         w3.stop()
+
+
+def test_inspect_lists_hosted_instances(tmp_path: Path) -> None:
+    """`rhino inspect WORKER_DIR` shows the instances the worker hosts, from their instance.json."""
+    import json
+    import subprocess
+    import sys
+
+    secret_file = write_secret(tmp_path, SECRET)
+    w = WorkerProcess(tmp_path, "w2", "127.0.0.2", secret_file=secret_file, metrics=False).start()
+    try:
+        with rhino.connect(w.unix_socket, secret=SECRET) as c:
+            c.open_instance("q5", 0, epoch=3, num_vnodes=8, chain=["127.0.0.9:7000"], chain_version=2)
+            c.open_instance("q5", 1, epoch=3, num_vnodes=8, vnodes=[1, 2])
+            c.close_instance("q5", 1, epoch=3)
+        out = subprocess.run([sys.executable, "-m", "rhino", "inspect", str(w.dir), "--json"], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        hosted = json.loads(out.stdout)["hosted"]
+        assert [(h["operator_id"], h["instance"], h["epoch"], h["vnodes"], h["chain"], h["hosted"]) for h in hosted] \
+            == [("q5", 0, 3, 8, ["127.0.0.9:7000"], True), ("q5", 1, 3, 2, [], False)]
+        text = subprocess.run([sys.executable, "-m", "rhino", "inspect", str(w.dir)], capture_output=True, text=True,
+                              timeout=60).stdout
+        assert "hosted instances" in text and "127.0.0.9:7000" in text and "closed" in text
+    finally:
+        w.stop()
