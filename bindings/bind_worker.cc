@@ -82,6 +82,7 @@ py::dict MetricsDict(const WorkerMetrics& m) {
     e["session_open"] = h.session_open;
     e["sessions_opened"] = h.sessions_opened;
     e["sessions_aborted"] = h.sessions_aborted;
+    e["sessions_expired"] = h.sessions_expired;
     e["commits"] = h.commits;
     e["commit_failures"] = h.commit_failures;
     e["rollbacks"] = h.rollbacks;
@@ -276,7 +277,7 @@ stop() aborts streams under way and closes connections; join() waits for stop.
                        uint32_t heartbeat_ms, uint32_t peer_timeout_ms, uint32_t max_frame_bytes,
                        uint32_t max_window, uint32_t stream_idle_timeout_ms, const std::string& state_dir,
                        const std::string& unix_socket, uint32_t service_threads, uint64_t max_session_bytes,
-                       uint32_t replicate_timeout_ms) {
+                       uint32_t replicate_timeout_ms, uint32_t session_idle_timeout_ms) {
              auto w = std::make_unique<PyWorker>();
              WorkerOptions o;
              o.state_dir = state_dir;
@@ -284,6 +285,7 @@ stop() aborts streams under way and closes connections; join() waits for stop.
              o.service_threads = service_threads;
              o.max_session_bytes = max_session_bytes;
              o.replicate_timeout_ms = replicate_timeout_ms;
+             o.session_idle_timeout_ms = session_idle_timeout_ms;
              o.id = id;
              o.store_dir = store_dir;
              o.listen_host = listen_host;
@@ -305,7 +307,7 @@ stop() aborts streams under way and closes connections; join() waits for stop.
            py::arg("max_frame_bytes") = kDefaultMaxFrameBytes, py::arg("max_window") = 64,
            py::arg("stream_idle_timeout_ms") = 60000, py::arg("state_dir") = "", py::arg("unix_socket") = "",
            py::arg("service_threads") = 4, py::arg("max_session_bytes") = 1ull << 30,
-           py::arg("replicate_timeout_ms") = 60000)
+           py::arg("replicate_timeout_ms") = 60000, py::arg("session_idle_timeout_ms") = 600000)
       .def("start", [](PyWorker& w) {
              Status s;
              {

@@ -203,3 +203,25 @@ def test_batches_larger_than_a_frame(tmp_path: Path, secret_file: Path) -> None:
         c.close()
     finally:
         w.stop()
+
+
+def test_idle_session_is_aborted(tmp_path: Path, secret_file: Path) -> None:
+    """A client that keeps its connection but sends nothing (a hung task) loses its
+    session after --session-idle-timeout; nothing of it is visible, and the
+    instance is free for the next session."""
+    w = WorkerProcess(tmp_path, "w2", "127.0.0.2", secret_file=secret_file,
+                      extra_args=["--session-idle-timeout", "1"]).start()
+    try:
+        c = rhino.connect(w.unix_socket, secret=SECRET)
+        c.open_instance("idle", 0, epoch=1, num_vnodes=8)
+        s = c.session("idle", 0, batch=0, epoch=1)
+        s.put_batch([1], [b"never"])
+        time.sleep(2.5)
+        with pytest.raises(rhino.AbortedError, match="session-idle-timeout"):
+            s.put_batch([2], [b"late"])
+        with c.session("idle", 0, batch=0, epoch=1) as s2:  # not SessionBusyError
+            assert s2.get_batch([1, 2]) == [None, None]
+        assert w.metric("rhino_session_expired_total", 'operator="idle",instance="0"') == 1
+        c.close()
+    finally:
+        w.stop()

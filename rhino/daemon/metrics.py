@@ -157,6 +157,8 @@ _HOSTED_COUNTERS = [
     ("rhino_session_opened_total", "Sessions opened on a hosted instance.", "sessions_opened"),
     ("rhino_session_aborted_total", "Sessions that ended without a commit (abort, dead client, lost connection).",
      "sessions_aborted"),
+    ("rhino_session_expired_total", "Sessions the worker aborted after --session-idle-timeout without a request.",
+     "sessions_expired"),
     ("rhino_session_commits_total", "Commits of a hosted instance (written and checkpointed).", "commits"),
     ("rhino_session_commit_failures_total", "Commits that failed (nothing of them stays visible).", "commit_failures"),
     ("rhino_instance_rollbacks_total", "Rollbacks of a hosted instance to checkpoint b-1 (batch b ran again).",

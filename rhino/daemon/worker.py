@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: %(default)s)")
     p.add_argument("--max-session-bytes", type=_size, default="1G",
                    help="uncommitted keys and values one session may hold (default: 1G)")
+    p.add_argument("--session-idle-timeout", type=float, default=600.0,
+                   help="abort a session with no request for this many seconds: a task that hangs with its "
+                        "connection alive would hold its instance otherwise (default: %(default)s; 0: never)")
     p.add_argument("--replication-timeout", type=float, default=60.0,
                    help="seconds a commit's checkpoint may take to reach the end of its chain (default: %(default)s)")
     p.add_argument("--metrics-listen", default=None, help="HOST:PORT for the Prometheus /metrics endpoint")
@@ -202,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         secret = read_secret_file(args.secret_file)
         mode = os.stat(args.secret_file).st_mode & 0o777
         state_dir, unix_socket = service_paths(args)
+        if not (0 <= args.session_idle_timeout <= 86400):
+            raise ValueError(f"--session-idle-timeout must be in [0, 86400] seconds, got {args.session_idle_timeout}")
         if not (args.replication_timeout > 0) or args.replication_timeout > 86400:
             raise ValueError(f"--replication-timeout must be in (0, 86400] seconds, got {args.replication_timeout}")
     except (OSError, ValueError) as e:
@@ -240,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         service_threads=args.service_threads,
         max_session_bytes=args.max_session_bytes,
         replicate_timeout_ms=int(args.replication_timeout * 1000),
+        session_idle_timeout_ms=int(args.session_idle_timeout * 1000),
     )
     try:
         worker.start()  # opens the store: stale staging of a killed predecessor goes

@@ -295,11 +295,26 @@ Status HostedInstance::OpenSession(uint64_t token, uint64_t batch, uint64_t epoc
   return Status::OK();
 }
 
-Status HostedInstance::CheckSession(uint64_t token) const {
+Status HostedInstance::CheckSession(uint64_t token) {
   if (!session_ || session_->token != token) {
+    auto it = expired_.find(token);
+    if (it != expired_.end()) return Status::Aborted("the session on " + Describe(config_) + " " + it->second);
     return Status::Aborted("the session on " + Describe(config_) + " is no longer open");
   }
+  session_->last_activity = std::chrono::steady_clock::now();
   return Status::OK();
+}
+
+bool HostedInstance::ExpireIdleSession(std::chrono::steady_clock::duration idle) {
+  if (!session_ || std::chrono::steady_clock::now() - session_->last_activity < idle) return false;
+  const auto secs = std::chrono::duration_cast<std::chrono::seconds>(idle).count();
+  expired_[session_->token] = "was aborted by the worker after " + std::to_string(secs) +
+                              " s without a request (--session-idle-timeout)";
+  while (expired_.size() > 64) expired_.erase(expired_.begin());
+  session_.reset();  // nothing of it was written
+  m_.sessions_aborted++;
+  m_.sessions_expired++;
+  return true;
 }
 
 void HostedInstance::Abort(uint64_t token) {

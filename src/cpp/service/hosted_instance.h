@@ -17,6 +17,7 @@
 #include <asio.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -100,7 +101,10 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   bool has_session() const { return session_ != nullptr; }
   uint64_t session_token() const { return session_ ? session_->token : 0; }
   Status OpenSession(uint64_t token, uint64_t batch, uint64_t epoch, SessionOpenRsp* rsp);
-  Status CheckSession(uint64_t token) const;
+  Status CheckSession(uint64_t token);
+  // Aborts the open session if nothing of it came for `idle` (a client that
+  // hangs but keeps its connection alive); true if it did.
+  bool ExpireIdleSession(std::chrono::steady_clock::duration idle);
   SessionBatch* session_batch() { return session_->writes.get(); }
   // Commit: the reply is called once, on any thread (at once, or when the chain acks).
   void Commit(uint64_t token, CommitMode mode, const std::function<Status()>& check_epoch, CommitReply reply);
@@ -123,6 +127,8 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
     uint64_t batch_id = 0;
     uint64_t epoch = 0;
     std::unique_ptr<SessionBatch> writes;
+    std::chrono::steady_clock::time_point last_activity = std::chrono::steady_clock::now();
+    std::string expired;  // why the worker ended it, for the client's next request
   };
   struct Replication {
     std::string state = "pending";  // pending / complete / failed
@@ -150,6 +156,7 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   InstanceConfig config_;
   std::unique_ptr<StateBackend> db_;
   std::unique_ptr<Session> session_;
+  std::map<uint64_t, std::string> expired_;  // token -> why, for sessions the worker ended
   std::vector<uint64_t> repl_queue_;          // committed checkpoints not yet sent down the chain
   std::unique_ptr<ReplicationHandle> repl_active_;
   uint64_t repl_active_id_ = 0;

@@ -335,7 +335,30 @@ Status StateService::Start() {
       instances_[{c.operator_id, c.instance}] = inst;
     }
   }
+  if (options_.session_idle_timeout_ms > 0) sweeper_ = std::thread([this]() { SweepIdleSessions(); });
   return Status::OK();
+}
+
+void StateService::SweepIdleSessions() {
+  const auto idle = std::chrono::milliseconds(options_.session_idle_timeout_ms);
+  const auto tick = std::min<std::chrono::milliseconds>(idle / 4 + std::chrono::milliseconds(1),
+                                                         std::chrono::milliseconds(1000));
+  std::unique_lock<std::mutex> l(mu_);
+  while (!stopped_) {
+    sweep_cv_.wait_for(l, tick);
+    if (stopped_) break;
+    std::vector<std::shared_ptr<HostedInstance>> all;
+    for (auto& [k, inst] : instances_) all.push_back(inst);
+    l.unlock();
+    for (auto& inst : all) {
+      // On the instance's strand, in order with its session's frames.
+      asio::post(inst->strand(), [inst, idle]() {
+        std::lock_guard<std::mutex> g(inst->mu());
+        inst->ExpireIdleSession(idle);
+      });
+    }
+    l.lock();
+  }
 }
 
 void StateService::Shutdown() {
@@ -346,6 +369,8 @@ void StateService::Shutdown() {
     stopped_ = true;
     all.swap(instances_);
   }
+  sweep_cv_.notify_all();
+  if (sweeper_.joinable()) sweeper_.join();
   for (auto& [key, inst] : all) {
     std::lock_guard<std::mutex> l(inst->mu());
     inst->Close();

@@ -20,7 +20,9 @@
 
 #include <asio.hpp>
 
+#include <condition_variable>
 #include <map>
+#include <thread>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -44,6 +46,9 @@ struct StateServiceOptions {
   uint64_t max_session_bytes = 1ull << 30;
   ReplicateOptions replicate;
   uint32_t peer_timeout_ms = 3000;
+  // A session with no request for this long is aborted (a client that hangs
+  // with its connection still alive would hold its instance forever). 0 = never.
+  uint32_t session_idle_timeout_ms = 600000;
 };
 
 class StateService {
@@ -77,6 +82,7 @@ class StateService {
   Status RaiseEpoch(const std::string& op, uint32_t instance, uint64_t epoch);
   Status DiscardOnChain(const InstanceConfig& config, std::optional<uint64_t> after);
   void Reject(const std::shared_ptr<net::Connection>& conn, const FrameHeader& h, const Status& why);
+  void SweepIdleSessions();  // the sweeper thread
 
   ReplicaStore* const store_;
   net::ConnectionCounters* const counters_;
@@ -86,6 +92,9 @@ class StateService {
   asio::thread_pool pool_;
   asio::strand<asio::thread_pool::executor_type> admin_;
   std::atomic<uint64_t> next_token_{1};
+
+  std::thread sweeper_;
+  std::condition_variable sweep_cv_;
 
   std::mutex mu_;
   bool stopped_ = false;                                     // GUARDED_BY(mu_)

@@ -17,6 +17,7 @@ struct InstanceMetrics {
   bool session_open = false;
   uint64_t sessions_opened = 0;
   uint64_t sessions_aborted = 0;
+  uint64_t sessions_expired = 0;   // aborted by --session-idle-timeout (counted in sessions_aborted too)
   uint64_t commits = 0;
   uint64_t commit_failures = 0;
   uint64_t rollbacks = 0;

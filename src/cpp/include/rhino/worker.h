@@ -31,6 +31,7 @@ struct WorkerOptions {
   std::string unix_socket;
   uint32_t service_threads = 4;               // sessions of different instances run in parallel
   uint64_t max_session_bytes = 1ull << 30;    // uncommitted writes one session may hold
+  uint32_t session_idle_timeout_ms = 600000;  // a session with no request this long is aborted; 0 = never
   // How a commit replicates its checkpoint down the instance's chain.
   uint32_t replicate_chunk_bytes = 1u << 20;
   uint32_t replicate_window = 16;
