@@ -95,6 +95,40 @@ py::object BuildArray(const MultiGetResult& r, size_t total, size_t nulls, py::m
   return pa.attr("Array").attr("from_buffers")(pa.attr(type_name)(), n, buffers, py::arg("null_count") = nulls);
 }
 
+// The same from values already in input order (a session's answer frames).
+template <typename Offset>
+py::object BuildArrayFromViews(const std::vector<uint8_t>& found, const std::vector<std::string_view>& values,
+                               size_t total, size_t nulls, py::module_& pa, const char* type_name) {
+  const size_t n = found.size();
+  py::array_t<Offset> offsets(static_cast<py::ssize_t>(n + 1));
+  py::array_t<uint8_t> data(static_cast<py::ssize_t>(total));
+  py::object validity = py::none();
+  uint8_t* bits = nullptr;
+  if (nulls > 0) {
+    py::array_t<uint8_t> bitmap(static_cast<py::ssize_t>((n + 7) / 8));
+    bits = bitmap.mutable_data();
+    std::memset(bits, 0, (n + 7) / 8);
+    validity = pa.attr("py_buffer")(bitmap);
+  }
+  Offset* o = offsets.mutable_data();
+  char* d = reinterpret_cast<char*>(data.mutable_data());
+  {
+    py::gil_scoped_release release;
+    o[0] = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const size_t len = found[i] ? values[i].size() : 0;
+      if (found[i] && bits != nullptr) bits[i / 8] |= static_cast<uint8_t>(1u << (i % 8));  // LSB first
+      std::memcpy(d + o[i], values[i].data(), len);
+      o[i + 1] = o[i] + static_cast<Offset>(len);
+    }
+  }
+  py::list buffers;
+  buffers.append(validity);
+  buffers.append(pa.attr("py_buffer")(offsets));
+  buffers.append(pa.attr("py_buffer")(data));
+  return pa.attr("Array").attr("from_buffers")(pa.attr(type_name)(), n, buffers, py::arg("null_count") = nulls);
+}
+
 }  // namespace
 
 bool IsArrowArray(py::handle obj) {
@@ -207,6 +241,24 @@ py::object MultiGetToArrow(const MultiGetResult& r, std::optional<bool> large) {
   }
   return use_large ? BuildArray<int64_t>(r, total, nulls, pa, "large_binary")
                    : BuildArray<int32_t>(r, total, nulls, pa, "binary");
+}
+
+py::object ViewsToArrow(const std::vector<uint8_t>& found, const std::vector<std::string_view>& values,
+                        std::optional<bool> large) {
+  py::module_ pa = ImportPyArrow();
+  size_t total = 0, nulls = 0;
+  for (size_t i = 0; i < found.size(); ++i) {
+    if (found[i]) total += values[i].size();
+    else ++nulls;
+  }
+  const auto max32 = static_cast<size_t>(std::numeric_limits<int32_t>::max());
+  const bool use_large = large.value_or(total > max32);
+  if (!use_large && total > max32) {
+    Invalid("the values total " + std::to_string(total) +
+            " bytes, more than an Arrow binary array holds (2 GiB); pass large=True for large_binary");
+  }
+  return use_large ? BuildArrayFromViews<int64_t>(found, values, total, nulls, pa, "large_binary")
+                   : BuildArrayFromViews<int32_t>(found, values, total, nulls, pa, "binary");
 }
 
 }  // namespace rhino::py_bindings

@@ -41,5 +41,8 @@ void ArrowKeyViews(pybind11::handle array, std::string* storage, std::vector<std
 // the values total 2 GiB or more. Absent keys are nulls. Each value is copied
 // once, from RocksDB's pinned block into the data buffer.
 pybind11::object MultiGetToArrow(const MultiGetResult& r, std::optional<bool> large);
+// The same from found flags and value views in input order (a session's get).
+pybind11::object ViewsToArrow(const std::vector<uint8_t>& found, const std::vector<std::string_view>& values,
+                              std::optional<bool> large);
 
 }  // namespace rhino::py_bindings

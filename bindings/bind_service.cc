@@ -10,6 +10,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "arrow_buffers.h"
 #include "bind_common.h"
 #include "buffers.h"
 #include "errors.h"
@@ -212,6 +213,13 @@ void BindService(py::module_& m) {
              return py::make_tuple(out, mask);
            },
            py::arg("keys"), py::arg("width"))
+      .def("get_batch_arrow",
+           [](PySession& s, py::handle keys, std::optional<bool> large) {
+             Received r;
+             Fetch(s, keys, &r);
+             return ViewsToArrow(r.found, r.value, large);
+           },
+           py::arg("keys"), py::kw_only(), py::arg("large") = py::none())
       .def("put_batch",
            [](PySession& s, py::handle keys, py::handle values) {
              ByteViews k, v;

@@ -225,3 +225,28 @@ def test_idle_session_is_aborted(tmp_path: Path, secret_file: Path) -> None:
         c.close()
     finally:
         w.stop()
+
+
+def test_arrow_in_and_out_of_a_session(tmp_path: Path, secret_file: Path) -> None:
+    """Keys and values as pyarrow arrays in, values as a pyarrow binary array out
+    (null where absent), as with StateBackend."""
+    pa = pytest.importorskip("pyarrow")
+    w = WorkerProcess(tmp_path, "w2", "127.0.0.2", secret_file=secret_file, metrics=False).start()
+    try:
+        with rhino.connect(w.unix_socket, secret=SECRET) as c:
+            c.open_instance("arrow", 0, epoch=1, num_vnodes=8)
+            keys = pa.array([b"k%d" % i for i in range(1000)], type=pa.binary())
+            values = pa.array([b"v" * (i % 17) + b"%d" % i for i in range(1000)], type=pa.large_binary())
+            with c.session("arrow", 0, batch=0, epoch=1) as s:
+                s.put_batch(keys, values)
+                s.delete_batch(pa.array([b"k3"]))
+                s.commit()
+            with c.session("arrow", 0, batch=1, epoch=1) as s:
+                probe = pa.array([b"k1", b"k3", b"missing", b"k999"])
+                got = s.get_batch_arrow(probe)
+                assert got.type == pa.binary()
+                assert got.to_pylist() == [values[1].as_py(), None, None, values[999].as_py()]
+                assert s.get_batch_arrow(probe, large=True).type == pa.large_binary()
+                assert s.get_batch_arrow(probe).to_pylist() == s.get_batch(probe)
+    finally:
+        w.stop()

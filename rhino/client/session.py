@@ -65,6 +65,11 @@ class Session:
         """Fixed-width values: (uint8 array of shape (n, width), bool found mask)."""
         return self._h.get_batch_array(keys, width)
 
+    def get_batch_arrow(self, keys: Any, *, large: Optional[bool] = None) -> Any:
+        """The values as a pyarrow binary array (null where absent; large_binary if
+        ``large``, or when the values total 2 GiB or more), as ``StateBackend.get_batch_arrow``."""
+        return self._h.get_batch_arrow(keys, large=large)
+
     def scan(self, *, vnode: Optional[int] = None, prefix: bytes = b"", page_size: int = 4096
              ) -> Iterator[tuple[bytes, bytes]]:
         """(key, value) pairs whose key starts with ``prefix``, of one vnode or of
