@@ -34,6 +34,11 @@ def run_worker(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     (["--max-frame-bytes", "999999999"], 1, "max_frame_bytes must be in [65536, 268435456]"),
     (["--max-window", "0"], 1, "max_window must be >= 1"),
     (["--io-threads", "0"], 1, "thread counts must be >= 1"),
+    (["--service-threads", "0"], 1, "thread counts must be >= 1"),
+    (["--unix-socket", "/tmp/" + "x" * 120 + ".sock"], 2, "longer than 107 bytes"),
+    (["--session-idle-timeout", "-1"], 2, "--session-idle-timeout must be in [0, 86400] seconds"),
+    (["--replication-timeout", "0"], 2, "--replication-timeout must be in (0, 86400] seconds"),
+    (["--max-session-bytes", "lots"], 2, "argument --max-session-bytes"),
 ])
 def test_bad_configuration_is_refused_clearly(tmp_path, args, status, message):
     p = run_worker(tmp_path, *args)
@@ -49,3 +54,22 @@ def test_an_empty_secret_file_is_refused(tmp_path):
                         "--listen", "127.0.0.2:0", "--secret-file", str(tmp_path / "empty")],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "is empty" in p.stdout + p.stderr
+
+
+def test_no_unix_socket(tmp_path):
+    """--unix-socket none: no socket file, and the state service still serves over TCP."""
+    import rhino
+    from rhino.testing.cluster import SECRET as CLUSTER_SECRET, WorkerProcess, write_secret
+
+    w = WorkerProcess(tmp_path, "w2", "127.0.0.2", secret_file=write_secret(tmp_path, CLUSTER_SECRET),
+                      metrics=False, extra_args=["--unix-socket", "none"]).start()
+    try:
+        listening = [e for e in w.events() if e["event"] == "listening"][-1]
+        assert listening["unix_socket"] is None and not w.unix_socket.exists()
+        with rhino.connect(w.address, secret=CLUSTER_SECRET) as c:
+            c.open_instance("tcp-only", 0, epoch=1, num_vnodes=4)
+            with c.session("tcp-only", 0, batch=0, epoch=1) as s:
+                s.put_batch([1], [b"one"])
+                s.commit()
+    finally:
+        w.stop()

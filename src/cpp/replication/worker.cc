@@ -25,7 +25,9 @@ class Worker::Impl {
     std::lock_guard<std::mutex> l(mu_);
     if (started_) return Status::InvalidArgument("worker already started");
     if (o.store_dir.empty()) return Status::InvalidArgument("worker needs a store directory");
-    if (o.io_threads == 0 || o.disk_threads == 0) return Status::InvalidArgument("thread counts must be >= 1");
+    if (o.io_threads == 0 || o.disk_threads == 0 || o.service_threads == 0) {
+      return Status::InvalidArgument("thread counts must be >= 1");
+    }
     if (o.max_window == 0) return Status::InvalidArgument("max_window must be >= 1");
     if (o.secret.empty()) return Status::InvalidArgument("worker needs a non-empty shared secret");
     // A peer is declared dead after peer_timeout_ms without a frame, and idle
