@@ -1,0 +1,1 @@
+"""The coordinator: Replication Manager, Handover Manager and their metadata (docs/design.md §3-§4)."""
