@@ -1,5 +1,5 @@
 // InstanceMetrics: what a worker's state service reports per hosted instance
-// (rhino worker --metrics-listen; docs/protocol.md §7.6).
+// (rhino worker --metrics-listen; docs/protocol.md §7.7).
 #pragma once
 
 #include <cstdint>
