@@ -27,7 +27,8 @@ InstanceAction ParseAction(const std::string& name) {
       {"takeover", InstanceAction::kTakeover}, {"fence", InstanceAction::kFence},
       {"import", InstanceAction::kImport},     {"move_vnodes", InstanceAction::kMoveVnodes},
       {"list", InstanceAction::kList},         {"status", InstanceAction::kStatus},
-      {"discard_after", InstanceAction::kDiscardAfter},
+      {"discard_after", InstanceAction::kDiscardAfter}, {"reconfigure", InstanceAction::kReconfigure},
+      {"replicate", InstanceAction::kReplicate},
   };
   for (const auto& [n, a] : kActions)
     if (name == n) return a;

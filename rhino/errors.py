@@ -110,5 +110,5 @@ class SessionBusyError(BusyError):
 
 class StaleEpochError(RhinoError, RuntimeError):
     """A request of an older configuration epoch: the instance has moved on, ask
-    the coordinator for the current placement (fencing, protocol §7.4)."""
+    the coordinator for the current placement (fencing, protocol §7.5)."""
 

@@ -88,12 +88,45 @@ class Client:
         self._call("close", operator_id, instance, epoch, {})
 
     def takeover(self, operator_id: str, instance: int, *, epoch: int, checkpoint: Optional[int] = None,
-                 chain: Sequence[str] = (), chain_version: int = 0) -> dict:
+                 chain: Sequence[str] = (), chain_version: int = 0, redo_version: Optional[int] = None,
+                 redo: Sequence[dict] = ()) -> dict:
         """Starts hosting the instance from checkpoint ``checkpoint`` (default:
         the newest) of the worker's **own** replica store, by hard links, under
-        the new ``epoch`` (failover). Returns its info, with ``restore_s``."""
-        return self._call("takeover", operator_id, instance, epoch,
-                          {"checkpoint": checkpoint, "chain": list(chain), "chain_version": chain_version})
+        the new ``epoch`` (failover). Returns its info, with ``restore_s``.
+
+        ``redo`` (with ``redo_version``) are the reconfiguration steps of a
+        handover the old primary applied on top of checkpoint ``redo_version``
+        (see :meth:`reconfigure`): they run again here if that is the
+        checkpoint taken over."""
+        args: dict = {"checkpoint": checkpoint, "chain": list(chain), "chain_version": chain_version}
+        if redo_version is not None:
+            args["redo_version"] = redo_version
+            args["redo"] = list(redo)
+        return self._call("takeover", operator_id, instance, epoch, args)
+
+    def reconfigure(self, operator_id: str, instance: int, *, epoch: int, version: int,
+                    ops: Sequence[dict], timeout: float = 120.0) -> dict:
+        """A handover's step at a hosted instance, at the barrier after batch
+        ``version`` (docs/design.md §4 step 4). ``ops`` run in order:
+        ``{"op": "drop", "vnodes": [...]}`` or ``{"op": "import", "vnodes": [...],
+        "from_operator": ..., "from_instance": ..., "checkpoint": ...}`` (by hard
+        links from this worker's replica store; an import replaces the vnode's
+        state here). The worker keeps them as the redo of checkpoint
+        ``version`` until a later checkpoint is complete. A new instance (no
+        version yet) is instead checkpointed as ``version`` and replicated
+        before this returns."""
+        return self._call("reconfigure", operator_id, instance, epoch,
+                          {"version": version, "ops": list(ops), "timeout_s": timeout})
+
+    def replicate(self, operator_id: str, instance: int, *, epoch: int, to: Sequence[str], chain_version: int,
+                  checkpoint: Optional[int] = None, timeout: float = 600.0) -> dict:
+        """Sends checkpoint ``checkpoint`` (default: the newest) of this
+        worker's store to the workers ``to`` (``"host:port"``), each receiving
+        every file it lacks: the bulk copy of a chain repair or a scale-out.
+        Returns ``checkpoint``, ``bytes_sent`` and ``seconds``."""
+        return self._call("replicate", operator_id, instance, epoch,
+                          {"to": list(to), "chain_version": chain_version, "checkpoint": checkpoint,
+                           "timeout_s": timeout})
 
     def fence(self, operator_id: str, instance: int, *, epoch: int) -> None:
         """Raises the instance's epoch on this worker: requests of older epochs are refused from now on."""

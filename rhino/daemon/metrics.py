@@ -152,7 +152,7 @@ class WorkerCollector(Collector):
         yield from _hosted_families(w, m.get("hosted", []))
 
 
-# The state service, per hosted instance (docs/protocol.md §7.6).
+# The state service, per hosted instance (docs/protocol.md §7.7).
 _HOSTED_COUNTERS = [
     ("rhino_session_opened_total", "Sessions opened on a hosted instance.", "sessions_opened"),
     ("rhino_session_aborted_total", "Sessions that ended without a commit (abort, dead client, lost connection).",

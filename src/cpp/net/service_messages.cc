@@ -34,6 +34,8 @@ const char* InstanceActionName(InstanceAction a) {
     case InstanceAction::kList: return "list";
     case InstanceAction::kStatus: return "status";
     case InstanceAction::kDiscardAfter: return "discard_after";
+    case InstanceAction::kReconfigure: return "reconfigure";
+    case InstanceAction::kReplicate: return "replicate";
   }
   return "unknown";
 }

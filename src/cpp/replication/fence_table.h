@@ -23,7 +23,7 @@ namespace rhino {
 class FenceTable {
  public:
   // `noun` names what is fenced in messages: "chain version" for replica
-  // chains, "epoch" for the state service's configuration epochs (protocol §7.4).
+  // chains, "epoch" for the state service's configuration epochs (protocol §7.5).
   explicit FenceTable(std::string store_dir, std::string noun = "chain version")
       : dir_(std::move(store_dir)), noun_(std::move(noun)) {}
 

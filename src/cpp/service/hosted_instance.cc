@@ -33,13 +33,72 @@ json ConfigJson(const InstanceConfig& c) {
               {"chain_version", c.chain_version},
               {"db_name", c.db_name},
               {"discard_pending", c.discard_pending},
-              {"discard_after", c.discard_after ? json(*c.discard_after) : json(nullptr)}};
+              {"discard_after", c.discard_after ? json(*c.discard_after) : json(nullptr)},
+              {"redo_version", c.redo_version ? json(*c.redo_version) : json(nullptr)},
+              {"redo", json::parse(ReconfigOpsJson(c.redo))}};
+}
+
+std::vector<uint32_t> Present(const StateBackend& db, const std::vector<uint32_t>& vnodes) {
+  const std::vector<uint32_t> held = db.vnodes();
+  std::vector<uint32_t> out;
+  for (uint32_t v : vnodes) {
+    if (std::binary_search(held.begin(), held.end(), v) && std::find(out.begin(), out.end(), v) == out.end()) {
+      out.push_back(v);
+    }
+  }
+  return out;
 }
 
 // Recent checkpoints whose replication state is kept for status queries.
 constexpr size_t kKeptReplications = 256;
 
 }  // namespace
+
+Status ParseReconfigOps(const std::string& text, std::vector<ReconfigOp>* out) {
+  out->clear();
+  try {
+    json j = json::parse(text);
+    if (!j.is_array()) return Status::InvalidArgument("reconfiguration steps must be a JSON list");
+    for (const auto& e : j) {
+      ReconfigOp op;
+      const std::string kind = e.at("op").get<std::string>();
+      op.vnodes = e.at("vnodes").get<std::vector<uint32_t>>();
+      if (kind == "drop") {
+        op.kind = ReconfigOp::Kind::kDrop;
+      } else if (kind == "import") {
+        op.kind = ReconfigOp::Kind::kImport;
+        op.from_operator = e.at("from_operator").get<std::string>();
+        op.from_instance = e.at("from_instance").get<uint32_t>();
+        op.checkpoint = e.at("checkpoint").get<uint64_t>();
+        if (!IsValidOperatorId(op.from_operator)) {
+          return Status::InvalidArgument("invalid operator id '" + op.from_operator + "' in an import step");
+        }
+      } else {
+        return Status::InvalidArgument("unknown reconfiguration step '" + kind + "' (want drop or import)");
+      }
+      out->push_back(std::move(op));
+    }
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument(std::string("malformed reconfiguration steps: ") + e.what());
+  }
+  return Status::OK();
+}
+
+std::string ReconfigOpsJson(const std::vector<ReconfigOp>& ops) {
+  json out = json::array();
+  for (const auto& op : ops) {
+    if (op.kind == ReconfigOp::Kind::kDrop) {
+      out.push_back({{"op", "drop"}, {"vnodes", op.vnodes}});
+    } else {
+      out.push_back({{"op", "import"},
+                     {"from_operator", op.from_operator},
+                     {"from_instance", op.from_instance},
+                     {"checkpoint", op.checkpoint},
+                     {"vnodes", op.vnodes}});
+    }
+  }
+  return out.dump();
+}
 
 Status ParseInstanceConfig(const std::string& text, InstanceConfig* c) {
   try {
@@ -56,6 +115,11 @@ Status ParseInstanceConfig(const std::string& text, InstanceConfig* c) {
     c->db_name = j.at("db_name").get<std::string>();
     c->discard_pending = j.value("discard_pending", false);
     if (j.contains("discard_after") && !j["discard_after"].is_null()) c->discard_after = j["discard_after"].get<uint64_t>();
+    if (j.contains("redo_version") && !j["redo_version"].is_null()) c->redo_version = j["redo_version"].get<uint64_t>();
+    if (j.contains("redo")) {
+      Status s = ParseReconfigOps(j["redo"].dump(), &c->redo);
+      if (!s.ok()) return Status::Corruption("instance.json: " + s.message());
+    }
   } catch (const std::exception& e) {
     return Status::Corruption(std::string("malformed instance.json: ") + e.what());
   }
@@ -124,6 +188,12 @@ Status HostedInstance::Takeover(const InstanceEnv& env, InstanceConfig config, u
   RHINO_RETURN_IF_ERROR(StateBackend::Restore(*env.store, h->config_.operator_id, h->config_.instance, checkpoint_id,
                                               h->DbDir(h->config_.db_name), RestoreOptions(), h->Options(false),
                                               &h->db_, stats));
+  if (h->config_.redo_version && *h->config_.redo_version == checkpoint_id) {
+    RHINO_RETURN_IF_ERROR(h->ApplyOps(h->config_.redo));
+  } else if (h->config_.redo_version && *h->config_.redo_version > checkpoint_id) {
+    h->config_.redo_version.reset();  // a reconfiguration of a later history: not ours
+    h->config_.redo.clear();
+  }  // else kept: a rollback to that version (a re-executed batch) needs it
   h->config_.vnodes = h->db_->vnodes();
   // The new chain may hold checkpoints after c of the old primary's history.
   h->config_.discard_pending = !h->config_.chain.empty();
@@ -230,6 +300,12 @@ Status HostedInstance::RollbackTo(std::optional<uint64_t> version) {
                                              s.message() + (r.ok() ? "" : "; reopening its state failed too: " + r.message()));
   }
   config_.db_name = new_name;
+  if (version && config_.redo_version == version) {
+    // Checkpoint b predates the handover at the barrier after b: run it again.
+    Status r = ApplyOps(config_.redo);
+    if (!r.ok()) return Status::FromCode(WireCode(r), "rolling " + Describe(config_) + " back to checkpoint " +
+                                                          std::to_string(*version) + ", redoing its handover: " + r.message());
+  }
   config_.vnodes = db_->vnodes();
   if (!config_.chain.empty()) {
     // Drop what the chain holds after `version` (the lowest point rolled back to).
@@ -381,6 +457,7 @@ void HostedInstance::Commit(uint64_t token, CommitMode mode, const std::function
     m_.has_complete = true;
     m_.last_complete = b;
     repl_[b].state = "complete";
+    MaybeClearRedo(b);
     rsp.stats = stats.dump();
     reply(rsp);
     return;
@@ -456,6 +533,7 @@ void HostedInstance::OnReplicationDone(uint64_t checkpoint_id, const Replication
       m_.has_complete = true;
       m_.last_complete = checkpoint_id;
     }
+    if (result.status.ok()) MaybeClearRedo(checkpoint_id);
     if (r.waiter) {
       SessionCommitRsp rsp = r.rsp;
       if (!result.status.ok()) {
@@ -534,6 +612,85 @@ Status HostedInstance::MoveVnodesTo(HostedInstance* target, const std::vector<ui
   target->config_.vnodes = target->db_->vnodes();
   RHINO_RETURN_IF_ERROR(SaveConfig());
   return target->SaveConfig();
+}
+
+Status HostedInstance::ApplyOps(const std::vector<ReconfigOp>& ops) {
+  for (const auto& op : ops) {
+    // Idempotent: a vnode already dropped stays dropped, and an import
+    // replaces whatever column family the vnode has here.
+    std::vector<uint32_t> present = Present(*db_, op.vnodes);
+    if (!present.empty()) RHINO_RETURN_IF_ERROR(db_->DropVnodes(present));
+    if (op.kind == ReconfigOp::Kind::kImport) {
+      std::vector<uint32_t> imported;
+      RHINO_RETURN_IF_ERROR(ImportFromCheckpoint(op.from_operator, op.from_instance, op.checkpoint, op.vnodes, &imported));
+    }
+  }
+  config_.vnodes = db_->vnodes();
+  return Status::OK();
+}
+
+void HostedInstance::MaybeClearRedo(uint64_t complete_id) {
+  // Batch b+1 may run again (and roll back to b) until batch b+2 starts: the
+  // driver starts b+2 only once b+1 is done everywhere. So checkpoint b+2
+  // complete here is what retires the redo of version b.
+  if (!config_.redo_version || complete_id < *config_.redo_version + 2) return;
+  config_.redo_version.reset();
+  config_.redo.clear();
+  SaveConfig();  // best effort: a stale redo is only ever applied at its own version
+}
+
+Status HostedInstance::Reconfigure(uint64_t version, const std::vector<ReconfigOp>& ops, bool* replicating,
+                                   CommitReply reply) {
+  *replicating = false;
+  if (!db_) return Status::UnknownInstance(Describe(config_) + " is closed");
+  if (session_) return Status::SessionBusy(Describe(config_) + " has an open session: reconfigure between batches");
+  std::vector<uint64_t> ids;
+  RHINO_RETURN_IF_ERROR(env_.store->ListCheckpoints(config_.operator_id, config_.instance, &ids));
+  const std::optional<uint64_t> live = db_->version();
+  const bool fresh = !live && ids.empty();
+  if (!fresh && live != version) {
+    return Status::InvalidArgument("reconfiguring " + Describe(config_) + " at the barrier after batch " +
+                                   std::to_string(version) + ", but its state is at " +
+                                   (live ? "version " + std::to_string(*live) : "no version"));
+  }
+  RHINO_RETURN_IF_ERROR(ApplyOps(ops));
+  if (!fresh) {
+    if (config_.redo_version != version) {
+      config_.redo.clear();
+      config_.redo_version = version;
+    }
+    config_.redo.insert(config_.redo.end(), ops.begin(), ops.end());
+    return SaveConfig();
+  }
+  // A new instance: its first checkpoint is `version`, imports included (a
+  // rollback or takeover at `version` then needs no redo).
+  SessionBatch empty(db_.get());
+  RHINO_RETURN_IF_ERROR(empty.Commit(version));
+  Manifest m;
+  Status s = db_->Checkpoint(env_.store, version, config_.epoch, &m);
+  if (!s.ok()) {
+    Status r = RollbackTo(std::nullopt);
+    return r.ok() ? s : Status::FromCode(WireCode(s), s.message() + "; undoing failed too: " + r.message());
+  }
+  RHINO_RETURN_IF_ERROR(SaveConfig());
+  SessionCommitRsp rsp;
+  rsp.version = version;
+  rsp.stats = "{}";  // OnReplicationDone adds the replication's figures to it
+  if (config_.chain.empty()) {
+    m_.has_complete = true;
+    m_.last_complete = version;
+    repl_[version].state = "complete";
+    return Status::OK();
+  }
+  Replication& r = repl_[version];
+  r = Replication();
+  r.started = Now();
+  r.rsp = rsp;
+  r.waiter = std::move(reply);
+  *replicating = true;
+  repl_queue_.push_back(version);
+  StartNextReplication();
+  return Status::OK();
 }
 
 InstanceMetrics HostedInstance::Metrics() {

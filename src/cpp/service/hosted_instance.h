@@ -38,6 +38,20 @@
 
 namespace rhino {
 
+// One step of a reconfiguration (a handover at the barrier after batch b,
+// design §4 step 4): drop vnodes, or import them by hard links from a
+// checkpoint of another instance held in this worker's replica store. An
+// import replaces the vnode's column family if one is there: the coordinator's
+// routing table, not this worker, says who owns a vnode.
+struct ReconfigOp {
+  enum class Kind { kDrop, kImport };
+  Kind kind = Kind::kDrop;
+  std::vector<uint32_t> vnodes;
+  std::string from_operator;   // kImport only
+  uint32_t from_instance = 0;  // kImport only
+  uint64_t checkpoint = 0;     // kImport only
+};
+
 // What a worker persists about an instance it hosts.
 struct InstanceConfig {
   std::string operator_id;
@@ -53,7 +67,20 @@ struct InstanceConfig {
   // Persisted: a worker restarted in between must still drop them (§7.3).
   bool discard_pending = false;
   std::optional<uint64_t> discard_after;
+  // The reconfiguration applied on top of checkpoint `redo_version` (a
+  // handover at the barrier after that batch). Checkpoint b itself predates
+  // it, so whenever the state is rebuilt at version b (a rollback for a
+  // re-executed batch b+1, a restart, a takeover) these steps run again. Kept
+  // until checkpoint b+2 is complete: batch b+1 can no longer run again then.
+  std::optional<uint64_t> redo_version;
+  std::vector<ReconfigOp> redo;
 };
+
+// Parses reconfiguration steps from JSON: [{"op": "drop", "vnodes": [...]},
+// {"op": "import", "from_operator": ..., "from_instance": ..., "checkpoint": ...,
+// "vnodes": [...]}, ...] (docs/protocol.md §7.4).
+Status ParseReconfigOps(const std::string& text, std::vector<ReconfigOp>* out);
+std::string ReconfigOpsJson(const std::vector<ReconfigOp>& ops);
 
 // Parses instance.json (written by HostedInstance::SaveConfig).
 Status ParseInstanceConfig(const std::string& text, InstanceConfig* out);
@@ -81,6 +108,9 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   // Builds the instance from checkpoint `checkpoint_id` of this worker's own
   // replica store by hard links (the takeover of design §4); the partitioner
   // and vnodes come from the checkpoint's manifest.
+  // `redo` (with `redo_version`) is the reconfiguration the coordinator
+  // applied on top of that checkpoint at the old primary: it runs again here
+  // if the checkpoint taken over is that version.
   static Status Takeover(const InstanceEnv& env, InstanceConfig config, uint64_t checkpoint_id,
                          asio::thread_pool& pool, std::shared_ptr<HostedInstance>* out, RestoreStats* stats);
   ~HostedInstance();
@@ -114,6 +144,14 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   Status ImportFromCheckpoint(const std::string& from_operator, uint32_t from_instance, uint64_t checkpoint_id,
                               const std::vector<uint32_t>& vnodes, std::vector<uint32_t>* imported);
   Status MoveVnodesTo(HostedInstance* target, const std::vector<uint32_t>& vnodes, std::vector<uint32_t>* moved);
+  // A handover's step at this instance, at the barrier after batch `version`
+  // (design §4 step 4): applies `ops` to the live state (it must be at
+  // `version`) and records them as the redo of that version. A new instance
+  // (no version, no checkpoint) is instead set to `version` and checkpointed
+  // as `version`, with its imports, since it has no checkpoint to redo on;
+  // then *replicating is true and `reply` is called once that checkpoint is
+  // complete on the chain (at once if the chain is empty).
+  Status Reconfigure(uint64_t version, const std::vector<ReconfigOp>& ops, bool* replicating, CommitReply reply);
 
   // ---- status ----
   InstanceMetrics Metrics();
@@ -146,6 +184,10 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   // Rebuilds the live state at `version` (empty if unset) and drops the
   // store's checkpoints after it (design §5: re-execution).
   Status RollbackTo(std::optional<uint64_t> version);
+  // Runs reconfiguration steps on the live state.
+  Status ApplyOps(const std::vector<ReconfigOp>& ops);
+  // A checkpoint after the redo's version is complete: the redo is in it.
+  void MaybeClearRedo(uint64_t complete_id);
   void CancelReplications(const std::string& why);
   void StartNextReplication();  // REQUIRES: mu held
   void OnReplicationDone(uint64_t checkpoint_id, const ReplicationResult& result);

@@ -1,5 +1,7 @@
 #include "service/state_service.h"
 
+#include <future>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -597,6 +599,14 @@ Status StateService::DoInstanceReq(const InstanceReq& req, std::string* result) 
       RHINO_RETURN_IF_ERROR(Arg(args, "chain", &chain, false));
       RHINO_RETURN_IF_ERROR(Arg(args, "chain_version", &chain_version, false));
       RHINO_RETURN_IF_ERROR(Arg(args, "checkpoint", &checkpoint, false));
+      std::optional<uint64_t> redo_version;
+      std::vector<ReconfigOp> redo;
+      if (args.contains("redo_version") && !args["redo_version"].is_null()) {
+        uint64_t rv = 0;
+        RHINO_RETURN_IF_ERROR(Arg(args, "redo_version", &rv, true));
+        redo_version = rv;
+        if (args.contains("redo")) RHINO_RETURN_IF_ERROR(ParseReconfigOps(args["redo"].dump(), &redo));
+      }
       if (!has_checkpoint) {
         std::vector<uint64_t> ids;
         RHINO_RETURN_IF_ERROR(store_->ListCheckpoints(op, i, &ids));
@@ -610,6 +620,8 @@ Status StateService::DoInstanceReq(const InstanceReq& req, std::string* result) 
       c.epoch = req.epoch;
       c.chain = chain;
       c.chain_version = chain_version;
+      c.redo_version = redo_version;
+      c.redo = redo;
       if (auto old = Find(op, i)) {
         // A stale hosting of the same instance here (e.g. before a restart): replaced.
         std::lock_guard<std::mutex> l(old->mu());
@@ -737,6 +749,84 @@ Status StateService::DoInstanceReq(const InstanceReq& req, std::string* result) 
       std::vector<uint64_t> removed;
       RHINO_RETURN_IF_ERROR(store_->DiscardAfter(op, i, after, &removed));
       out["removed"] = removed;
+      break;
+    }
+    case InstanceAction::kReconfigure: {
+      uint64_t version = 0;
+      double timeout_s = 120;
+      std::vector<ReconfigOp> ops;
+      RHINO_RETURN_IF_ERROR(Arg(args, "version", &version, true));
+      RHINO_RETURN_IF_ERROR(Arg(args, "timeout_s", &timeout_s, false));
+      if (!args.contains("ops")) return Status::InvalidArgument("reconfigure needs 'ops'");
+      RHINO_RETURN_IF_ERROR(ParseReconfigOps(args["ops"].dump(), &ops));
+      RHINO_RETURN_IF_ERROR(CheckEpoch(op, i, req.epoch));
+      auto inst = Find(op, i);
+      if (!inst) return Status::UnknownInstance("worker " + options_.worker_id + " does not host " + what);
+      auto done = std::make_shared<std::promise<SessionCommitRsp>>();
+      auto fut = done->get_future();
+      bool replicating = false;
+      {
+        std::lock_guard<std::mutex> l(inst->mu());
+        if (inst->config().epoch != req.epoch) {
+          return Status::StaleEpoch("reconfigure at epoch " + std::to_string(req.epoch) + " of " + what +
+                                    ", hosted here at epoch " + std::to_string(inst->config().epoch));
+        }
+        RHINO_RETURN_IF_ERROR(inst->Reconfigure(version, ops, &replicating,
+                                                [done](const SessionCommitRsp& r) { done->set_value(r); }));
+        out = InfoJson(*inst);
+      }
+      if (replicating) {
+        // Outside the instance's lock: the chain's ack is handled on its strand.
+        if (fut.wait_for(std::chrono::duration<double>(timeout_s)) != std::future_status::ready) {
+          return Status::Timeout("the first checkpoint of " + what + " was not complete on its chain within " +
+                                 std::to_string(timeout_s) + " s");
+        }
+        SessionCommitRsp r = fut.get();
+        if (r.code != 0) return Status::FromCode(r.code, r.message);
+      }
+      out["replicated"] = replicating;
+      break;
+    }
+    case InstanceAction::kReplicate: {
+      uint64_t checkpoint = 0, chain_version = 0;
+      double timeout_s = 600;
+      std::vector<std::string> to;
+      RHINO_RETURN_IF_ERROR(Arg(args, "to", &to, true));
+      RHINO_RETURN_IF_ERROR(Arg(args, "chain_version", &chain_version, true));
+      RHINO_RETURN_IF_ERROR(Arg(args, "timeout_s", &timeout_s, false));
+      RHINO_RETURN_IF_ERROR(CheckEpoch(op, i, req.epoch));
+      if (to.empty()) return Status::InvalidArgument("replicate needs at least one worker in 'to'");
+      std::vector<uint64_t> ids;
+      RHINO_RETURN_IF_ERROR(store_->ListCheckpoints(op, i, &ids));
+      if (args.contains("checkpoint") && !args["checkpoint"].is_null()) {
+        RHINO_RETURN_IF_ERROR(Arg(args, "checkpoint", &checkpoint, true));
+        if (!std::binary_search(ids.begin(), ids.end(), checkpoint)) {
+          return Status::NotFound("worker " + options_.worker_id + " holds no checkpoint " +
+                                  std::to_string(checkpoint) + " of " + what);
+        }
+      } else {
+        if (ids.empty()) return Status::NotFound("worker " + options_.worker_id + " holds no checkpoint of " + what);
+        checkpoint = ids.back();
+      }
+      // A bulk copy (design §3 failure model): the receivers get every file
+      // they lack, as a chain of their own, under the instance's chain version.
+      ReplicateOptions o = options_.replicate;
+      o.client_id = options_.worker_id;
+      o.on_done = nullptr;
+      std::unique_ptr<ReplicationHandle> h;
+      const auto t0 = std::chrono::steady_clock::now();
+      RHINO_RETURN_IF_ERROR(ReplicateCheckpoint(store_->dir(), op, i, checkpoint, to, chain_version,
+                                                options_.secret, o, &h));
+      ReplicationResult r;
+      if (!h->Wait(static_cast<int64_t>(timeout_s * 1000), &r)) {
+        h->Cancel();
+        return Status::Timeout("copying checkpoint " + std::to_string(checkpoint) + " of " + what + " took over " +
+                               std::to_string(timeout_s) + " s");
+      }
+      RHINO_RETURN_IF_ERROR(r.status);
+      out["checkpoint"] = checkpoint;
+      out["bytes_sent"] = r.bytes_sent;
+      out["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       break;
     }
     default:

@@ -4,7 +4,7 @@
 // - InstanceReq: open, close, take over, fence, import and move vnodes, list,
 //   status. Every one carries the configuration epoch; a request of an epoch
 //   below the highest this worker has seen for the instance is refused with
-//   StaleEpoch (§7.4). Epochs are persisted under <state_dir>/fences/, so a
+//   StaleEpoch (§7.5). Epochs are persisted under <state_dir>/fences/, so a
 //   restarted worker stays fenced.
 // - Sessions: a SessionOpenReq on a fresh stream id opens a session on that
 //   stream; its Get/Write/Scan frames follow on the same stream, then a

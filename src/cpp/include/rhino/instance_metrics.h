@@ -1,5 +1,5 @@
 // InstanceMetrics: what a worker's state service reports per hosted instance
-// (rhino worker --metrics-listen; docs/protocol.md §7.6).
+// (rhino worker --metrics-listen; docs/protocol.md §7.7).
 #pragma once
 
 #include <cstdint>
@@ -7,7 +7,7 @@
 
 namespace rhino {
 
-// Per-instance counters (docs/protocol.md §7.6, rhino worker --metrics-listen).
+// Per-instance counters (docs/protocol.md §7.7, rhino worker --metrics-listen).
 struct InstanceMetrics {
   std::string operator_id;
   uint32_t instance = 0;

@@ -36,6 +36,8 @@ enum class InstanceAction : uint8_t {
   kList = 7,         // the instances hosted here (operator_id empty)
   kStatus = 8,       // one instance: epoch, version, checkpoints, replication of a checkpoint
   kDiscardAfter = 9, // drop this store's checkpoints of the instance newer than `after` (re-execution)
+  kReconfigure = 10, // a handover's drops and imports at the barrier after batch `version` (design §4)
+  kReplicate = 11,   // send a checkpoint of this store to other workers (a bulk copy: chain repair, scale-out)
 };
 const char* InstanceActionName(InstanceAction a);
 

@@ -35,7 +35,7 @@ class Status {
     // stable whatever local codes are added above.
     kStaleChainVersion = 100,  // a frame of an older replica chain (fenced, protocol §5)
     kAuthFailed = 101,         // the peer does not know the shared secret (protocol §2)
-    kStaleEpoch = 102,         // a request of an older configuration epoch (fenced, protocol §7.4)
+    kStaleEpoch = 102,         // a request of an older configuration epoch (fenced, protocol §7.5)
   };
 
   Status() = default;
