@@ -1,0 +1,141 @@
+"""A client of the coordinator: what workers, tasks and the CLI use to reach it.
+
+Two forms with the same methods: :func:`connect_coordinator` reaches a
+``rhino coordinator`` process over the framed, authenticated protocol
+(docs/protocol.md §8), and :class:`LocalCoordinatorClient` calls a
+:class:`~rhino.coordinator.Coordinator` in the same process (the Spark driver
+hosts it on a thread).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Optional
+
+from .. import _core
+from .._secret import call_hiding_secret, secret_bytes
+from ..errors import InvalidArgumentError, PeerDeadError
+
+__all__ = ["CoordinatorClient", "LocalCoordinatorClient", "connect_coordinator"]
+
+
+class _Methods:
+    """The coordinator's methods (docs/protocol.md §8.2), over ``call``."""
+
+    def call(self, method: str, **args: Any) -> Any:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def register(self, worker_id: str, address: str, **kw: Any) -> dict:
+        return self.call("register", worker_id=worker_id, address=address, **kw)
+
+    def heartbeat(self, worker_id: str, incarnation: str) -> dict:
+        return self.call("heartbeat", worker_id=worker_id, incarnation=incarnation)
+
+    def create_operator(self, operator_id: str, **kw: Any) -> dict:
+        return self.call("create_operator", operator_id=operator_id, **kw)
+
+    def placement(self, operator_id: str) -> dict:
+        return self.call("placement", operator_id=operator_id)
+
+    def begin_batch(self, operator_id: str, batch: int) -> dict:
+        return self.call("begin_batch", operator_id=operator_id, batch=batch)
+
+    def commit_batch(self, operator_id: str, batch: int, *, instances: Optional[dict] = None,
+                     load: Optional[dict] = None) -> dict:
+        return self.call("commit_batch", operator_id=operator_id, batch=batch, instances=instances or {},
+                         load=load or {})
+
+    def report_unreachable(self, operator_id: str, instance: int, worker_id: Optional[str] = None) -> dict:
+        return self.call("report_unreachable", operator_id=operator_id, instance=instance, worker_id=worker_id)
+
+    def handover(self, operator_id: str, vnodes: list[int], to: int, *, strategy: str = "all-at-once",
+                 after_batch: Optional[int] = None) -> dict:
+        return self.call("handover", operator_id=operator_id, vnodes=list(vnodes), to=to, strategy=strategy,
+                         after_batch=after_batch)
+
+    def rescale(self, operator_id: str, parallelism: int, *, strategy: str = "all-at-once",
+                after_batch: Optional[int] = None) -> dict:
+        return self.call("rescale", operator_id=operator_id, parallelism=parallelism, strategy=strategy,
+                         after_batch=after_batch)
+
+    def rebalance(self, operator_id: Optional[str] = None, *, replicas: bool = True, load: bool = True,
+                  strategy: str = "batched", after_batch: Optional[int] = None) -> dict:
+        return self.call("rebalance", operator_id=operator_id, replicas=replicas, load=load, strategy=strategy,
+                         after_batch=after_batch)
+
+    def status(self) -> dict:
+        return self.call("status")
+
+    def declare_dead(self, worker_id: str, reason: str = "declared dead by an operator") -> dict:
+        return self.call("declare_dead", worker_id=worker_id, reason=reason)
+
+
+class CoordinatorClient(_Methods):
+    """One authenticated connection to a ``rhino coordinator``. Thread-safe.
+    A lost connection is re-established once per call (the coordinator may
+    have restarted)."""
+
+    def __init__(self, address: str, *, secret: Any, client_id: str = "client", request_timeout: float = 300.0,
+                 peer_timeout: float = 3.0, bind_host: str = "") -> None:
+        if not isinstance(address, str) or ":" not in address:
+            raise InvalidArgumentError(f"the coordinator's address must be 'host:port', got {address!r}")
+        self.address = address
+        self._secret = secret_bytes(secret)
+        self._opts = dict(client_id=client_id, peer_timeout_ms=int(peer_timeout * 1000),
+                          request_timeout_ms=int(request_timeout * 1000), local_bind_host=bind_host,
+                          max_frame_bytes=int(_core.MAX_FRAME_BYTES))
+        self._lock = threading.Lock()
+        self._h: Any = None
+        self._connect()
+
+    def _connect(self) -> Any:
+        h = call_hiding_secret(_core.StateClient.connect, self.address, self._secret, **self._opts)
+        with self._lock:
+            old, self._h = self._h, h
+        if old is not None:
+            old.close()
+        return h
+
+    def call(self, method: str, **args: Any) -> Any:
+        payload = json.dumps(args, separators=(",", ":"))
+        with self._lock:
+            h = self._h
+        if h is None or not h.is_open:
+            h = self._connect()
+        try:
+            return json.loads(h.coord(method, payload))
+        except PeerDeadError:
+            h = self._connect()  # once: a restarted coordinator
+            return json.loads(h.coord(method, payload))
+
+    def close(self) -> None:
+        with self._lock:
+            h, self._h = self._h, None
+        if h is not None:
+            h.close()
+
+    def __enter__(self) -> "CoordinatorClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class LocalCoordinatorClient(_Methods):
+    """The same methods on a Coordinator in this process; arguments and answers
+    go through JSON as on the wire, so both forms behave alike."""
+
+    def __init__(self, coordinator: Any) -> None:
+        self.coordinator = coordinator
+
+    def call(self, method: str, **args: Any) -> Any:
+        return json.loads(json.dumps(self.coordinator.handle(method, json.loads(json.dumps(args)))))
+
+    def close(self) -> None:
+        pass
+
+
+def connect_coordinator(address: str, *, secret: Any, **kw: Any) -> CoordinatorClient:
+    """Connects to a ``rhino coordinator`` at ``host:port``."""
+    return CoordinatorClient(address, secret=secret, **kw)

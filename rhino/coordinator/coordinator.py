@@ -1,0 +1,395 @@
+"""The coordinator: the Replication Manager and the Handover Manager of the
+Rhino paper (§3.3, §4.1), over the workers' state service (docs/design.md §3-§4).
+
+It keeps the metadata (:mod:`.metadata`), takes every decision under one lock
+and in one SQLite transaction, and drives the workers through their instance
+requests (docs/protocol.md §7.1): ``open`` (hosting, a new epoch or chain),
+``takeover``, ``reconfigure``, ``replicate`` and ``close``. It runs in-process
+(the Spark driver hosts it on a thread) or as ``rhino coordinator``
+(:mod:`.server`), where the same methods are served over the framed,
+authenticated protocol (docs/protocol.md §8).
+
+Vocabulary of the methods below:
+
+- An operator's **epoch** is its routing epoch. Every reconfiguration (a
+  failover, a chain repair, a handover step, an abort) raises it, and every
+  live instance of the operator is re-opened at the new epoch, so a worker
+  refuses requests of the old one (docs/protocol.md §7.5).
+- A micro-batch engine calls :meth:`begin_batch` before batch b (this is the
+  barrier after b-1 where handovers run), then commits one session per
+  instance, then :meth:`commit_batch`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from typing import Any, Callable, Optional
+
+from .. import _core
+from ..client.client import Client, connect
+from ..errors import (AbortedError, BusyError, InvalidArgumentError, NotFoundError, RhinoError,
+                      StaleEpochError, UnknownInstanceError)
+from .handover_manager import HandoverManager
+from .metadata import InstanceRow, Metadata, OperatorRow, WorkerRow
+from .replication_manager import ReplicationManager
+
+__all__ = ["Coordinator"]
+
+
+class Coordinator:
+    """The Replication and Handover Managers over one metadata directory.
+
+    ``heartbeat_timeout``: a worker silent that long is declared dead, fenced
+    and its instances failed over. ``request_timeout`` bounds one request to a
+    worker (a bulk copy excepted: ``copy_timeout``).
+    """
+
+    def __init__(self, directory: str, *, secret: bytes | str, heartbeat_timeout: float = 3.0,
+                 request_timeout: float = 60.0, copy_timeout: float = 600.0, handover_timeout: float = 120.0,
+                 client_id: str = "coordinator", log: Optional[Callable[..., None]] = None,
+                 detector_interval: float = 0.1) -> None:
+        if heartbeat_timeout <= 0 or request_timeout <= 0:
+            raise InvalidArgumentError("timeouts must be positive")
+        self.meta = Metadata(directory)
+        self.secret = secret
+        self.heartbeat_timeout = float(heartbeat_timeout)
+        self.request_timeout = float(request_timeout)
+        self.copy_timeout = float(copy_timeout)
+        self.handover_timeout = float(handover_timeout)
+        self.client_id = client_id
+        self._log = log or (lambda event, **f: None)
+        self.lock = threading.RLock()  # every decision, in order
+        self._seen: dict[str, float] = {}  # worker id -> monotonic time of its last heartbeat
+        self._clients: dict[str, Client] = {}
+        self._clients_lock = threading.Lock()
+        self._stop = threading.Event()
+        self.rm = ReplicationManager(self)
+        self.hm = HandoverManager(self)
+        now = time.monotonic()
+        for w in self.meta.workers():
+            if w.alive:
+                self._seen[w.id] = now  # a restarted coordinator gives every worker a full timeout
+        self._detector = threading.Thread(target=self._detect, args=(detector_interval,),
+                                          name="rhino-failure-detector", daemon=True)
+        self._detector.start()
+        self._resume()
+
+    # ---- lifetime -------------------------------------------------------------------------
+    def close(self) -> None:
+        self._stop.set()
+        self._detector.join(timeout=5)
+        with self._clients_lock:
+            for c in self._clients.values():
+                c.close()
+            self._clients.clear()
+        with self.lock:
+            self.meta.close()
+
+    def __enter__(self) -> "Coordinator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def log(self, event: str, **fields: Any) -> None:
+        self._log(event, **fields)
+
+    # ---- talking to workers ----------------------------------------------------------------
+    def client(self, worker: WorkerRow | str) -> Client:
+        """A (cached) connection to a worker's state service over TCP."""
+        w = worker if isinstance(worker, WorkerRow) else self.meta.worker(worker)
+        if w is None:
+            raise NotFoundError(f"unknown worker {worker!r}")
+        with self._clients_lock:
+            c = self._clients.get(w.id)
+            if c is not None and c.is_open and c.address == w.address:
+                return c
+            if c is not None:
+                c.close()
+            c = connect(w.address, secret=self.secret, client_id=self.client_id,
+                        request_timeout=max(self.request_timeout, self.copy_timeout), peer_timeout=3.0)
+            self._clients[w.id] = c
+            return c
+
+    def drop_client(self, worker_id: str) -> None:
+        with self._clients_lock:
+            c = self._clients.pop(worker_id, None)
+        if c is not None:
+            c.close()
+
+    def alive_workers(self) -> list[WorkerRow]:
+        return [w for w in self.meta.workers() if w.alive]
+
+    # ---- workers: registration and liveness -------------------------------------------
+    def register(self, worker_id: str, address: str, *, unix_socket: Optional[str] = None,
+                 rack: Optional[str] = None, zone: Optional[str] = None, incarnation: str = "") -> dict:
+        """A worker (re)joins. A worker that was declared dead comes back empty of
+        primaries: instances it still hosts whose primary moved are closed there."""
+        if not worker_id or not address or ":" not in address:
+            raise InvalidArgumentError("register needs a worker id and its 'host:port'")
+        incarnation = incarnation or uuid.uuid4().hex
+        with self.lock:
+            old = self.meta.worker(worker_id)
+            row = WorkerRow(id=worker_id, address=address, unix_socket=unix_socket,
+                            host=address.rsplit(":", 1)[0], rack=rack, zone=zone, state="alive",
+                            incarnation=incarnation, registered_at=time.time(), dead_since=None)
+            with self.meta.tx() as c:
+                self.meta.upsert_worker(c, row)
+                self.meta.event(c, "worker_registered", worker=worker_id, address=address,
+                                rejoined=bool(old and not old.alive), restarted=bool(old and old.incarnation != incarnation))
+            self._seen[worker_id] = time.monotonic()
+            self.drop_client(worker_id)
+            self.log("worker_registered", worker=worker_id, address=address)
+            try:
+                self.rm.reconcile_worker(row)
+                self.rm.repair_all()
+            except RhinoError as e:  # the worker may die again meanwhile; the detector handles that
+                self.log("reconcile_failed", worker=worker_id, error=str(e))
+        return {"worker_id": worker_id, "incarnation": incarnation, "heartbeat_timeout": self.heartbeat_timeout}
+
+    def heartbeat(self, worker_id: str, incarnation: str) -> dict:
+        """A worker's heartbeat. The late messages of a worker declared dead (or
+        of an older incarnation) are refused: it must register again."""
+        w = self.meta.worker(worker_id)
+        if w is None:
+            raise UnknownInstanceError(f"worker {worker_id} is not registered here: register first")
+        if not w.alive:
+            raise StaleEpochError(f"worker {worker_id} was declared dead at {w.dead_since}: register again")
+        if w.incarnation != incarnation:
+            raise StaleEpochError(f"worker {worker_id}: heartbeat of incarnation {incarnation}, "
+                                  f"registered as {w.incarnation}: register again")
+        self._seen[worker_id] = time.monotonic()
+        return {"ok": True}
+
+    def _detect(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            now = time.monotonic()
+            late = [wid for wid, t in list(self._seen.items()) if now - t > self.heartbeat_timeout]
+            for wid in late:
+                w = self.meta.worker(wid)
+                if w is None or not w.alive:
+                    self._seen.pop(wid, None)
+                    continue
+                try:
+                    self.declare_dead(wid, f"no heartbeat for {now - self._seen.get(wid, now):.1f} s")
+                except Exception as e:  # never let the detector die
+                    self.log("failover_failed", worker=wid, error=f"{type(e).__name__}: {e}")
+
+    def declare_dead(self, worker_id: str, reason: str) -> dict:
+        """Fences a worker off: it is marked dead, every operator with an
+        instance or a replica on it moves to a new epoch, its primaries fail
+        over to chain members and its chains are repaired."""
+        with self.lock:
+            w = self.meta.worker(worker_id)
+            if w is None or not w.alive:
+                self._seen.pop(worker_id, None)
+                return {"worker": worker_id, "already_dead": True}
+            t0 = time.monotonic()
+            with self.meta.tx() as c:
+                c.execute("UPDATE workers SET state='dead', dead_since=? WHERE id=?", (time.time(), worker_id))
+                self.meta.event(c, "worker_dead", worker=worker_id, reason=reason)
+            self._seen.pop(worker_id, None)
+            self.drop_client(worker_id)
+            self.log("worker_dead", worker=worker_id, reason=reason)
+            out = self.rm.recover_from_loss(worker_id)
+            out["scheduling_s"] = time.monotonic() - t0
+            return out
+
+    # ---- operators -------------------------------------------------------------------
+    def create_operator(self, operator_id: str, *, parallelism: int, num_vnodes: int = 256, replicas: int = 2,
+                        num_key_groups: int = 1 << 15, seed: int = 0, placement: str = "balanced") -> dict:
+        """Places a new operator: the initial routing table from the
+        consistent-hash ring, primaries spread over the workers, a chain of
+        ``replicas`` other workers per instance; every instance is opened on its
+        primary. Creating an existing operator with the same shape returns its
+        placement (a restarted driver)."""
+        with self.lock:
+            return self.rm.create_operator(operator_id, parallelism=parallelism, num_vnodes=num_vnodes,
+                                           replicas=replicas, num_key_groups=num_key_groups, seed=seed,
+                                           placement=placement)
+
+    def placement(self, operator_id: str) -> dict:
+        """The current routing table and placement of an operator: what a task
+        needs to route keys and reach each instance's primary."""
+        op = self._operator(operator_id)
+        workers = {w.id: w for w in self.meta.workers()}
+        insts = {}
+        for r in self.meta.instances(operator_id):
+            p = workers.get(r.primary_worker)
+            insts[str(r.instance)] = {
+                "primary": r.primary_worker, "address": p.address if p else None,
+                "unix_socket": p.unix_socket if p else None, "host": p.host if p else None,
+                "chain": r.chain, "chain_addresses": [workers[x].address for x in r.chain if x in workers],
+                "chain_version": r.chain_version, "last_complete": r.last_complete, "bytes": r.bytes}
+        return {"operator_id": operator_id, "epoch": op.epoch, "num_vnodes": op.num_vnodes,
+                "num_key_groups": op.num_key_groups, "seed": op.seed, "replicas": op.replicas,
+                "last_batch": op.last_batch, "assignment": self.meta.assignment(operator_id), "instances": insts}
+
+    def begin_batch(self, operator_id: str, batch: int) -> dict:
+        """The barrier before ``batch``: runs the handover steps due after
+        ``batch - 1`` (docs/design.md §4), then returns the placement to route
+        the batch with. ``batch`` is the next batch, or the same one again (a
+        re-execution)."""
+        _uint("batch", batch)
+        with self.lock:
+            op = self._operator(operator_id)
+            nxt = 0 if op.last_batch is None else op.last_batch + 1
+            if batch != nxt:
+                raise InvalidArgumentError(f"operator {operator_id} completed batch {op.last_batch}: "
+                                           f"the next batch is {nxt}, not {batch}")
+            if batch > 0:
+                self.hm.run_due(operator_id, batch - 1)
+            return self.placement(operator_id)
+
+    def commit_batch(self, operator_id: str, batch: int, *, instances: Optional[dict] = None,
+                     load: Optional[dict] = None) -> dict:
+        """Batch ``batch`` is done: every instance committed it in barrier mode,
+        so checkpoint ``batch`` is complete on every chain. ``instances`` maps an
+        instance to its commit stats (``checkpoint_bytes``); ``load`` maps a vnode
+        to ``[ops, bytes]`` of this batch (the Handover Manager balances on it)."""
+        _uint("batch", batch)
+        with self.lock:
+            op = self._operator(operator_id)
+            nxt = 0 if op.last_batch is None else op.last_batch + 1
+            if batch != nxt:
+                raise InvalidArgumentError(f"operator {operator_id}: commit of batch {batch}, expected {nxt}")
+            stats = {int(k): v for k, v in (instances or {}).items()}
+            with self.meta.tx() as c:
+                c.execute("UPDATE operators SET last_batch=? WHERE operator_id=?", (batch, operator_id))
+                for r in self.meta.instances(operator_id):
+                    r.last_complete = batch
+                    if r.instance in stats and "checkpoint_bytes" in stats[r.instance]:
+                        r.bytes = int(stats[r.instance]["checkpoint_bytes"])
+                    if r.redo_version is not None and batch >= r.redo_version + 2:
+                        r.redo_version, r.redo = None, []
+                    self.meta.put_instance(c, r)
+                for v, (ops, nbytes) in (load or {}).items():
+                    # An exponentially weighted mean: recent batches count most.
+                    c.execute("INSERT INTO vnode_load VALUES (?,?,?,?,?) ON CONFLICT(operator_id, vnode) DO UPDATE"
+                              " SET ops=0.5*ops+0.5*excluded.ops, bytes=0.5*bytes+0.5*excluded.bytes,"
+                              " batch=excluded.batch", (operator_id, int(v), float(ops), float(nbytes), batch))
+            return {"operator_id": operator_id, "last_batch": batch}
+
+    def report_unreachable(self, operator_id: str, instance: int, worker_id: Optional[str] = None) -> dict:
+        """A task could not reach an instance's primary. If the worker does not
+        answer the coordinator either, it is declared dead at once (no waiting
+        for the heartbeat timeout) and the instance fails over. Returns the
+        placement to retry with."""
+        with self.lock:
+            r = self.meta.instance(operator_id, instance)
+            if r is None:
+                raise UnknownInstanceError(f"no instance {operator_id}/{instance}")
+            wid = worker_id or r.primary_worker
+            w = self.meta.worker(wid)
+            if w is not None and w.alive:
+                try:
+                    self.drop_client(wid)
+                    self.client(w).instances()
+                except RhinoError as e:
+                    self.declare_dead(wid, f"reported unreachable ({e})")
+            return self.placement(operator_id)
+
+    # ---- handovers ---------------------------------------------------------------------
+    def handover(self, operator_id: str, vnodes: list[int], to: int, *, strategy: str = "all-at-once",
+                 after_batch: Optional[int] = None) -> dict:
+        """Plans moving ``vnodes`` to instance ``to`` (a new instance number
+        creates it) at the barrier after ``after_batch`` (default: the next
+        barrier), in steps of ``strategy``."""
+        with self.lock:
+            return self.hm.plan_handover(operator_id, vnodes, to, strategy=strategy, after_batch=after_batch)
+
+    def rescale(self, operator_id: str, parallelism: int, *, strategy: str = "all-at-once",
+                after_batch: Optional[int] = None) -> dict:
+        with self.lock:
+            return self.hm.plan_rescale(operator_id, parallelism, strategy=strategy, after_batch=after_batch)
+
+    def rebalance(self, operator_id: Optional[str] = None, *, replicas: bool = True, load: bool = True,
+                  strategy: str = "batched", after_batch: Optional[int] = None) -> dict:
+        """Rebalances replicas over the live workers (at once) and, driven by
+        the measured per-vnode load, vnodes over instances (a plan)."""
+        with self.lock:
+            out: dict[str, Any] = {}
+            if replicas:
+                out["replicas"] = self.rm.rebalance_replicas(operator_id)
+            if load:
+                ops = [operator_id] if operator_id else [o.operator_id for o in self.meta.operators()]
+                out["plans"] = [p for p in (self.hm.plan_balance(o, strategy=strategy, after_batch=after_batch)
+                                            for o in ops) if p is not None]
+            return out
+
+    # ---- status -------------------------------------------------------------------------
+    def status(self) -> dict:
+        now = time.monotonic()
+        workers = []
+        for w in self.meta.workers():
+            seen = self._seen.get(w.id)
+            workers.append({"id": w.id, "address": w.address, "host": w.host, "rack": w.rack, "zone": w.zone,
+                            "state": w.state, "heartbeat_age_s": None if seen is None else round(now - seen, 3),
+                            "dead_since": w.dead_since})
+        ops = []
+        for o in self.meta.operators():
+            insts = []
+            for r in self.meta.instances(o.operator_id):
+                insts.append({"instance": r.instance, "primary": r.primary_worker, "chain": r.chain,
+                              "chain_version": r.chain_version, "last_complete": r.last_complete, "bytes": r.bytes,
+                              "vnodes": sum(1 for x in self.meta.assignment(o.operator_id) if x == r.instance),
+                              "replica_lag": self.rm.replica_lag(r, o.last_batch)})
+            ops.append({"operator_id": o.operator_id, "epoch": o.epoch, "last_batch": o.last_batch,
+                        "replicas": o.replicas, "num_vnodes": o.num_vnodes, "instances": insts})
+        plans = [{"id": p.id, "operator_id": p.operator_id, "kind": p.kind, "strategy": p.strategy,
+                  "state": p.state, "steps": len(p.steps), "steps_done": p.steps_done, "after_batch": p.after_batch,
+                  "message": p.message} for p in self.meta.plans(open_only=True)]
+        return {"workers": workers, "operators": ops, "plans_in_flight": plans, "events": self.meta.events(20)}
+
+    # ---- the transport's entry point ----------------------------------------------------------
+    def handle(self, method: str, args: dict) -> Any:
+        """Dispatches one request of the coordinator protocol (docs/protocol.md §8.2)."""
+        fn = _METHODS.get(method)
+        if fn is None:
+            raise InvalidArgumentError(f"unknown coordinator method {method!r}")
+        if not isinstance(args, dict):
+            raise InvalidArgumentError("the arguments must be a JSON object")
+        try:
+            return fn(self, **args)
+        except TypeError as e:
+            raise InvalidArgumentError(f"{method}: {e}") from None
+
+    # ---- internals ------------------------------------------------------------------------
+    def _operator(self, operator_id: str) -> OperatorRow:
+        op = self.meta.operator(operator_id)
+        if op is None:
+            raise UnknownInstanceError(f"no operator {operator_id!r} is placed")
+        return op
+
+    def _resume(self) -> None:
+        """After a restart: finish what a killed coordinator left half done."""
+        with self.lock:
+            for w in self.meta.workers():
+                if not w.alive:
+                    continue
+            self.rm.resume()
+            self.hm.resume()
+
+
+def _uint(name: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise InvalidArgumentError(f"{name} must be a non-negative int, got {v!r}")
+
+
+_METHODS: dict[str, Callable[..., Any]] = {
+    "register": lambda c, **a: c.register(**a),
+    "heartbeat": lambda c, **a: c.heartbeat(**a),
+    "create_operator": lambda c, **a: c.create_operator(**a),
+    "placement": lambda c, **a: c.placement(**a),
+    "begin_batch": lambda c, **a: c.begin_batch(**a),
+    "commit_batch": lambda c, **a: c.commit_batch(**a),
+    "report_unreachable": lambda c, **a: c.report_unreachable(**a),
+    "handover": lambda c, **a: c.handover(**a),
+    "rescale": lambda c, **a: c.rescale(**a),
+    "rebalance": lambda c, **a: c.rebalance(**a),
+    "status": lambda c, **a: c.status(**a),
+    "declare_dead": lambda c, **a: c.declare_dead(**a),
+}

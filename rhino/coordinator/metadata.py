@@ -1,0 +1,304 @@
+"""The coordinator's metadata, in SQLite (docs/design.md §7: transactions and
+crash safety for free).
+
+One database file, ``<dir>/coordinator.db``, in a directory the job names. It
+holds everything a restarted coordinator needs to resume where it stopped:
+
+- ``workers``: each registered worker, its addresses, rack and zone, and
+  whether it is alive or was declared dead (with its incarnation, so that the
+  late messages of a dead incarnation are refused);
+- ``operators``: each operator's partitioner, replication factor and current
+  routing **epoch**, and the last batch completed everywhere;
+- ``vnodes``: the routing table, vnode → instance, of the current epoch;
+- ``routing_history``: the table of every epoch (who owned each vnode when);
+- ``instances``: instance → primary worker, chain and chain version, its last
+  complete checkpoint and state bytes, and the redo of a handover on top of a
+  checkpoint (docs/protocol.md §7.4);
+- ``vnode_load``: measured per-vnode load, reported with each commit;
+- ``plans``: handover plans, scheduled or in flight, with the steps done;
+- ``events``: a log of every decision, for ``rhino status`` and post-mortems.
+
+Every decision is one transaction (:meth:`Metadata.tx`): a coordinator killed
+in the middle either made it or did not, and a plan records each step it
+finished, so a restarted coordinator never takes a decision twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+__all__ = ["Metadata", "WorkerRow", "OperatorRow", "InstanceRow", "PlanRow", "SCHEMA_VERSION"]
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS workers (
+  id TEXT PRIMARY KEY, address TEXT NOT NULL, unix_socket TEXT, host TEXT NOT NULL,
+  rack TEXT, zone TEXT, state TEXT NOT NULL CHECK (state IN ('alive', 'dead')),
+  incarnation TEXT NOT NULL, registered_at REAL NOT NULL, dead_since REAL);
+CREATE TABLE IF NOT EXISTS operators (
+  operator_id TEXT PRIMARY KEY, num_vnodes INTEGER NOT NULL, num_key_groups INTEGER NOT NULL,
+  seed INTEGER NOT NULL, replicas INTEGER NOT NULL, placement TEXT NOT NULL,
+  epoch INTEGER NOT NULL, last_batch INTEGER, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS vnodes (
+  operator_id TEXT NOT NULL, vnode INTEGER NOT NULL, instance INTEGER NOT NULL,
+  PRIMARY KEY (operator_id, vnode));
+CREATE TABLE IF NOT EXISTS routing_history (
+  operator_id TEXT NOT NULL, epoch INTEGER NOT NULL, assignment TEXT NOT NULL,
+  primaries TEXT NOT NULL, reason TEXT NOT NULL, at REAL NOT NULL,
+  PRIMARY KEY (operator_id, epoch));
+CREATE TABLE IF NOT EXISTS instances (
+  operator_id TEXT NOT NULL, instance INTEGER NOT NULL, primary_worker TEXT NOT NULL,
+  chain TEXT NOT NULL, chain_version INTEGER NOT NULL,
+  state TEXT NOT NULL CHECK (state IN ('active', 'retired')),
+  last_complete INTEGER, bytes INTEGER NOT NULL DEFAULT 0,
+  redo_version INTEGER, redo TEXT NOT NULL DEFAULT '[]',
+  PRIMARY KEY (operator_id, instance));
+CREATE TABLE IF NOT EXISTS vnode_load (
+  operator_id TEXT NOT NULL, vnode INTEGER NOT NULL, ops REAL NOT NULL, bytes REAL NOT NULL,
+  batch INTEGER NOT NULL, PRIMARY KEY (operator_id, vnode));
+CREATE TABLE IF NOT EXISTS plans (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, operator_id TEXT NOT NULL, kind TEXT NOT NULL,
+  strategy TEXT NOT NULL, steps TEXT NOT NULL, steps_done INTEGER NOT NULL DEFAULT 0,
+  after_batch INTEGER, state TEXT NOT NULL
+    CHECK (state IN ('scheduled', 'running', 'done', 'aborted')),
+  created_at REAL NOT NULL, updated_at REAL NOT NULL, message TEXT NOT NULL DEFAULT '',
+  bytes_moved INTEGER NOT NULL DEFAULT 0, seconds REAL NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS events (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, kind TEXT NOT NULL, detail TEXT NOT NULL);
+"""
+
+
+@dataclass
+class WorkerRow:
+    id: str
+    address: str
+    unix_socket: Optional[str]
+    host: str
+    rack: Optional[str]
+    zone: Optional[str]
+    state: str
+    incarnation: str
+    registered_at: float
+    dead_since: Optional[float]
+
+    @property
+    def alive(self) -> bool:
+        return self.state == "alive"
+
+
+@dataclass
+class OperatorRow:
+    operator_id: str
+    num_vnodes: int
+    num_key_groups: int
+    seed: int
+    replicas: int
+    placement: str
+    epoch: int
+    last_batch: Optional[int]
+    created_at: float
+
+
+@dataclass
+class InstanceRow:
+    operator_id: str
+    instance: int
+    primary_worker: str
+    chain: list[str]
+    chain_version: int
+    state: str
+    last_complete: Optional[int]
+    bytes: int
+    redo_version: Optional[int]
+    redo: list[dict] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.operator_id, self.instance)
+
+
+@dataclass
+class PlanRow:
+    id: int
+    operator_id: str
+    kind: str
+    strategy: str
+    steps: list[list[list[int]]]  # steps of moves [vnode, origin, target]
+    steps_done: int
+    after_batch: Optional[int]
+    state: str
+    created_at: float
+    updated_at: float
+    message: str
+    bytes_moved: int
+    seconds: float
+
+
+class Metadata:
+    """The coordinator's SQLite database. Thread-safe: one connection, one lock."""
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.dir = os.fspath(directory)
+        os.makedirs(self.dir, exist_ok=True)
+        self.path = os.path.join(self.dir, "coordinator.db")
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")  # a decision is on disk before anyone acts on it
+        self._db.execute("PRAGMA foreign_keys=ON")
+        for stmt in _SCHEMA.strip().split(";"):
+            if stmt.strip():
+                self._db.execute(stmt)
+        row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is None:
+            self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) != SCHEMA_VERSION:
+            raise RuntimeError(f"{self.path} has schema version {row[0]}, this coordinator reads {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """One transaction: all of it is durable, or none of it."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            else:
+                self._db.execute("COMMIT")
+
+    def _q(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # ---- meta -------------------------------------------------------------
+    def get_meta(self, key: str, default: Optional[str] = None) -> Optional[str]:
+        rows = self._q("SELECT value FROM meta WHERE key=?", (key,))
+        return rows[0][0] if rows else default
+
+    @staticmethod
+    def set_meta(c: sqlite3.Connection, key: str, value: str) -> None:
+        c.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value))
+
+    # ---- workers ------------------------------------------------------------
+    def workers(self) -> list[WorkerRow]:
+        return [WorkerRow(**dict(r)) for r in self._q("SELECT * FROM workers ORDER BY id")]
+
+    def worker(self, worker_id: str) -> Optional[WorkerRow]:
+        rows = self._q("SELECT * FROM workers WHERE id=?", (worker_id,))
+        return WorkerRow(**dict(rows[0])) if rows else None
+
+    @staticmethod
+    def upsert_worker(c: sqlite3.Connection, w: WorkerRow) -> None:
+        c.execute(
+            "INSERT INTO workers VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET address=excluded.address,"
+            " unix_socket=excluded.unix_socket, host=excluded.host, rack=excluded.rack, zone=excluded.zone,"
+            " state=excluded.state, incarnation=excluded.incarnation, registered_at=excluded.registered_at,"
+            " dead_since=excluded.dead_since",
+            (w.id, w.address, w.unix_socket, w.host, w.rack, w.zone, w.state, w.incarnation, w.registered_at,
+             w.dead_since))
+
+    # ---- operators and routing ---------------------------------------------------
+    def operators(self) -> list[OperatorRow]:
+        return [OperatorRow(**dict(r)) for r in self._q("SELECT * FROM operators ORDER BY operator_id")]
+
+    def operator(self, operator_id: str) -> Optional[OperatorRow]:
+        rows = self._q("SELECT * FROM operators WHERE operator_id=?", (operator_id,))
+        return OperatorRow(**dict(rows[0])) if rows else None
+
+    def assignment(self, operator_id: str) -> list[int]:
+        return [r[0] for r in self._q("SELECT instance FROM vnodes WHERE operator_id=? ORDER BY vnode", (operator_id,))]
+
+    def history(self, operator_id: str) -> list[dict]:
+        return [{"epoch": r["epoch"], "assignment": json.loads(r["assignment"]),
+                 "primaries": json.loads(r["primaries"]), "reason": r["reason"], "at": r["at"]}
+                for r in self._q("SELECT * FROM routing_history WHERE operator_id=? ORDER BY epoch", (operator_id,))]
+
+    @staticmethod
+    def set_assignment(c: sqlite3.Connection, operator_id: str, assignment: list[int]) -> None:
+        c.execute("DELETE FROM vnodes WHERE operator_id=?", (operator_id,))
+        c.executemany("INSERT INTO vnodes VALUES (?,?,?)", [(operator_id, v, int(i)) for v, i in enumerate(assignment)])
+
+    def record_epoch(self, c: sqlite3.Connection, operator_id: str, epoch: int, reason: str) -> None:
+        """Sets the operator's epoch and writes the epoch's table into the history."""
+        c.execute("UPDATE operators SET epoch=? WHERE operator_id=?", (epoch, operator_id))
+        assignment = [r[0] for r in c.execute(
+            "SELECT instance FROM vnodes WHERE operator_id=? ORDER BY vnode", (operator_id,))]
+        primaries = {str(r[0]): r[1] for r in c.execute(
+            "SELECT instance, primary_worker FROM instances WHERE operator_id=? AND state='active'", (operator_id,))}
+        c.execute("INSERT OR REPLACE INTO routing_history VALUES (?,?,?,?,?,?)",
+                  (operator_id, epoch, json.dumps(assignment), json.dumps(primaries), reason, time.time()))
+
+    # ---- instances ------------------------------------------------------------------
+    def instances(self, operator_id: Optional[str] = None, *, active_only: bool = True) -> list[InstanceRow]:
+        sql = "SELECT * FROM instances"
+        cond, args = [], []
+        if operator_id is not None:
+            cond.append("operator_id=?")
+            args.append(operator_id)
+        if active_only:
+            cond.append("state='active'")
+        if cond:
+            sql += " WHERE " + " AND ".join(cond)
+        return [_instance(r) for r in self._q(sql + " ORDER BY operator_id, instance", tuple(args))]
+
+    def instance(self, operator_id: str, instance: int) -> Optional[InstanceRow]:
+        rows = self._q("SELECT * FROM instances WHERE operator_id=? AND instance=?", (operator_id, instance))
+        return _instance(rows[0]) if rows else None
+
+    @staticmethod
+    def put_instance(c: sqlite3.Connection, r: InstanceRow) -> None:
+        c.execute("INSERT OR REPLACE INTO instances VALUES (?,?,?,?,?,?,?,?,?,?)",
+                  (r.operator_id, r.instance, r.primary_worker, json.dumps(r.chain), r.chain_version, r.state,
+                   r.last_complete, r.bytes, r.redo_version, json.dumps(r.redo)))
+
+    # ---- load -----------------------------------------------------------------------
+    def vnode_load(self, operator_id: str) -> dict[int, float]:
+        return {r["vnode"]: r["ops"] + r["bytes"] / 1024.0
+                for r in self._q("SELECT * FROM vnode_load WHERE operator_id=?", (operator_id,))}
+
+    # ---- plans ------------------------------------------------------------------------
+    def plans(self, *, open_only: bool = False) -> list[PlanRow]:
+        sql = "SELECT * FROM plans" + (" WHERE state IN ('scheduled','running')" if open_only else "") + " ORDER BY id"
+        return [_plan(r) for r in self._q(sql)]
+
+    def plan(self, plan_id: int) -> Optional[PlanRow]:
+        rows = self._q("SELECT * FROM plans WHERE id=?", (plan_id,))
+        return _plan(rows[0]) if rows else None
+
+    # ---- events -------------------------------------------------------------------------
+    @staticmethod
+    def event(c: sqlite3.Connection, event_kind: str, **detail: Any) -> None:
+        c.execute("INSERT INTO events (at, kind, detail) VALUES (?,?,?)", (time.time(), event_kind, json.dumps(detail)))
+
+    def events(self, limit: int = 50) -> list[dict]:
+        rows = self._q("SELECT * FROM events ORDER BY id DESC LIMIT ?", (limit,))
+        return [{"at": r["at"], "kind": r["kind"], **json.loads(r["detail"])} for r in reversed(rows)]
+
+
+def _instance(r: sqlite3.Row) -> InstanceRow:
+    d = dict(r)
+    d["chain"] = json.loads(d["chain"])
+    d["redo"] = json.loads(d["redo"])
+    return InstanceRow(**d)
+
+
+def _plan(r: sqlite3.Row) -> PlanRow:
+    d = dict(r)
+    d["steps"] = json.loads(d["steps"])
+    return PlanRow(**d)

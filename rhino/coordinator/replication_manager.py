@@ -1,0 +1,311 @@
+"""The Replication Manager (Rhino paper §3.3, §4.2 phase 1; docs/design.md §3).
+
+It decides where each instance's primary and replica chain live, and carries
+those decisions out on the workers:
+
+- initial placement of an operator (primaries spread, chains by bin packing
+  or by a minimum-cost assignment: :mod:`.placement`);
+- **loss of a worker**: every operator touching it moves to a new epoch. Its
+  primaries fail over to a chain member that holds the last complete
+  checkpoint (a takeover by hard links: no state moves), and every chain it
+  was in is repaired: the replacement gets a bulk copy from a surviving
+  holder, never from the dead worker, and the chain version goes up;
+- a worker that joins: replicas are rebalanced onto it.
+
+Crash safety: a reconfiguration is first written to the metadata as
+*pending* (the new rows and epoch), then carried out with idempotent worker
+requests, then committed. A coordinator killed in between finds it pending
+at its restart and carries it out again: the same decision, never a second one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Optional
+
+from .. import _core
+from ..errors import InvalidArgumentError, RhinoError
+from .metadata import InstanceRow, OperatorRow, WorkerRow
+from .placement import InstanceInfo, WorkerInfo, place_chains, rebalance_chains, repair_chains
+
+if TYPE_CHECKING:
+    from .coordinator import Coordinator
+
+__all__ = ["ReplicationManager"]
+
+
+class ReplicationManager:
+    def __init__(self, coordinator: "Coordinator") -> None:
+        self.c = coordinator
+        self.meta = coordinator.meta
+
+    # ---- helpers ---------------------------------------------------------------------
+    def workers_info(self) -> list[WorkerInfo]:
+        return [WorkerInfo(id=w.id, rack=w.rack, zone=w.zone) for w in self.c.alive_workers()]
+
+    def addresses(self, ids: list[str]) -> list[str]:
+        ws = {w.id: w for w in self.meta.workers()}
+        return [ws[i].address for i in ids]
+
+    def open_args(self, op: OperatorRow) -> dict:
+        return {"num_vnodes": op.num_vnodes, "num_key_groups": op.num_key_groups, "seed": op.seed}
+
+    def replica_lag(self, r: InstanceRow, last_batch: Optional[int]) -> Optional[dict]:
+        """Batches each chain member is behind the last complete batch (from the
+        member's own store); None where the member does not answer."""
+        out: dict[str, Any] = {}
+        for wid in r.chain:
+            w = self.meta.worker(wid)
+            if w is None or not w.alive:
+                out[wid] = None
+                continue
+            try:
+                ids = self.c.client(w).status(r.operator_id, r.instance)["checkpoints"]
+                newest = ids[-1] if ids else None
+                out[wid] = None if last_batch is None or newest is None else max(0, last_batch - newest)
+            except RhinoError:
+                out[wid] = None
+        return out
+
+    # ---- an operator is born -----------------------------------------------------------
+    def create_operator(self, operator_id: str, *, parallelism: int, num_vnodes: int, replicas: int,
+                        num_key_groups: int, seed: int, placement: str) -> dict:
+        if not isinstance(parallelism, int) or parallelism < 1 or parallelism > num_vnodes:
+            raise InvalidArgumentError(f"parallelism must be in [1, num_vnodes={num_vnodes}], got {parallelism!r}")
+        if not isinstance(replicas, int) or replicas < 0:
+            raise InvalidArgumentError(f"replicas must be >= 0, got {replicas!r}")
+        if placement not in ("balanced", "cost"):
+            raise InvalidArgumentError(f"placement must be 'balanced' or 'cost', got {placement!r}")
+        _core.Partitioner(num_key_groups=num_key_groups, num_vnodes=num_vnodes, seed=seed)  # validates K and V
+        existing = self.meta.operator(operator_id)
+        if existing is not None:
+            same = (existing.num_vnodes, existing.num_key_groups, existing.seed, existing.replicas) == (
+                num_vnodes, num_key_groups, seed, replicas) and len(self.meta.instances(operator_id)) == parallelism
+            if not same:
+                raise InvalidArgumentError(f"operator {operator_id} exists with another shape; "
+                                           "rescale it instead (rhino rescale)")
+            return self.c.placement(operator_id)
+        workers = self.workers_info()
+        if len(workers) < replicas + 1:
+            raise InvalidArgumentError(f"{len(workers)} live workers cannot give {replicas} replicas "
+                                       f"and a primary to each instance (need {replicas + 1})")
+        table = _core.RoutingTable.from_ring(num_vnodes, parallelism, epoch=1, seed=seed)
+        assignment = [int(x) for x in table.assignment]
+        ids = sorted(w.id for w in workers)
+        primaries = {i: ids[i % len(ids)] for i in range(parallelism)}
+        infos = [InstanceInfo(key=(operator_id, i), primary=primaries[i]) for i in range(parallelism)]
+        chains = place_chains(infos, workers, replicas, mode=placement)
+        rows = [InstanceRow(operator_id=operator_id, instance=i, primary_worker=primaries[i],
+                            chain=chains[(operator_id, i)], chain_version=1, state="active", last_complete=None,
+                            bytes=0, redo_version=None, redo=[]) for i in range(parallelism)]
+        epoch = 1
+        op = OperatorRow(operator_id=operator_id, num_vnodes=num_vnodes, num_key_groups=num_key_groups, seed=seed,
+                         replicas=replicas, placement=placement, epoch=epoch, last_batch=None, created_at=time.time())
+        for r in rows:
+            vn = [v for v, i in enumerate(assignment) if i == r.instance]
+            self.c.client(r.primary_worker).open_instance(
+                operator_id, r.instance, epoch=epoch, vnodes=vn, chain=self.addresses(r.chain),
+                chain_version=r.chain_version, **self.open_args(op))
+        with self.meta.tx() as c:
+            c.execute("INSERT INTO operators VALUES (?,?,?,?,?,?,?,?,?)",
+                      (operator_id, num_vnodes, num_key_groups, seed, replicas, placement, epoch, None, op.created_at))
+            self.meta.set_assignment(c, operator_id, assignment)
+            for r in rows:
+                self.meta.put_instance(c, r)
+            self.meta.record_epoch(c, operator_id, epoch, "created")
+            self.meta.event(c, "operator_created", operator=operator_id, parallelism=parallelism, replicas=replicas)
+        self.c.log("operator_created", operator=operator_id, parallelism=parallelism, replicas=replicas)
+        return self.c.placement(operator_id)
+
+    # ---- loss of a worker ----------------------------------------------------------------
+    def recover_from_loss(self, dead_worker: str) -> dict:
+        out: dict[str, Any] = {"worker": dead_worker, "operators": {}}
+        for op in self.meta.operators():
+            rows = self.meta.instances(op.operator_id)
+            if any(r.primary_worker == dead_worker or dead_worker in r.chain for r in rows):
+                out["operators"][op.operator_id] = self.reconfigure_operator(op.operator_id, f"{dead_worker} lost")
+        return out
+
+    def repair_all(self) -> None:
+        """Fills chains that are short (a degraded replica group) now that
+        workers are available, and moves off dead workers."""
+        alive = {w.id for w in self.c.alive_workers()}
+        for op in self.meta.operators():
+            rows = self.meta.instances(op.operator_id)
+            if any(r.primary_worker not in alive or len(r.chain) < op.replicas or any(m not in alive for m in r.chain)
+                   for r in rows):
+                self.reconfigure_operator(op.operator_id, "chain repair")
+
+    def reconfigure_operator(self, operator_id: str, reason: str) -> dict:
+        """Moves an operator to a new epoch with every instance on live workers:
+        fail over dead primaries, repair chains, re-open the rest (fencing)."""
+        op = self.meta.operator(operator_id)
+        assert op is not None
+        alive = {w.id for w in self.c.alive_workers()}
+        workers = self.workers_info()
+        rows = self.meta.instances(operator_id)
+        pending = self.meta.get_meta(f"pending:{operator_id}")
+        epoch = max(op.epoch, json.loads(pending)["epoch"] if pending else 0) + 1
+        plan: list[dict] = []
+        for r in rows:
+            step: dict[str, Any] = {"instance": r.instance, "old_primary": r.primary_worker}
+            primary = r.primary_worker
+            chain = list(r.chain)
+            if primary not in alive:
+                new = self._failover_target(r, alive)
+                if new is None:
+                    step["lost"] = True
+                    self.c.log("instance_unrecoverable", operator=operator_id, instance=r.instance,
+                               reason="no live worker holds its last complete checkpoint")
+                    plan.append(step)
+                    continue
+                step["takeover"] = True
+                chain = [m for m in chain if m != new]
+                primary = new
+            fixed = repair_chains([InstanceInfo(key=r.key, primary=primary, bytes=r.bytes, chain=tuple(chain))],
+                                  workers, op.replicas, dead=set(chain) - alive)
+            fix = fixed.get(r.key)
+            if fix is not None:
+                chain, step["added"], step["copy_from"] = list(fix.chain), list(fix.added), fix.copy_from
+            step.update(primary=primary, chain=chain,
+                        chain_version=r.chain_version + (1 if chain != r.chain or primary != r.primary_worker else 0))
+            plan.append(step)
+        doc = {"epoch": epoch, "reason": reason, "steps": plan}
+        with self.meta.tx() as c:
+            self.meta.set_meta(c, f"pending:{operator_id}", json.dumps(doc))
+            self.meta.event(c, "reconfigure_planned", operator=operator_id, epoch=epoch, reason=reason)
+        return self.carry_out(operator_id, doc)
+
+    def _failover_target(self, r: InstanceRow, alive: set[str]) -> Optional[str]:
+        """The first live chain member holding the last complete checkpoint."""
+        for wid in r.chain:
+            if wid not in alive:
+                continue
+            if r.last_complete is None:
+                return wid
+            try:
+                ids = self.c.client(wid).status(r.operator_id, r.instance)["checkpoints"]
+            except RhinoError:
+                continue
+            if r.last_complete in ids:
+                return wid
+        return None
+
+    def carry_out(self, operator_id: str, doc: dict) -> dict:
+        """Executes a pending reconfiguration (idempotent requests), then commits it."""
+        op = self.meta.operator(operator_id)
+        assert op is not None
+        epoch = doc["epoch"]
+        rows = {r.instance: r for r in self.meta.instances(operator_id)}
+        assignment = self.meta.assignment(operator_id)
+        t0 = time.monotonic()
+        report: dict[str, Any] = {"epoch": epoch, "takeovers": {}, "copies": {}}
+        new_rows: list[InstanceRow] = []
+        # 1. Every instance on its (new) primary at the new epoch: takeovers and re-opens.
+        for s in doc["steps"]:
+            r = rows[s["instance"]]
+            if s.get("lost"):
+                new_rows.append(r)
+                continue
+            chain_addr = self.addresses(s["chain"])
+            cl = self.c.client(s["primary"])
+            if s.get("takeover"):
+                if r.last_complete is None:
+                    vn = [v for v, i in enumerate(assignment) if i == r.instance]
+                    info = cl.open_instance(operator_id, r.instance, epoch=epoch, vnodes=vn, chain=chain_addr,
+                                            chain_version=s["chain_version"], **self.open_args(op))
+                else:
+                    t = time.monotonic()
+                    info = cl.takeover(operator_id, r.instance, epoch=epoch, checkpoint=r.last_complete,
+                                       chain=chain_addr, chain_version=s["chain_version"],
+                                       redo_version=r.redo_version, redo=r.redo)
+                    report["takeovers"][str(r.instance)] = {"worker": s["primary"], "restore_s": info.get("restore_s"),
+                                                            "request_s": time.monotonic() - t,
+                                                            "restore": info.get("restore")}
+            else:
+                cl.open_instance(operator_id, r.instance, epoch=epoch, chain=chain_addr,
+                                 chain_version=s["chain_version"], **self.open_args(op))
+            new_rows.append(replace(r, primary_worker=s["primary"], chain=s["chain"], chain_version=s["chain_version"]))
+        report["fence_s"] = time.monotonic() - t0
+        # 2. Bulk copies of the last complete checkpoint to new chain members,
+        #    from the (surviving) primary: never from the dead worker.
+        t1 = time.monotonic()
+        for s, r in zip(doc["steps"], new_rows):
+            if s.get("lost") or not s.get("added") or r.last_complete is None:
+                continue
+            res = self.c.client(r.primary_worker).replicate(
+                operator_id, r.instance, epoch=epoch, to=self.addresses(s["added"]), chain_version=r.chain_version,
+                checkpoint=r.last_complete, timeout=self.c.copy_timeout)
+            report["copies"][str(r.instance)] = {"to": s["added"], "bytes": res["bytes_sent"], "seconds": res["seconds"]}
+        report["copy_s"] = time.monotonic() - t1
+        with self.meta.tx() as c:
+            for r in new_rows:
+                self.meta.put_instance(c, r)
+            self.meta.record_epoch(c, operator_id, epoch, doc["reason"])
+            c.execute("DELETE FROM meta WHERE key=?", (f"pending:{operator_id}",))
+            self.meta.event(c, "reconfigured", operator=operator_id, epoch=epoch, reason=doc["reason"],
+                            takeovers=sorted(report["takeovers"]), copies=sorted(report["copies"]))
+        self.c.log("reconfigured", operator=operator_id, epoch=epoch, reason=doc["reason"])
+        return report
+
+    def resume(self) -> None:
+        for op in self.meta.operators():
+            pending = self.meta.get_meta(f"pending:{op.operator_id}")
+            if pending is None:
+                continue
+            try:
+                # The workers may have changed since: decide again from the
+                # committed rows under a newer epoch (the same decision when
+                # nothing changed), then carry it out.
+                self.reconfigure_operator(op.operator_id, json.loads(pending)["reason"] + " (resumed)")
+            except RhinoError as e:
+                self.c.log("resume_failed", operator=op.operator_id, error=str(e))
+
+    # ---- a worker (re)joins ---------------------------------------------------------------
+    def reconcile_worker(self, w: WorkerRow) -> None:
+        """Closes instances a returning worker still hosts but no longer owns
+        (their primary moved while it was away), after fencing them at the
+        operator's current epoch."""
+        try:
+            hosted = self.c.client(w).instances()
+        except RhinoError:
+            return
+        for h in hosted:
+            op = self.meta.operator(h["operator_id"])
+            r = self.meta.instance(h["operator_id"], h["instance"])
+            if op is None or r is None:
+                continue
+            if r.primary_worker != w.id or r.state != "active":
+                cl = self.c.client(w)
+                cl.fence(h["operator_id"], h["instance"], epoch=op.epoch)
+                cl.close_instance(h["operator_id"], h["instance"], epoch=op.epoch)
+                self.c.log("stale_instance_closed", worker=w.id, operator=h["operator_id"], instance=h["instance"])
+
+    def rebalance_replicas(self, operator_id: Optional[str]) -> dict:
+        """Moves replicas onto under-loaded workers (a worker that joined)."""
+        out = {}
+        for op in self.meta.operators():
+            if operator_id is not None and op.operator_id != operator_id:
+                continue
+            rows = self.meta.instances(op.operator_id)
+            infos = [InstanceInfo(key=r.key, primary=r.primary_worker, bytes=r.bytes, chain=tuple(r.chain)) for r in rows]
+            changes = rebalance_chains(infos, self.workers_info(), op.replicas)
+            if not changes:
+                continue
+            epoch = op.epoch + 1
+            steps = []
+            for r in rows:
+                fix = changes.get(r.key)
+                if fix is None:
+                    steps.append({"instance": r.instance, "primary": r.primary_worker, "chain": r.chain,
+                                  "chain_version": r.chain_version})
+                else:
+                    steps.append({"instance": r.instance, "primary": r.primary_worker, "chain": list(fix.chain),
+                                  "added": list(fix.added), "chain_version": r.chain_version + 1})
+            doc = {"epoch": epoch, "reason": "replica rebalance", "steps": steps}
+            with self.meta.tx() as c:
+                self.meta.set_meta(c, f"pending:{op.operator_id}", json.dumps(doc))
+            out[op.operator_id] = self.carry_out(op.operator_id, doc)
+        return out
