@@ -5,7 +5,9 @@
   rhino bench restore --sizes 256M,1G,4G [--json] [--dir D] [--out FILE] ...
   rhino bench replicate --workers 3 --replicas 1,2 --size 2G [--json] ...
   rhino bench overhead [--pairs 3] [--duration 16] [--checkpoint-interval 2] [--json] [--out FILE] ...
-  rhino worker --id ID --dir DIR --listen 127.0.0.N:PORT --secret-file FILE ...
+  rhino worker --id ID --dir DIR --listen 127.0.0.N:PORT --secret-file FILE [--coordinator HOST:PORT] ...
+  rhino coordinator --listen HOST:PORT --dir DIR --secret-file FILE [--rebuild --expect-workers N]
+  rhino status | handover | rebalance | rescale ... --coordinator HOST:PORT --secret-file FILE
   rhino demo [--dir D] [--size 384M]
 
 User errors (a missing path, a bad size, any rhino.RhinoError) print one line
@@ -120,6 +122,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # Subcommands that own their argument parsing (their modules have main(argv)).
 _DELEGATED = {
     ("worker",): ("rhino.daemon.worker", "the worker daemon: replica store and data-plane server of one host"),
+    ("coordinator",): ("rhino.coordinator.server", "the coordinator: Replication and Handover Managers, as a process"),
+    ("status",): ("rhino.cli.control:main_status", "workers, instances, chains, replica lag, epochs, plans in flight"),
+    ("handover",): ("rhino.cli.control:main_handover", "move vnodes to an instance at the next batch barrier"),
+    ("rebalance",): ("rhino.cli.control:main_rebalance", "rebalance replicas, and vnodes by measured load"),
+    ("rescale",): ("rhino.cli.control:main_rescale", "change an operator's parallelism by vnode handovers"),
     ("bench", "replicate"): ("rhino.bench.replicate",
                              "chain-replication throughput vs the disk and loopback limits, same run"),
     ("bench", "overhead"): ("rhino.bench.overhead",
@@ -135,7 +142,8 @@ def _delegate(argv: list[str]) -> Optional[int]:
         if tuple(argv[: len(prefix)]) == prefix:
             import importlib
 
-            return int(importlib.import_module(module).main(argv[len(prefix):]) or 0)
+            name, _, func = module.partition(":")
+            return int(getattr(importlib.import_module(name), func or "main")(argv[len(prefix):]) or 0)
     return None
 
 
@@ -219,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Listed for --help; main() hands their arguments to their own parsers.
     sub.add_parser("worker", help=_DELEGATED[("worker",)][1] + " (rhino worker --help)", add_help=False)
+    for name in ("coordinator", "status", "handover", "rebalance", "rescale"):
+        sub.add_parser(name, help=_DELEGATED[(name,)][1] + f" (rhino {name} --help)", add_help=False)
     bsub.add_parser("replicate", help=_DELEGATED[("bench", "replicate")][1] + " (rhino bench replicate --help)",
                     add_help=False)
     bsub.add_parser("overhead", help=_DELEGATED[("bench", "overhead")][1] + " (rhino bench overhead --help)",

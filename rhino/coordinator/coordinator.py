@@ -50,7 +50,7 @@ class Coordinator:
     def __init__(self, directory: str, *, secret: bytes | str, heartbeat_timeout: float = 3.0,
                  request_timeout: float = 60.0, copy_timeout: float = 600.0, handover_timeout: float = 120.0,
                  client_id: str = "coordinator", log: Optional[Callable[..., None]] = None,
-                 detector_interval: float = 0.1) -> None:
+                 detector_interval: float = 0.1, rebuilding: bool = False) -> None:
         if heartbeat_timeout <= 0 or request_timeout <= 0:
             raise InvalidArgumentError("timeouts must be positive")
         self.meta = Metadata(directory)
@@ -66,6 +66,9 @@ class Coordinator:
         self._clients: dict[str, Client] = {}
         self._clients_lock = threading.Lock()
         self._stop = threading.Event()
+        # --rebuild: until the metadata is rebuilt from the workers, only
+        # registrations, heartbeats and status are served.
+        self.rebuilding = rebuilding
         self.rm = ReplicationManager(self)
         self.hm = HandoverManager(self)
         now = time.monotonic()
@@ -143,11 +146,14 @@ class Coordinator:
             self._seen[worker_id] = time.monotonic()
             self.drop_client(worker_id)
             self.log("worker_registered", worker=worker_id, address=address)
-            try:
-                self.rm.reconcile_worker(row)
-                self.rm.repair_all()
-            except RhinoError as e:  # the worker may die again meanwhile; the detector handles that
-                self.log("reconcile_failed", worker=worker_id, error=str(e))
+            if not self.rebuilding:
+                try:
+                    self.rm.reconcile_worker(row)
+                    self.rm.repair_all()
+                except RhinoError as e:  # the worker may die again meanwhile; the detector handles that
+                    self.log("reconcile_failed", worker=worker_id, error=str(e))
+            # It could not heartbeat while this call ran (a repair may copy GBs).
+            self._seen[worker_id] = time.monotonic()
         return {"worker_id": worker_id, "incarnation": incarnation, "heartbeat_timeout": self.heartbeat_timeout}
 
     def heartbeat(self, worker_id: str, incarnation: str) -> dict:
@@ -166,15 +172,20 @@ class Coordinator:
 
     def _detect(self, interval: float) -> None:
         while not self._stop.wait(interval):
+            if self.rebuilding:
+                continue
             now = time.monotonic()
             late = [wid for wid, t in list(self._seen.items()) if now - t > self.heartbeat_timeout]
             for wid in late:
-                w = self.meta.worker(wid)
-                if w is None or not w.alive:
-                    self._seen.pop(wid, None)
-                    continue
                 try:
-                    self.declare_dead(wid, f"no heartbeat for {now - self._seen.get(wid, now):.1f} s")
+                    with self.lock:
+                        # Checked again under the lock: a long decision may have
+                        # held it while this worker's heartbeats kept coming.
+                        seen = self._seen.get(wid)
+                        age = time.monotonic() - seen if seen is not None else 0.0
+                        if seen is None or age <= self.heartbeat_timeout:
+                            continue
+                        self.declare_dead(wid, f"no heartbeat for {age:.1f} s")
                 except Exception as e:  # never let the detector die
                     self.log("failover_failed", worker=wid, error=f"{type(e).__name__}: {e}")
 
@@ -195,7 +206,10 @@ class Coordinator:
             self.drop_client(worker_id)
             self.log("worker_dead", worker=worker_id, reason=reason)
             out = self.rm.recover_from_loss(worker_id)
-            out["scheduling_s"] = time.monotonic() - t0
+            out["recovery_s"] = time.monotonic() - t0
+            with self.meta.tx() as c:
+                self.meta.event(c, "failover_done", worker=worker_id, recovery_s=round(out["recovery_s"], 4),
+                                operators=sorted(out["operators"]))
             return out
 
     # ---- operators -------------------------------------------------------------------
@@ -350,6 +364,8 @@ class Coordinator:
         fn = _METHODS.get(method)
         if fn is None:
             raise InvalidArgumentError(f"unknown coordinator method {method!r}")
+        if self.rebuilding and method not in ("register", "heartbeat", "status"):
+            raise BusyError("the coordinator is rebuilding its metadata from the workers; retry shortly")
         if not isinstance(args, dict):
             raise InvalidArgumentError("the arguments must be a JSON object")
         try:
@@ -367,9 +383,6 @@ class Coordinator:
     def _resume(self) -> None:
         """After a restart: finish what a killed coordinator left half done."""
         with self.lock:
-            for w in self.meta.workers():
-                if not w.alive:
-                    continue
             self.rm.resume()
             self.hm.resume()
 

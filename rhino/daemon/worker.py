@@ -113,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "connection alive would hold its instance otherwise (default: %(default)s; 0: never)")
     p.add_argument("--replication-timeout", type=float, default=60.0,
                    help="seconds a commit's checkpoint may take to reach the end of its chain (default: %(default)s)")
+    p.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                   help="register with this coordinator and send it heartbeats (rhino coordinator --listen)")
+    p.add_argument("--coordinator-heartbeat", type=float, default=0.5,
+                   help="seconds between heartbeats to the coordinator (default: %(default)s)")
+    p.add_argument("--rack", default=None, help="this host's rack, for replica placement")
+    p.add_argument("--zone", default=None, help="this host's zone, for replica placement")
     p.add_argument("--metrics-listen", default=None, help="HOST:PORT for the Prometheus /metrics endpoint")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
     p.add_argument("--io-threads", type=uint32, default=1,
@@ -207,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         state_dir, unix_socket = service_paths(args)
         if not (0 <= args.session_idle_timeout <= 86400):
             raise ValueError(f"--session-idle-timeout must be in [0, 86400] seconds, got {args.session_idle_timeout}")
+        if args.coordinator is not None:
+            parse_address(args.coordinator)
+        if not (0 < args.coordinator_heartbeat <= 60):
+            raise ValueError(f"--coordinator-heartbeat must be in (0, 60] seconds, got {args.coordinator_heartbeat}")
         if not (args.replication_timeout > 0) or args.replication_timeout > 86400:
             raise ValueError(f"--replication-timeout must be in (0, 86400] seconds, got {args.replication_timeout}")
     except (OSError, ValueError) as e:
@@ -276,10 +286,21 @@ def main(argv: list[str] | None = None) -> int:
     log.info("listening", host=host, port=worker.port, dir=args.dir, state_dir=state_dir,
              unix_socket=unix_socket or None, pid=os.getpid())
 
+    registration = None
+    if args.coordinator is not None:
+        from .registration import Registration
+
+        registration = Registration(args.coordinator, worker_id=args.id, address=f"{host}:{worker.port}",
+                                    unix_socket=unix_socket or None, secret=secret, rack=args.rack, zone=args.zone,
+                                    interval=args.coordinator_heartbeat, bind_host=host,
+                                    log=lambda level, event, **f: log.log(level, event, **f)).start()
+
     while not stop.wait(0.5):
         pass
 
     log.info("stopping")
+    if registration is not None:
+        registration.stop()
     worker.stop()
     worker.join()
     sampler.stop()

@@ -1,0 +1,148 @@
+"""``rhino status``, ``rhino handover``, ``rhino rebalance`` and ``rhino rescale``:
+an operator's view of a running coordinator, and the reconfigurations it can ask for.
+
+Each talks to a ``rhino coordinator`` (``--coordinator HOST:PORT``, or the
+environment variable ``RHINO_COORDINATOR``) with the cluster's secret
+(``--secret-file``, or ``RHINO_SECRET_FILE``). Handovers, rescales and load
+rebalancing are *plans*: they run at the next batch barrier of the job (or
+``--after-batch``), one step per barrier; ``rhino status`` shows them in flight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Optional
+
+__all__ = ["main_status", "main_handover", "main_rebalance", "main_rescale", "format_status"]
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--coordinator", default=os.environ.get("RHINO_COORDINATOR"), metavar="HOST:PORT",
+                   help="the coordinator (default: $RHINO_COORDINATOR)")
+    p.add_argument("--secret-file", default=os.environ.get("RHINO_SECRET_FILE"),
+                   help="the cluster's shared secret (default: $RHINO_SECRET_FILE)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from ..coordinator.client import connect_coordinator
+    from ..replication import read_secret_file
+
+    if not args.coordinator:
+        raise SystemExit("rhino: error: no coordinator: pass --coordinator HOST:PORT or set RHINO_COORDINATOR")
+    if not args.secret_file:
+        raise SystemExit("rhino: error: no secret: pass --secret-file FILE or set RHINO_SECRET_FILE")
+    return connect_coordinator(args.coordinator, secret=read_secret_file(args.secret_file), client_id="rhino-cli")
+
+
+def _vnodes(text: str) -> list[int]:
+    """'0-7,12,14' -> [0..7, 12, 14]"""
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                out.extend(range(int(lo), int(hi) + 1))
+            elif part:
+                out.append(int(part))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected vnodes like '0-7,12', got {text!r}") from None
+    if not out:
+        raise argparse.ArgumentTypeError("no vnodes given")
+    return out
+
+
+def _run(parser: argparse.ArgumentParser, argv: Optional[list[str]], fn: Any) -> int:
+    from ..errors import RhinoError
+
+    args = parser.parse_args(argv)
+    try:
+        with _client(args) as c:
+            out = fn(c, args)
+    except RhinoError as e:
+        print(f"rhino: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(out if isinstance(out, str) else _plain(out))
+    return 0
+
+
+def _plain(d: Any) -> str:
+    return "\n".join(f"{k}: {v}" for k, v in d.items()) if isinstance(d, dict) else str(d)
+
+
+def format_status(s: dict) -> str:
+    lines = ["WORKERS"]
+    for w in s["workers"]:
+        age = "-" if w["heartbeat_age_s"] is None else f"{w['heartbeat_age_s']:.1f}s ago"
+        where = " ".join(x for x in (w.get("rack"), w.get("zone")) if x)
+        lines.append(f"  {w['id']:<10} {w['state']:<6} {w['address']:<22} heartbeat {age:<10} {where}")
+    for o in s["operators"]:
+        lines.append(f"OPERATOR {o['operator_id']}  epoch {o['epoch']}  last batch {o['last_batch']}  "
+                     f"r={o['replicas']}  vnodes {o['num_vnodes']}")
+        lines.append(f"  {'inst':>4} {'primary':<10} {'chain':<24} {'ver':>3} {'ckpt':>6} {'vnodes':>6} {'bytes':>12}  lag")
+        for i in o["instances"]:
+            lag = ",".join(f"{k}:{'?' if v is None else v}" for k, v in (i["replica_lag"] or {}).items())
+            lines.append(f"  {i['instance']:>4} {i['primary']:<10} {','.join(i['chain']):<24} {i['chain_version']:>3} "
+                         f"{str(i['last_complete']):>6} {i['vnodes']:>6} {i['bytes']:>12}  {lag}")
+    lines.append("PLANS IN FLIGHT" + ("" if s["plans_in_flight"] else ": none"))
+    for p in s["plans_in_flight"]:
+        lines.append(f"  #{p['id']} {p['operator_id']} {p['kind']} ({p['strategy']}) step {p['steps_done']}/{p['steps']}"
+                     f" after batch {p['after_batch']} {p['state']} {p['message']}")
+    lines.append("RECENT EVENTS")
+    for e in s["events"][-10:]:
+        detail = {k: v for k, v in e.items() if k not in ("at", "kind")}
+        lines.append(f"  {time.strftime('%H:%M:%S', time.localtime(e['at']))} {e['kind']} {json.dumps(detail)}")
+    return "\n".join(lines)
+
+
+def main_status(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="rhino status", description="Workers, instances, chains, replica lag, "
+                                "epochs and plans in flight, as the coordinator sees them.")
+    _common(p)
+    return _run(p, argv, lambda c, a: c.status() if a.json else format_status(c.status()))
+
+
+def main_handover(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="rhino handover", description="Move vnodes to an instance (a new instance "
+                                "number creates one) at the next batch barrier.")
+    _common(p)
+    p.add_argument("--operator", required=True)
+    p.add_argument("--vnodes", required=True, type=_vnodes, help="e.g. 0-7,12")
+    p.add_argument("--to", required=True, type=int, help="the target instance")
+    p.add_argument("--strategy", default="all-at-once", choices=["all-at-once", "fluid", "batched"])
+    p.add_argument("--after-batch", type=int, default=None, help="run at the barrier after this batch")
+    return _run(p, argv, lambda c, a: c.handover(a.operator, a.vnodes, a.to, strategy=a.strategy,
+                                                 after_batch=a.after_batch))
+
+
+def main_rebalance(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="rhino rebalance", description="Rebalance replicas over the live workers "
+                                "(now), and vnodes over instances by measured load (a plan).")
+    _common(p)
+    p.add_argument("--operator", default=None)
+    p.add_argument("--replicas-only", action="store_true")
+    p.add_argument("--load-only", action="store_true")
+    p.add_argument("--strategy", default="batched", choices=["all-at-once", "fluid", "batched"])
+    p.add_argument("--after-batch", type=int, default=None)
+    return _run(p, argv, lambda c, a: c.rebalance(a.operator, replicas=not a.load_only, load=not a.replicas_only,
+                                                  strategy=a.strategy, after_batch=a.after_batch))
+
+
+def main_rescale(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="rhino rescale", description="Change an operator's parallelism by vnode "
+                                "handovers (no state is reloaded).")
+    _common(p)
+    p.add_argument("operator", metavar="OPERATOR")
+    p.add_argument("parallelism", metavar="N", type=int)
+    p.add_argument("--strategy", default="all-at-once", choices=["all-at-once", "fluid", "batched"])
+    p.add_argument("--after-batch", type=int, default=None)
+    return _run(p, argv, lambda c, a: c.rescale(a.operator, a.parallelism, strategy=a.strategy,
+                                                after_batch=a.after_batch))

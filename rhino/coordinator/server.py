@@ -1,0 +1,151 @@
+"""``rhino coordinator``: the coordinator as a process (docs/design.md §2-§4).
+
+It serves :class:`~rhino.coordinator.Coordinator`'s methods over the framed,
+HMAC-authenticated protocol of the workers (docs/protocol.md §8), keeps its
+metadata in ``--dir`` (SQLite), and logs one JSON object per line on stderr.
+A killed coordinator restarted on the same ``--dir`` resumes where it stopped.
+
+``--rebuild``: the directory was lost. The coordinator starts empty, waits for
+``--expect-workers`` workers to register (they keep heartbeating to this
+address and register again when told they are unknown), then rebuilds the
+placement and the last complete checkpoints from what the workers host and
+hold (:mod:`.rebuild`), and serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+from .. import _core
+from .._secret import secret_bytes
+from ..errors import InvalidArgumentError
+from ..replication import parse_address, read_secret_file
+
+__all__ = ["CoordinatorServer", "main", "build_parser"]
+
+
+class CoordinatorServer:
+    """A Coordinator served on ``host:port`` (port 0: any free port)."""
+
+    def __init__(self, coordinator: Any, host: str, port: int, *, secret: Any, threads: int = 16) -> None:
+        self.coordinator = coordinator
+
+        def handler(method: str, args_json: str) -> tuple[int, str, str]:
+            try:
+                args = json.loads(args_json) if args_json else {}
+            except json.JSONDecodeError as e:
+                raise InvalidArgumentError(f"{method}: the arguments are not JSON: {e}") from None
+            return 0, "", json.dumps(coordinator.handle(method, args), separators=(",", ":"))
+
+        # Handlers may block (a handover step, a bulk copy) while heartbeats
+        # must still be answered: enough threads that heartbeats never queue
+        # behind the coordinator's lock.
+        self._server = _core.CoordServer(host, port, secret_bytes(secret), handler, server_id="coordinator",
+                                         threads=threads)
+
+    @property
+    def port(self) -> int:
+        return self._server.port
+
+    @property
+    def address(self) -> str:
+        return self._server.address
+
+    def close(self) -> None:
+        self._server.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rhino coordinator",
+                                description="The Replication and Handover Managers, as a process.")
+    p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to serve on (default: %(default)s; port 0: any)")
+    p.add_argument("--dir", required=True, help="metadata directory (SQLite), e.g. next to Spark's checkpoints")
+    p.add_argument("--secret-file", required=True, help="file holding the cluster's shared secret")
+    p.add_argument("--heartbeat-timeout", type=float, default=3.0,
+                   help="declare a worker dead after this many seconds without a heartbeat (default: %(default)s)")
+    p.add_argument("--request-timeout", type=float, default=60.0,
+                   help="seconds one request to a worker may take (default: %(default)s)")
+    p.add_argument("--copy-timeout", type=float, default=600.0,
+                   help="seconds a bulk copy to a new chain member may take (default: %(default)s)")
+    p.add_argument("--handover-timeout", type=float, default=120.0,
+                   help="seconds a handover step at one worker may take before the step aborts (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=16, help="request handler threads (default: %(default)s)")
+    p.add_argument("--rebuild", action="store_true",
+                   help="the metadata is lost: rebuild it from the workers' stores (needs --expect-workers)")
+    p.add_argument("--expect-workers", type=int, default=0, help="with --rebuild: workers to wait for")
+    p.add_argument("--rebuild-wait", type=float, default=60.0,
+                   help="with --rebuild: seconds to wait for them (default: %(default)s)")
+    p.add_argument("--log-format", choices=["json", "text"], default="json")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    from ..daemon.worker import JsonLogger
+    from .coordinator import Coordinator
+    from .rebuild import rebuild_from_workers
+
+    args = build_parser().parse_args(argv)
+    log = JsonLogger("coordinator", args.log_format)
+    try:
+        host, port = parse_address(args.listen)
+        secret = read_secret_file(args.secret_file)
+        for name in ("heartbeat_timeout", "request_timeout", "copy_timeout", "handover_timeout"):
+            if not getattr(args, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive")
+        if args.threads < 4:
+            raise ValueError("--threads must be at least 4")
+        if args.rebuild and args.expect_workers < 1:
+            raise ValueError("--rebuild needs --expect-workers N (how many workers hold the state)")
+        if args.rebuild and os.path.exists(os.path.join(args.dir, "coordinator.db")):
+            raise ValueError(f"--rebuild: {args.dir} already holds metadata; move it away first")
+    except (OSError, ValueError) as e:
+        log.error("bad_configuration", error=str(e))
+        return 2
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("signal", signal=signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    coord = Coordinator(args.dir, secret=secret, heartbeat_timeout=args.heartbeat_timeout,
+                        request_timeout=args.request_timeout, copy_timeout=args.copy_timeout,
+                        handover_timeout=args.handover_timeout, log=log.info,
+                        rebuilding=args.rebuild)
+    try:
+        server = CoordinatorServer(coord, host, port, secret=secret, threads=args.threads)
+    except Exception as e:  # noqa: BLE001 - a bind failure ends the process, logged
+        log.error("start_failed", error=str(e), error_type=type(e).__name__)
+        coord.close()
+        return 1
+    log.info("listening", host=host, port=server.port, dir=args.dir, pid=os.getpid(),
+             heartbeat_timeout=args.heartbeat_timeout)
+    if args.rebuild:
+        deadline = time.monotonic() + args.rebuild_wait
+        while len(coord.alive_workers()) < args.expect_workers and time.monotonic() < deadline and not stop.is_set():
+            time.sleep(0.1)
+        workers = coord.alive_workers()
+        if len(workers) < args.expect_workers:
+            log.warning("rebuild_short_of_workers", registered=len(workers), expected=args.expect_workers)
+        summary = rebuild_from_workers(coord)
+        log.info("rebuilt", **summary)
+    while not stop.wait(0.5):
+        pass
+    log.info("stopping")
+    server.close()
+    coord.close()
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
