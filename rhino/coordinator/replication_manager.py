@@ -149,6 +149,7 @@ class ReplicationManager:
         pending = self.meta.get_meta(f"pending:{operator_id}")
         epoch = max(op.epoch, json.loads(pending)["epoch"] if pending else 0) + 1
         plan: list[dict] = []
+        infos: list[InstanceInfo] = []
         for r in rows:
             step: dict[str, Any] = {"instance": r.instance, "old_primary": r.primary_worker}
             primary = r.primary_worker
@@ -164,14 +165,21 @@ class ReplicationManager:
                 step["takeover"] = True
                 chain = [m for m in chain if m != new]
                 primary = new
-            fixed = repair_chains([InstanceInfo(key=r.key, primary=primary, bytes=r.bytes, chain=tuple(chain))],
-                                  workers, op.replicas, dead=set(chain) - alive)
-            fix = fixed.get(r.key)
-            if fix is not None:
-                chain, step["added"], step["copy_from"] = list(fix.chain), list(fix.added), fix.copy_from
-            step.update(primary=primary, chain=chain,
-                        chain_version=r.chain_version + (1 if chain != r.chain or primary != r.primary_worker else 0))
+            step.update(primary=primary, chain=chain)
+            infos.append(InstanceInfo(key=r.key, primary=primary, bytes=r.bytes, chain=tuple(chain)))
             plan.append(step)
+        # One call over every instance, so replacements spread by load.
+        fixes = repair_chains(infos, workers, op.replicas, dead={m for i in infos for m in i.chain} - alive)
+        by_key = {r.instance: r for r in rows}
+        for step in plan:
+            if step.get("lost"):
+                continue
+            r = by_key[step["instance"]]
+            fix = fixes.get(r.key)
+            if fix is not None:
+                step["chain"], step["added"], step["copy_from"] = list(fix.chain), list(fix.added), fix.copy_from
+            changed = step["chain"] != r.chain or step["primary"] != r.primary_worker
+            step["chain_version"] = r.chain_version + (1 if changed else 0)
         doc = {"epoch": epoch, "reason": reason, "steps": plan}
         with self.meta.tx() as c:
             self.meta.set_meta(c, f"pending:{operator_id}", json.dumps(doc))
@@ -217,13 +225,13 @@ class ReplicationManager:
                     info = cl.open_instance(operator_id, r.instance, epoch=epoch, vnodes=vn, chain=chain_addr,
                                             chain_version=s["chain_version"], **self.open_args(op))
                 else:
-                    t = time.monotonic()
+                    t, sent = time.monotonic(), time.time()
                     info = cl.takeover(operator_id, r.instance, epoch=epoch, checkpoint=r.last_complete,
                                        chain=chain_addr, chain_version=s["chain_version"],
                                        redo_version=r.redo_version, redo=r.redo)
                     report["takeovers"][str(r.instance)] = {"worker": s["primary"], "restore_s": info.get("restore_s"),
                                                             "request_s": time.monotonic() - t,
-                                                            "restore": info.get("restore")}
+                                                            "sent_unix": sent, "restore": info.get("restore")}
             else:
                 cl.open_instance(operator_id, r.instance, epoch=epoch, chain=chain_addr,
                                  chain_version=s["chain_version"], **self.open_args(op))
@@ -246,7 +254,8 @@ class ReplicationManager:
             self.meta.record_epoch(c, operator_id, epoch, doc["reason"])
             c.execute("DELETE FROM meta WHERE key=?", (f"pending:{operator_id}",))
             self.meta.event(c, "reconfigured", operator=operator_id, epoch=epoch, reason=doc["reason"],
-                            takeovers=sorted(report["takeovers"]), copies=sorted(report["copies"]))
+                            takeovers=sorted(report["takeovers"]), copies=sorted(report["copies"]),
+                            takeover_figures=report["takeovers"])
         self.c.log("reconfigured", operator=operator_id, epoch=epoch, reason=doc["reason"])
         return report
 

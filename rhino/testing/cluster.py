@@ -223,6 +223,94 @@ class WorkerProcess:
         raise KeyError(f"{name} {want}")
 
 
+class CoordinatorProcess:
+    """One ``python -m rhino.coordinator.server`` process on `host`, metadata in
+    root/coordinator, log in root/coordinator.log. The port is fixed at the
+    first start (a free one unless given) and kept by a restart, so the workers'
+    ``--coordinator`` address stays valid."""
+
+    def __init__(self, root: Path, *, secret_file: Path, host: str = "127.0.0.1", port: int = 0,
+                 heartbeat_timeout: float = 1.0, extra_args: Optional[list[str]] = None) -> None:
+        self.root = Path(root)
+        self.dir = self.root / "coordinator"
+        self.log_path = self.root / "coordinator.log"
+        self.secret_file = Path(secret_file)
+        self.host = host
+        self.port = port or _free_port(host)
+        self.heartbeat_timeout = heartbeat_timeout
+        self.extra_args = list(extra_args or [])
+        self.proc: Optional[subprocess.Popen] = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "rhino.coordinator.server", "--listen", self.address, "--dir", str(self.dir),
+                "--secret-file", str(self.secret_file), "--heartbeat-timeout", str(self.heartbeat_timeout)] + \
+            self.extra_args
+
+    def start(self, timeout: float = 30.0) -> "CoordinatorProcess":
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        finally:
+            log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(r.get("event") == "listening" for r in self.events(offset)):
+                return self
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"the coordinator did not start; its log: {self.log_path.read_text()[-2000:]}")
+
+    def events(self, offset: int = 0) -> list[dict]:
+        out = []
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                for line in f.read().splitlines():
+                    try:
+                        out.append(json.loads(line))
+                    except ValueError:
+                        pass
+        except FileNotFoundError:
+            pass
+        return out
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.alive():
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def start_workers(root: Path, numbers: list[int], secret_file: Path, max_window: int,
                   extra_args: Optional[list[str]] = None) -> list[WorkerProcess]:
     """Workers w`n` on 127.0.0.`n` for every n in `numbers`, without metrics, with the daemon's
