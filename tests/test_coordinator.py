@@ -1,0 +1,182 @@
+"""The coordinator in-process (as the Spark driver will host it) against real
+``rhino worker`` processes: bad input, a handover step that fails and aborts,
+a coordinator killed in the middle of a step, and ``--rebuild`` from the
+workers' stores. The expected state is a dict model of what the engine wrote.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import rhino
+from rhino.coordinator.client import LocalCoordinatorClient
+from rhino.coordinator.coordinator import Coordinator
+from rhino.coordinator.handover_manager import HandoverManager
+from rhino.coordinator.rebuild import rebuild_from_workers
+from rhino.testing.cluster import SECRET, WorkerProcess, write_secret
+from rhino.testing.engine import MicroBatchEngine
+
+OP = "op"
+V = 16
+
+
+@pytest.fixture
+def cluster(tmp_path: Path):
+    sf = write_secret(tmp_path, SECRET)
+    ws = [WorkerProcess(tmp_path, f"w{n}", f"127.0.0.{n}", secret_file=sf, metrics=False).start() for n in (2, 3, 4, 5)]
+    yield tmp_path, ws
+    for w in ws:
+        if w.alive():
+            w.stop()
+
+
+def make(tmp_path: Path, ws, **kw) -> tuple[Coordinator, LocalCoordinatorClient]:
+    coord = Coordinator(str(tmp_path / "coord"), secret=SECRET, heartbeat_timeout=3600, **kw)
+    cc = LocalCoordinatorClient(coord)
+    for w in ws:
+        if w.alive():
+            cc.register(w.id, w.address, unix_socket=str(w.unix_socket), incarnation="test")
+    return coord, cc
+
+
+class Job:
+    def __init__(self, cc, seed: int = 0) -> None:
+        self.engine = MicroBatchEngine(cc, OP, secret=SECRET, retry_sleep=0.05)
+        self.cc = cc
+        self.rng = np.random.default_rng(seed)
+        self.model: dict[int, bytes] = {}
+        self.batch = 0
+
+    def run(self, n: int = 1) -> None:
+        for _ in range(n):
+            puts = {int(k): self.rng.bytes(12) for k in self.rng.choice(1000, 80, replace=False)}
+            dels = [int(k) for k in self.rng.choice(1000, 8, replace=False) if int(k) not in puts]
+            self.engine.run_batch(self.batch, puts, dels)
+            self.model.update(puts)
+            for k in dels:
+                self.model.pop(k, None)
+            self.batch += 1
+
+    def state(self) -> dict[int, bytes]:
+        pl = self.cc.placement(OP)
+        out: dict[int, bytes] = {}
+        for name, info in pl["instances"].items():
+            with rhino.connect(info["address"], secret=SECRET) as c:
+                with c.session(OP, int(name), batch=self.batch, epoch=pl["epoch"]) as s:
+                    out.update({int.from_bytes(k, "little", signed=True): v for k, v in s.scan(page_size=500)})
+                    s.abort()
+        return out
+
+
+def test_bad_input(cluster) -> None:
+    tmp, ws = cluster
+    coord, cc = make(tmp, ws)
+    with pytest.raises(rhino.InvalidArgumentError, match="unknown coordinator method"):
+        cc.call("launch_missiles")
+    with pytest.raises(rhino.InvalidArgumentError):
+        cc.call("placement", operator_id=OP, extra=1)
+    with pytest.raises(rhino.InvalidArgumentError, match="parallelism"):
+        cc.create_operator(OP, parallelism=0, num_vnodes=V)
+    with pytest.raises(rhino.InvalidArgumentError, match="replicas"):
+        cc.create_operator(OP, parallelism=2, num_vnodes=V, replicas=4)  # 4 workers cannot give 4 replicas + a primary
+    with pytest.raises(rhino.UnknownInstanceError):
+        cc.placement("nope")
+    cc.create_operator(OP, parallelism=2, num_vnodes=V, replicas=2)
+    assert cc.create_operator(OP, parallelism=2, num_vnodes=V, replicas=2)["epoch"] == 1  # idempotent
+    with pytest.raises(rhino.InvalidArgumentError, match="another shape"):
+        cc.create_operator(OP, parallelism=3, num_vnodes=V, replicas=2)
+    with pytest.raises(rhino.InvalidArgumentError, match="next batch is 0"):
+        cc.begin_batch(OP, 5)
+    with pytest.raises(rhino.UnknownVnodeError):
+        cc.handover(OP, [V + 3], 0)
+    with pytest.raises(rhino.InvalidArgumentError, match="strategy"):
+        cc.handover(OP, [0], 1, strategy="teleport")
+    with pytest.raises(rhino.UnknownInstanceError, match="not registered"):
+        cc.heartbeat("w99", "x")
+    with pytest.raises(rhino.StaleEpochError, match="incarnation"):
+        cc.heartbeat("w2", "another-process")
+    coord.close()
+
+
+def test_failed_step_aborts_then_failover(cluster) -> None:
+    """The target's worker dies before the barrier: the step fails, is undone at
+    a new epoch with the old table, and the loss is then handled by failover."""
+    tmp, ws = cluster
+    coord, cc = make(tmp, ws)
+    cc.create_operator(OP, parallelism=2, num_vnodes=V, replicas=2)
+    job = Job(cc)
+    job.run(3)
+    pl = cc.placement(OP)
+    before = list(pl["assignment"])
+    target_worker = pl["instances"]["1"]["primary"]
+    victim = next(w for w in ws if w.id == target_worker)
+    mine = [v for v, i in enumerate(before) if i == 0][:3]
+    plan = cc.handover(OP, mine, 1)
+    victim.kill()  # nobody tells the coordinator: the step finds out
+    pl2 = cc.begin_batch(OP, job.batch)
+    assert pl2["assignment"] == before and pl2["epoch"] > pl["epoch"] + 1
+    (row,) = [p for p in coord.meta.plans() if p.id == plan["plan"]]
+    assert row.state == "aborted" and row.message
+    cc.declare_dead(victim.id, "test")
+    job.run(3)
+    assert job.state() == {k: v for k, v in job.model.items()}
+    coord.close()
+
+
+def test_coordinator_killed_mid_step_resumes_by_abort(cluster, monkeypatch) -> None:
+    tmp, ws = cluster
+    coord, cc = make(tmp, ws)
+    cc.create_operator(OP, parallelism=2, num_vnodes=V, replicas=2)
+    job = Job(cc, seed=1)
+    job.run(2)
+    before = cc.placement(OP)["assignment"]
+    real = HandoverManager._apply
+
+    def die_after_apply(self, *a, **kw):
+        real(self, *a, **kw)  # the workers imported and dropped...
+        raise SystemExit("killed")  # ...and the coordinator died before its commit
+
+    monkeypatch.setattr(HandoverManager, "_apply", die_after_apply)
+    cc.handover(OP, [v for v, i in enumerate(before) if i == 0][:2], 1)
+    with pytest.raises(SystemExit):
+        cc.begin_batch(OP, job.batch)
+    monkeypatch.setattr(HandoverManager, "_apply", real)
+    coord._stop.set()  # the dead process's threads
+    coord2 = Coordinator(str(tmp / "coord"), secret=SECRET, heartbeat_timeout=3600)  # resume() aborts the step
+    cc2 = LocalCoordinatorClient(coord2)
+    assert cc2.placement(OP)["assignment"] == before
+    assert not cc2.status()["plans_in_flight"]
+    job.cc = job.engine.coord = cc2
+    job.run(3)
+    assert job.state() == job.model
+    coord2.close()
+
+
+def test_rebuild_from_the_workers(cluster) -> None:
+    tmp, ws = cluster
+    coord, cc = make(tmp, ws)
+    cc.create_operator(OP, parallelism=3, num_vnodes=V, replicas=2)
+    job = Job(cc, seed=2)
+    job.run(2)
+    cc.handover(OP, [0, 1], 5)
+    job.run(3)
+    old = cc.placement(OP)
+    coord.close()
+    shutil.rmtree(tmp / "coord")  # the metadata is lost
+    coord2, cc2 = make(tmp, ws, rebuilding=True)
+    with pytest.raises(rhino.BusyError):
+        cc2.placement(OP)
+    summary = rebuild_from_workers(coord2)
+    assert summary["operators"][OP]["last_batch"] == job.batch - 1
+    new = cc2.placement(OP)
+    assert new["assignment"] == old["assignment"] and new["epoch"] > old["epoch"]
+    assert {i: (x["primary"], x["chain"]) for i, x in new["instances"].items()} == \
+        {i: (x["primary"], x["chain"]) for i, x in old["instances"].items()}
+    job.cc = job.engine.coord = cc2
+    job.run(2)
+    assert job.state() == job.model
+    coord2.close()
