@@ -85,6 +85,7 @@ chaos: setup
 
 FUZZ_SECONDS ?= 60
 FUZZ_SOURCES := fuzz/frame_fuzzer.cc src/cpp/net/frame.cc src/cpp/net/messages.cc src/cpp/net/service_messages.cc \
+  src/cpp/net/coord_messages.cc \
   src/cpp/net/address.cc \
   src/cpp/replication/manifest_check.cc src/cpp/state/manifest.cc src/cpp/util/status.cc
 # libFuzzer under clang, with ASan and UBSan, on the frame and message decoders.

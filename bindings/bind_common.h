@@ -25,6 +25,7 @@ void BindState(pybind11::module_& m);
 void BindStore(pybind11::module_& m);
 void BindWorker(pybind11::module_& m);
 void BindService(pybind11::module_& m);
+void BindCoord(pybind11::module_& m);
 RestoreOptions ParseRestoreOptions(const std::string& mode, const std::string& verify);
 
 // For long C++ calls made with the GIL released that report as they go and

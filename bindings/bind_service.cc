@@ -1,5 +1,6 @@
-// Bindings of the state client (rhino/client/): _core.StateClient and
-// _core.ClientSession. Every call that waits on the network releases the GIL.
+// Bindings of the state client (rhino/client/): _core.StateClient (which
+// also speaks to the coordinator: coord) and _core.ClientSession. Every call
+// that waits on the network releases the GIL.
 // A handle is safe against a close from another thread: calls on one session
 // are serialized by its mutex, and a client closed under a call fails that
 // call with a RhinoError instead of freeing what it uses.
@@ -132,6 +133,21 @@ void BindService(py::module_& m) {
            },
            py::arg("action"), py::arg("operator_id"), py::arg("instance"), py::arg("epoch"), py::arg("args") = "{}",
            "An instance request (docs/protocol.md §7.1); returns its JSON answer.")
+      .def("coord",
+           [](PyClient& h, const std::string& method, const std::string& args) {
+             auto c = h.get();
+             std::string result;
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = c->Coord(method, args, &result);
+             }
+             ThrowIfError(s);
+             return result;
+           },
+           py::arg("method"), py::arg("args_json"),
+           "A coordinator request (docs/protocol.md §8): method ([a-z_]{1,64}) and a JSON document; returns the "
+           "answer's JSON, or raises the rhino error of its code.")
       .def("open_session",
            [](PyClient& h, const std::string& op, uint32_t instance, uint64_t batch, uint64_t epoch) {
              auto c = h.get();

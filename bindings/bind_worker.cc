@@ -14,6 +14,7 @@
 #include "errors.h"
 #include "replication/chain_client.h"
 #include "replication/manifest_check.h"
+#include "rhino/coord_messages.h"
 #include "rhino/frame.h"
 #include "rhino/messages.h"
 #include "rhino/service_messages.h"
@@ -248,6 +249,21 @@ py::dict MessageDict(MessageType type, std::string_view payload, uint32_t max_fr
       ThrowIfError(ErrorRsp::Decode(payload, &m));
       d["code"] = m.code;
       d["message"] = py::bytes(m.message);
+      break;
+    }
+    case MessageType::kCoordReq: {
+      CoordReq m;
+      ThrowIfError(CoordReq::Decode(payload, &m));
+      d["method"] = m.method;  // [a-z_] only: always text
+      d["args"] = py::bytes(m.args);
+      break;
+    }
+    case MessageType::kCoordRsp: {
+      CoordRsp m;
+      ThrowIfError(CoordRsp::Decode(payload, &m));
+      d["code"] = m.code;
+      d["message"] = py::bytes(m.message);
+      d["result"] = py::bytes(m.result);
       break;
     }
     default: {

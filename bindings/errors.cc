@@ -34,6 +34,23 @@ constexpr Mapping kTable[] = {
 
 }  // namespace
 
+Status::Code StatusCodeOfException(py::handle exc, bool* mapped) {
+  if (mapped != nullptr) *mapped = false;
+  py::module_ errors = py::module_::import("rhino.errors");
+  // The MRO lists the exception's own class first, then its bases from the
+  // most derived on: the first one in the table is the closest mapping.
+  py::tuple mro = py::type::handle_of(exc).attr("__mro__");
+  for (py::handle cls : mro) {
+    for (const auto& row : kTable) {
+      if (cls.is(errors.attr(row.python_class))) {
+        if (mapped != nullptr) *mapped = true;
+        return row.code;
+      }
+    }
+  }
+  return Status::Code::kIOError;
+}
+
 void RegisterErrorTranslator(py::module_& m) {
   (void)m;
   py::register_exception_translator([](std::exception_ptr p) {

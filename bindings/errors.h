@@ -19,4 +19,12 @@ inline void ThrowIfError(const Status& s) {
 
 void RegisterErrorTranslator(pybind11::module_& m);
 
+// The reverse of the translator, by the same table: the Status code of a
+// Python exception instance, from the most derived class of the table in its
+// type's MRO (a subclass of StaleEpochError is StaleEpoch). *mapped tells
+// whether one was found; if not (a builtin exception, or RhinoError itself),
+// the code is IOError, which is also how the protocol reports a code it does
+// not know (docs/protocol.md §3). REQUIRES: the GIL.
+Status::Code StatusCodeOfException(pybind11::handle exc, bool* mapped = nullptr);
+
 }  // namespace rhino::py_bindings

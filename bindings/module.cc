@@ -23,7 +23,8 @@ std::string IsFastCrc32Supported();
 #endif
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "Rhino's C++ core: hashing, routing, state backend, checkpoints, replica store, data plane.";
+  m.doc() = "Rhino's C++ core: hashing, routing, state backend, checkpoints, replica store, data plane, "
+            "coordinator transport.";
   m.attr("__version__") = RHINO_VERSION;
   // Which RocksDB this module was compiled and linked against (CMakeLists.txt).
   m.attr("ROCKSDB_VERSION") = std::to_string(ROCKSDB_MAJOR) + "." + std::to_string(ROCKSDB_MINOR) + "." +
@@ -36,4 +37,5 @@ PYBIND11_MODULE(_core, m) {
   rhino::py_bindings::BindState(m);
   rhino::py_bindings::BindWorker(m);
   rhino::py_bindings::BindService(m);
+  rhino::py_bindings::BindCoord(m);
 }

@@ -1,6 +1,6 @@
 // libFuzzer target for the receive side of the data plane (docs/protocol.md
-// §1, §3, §4 step 1, §7): the frame decoder, every message decoder (the state
-// service's sessions included), and the
+// §1, §3, §4 step 1, §7, §8): the frame decoder, every message decoder (the
+// state service's sessions and the coordinator's messages included), and the
 // manifest checks of an OpenStreamReq -- the code a worker runs on bytes from
 // the network. Built with -fsanitize=fuzzer,address,undefined by `make fuzz`.
 //
@@ -83,7 +83,8 @@ void DecodeMessage(MessageType type, std::string_view payload) {
     case MessageType::kStoreQueryRsp: return RoundTrip<StoreQueryRsp>(payload);
     case MessageType::kErrorRsp: return RoundTrip<ErrorRsp>(payload);
     default: {
-      // The state service's messages (protocol §7), sessions included.
+      // The state service's messages (protocol §7), sessions included, and
+      // the coordinator's (§8).
       std::string again;
       if (DecodeServiceMessage(type, payload, &again).ok()) Check(again == payload);
       return;

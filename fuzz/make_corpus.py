@@ -70,6 +70,9 @@ def main() -> None:
         27: b"\x00",
         28: u32(0) + enc_bytes(b"") + u64(42) + enc_bytes(b'{"write_s":0.1}'),
         29: enc_bytes(b"client gave up"),
+        # The coordinator (protocol §8).
+        30: enc_bytes(b"report_batch") + enc_bytes(b'{"operator_id":"op","batch":42}'),
+        31: u32(0) + enc_bytes(b"") + enc_bytes(b'{"epoch":7,"chain":["127.0.0.2:7000"]}'),
     }
     for t, p in payloads.items():
         frame = _core.encode_frame(t, p, stream_id=1 if t not in (1, 2, 3, 4, 12, 13) else 0, chain_version=3)

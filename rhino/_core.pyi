@@ -297,6 +297,9 @@ class StateClient:
         local_bind_host: str = "",
     ) -> StateClient: ...
     def instance(self, action: str, operator_id: str, instance: int, epoch: int, args: str = "{}") -> str: ...
+    # A CoordReq to a coordinator (docs/protocol.md §8): method is [a-z_]{1,64}, args_json a JSON document;
+    # returns the answer's JSON, or raises the rhino error of the answer's code. Releases the GIL.
+    def coord(self, method: str, args_json: str) -> str: ...
     def open_session(
         self, operator_id: str, instance: int, batch: int, epoch: int
     ) -> tuple[ClientSession, int | None, bool]: ...
@@ -325,3 +328,36 @@ class ClientSession:
     def open(self) -> bool: ...
     @property
     def batch(self) -> int: ...
+
+# The coordinator's transport (docs/protocol.md §8).
+class CoordServer:
+    # handler(method, args_json) -> (code, message, result_json), code 0 = ok, called on one of `threads`
+    # handler threads with the GIL held. An exception answers the code of its rhino error class, or
+    # RhinoIOError's with "TypeName: message" for any other.
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        secret: bytes,
+        handler: Callable[[str, str], tuple[int, str, str | None]],
+        *,
+        server_id: str = "coordinator",
+        threads: int = 4,
+        max_frame_bytes: int = ...,
+        heartbeat_ms: int = 500,
+        peer_timeout_ms: int = 3000,
+    ) -> None: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def address(self) -> str: ...  # "host:port"
+    @property
+    def closed(self) -> bool: ...
+    def metrics(self) -> dict[str, int]: ...
+    # Lets the handlers under way finish, answers queued requests Aborted, closes the connections.
+    # Idempotent; waits with the GIL released; InvalidArgumentError from inside its own handler.
+    def close(self) -> None: ...
+    def __enter__(self) -> CoordServer: ...
+    def __exit__(self, *args: object) -> None: ...

@@ -52,6 +52,9 @@ TYPES = {
     "SessionCommitReq": 27,
     "SessionCommitRsp": 28,
     "SessionAbortReq": 29,
+    # The coordinator (§8).
+    "CoordReq": 30,
+    "CoordRsp": 31,
 }
 NAMES = {v: k for k, v in TYPES.items()}
 
@@ -208,6 +211,20 @@ def open_stream_req(
 
 def chunk_req(file_index: int, offset: int, data: bytes) -> bytes:
     return Enc().u32(file_index).u64(offset).bytes_(data).done()
+
+
+def coord_req(method: bytes | str, args: bytes | str) -> bytes:
+    """A CoordReq payload (§8): `str method`, `str args`; nothing is checked, so that
+    tests can send bad methods too."""
+    return Enc().bytes_(method).bytes_(args).done()
+
+
+def decode_coord_rsp(payload: bytes) -> tuple[int, str, str]:
+    """A CoordRsp payload (§8): (code, message, result)."""
+    d = Dec(payload)
+    code, message, result = d.u32(), d.bytes_().decode(errors="replace"), d.bytes_().decode(errors="replace")
+    d.end()
+    return code, message, result
 
 
 def decode_status(payload: bytes) -> tuple[int, str]:

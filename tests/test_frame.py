@@ -73,6 +73,11 @@ def test_every_message_round_trips():
         "StoreQueryRsp": (wire.Enc().u32(0).bytes_(b"").u64s([1, 2, 2**63]).done(),
                           {"code": 0, "message": b"", "checkpoints": [1, 2, 2**63]}),
         "ErrorRsp": (wire.Enc().u32(100).bytes_(b"stale").done(), {"code": 100, "message": b"stale"}),
+        # The coordinator's (§8).
+        "CoordReq": (wire.coord_req("report_batch", b'{"batch":3}'),
+                     {"method": "report_batch", "args": b'{"batch":3}'}),
+        "CoordRsp": (wire.Enc().u32(102).bytes_(b"stale epoch").bytes_(b"").done(),
+                     {"code": 102, "message": b"stale epoch", "result": b""}),
     }
     for name, (payload, expect) in cases.items():
         d = decode(wire.frame(name, payload, stream_id=1, chain_version=5))
@@ -130,7 +135,7 @@ def test_bad_payload_checksum_is_rejected():
         decode(bytes(f))
 
 
-@pytest.mark.parametrize("type_id", [0, 30, 99, 255])
+@pytest.mark.parametrize("type_id", [0, 32, 99, 255])
 def test_unknown_type_is_rejected(type_id):
     with pytest.raises(rhino.CorruptionError, match=f"unknown message type {type_id}"):
         decode(wire.frame(type_id, b""))
@@ -172,11 +177,27 @@ def test_truncated_and_overlong_frames_are_rejected():
         ("OpenStreamRsp", wire.Enc().u32(0).bytes_(b"").u32(1 << 30).done(), "list<u32>"),
         ("HelloReq", wire.Enc().u32(1).bytes_(b"w").bytes_(b"n" * 17).done(), "exceeds its limit"),
         ("OpenStreamReq", wire.Enc().bytes_("op").u32(0).u64(1).u32(1).u32(1).u32(17).done(), "exceeds its limit"),
+        # CoordReq.method is [a-z_]{1,64} (§8), checked by the decoder itself
+        ("CoordReq", wire.coord_req("", "{}"), r"\[a-z_\]"),
+        ("CoordReq", wire.coord_req("Report", "{}"), r"\[a-z_\]"),
+        ("CoordReq", wire.coord_req("a-b", "{}"), r"\[a-z_\]"),
+        ("CoordReq", wire.coord_req(b"\xc3\xa9", "{}"), r"\[a-z_\]"),
+        ("CoordReq", wire.coord_req("a" * 65, "{}"), "exceeds its limit of 64"),
+        ("CoordReq", wire.coord_req("ok", "{}")[:-1], "runs past the end"),
+        ("CoordReq", wire.coord_req("ok", "{}") + b"\0", "trailing bytes"),
+        ("CoordReq", wire.Enc().bytes_("ok").u32((1 << 20) + 1).done(), "exceeds its limit"),
+        ("CoordRsp", wire.Enc().u32(0).bytes_(b"").u32((16 << 20) + 1).done(), "exceeds its limit"),
+        ("CoordRsp", wire.Enc().u32(0).bytes_(b"").bytes_(b"{}").u8(0).done(), "trailing bytes"),
     ],
 )
 def test_malformed_payloads_are_rejected(name, payload, match):
     with pytest.raises(rhino.CorruptionError, match=match):
         decode(wire.frame(name, payload))
+
+
+def test_coord_method_bounds_are_inclusive():
+    for method in ["a", "_", "a" * 64, "report_batch"]:
+        assert decode(wire.frame("CoordReq", wire.coord_req(method, "")))["message"]["method"] == method
 
 
 # ---- names from the network stay inside the store -----------------------------
@@ -244,6 +265,7 @@ SEEDS = [
     wire.frame("ChunkReq", wire.chunk_req(0, 0, b"abc"), stream_id=1, chain_version=1),
     open_req([("000001.sst", b"x" * 10), ("CURRENT", b"y")]),
     wire.frame("StoreQueryRsp", wire.Enc().u32(0).bytes_(b"").u64s([1, 2]).done()),
+    wire.frame("CoordReq", wire.coord_req("report_batch", b'{"batch":3}'), stream_id=1),
 ]
 
 

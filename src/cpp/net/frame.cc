@@ -77,6 +77,8 @@ const char* MessageTypeName(MessageType type) {
     case MessageType::kSessionCommitReq: return "SessionCommitReq";
     case MessageType::kSessionCommitRsp: return "SessionCommitRsp";
     case MessageType::kSessionAbortReq: return "SessionAbortReq";
+    case MessageType::kCoordReq: return "CoordReq";
+    case MessageType::kCoordRsp: return "CoordRsp";
   }
   return "Unknown";
 }

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "rhino/coord_messages.h"
+
 namespace rhino {
 namespace {
 
@@ -389,6 +391,10 @@ Status DecodeServiceMessage(MessageType type, std::string_view payload, std::str
     case MessageType::kSessionCommitReq: return ReEncode<SessionCommitReq>(payload, reencoded);
     case MessageType::kSessionCommitRsp: return ReEncode<SessionCommitRsp>(payload, reencoded);
     case MessageType::kSessionAbortReq: return ReEncode<SessionAbortReq>(payload, reencoded);
+    // The coordinator's (protocol §8): not the state service's, but decoded
+    // here so that the fuzz target and decode_frame cover them too.
+    case MessageType::kCoordReq: return ReEncode<CoordReq>(payload, reencoded);
+    case MessageType::kCoordRsp: return ReEncode<CoordRsp>(payload, reencoded);
     default: return Status::OK();
   }
 }

@@ -165,6 +165,15 @@ std::shared_ptr<net::StreamListener> ReplicaServer::OnUnclaimed(const std::share
     case MessageType::kStoreQueryReq:
       AnswerStoreQuery(conn, h, *payload);
       return nullptr;
+    case MessageType::kCoordReq:
+    case MessageType::kCoordRsp:
+      // The coordinator's messages (protocol §8) are never for a worker: a
+      // peer that sends one is confused, and is told so rather than left to
+      // wait for an answer until its timeout.
+      if (counters_ != nullptr) counters_->frames_rejected.fetch_add(1);
+      conn->CloseWithError(h.stream_id, Status::Corruption(std::string("unexpected ") + MessageTypeName(h.type) +
+                                                           " sent to worker " + options_.connection.worker_id));
+      return nullptr;
     default:
       // A late frame of a stream that has already finished (a chunk or a
       // credit in flight when it aborted): nothing to do.

@@ -2,6 +2,7 @@
 
 #include <asio.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -42,11 +43,12 @@ class Inbox : public net::StreamListener {
   }
   void Fail(const Status& why) { OnConnectionClosed(why); }
 
-  // The next frame of `type` (an ErrorRsp becomes its Status).
-  Status Next(MessageType type, uint32_t timeout_ms, Frame* out) {
+  // The next frame of `type` (an ErrorRsp becomes its Status). `peer` names
+  // the server in errors.
+  Status Next(MessageType type, uint32_t timeout_ms, Frame* out, const char* peer = "the worker") {
     std::unique_lock<std::mutex> l(mu_);
     if (!cv_.wait_for(l, std::chrono::milliseconds(timeout_ms), [this]() { return !frames_.empty() || !closed_.ok(); })) {
-      return Status::Timeout("no answer from the worker within " + std::to_string(timeout_ms) + " ms");
+      return Status::Timeout(std::string("no answer from ") + peer + " within " + std::to_string(timeout_ms) + " ms");
     }
     if (frames_.empty()) return closed_;
     *out = std::move(frames_.front());
@@ -54,11 +56,11 @@ class Inbox : public net::StreamListener {
     if (out->header.type == MessageType::kErrorRsp) {
       ErrorRsp e;
       Status s = ErrorRsp::Decode(*out->payload, &e);
-      if (!s.ok()) return Status::Corruption("malformed ErrorRsp from the worker: " + s.message());
+      if (!s.ok()) return Status::Corruption(std::string("malformed ErrorRsp from ") + peer + ": " + s.message());
       return Status::FromCode(e.code == 0 ? WireCode(Status::IOError("")) : e.code, e.message);
     }
     if (out->header.type != type) {
-      return Status::Corruption(std::string("the worker answered ") + MessageTypeName(out->header.type) +
+      return Status::Corruption(std::string(peer) + " answered " + MessageTypeName(out->header.type) +
                                 " where " + MessageTypeName(type) + " was due");
     }
     return Status::OK();
@@ -83,6 +85,7 @@ class StateClient::Impl {
   ~Impl() { Close(); }
 
   Status Start(const std::string& address, bool unix_socket) {
+    address_ = address;
     net::ConnectionOptions co;
     co.worker_id = options_.client_id;
     co.secret = options_.secret;
@@ -93,6 +96,12 @@ class StateClient::Impl {
     work_ = std::make_unique<asio::executor_work_guard<asio::io_context::executor_type>>(io_.get_executor());
     thread_ = std::thread([this]() { io_.run(); });
     conn_ = net::Connection::Create(io_, net::Connection::Role::kClient, co, nullptr);
+    // Kept for the calls made after the close: "closed" alone does not say
+    // whether the server shut down, refused a frame or stopped answering.
+    conn_->set_close_handler([this](const Status& why) {
+      std::lock_guard<std::mutex> l(close_reason_mu_);
+      close_reason_ = why;
+    });
     auto ready = std::make_shared<std::pair<std::mutex, std::condition_variable>>();
     auto result = std::make_shared<std::pair<bool, Status>>(false, Status::OK());
     auto cb = [ready, result](const Status& s) {
@@ -134,7 +143,9 @@ class StateClient::Impl {
   std::shared_ptr<Inbox> NewStream(uint32_t* id) {
     auto inbox = std::make_shared<Inbox>();
     if (!conn_ || !conn_->is_open()) {
-      inbox->Fail(Status::PeerDead("the connection to the worker is closed"));
+      std::lock_guard<std::mutex> l(close_reason_mu_);
+      inbox->Fail(Status::PeerDead("the connection to " + address_ + " is closed" +
+                                   (close_reason_.ok() ? std::string() : ": " + close_reason_.message())));
       *id = 0;
       return inbox;
     }
@@ -161,6 +172,9 @@ class StateClient::Impl {
   std::shared_ptr<net::Connection> conn_;
   std::mutex close_mu_;
   bool closed_ = false;
+  std::string address_;  // set by Start, before any call
+  std::mutex close_reason_mu_;
+  Status close_reason_;  // GUARDED_BY(close_reason_mu_): why the connection closed
 };
 
 Status StateClient::Connect(const std::string& address, const StateClientOptions& options,
@@ -211,6 +225,40 @@ Status StateClient::Instance(InstanceAction action, const std::string& operator_
   InstanceRsp rsp;
   s = InstanceRsp::Decode(*f.payload, &rsp);
   if (!s.ok()) return Status::Corruption("malformed InstanceRsp: " + s.message());
+  RHINO_RETURN_IF_ERROR(ResponseStatus(rsp.code, rsp.message));
+  *result_json = std::move(rsp.result);
+  return Status::OK();
+}
+
+Status StateClient::Coord(const std::string& method, const std::string& args_json, std::string* result_json) {
+  // Checked before sending: the coordinator closes a connection that sends a
+  // malformed CoordReq (§1), which would fail every other call on it too.
+  if (!IsValidCoordMethod(method)) {
+    return Status::InvalidArgument("a coordinator method is 1 to " + std::to_string(kMaxCoordMethodBytes) +
+                                   " bytes of [a-z_], got '" + method.substr(0, 80) + "'");
+  }
+  CoordReq req;
+  req.method = method;
+  req.args = args_json;
+  std::string payload = req.Encode();
+  if (args_json.size() > kMaxCoordArgsBytes || payload.size() > impl_->options_.max_frame_bytes) {
+    return Status::InvalidArgument("the args of " + method + " have " + std::to_string(args_json.size()) +
+                                   " bytes, more than a CoordReq carries (" +
+                                   std::to_string(std::min<size_t>(kMaxCoordArgsBytes,
+                                                                   impl_->options_.max_frame_bytes - 8 -
+                                                                       method.size())) +
+                                   ")");
+  }
+  uint32_t id = 0;
+  auto inbox = impl_->NewStream(&id);
+  if (id != 0) impl_->Send(MessageType::kCoordReq, id, std::move(payload));
+  Inbox::Frame f;
+  Status s = inbox->Next(MessageType::kCoordRsp, impl_->options_.request_timeout_ms, &f, "the coordinator");
+  impl_->Detach(id);
+  RHINO_RETURN_IF_ERROR(s);
+  CoordRsp rsp;
+  s = CoordRsp::Decode(*f.payload, &rsp);
+  if (!s.ok()) return Status::Corruption("malformed CoordRsp: " + s.message());
   RHINO_RETURN_IF_ERROR(ResponseStatus(rsp.code, rsp.message));
   *result_json = std::move(rsp.result);
   return Status::OK();

@@ -301,8 +301,10 @@ StateService::StateService(ReplicaStore* store, net::ConnectionCounters* counter
 StateService::~StateService() { Shutdown(); }
 
 bool StateService::Handles(MessageType type) {
+  // Protocol §7's types, 17..29, and no others: types added after them (the
+  // coordinator's, §8) are not the service's, and the replica server refuses them.
   return static_cast<uint8_t>(type) >= static_cast<uint8_t>(MessageType::kInstanceReq) &&
-         static_cast<uint8_t>(type) <= static_cast<uint8_t>(kLastMessageType);
+         static_cast<uint8_t>(type) <= static_cast<uint8_t>(MessageType::kSessionAbortReq);
 }
 
 Status StateService::Start() {

@@ -47,8 +47,13 @@ enum class MessageType : uint8_t {
   kSessionCommitReq = 27,
   kSessionCommitRsp = 28,
   kSessionAbortReq = 29,
+  // The coordinator (protocol §8): a named request with a JSON body, and its answer.
+  kCoordReq = 30,
+  kCoordRsp = 31,
 };
-constexpr MessageType kLastMessageType = MessageType::kSessionAbortReq;
+// The highest known type. Code that gives a range of types a meaning (e.g.
+// StateService::Handles) names its own bounds rather than using this.
+constexpr MessageType kLastMessageType = MessageType::kCoordRsp;
 
 bool IsKnownMessageType(uint8_t type);
 const char* MessageTypeName(MessageType type);

@@ -209,9 +209,9 @@ class ScanRspBuilder {
 // An error answer of type `rsp` (a …Rsp of this file) carrying `s`.
 std::string ServiceErrorPayload(MessageType rsp, const Status& s);
 
-// Decodes a payload of any type of this file and re-encodes it (for the fuzz
-// target and the bindings' decode_frame): *reencoded is empty if `type` is
-// not a state-service type.
+// Decodes a payload of any type of this file, or of rhino/coord_messages.h,
+// and re-encodes it (for the fuzz target and the bindings' decode_frame):
+// *reencoded is empty if `type` is none of those.
 Status DecodeServiceMessage(MessageType type, std::string_view payload, std::string* reencoded);
 
 }  // namespace rhino

@@ -1,6 +1,8 @@
 // StateClient: a client of a worker's state service (docs/protocol.md §7):
 // one authenticated connection, over a Unix domain socket (a client on the
-// worker's host) or TCP (a client elsewhere), with the same messages.
+// worker's host) or TCP (a client elsewhere), with the same messages. The
+// same client talks to the coordinator (§8, Coord), which authenticates
+// connections as a worker does.
 //
 // Requests block the calling thread until their answer arrives or the
 // request timeout passes; bindings release the GIL around them. Batches larger
@@ -19,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "rhino/coord_messages.h"
 #include "rhino/frame.h"
 #include "rhino/service_messages.h"
 #include "rhino/status.h"
@@ -50,6 +53,12 @@ class StateClient {
   // An InstanceReq (§7.1); *result is the answer's JSON.
   Status Instance(InstanceAction action, const std::string& operator_id, uint32_t instance, uint64_t epoch,
                   const std::string& args_json, std::string* result_json);
+  // A CoordReq (§8) to a coordinator: `method` ([a-z_]{1,64}) with a JSON
+  // document as args; *result_json is the answer's JSON. A non-zero code in
+  // the CoordRsp is returned as a Status with that code and message. A bad
+  // method or oversized args are InvalidArgument, refused here before anything
+  // is sent (a coordinator would close the connection for a bad method).
+  Status Coord(const std::string& method, const std::string& args_json, std::string* result_json);
   // Opens a session for batch `batch` at `epoch` (§7.2).
   Status OpenSession(const std::string& operator_id, uint32_t instance, uint64_t batch, uint64_t epoch,
                      std::unique_ptr<ClientSession>* out, SessionOpenRsp* info);

@@ -1,0 +1,118 @@
+// CoordServer: the transport of the coordinator (docs/protocol.md §8). The
+// coordinator's logic lives in Python (design §2); this is the part that
+// speaks the protocol: it listens, authenticates every connection with the
+// cluster's shared secret exactly as a worker does (§2), and hands each
+// CoordReq to a handler, whose answer goes back as a CoordRsp on the
+// request's stream.
+//
+// - Many requests may be in flight on one connection, each on its own stream
+//   id; any further frame on a stream whose request is still in flight is a
+//   protocol violation.
+// - Handlers run on the server's own threads (`threads` of them), never on a
+//   connection's strand: a handler may block for seconds (a handover waits for
+//   workers), and the connections must keep reading, answering heartbeats and
+//   taking other requests meanwhile. Handlers run concurrently with each
+//   other; a request waits in a queue while every thread is busy.
+// - Any frame other than a CoordReq after the handshake, and a CoordReq that
+//   does not decode, closes that connection with an ErrorRsp (counted in
+//   frames_rejected); other connections go on. A CoordReq whose args are not
+//   JSON is answered InvalidArgument without calling the handler.
+//
+// Lifecycle: Start (binds and serves), Shutdown (idempotent; the destructor
+// calls it; from a handler it only begins it). Thread-safety: every public
+// method may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "rhino/frame.h"
+#include "rhino/status.h"
+
+namespace rhino {
+
+struct CoordServerOptions {
+  // ---- identity ----
+  std::string server_id = "coordinator";  // sent in the handshake (HelloRsp.worker_id) and in errors
+  std::string secret;                     // the cluster's shared secret (protocol §2); required
+
+  // ---- network ----
+  std::string host = "127.0.0.1";  // an IP address; loopback unless told otherwise (design §3)
+  uint16_t port = 0;               // 0 = an ephemeral port (see CoordServer::port)
+  uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
+  uint32_t heartbeat_ms = 500;      // protocol §6; >= 1
+  uint32_t peer_timeout_ms = 3000;  // protocol §6; > heartbeat_ms
+
+  // ---- handlers ----
+  uint32_t threads = 4;  // handler threads, >= 1: how many requests are handled at once
+};
+
+// Answers one request. Called on a handler thread, with the method (valid:
+// [a-z_]{1,64}) and the args (a JSON document, already checked to parse). On
+// OK, *result_json (empty on entry) is the answer, a JSON document; any other
+// Status goes back to the client with its code and message, and *result_json
+// is dropped. It must not throw; if it does, the client is answered IOError.
+using CoordHandler =
+    std::function<Status(const std::string& method, const std::string& args_json, std::string* result_json)>;
+
+// Counters since Start. Each is a snapshot; they are not read atomically together.
+struct CoordServerMetrics {
+  // The connections' (as net::ConnectionCounters).
+  uint64_t frames_in = 0;
+  uint64_t frames_out = 0;
+  uint64_t bytes_in = 0;
+  uint64_t bytes_out = 0;
+  uint64_t frames_rejected = 0;  // invalid frames (§1) and unexpected types
+  uint64_t auth_failures = 0;    // §2
+  uint64_t peers_dead = 0;       // §6 timeouts
+  int64_t open_connections = 0;
+  uint64_t connections_accepted = 0;
+  // The requests'.
+  uint64_t requests = 0;          // CoordReqs accepted for handling
+  uint64_t requests_failed = 0;   // answered with a code != 0 (by the handler or the server)
+  uint64_t requests_refused = 0;  // answered Aborted without running: the server was shutting down
+  uint64_t handlers_running = 0;  // now
+  uint64_t requests_queued = 0;   // now, waiting for a handler thread
+};
+
+class CoordServer {
+ public:
+  // Validates `options`, binds host:port and starts serving. `handler` is
+  // called on the server's handler threads until Shutdown returns.
+  static Status Start(const CoordServerOptions& options, CoordHandler handler, std::unique_ptr<CoordServer>* out);
+  // Shutdown(). REQUIRES: not on one of this server's handler threads (it
+  // would wait for itself).
+  ~CoordServer();
+  CoordServer(const CoordServer&) = delete;
+  CoordServer& operator=(const CoordServer&) = delete;
+
+  // The bound port (the kernel's choice when options.port was 0).
+  uint16_t port() const;
+  const std::string& host() const;
+  // "host:port" ("[v6]:port" for an IPv6 host): what clients connect to.
+  std::string address() const;
+
+  // Stops accepting connections and requests, lets the handlers under way
+  // finish (their answers are still sent), answers the requests still queued
+  // with Aborted, then closes every connection with an ErrorRsp (Aborted,
+  // "coordinator ... is shutting down") and stops the network thread. When it
+  // returns, no handler is running and none will be called again.
+  // Idempotent; a concurrent call waits for the first. From a handler thread
+  // it only begins the shutdown (no waiting) and returns; a later call from
+  // another thread, or the destructor, completes it.
+  void Shutdown();
+  // True on this server's handler threads (while a handler may run there).
+  bool InHandlerThread() const;
+
+  CoordServerMetrics Metrics() const;
+
+  class Impl;
+
+ private:
+  explicit CoordServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rhino
