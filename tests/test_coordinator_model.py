@@ -39,6 +39,7 @@ import json
 import os
 import shutil
 import sqlite3
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -59,6 +60,14 @@ R = 2
 N_KEYS = 600
 EXAMPLES = int(os.environ.get("RHINO_COORD_EXAMPLES", "4"))
 STEPS = int(os.environ.get("RHINO_COORD_STEPS", "10"))
+
+
+TRACE = os.environ.get("RHINO_COORD_TRACE")
+
+
+def trace(*a) -> None:
+    if TRACE:
+        print(f"[{time.strftime('%H:%M:%S')}]", *a, file=sys.stderr, flush=True)
 
 
 def kb(k: int) -> bytes:
@@ -82,7 +91,9 @@ def wait_for(cond, what: str, timeout: float = 30.0, interval: float = 0.1):
 class CoordinatorMachine(RuleBasedStateMachine):
     @initialize()
     def start(self) -> None:
+        trace("example starts")
         self.root = Path(tempfile.mkdtemp(prefix="rhino-coord-model-"))
+        trace("dir", self.root)
         self.secret_file = write_secret(self.root, SECRET)
         self.coord = CoordinatorProcess(self.root, secret_file=self.secret_file, heartbeat_timeout=1.0).start()
         self.workers = [WorkerProcess(self.root, f"w{n}", f"127.0.0.{n}", secret_file=self.secret_file, metrics=False,
@@ -107,7 +118,8 @@ class CoordinatorMachine(RuleBasedStateMachine):
         for w in self.workers:
             w.stop()
         self.coord.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
+        if not os.environ.get("RHINO_COORD_KEEP"):
+            shutil.rmtree(self.root, ignore_errors=True)
 
     # ---- helpers -------------------------------------------------------------------------
     def run_batch(self, puts: dict[int, bytes], dels: list[int]) -> None:
@@ -153,6 +165,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
     # ---- rules ----------------------------------------------------------------------------
     @rule(n=st.integers(10, 80), dels=st.integers(0, 10))
     def write_batch(self, n: int, dels: int) -> None:
+        trace('write_batch', n, dels)
         keys = self.rng.choice(N_KEYS, size=n, replace=False)
         d = self.rng.choice(N_KEYS, size=dels, replace=False)
         self.run_batch({int(k): self.rng.bytes(int(self.rng.integers(1, 40))) for k in keys},
@@ -161,6 +174,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.alive()) == 5)
     @rule(which=st.integers(0, 4), mid_batch=st.booleans())
     def kill_worker(self, which: int, mid_batch: bool) -> None:
+        trace('kill_worker', which, mid_batch)
         w = self.workers[which]
         w.kill()
         if mid_batch:
@@ -172,6 +186,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.alive()) < 5)
     @rule()
     def restart_worker(self) -> None:
+        trace('restart_worker', '')
         for w in self.workers:
             if not w.alive():
                 w.start()
@@ -180,6 +195,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
 
     @rule(mid_batch=st.booleans())
     def restart_coordinator(self, mid_batch: bool) -> None:
+        trace('restart_coordinator', mid_batch)
         self.coord.kill()
         if mid_batch:
             time.sleep(0.3)
@@ -190,6 +206,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
     @rule(strategy=st.sampled_from(["all-at-once", "fluid", "batched"]), k=st.integers(1, 4),
           new_instance=st.booleans(), seed=st.integers(0, 1000))
     def handover(self, strategy: str, k: int, new_instance: bool, seed: int) -> None:
+        trace('handover', strategy, k, new_instance, seed)
         pl = self.client.placement(self.op)
         active = sorted(int(i) for i in pl["instances"])
         if new_instance:
@@ -222,6 +239,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
 
     @rule(up=st.booleans(), strategy=st.sampled_from(["all-at-once", "fluid", "batched"]))
     def rescale(self, up: bool, strategy: str) -> None:
+        trace('rescale', up, strategy)
         p = len(self.client.placement(self.op)["instances"])
         target = min(p + 1, 5) if up else max(p - 1, 1)
         if target == p:
@@ -232,6 +250,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
 
     @rule()
     def rebalance(self) -> None:
+        trace('rebalance', '')
         self.client.rebalance(self.op, strategy="batched")
         self.run_until_plans_done()
         wait_for(self.repaired, "replica rebalance")

@@ -185,3 +185,24 @@ def test_handover_redo_new_instance_and_bulk_copy(workers, tmp_path: Path) -> No
     ca = rhino.connect(a.unix_socket, secret=SECRET)
     assert scan(ca, 1, 6, e) == model.of(1)
     ca.close()
+
+
+def test_commit_fails_fast_when_the_chain_cannot_drop_reexecuted_checkpoints(workers) -> None:
+    """A re-executed batch first drops the chain's later checkpoints; if a chain
+    member is dead, the barrier commit fails at once with the reason (it used to
+    wait forever: the failure was dropped before the replication was marked active)."""
+    a, b, c, _ = workers
+    ca = rhino.connect(a.unix_socket, secret=SECRET, request_timeout=20)
+    ca.open_instance(OP, 0, epoch=1, num_vnodes=V, chain=[b.address, c.address], chain_version=1)
+    keys = np.arange(40, dtype=np.int64)
+    for batch in range(2):
+        with ca.session(OP, 0, batch=batch, epoch=1) as s:
+            s.put_batch(keys, [b"v%d" % batch] * len(keys))
+            s.commit()
+    c.kill()
+    with ca.session(OP, 0, batch=1, epoch=1) as s:  # batch 1 again: a rollback to 0
+        assert s.rolled_back
+        s.put_batch(keys, [b"w"] * len(keys))
+        with pytest.raises(rhino.PeerDeadError, match="cannot drop the re-executed checkpoints"):
+            s.commit()
+    ca.close()

@@ -119,7 +119,8 @@ class MicroBatchEngine:
             except InvalidArgumentError:
                 raise
             except RhinoError as e:
-                errors.append(f"attempt {attempt}: {type(e).__name__}: {e}")
+                where = f" (instance {current[0]} on {current[1]})" if current else ""
+                errors.append(f"attempt {attempt}{where}: {type(e).__name__}: {e}")
                 if current is not None and isinstance(e, _UNREACHABLE):
                     self._drop(placement["instances"][str(current[0])]["address"])
                     try:

@@ -480,6 +480,9 @@ void HostedInstance::StartNextReplication() {
   while (!repl_active_ && !repl_queue_.empty()) {
     const uint64_t id = repl_queue_.front();
     repl_queue_.erase(repl_queue_.begin());
+    // Set before anything can fail: OnReplicationDone ignores results of any
+    // other id, and a waiter whose failure is ignored waits forever.
+    repl_active_id_ = id;
     Status s;
     if (config_.discard_pending && env_.discard_on_chain) {
       // A rollback dropped checkpoints here that the chain may hold: the
@@ -503,7 +506,6 @@ void HostedInstance::StartNextReplication() {
           }
         });
       };
-      repl_active_id_ = id;
       s = ReplicateCheckpoint(env_.store->dir(), config_.operator_id, config_.instance, id, config_.chain,
                               config_.chain_version, env_.secret, o, &repl_active_);
     }
