@@ -58,8 +58,8 @@ from rhino.testing.engine import MicroBatchEngine
 V = 16
 R = 2
 N_KEYS = 600
-EXAMPLES = int(os.environ.get("RHINO_COORD_EXAMPLES", "4"))
-STEPS = int(os.environ.get("RHINO_COORD_STEPS", "10"))
+EXAMPLES = int(os.environ.get("RHINO_COORD_EXAMPLES", "12"))
+STEPS = int(os.environ.get("RHINO_COORD_STEPS", "12"))
 
 
 TRACE = os.environ.get("RHINO_COORD_TRACE")

@@ -71,10 +71,14 @@ class Coordinator:
         self.rebuilding = rebuilding
         self.rm = ReplicationManager(self)
         self.hm = HandoverManager(self)
-        now = time.monotonic()
+        # A restarted coordinator gives every worker it knew time to notice the
+        # lost connection and reconnect (the workers back off up to 1 s) before
+        # it counts heartbeats again: a restart must not fail healthy workers over.
+        grace = max(5.0, 2 * self.heartbeat_timeout) - self.heartbeat_timeout
+        now = time.monotonic() + grace
         for w in self.meta.workers():
             if w.alive:
-                self._seen[w.id] = now  # a restarted coordinator gives every worker a full timeout
+                self._seen[w.id] = now
         self._detector = threading.Thread(target=self._detect, args=(detector_interval,),
                                           name="rhino-failure-detector", daemon=True)
         self._detector.start()

@@ -79,7 +79,7 @@ class Registration:
                     client.close()
                 client = None
                 registered = False  # a restarted coordinator may not know this incarnation
-                pause = min(pause * 2, 5.0)
+                pause = min(pause * 2, 1.0)  # within the coordinator's restart grace (5 s)
             self._stop.wait(pause)
         if client is not None:
             client.close()
