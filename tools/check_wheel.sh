@@ -36,14 +36,17 @@ with rhino.StateBackend.open("db", partitioner=p) as db:  # RocksDB really runs
 
 import importlib, os, pkgutil
 subpackages = sorted(f"rhino.{m.name}" for m in pkgutil.iter_modules(rhino.__path__) if m.ispkg)
-for name in ("rhino.daemon", "rhino.cli", "rhino.bench", "rhino.testing", "rhino.spark", "rhino.client"):
+for name in ("rhino.daemon", "rhino.cli", "rhino.bench", "rhino.testing", "rhino.spark", "rhino.client",
+             "rhino.coordinator"):
     if name not in subpackages:
         sys.exit(f"FAIL: the wheel lacks {name} (it has {subpackages})")
 modules = subpackages + ["rhino.daemon.worker", "rhino.daemon.metrics", "rhino.cli.main", "rhino.cli.verify",
                          "rhino.cli.restore", "rhino.cli.demo", "rhino.cli.progress", "rhino.bench.restore",
                          "rhino.bench.replicate", "rhino.bench.overhead", "rhino.bench.workload",
                          "rhino.bench.service", "rhino.testing.cluster", "rhino.client.client",
-                         "rhino.client.session"]
+                         "rhino.client.session", "rhino.coordinator.coordinator", "rhino.coordinator.server",
+                         "rhino.coordinator.placement", "rhino.coordinator.strategies", "rhino.cli.control",
+                         "rhino.daemon.registration", "rhino.testing.engine"]
 for name in modules:
     mod = importlib.import_module(name)
     if "site-packages" not in mod.__file__:
@@ -61,6 +64,18 @@ w = rhino.Worker(id="wheel", store_dir=os.path.abspath("store"), secret=b"wheel-
                  state_dir=os.path.abspath("state"), unix_socket=os.path.abspath("w.sock"))
 w.start()
 try:
+    # The coordinator from the wheel, served over the framed protocol, places an operator on it.
+    from rhino.coordinator import Coordinator, connect_coordinator
+    from rhino.coordinator.server import CoordinatorServer
+    coord = Coordinator(os.path.abspath("coord"), secret=b"wheel-check-secret", heartbeat_timeout=3600)
+    server = CoordinatorServer(coord, "127.0.0.1", 0, secret=b"wheel-check-secret")
+    with connect_coordinator(server.address, secret=b"wheel-check-secret") as cc:
+        cc.register("wheel", f"127.0.0.1:{w.port}", incarnation="wheel")
+        placed = cc.create_operator("placed", parallelism=1, num_vnodes=8, replicas=0)
+        assert placed["instances"]["0"]["primary"] == "wheel", placed
+    server.close()
+    coord.close()
+    print("OK: a coordinator from the wheel placed an operator on the worker")
     with rhino.connect(os.path.abspath("w.sock"), secret=b"wheel-check-secret") as c:
         c.open_instance("op", 0, epoch=1, num_vnodes=8)
         with c.session("op", 0, batch=0, epoch=1) as s:
