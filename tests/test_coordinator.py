@@ -180,3 +180,28 @@ def test_rebuild_from_the_workers(cluster) -> None:
     job.run(2)
     assert job.state() == job.model
     coord2.close()
+
+
+def test_plan_for_a_future_batch_and_cost_placement(cluster) -> None:
+    """A handover scheduled for the barrier after batch 4 runs there, not
+    before; the cost-aware placement gives every instance r distinct workers
+    other than its primary."""
+    tmp, ws = cluster
+    coord, cc = make(tmp, ws)
+    pl = cc.create_operator(OP, parallelism=3, num_vnodes=V, replicas=2, placement="cost")
+    for i in pl["instances"].values():
+        assert len(set(i["chain"])) == 2 and i["primary"] not in i["chain"]
+    job = Job(cc, seed=4)
+    job.run(2)
+    mine = [v for v, i in enumerate(cc.placement(OP)["assignment"]) if i == 0][:2]
+    with pytest.raises(rhino.InvalidArgumentError, match="still ahead"):
+        cc.handover(OP, mine, 2, after_batch=0)
+    plan = cc.handover(OP, mine, 2, after_batch=4)
+    job.run(3)  # batches 2, 3, 4: the plan waits
+    assert all(cc.placement(OP)["assignment"][v] == 0 for v in mine)
+    assert [p["id"] for p in cc.status()["plans_in_flight"]] == [plan["plan"]]
+    job.run(1)  # batch 5 starts at the barrier after 4
+    assert all(cc.placement(OP)["assignment"][v] == 2 for v in mine)
+    assert not cc.status()["plans_in_flight"]
+    assert job.state() == job.model
+    coord.close()
