@@ -62,6 +62,22 @@ def write_secret(root: Path, secret: bytes = SECRET) -> Path:
 # ---- worker processes -----------------------------------------------------------------
 
 
+def read_log_events(path: Path, offset: int = 0) -> list[dict]:
+    """The JSON records (one per line) of a daemon's log file from byte `offset` on."""
+    out = []
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            for line in f.read().splitlines():
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+    except FileNotFoundError:
+        pass
+    return out
+
+
 class WorkerProcess:
     """One ``python -m rhino.daemon.worker`` process: id `worker_id`, listening on `host`
     (127.0.0.N), store in root/`worker_id`, log in root/`worker_id`.log (JSON lines).
@@ -168,18 +184,7 @@ class WorkerProcess:
 
     def events(self, offset: int = 0) -> list[dict]:
         """The JSON log records of the worker's log file from byte `offset` on."""
-        out = []
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(offset)
-                for line in f.read().splitlines():
-                    try:
-                        out.append(json.loads(line))
-                    except ValueError:
-                        pass
-        except FileNotFoundError:
-            pass
-        return out
+        return read_log_events(self.log_path, offset)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -269,18 +274,8 @@ class CoordinatorProcess:
         raise RuntimeError(f"the coordinator did not start; its log: {self.log_path.read_text()[-2000:]}")
 
     def events(self, offset: int = 0) -> list[dict]:
-        out = []
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(offset)
-                for line in f.read().splitlines():
-                    try:
-                        out.append(json.loads(line))
-                    except ValueError:
-                        pass
-        except FileNotFoundError:
-            pass
-        return out
+        """The JSON log records of the coordinator's log file from byte `offset` on."""
+        return read_log_events(self.log_path, offset)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
