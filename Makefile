@@ -79,6 +79,12 @@ bench: setup
 	rm -f bench/results/service.jsonl
 	$(VENV)/bin/rhino bench service --json --repeat 25 --fixed-reps 50 --out bench/results/service.jsonl \
 	  --plot bench/results/service.png --report bench/results/service.md
+	rm -f bench/results/handover.jsonl
+	$(VENV)/bin/rhino bench handover --json --repeat 3 --out bench/results/handover.jsonl \
+	  --plot bench/results/handover.png --report bench/results/handover.md
+	rm -f bench/results/failover.jsonl
+	$(VENV)/bin/rhino bench failover --sizes 1G,2G,4G --json --repeat 3 --out bench/results/failover.jsonl \
+	  --plot bench/results/failover.png --report bench/results/failover.md
 
 chaos: setup
 	RHINO_CHAOS_TRIALS=$${RHINO_CHAOS_TRIALS:-500} $(PY) -m pytest tests/test_chaos.py -q -s $(PYTEST_ARGS)

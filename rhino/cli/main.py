@@ -5,6 +5,8 @@
   rhino bench restore --sizes 256M,1G,4G [--json] [--dir D] [--out FILE] ...
   rhino bench replicate --workers 3 --replicas 1,2 --size 2G [--json] ...
   rhino bench overhead [--pairs 3] [--duration 16] [--checkpoint-interval 2] [--json] [--out FILE] ...
+  rhino bench handover [--strategies all-at-once,fluid,batched] [--state 256M] [--repeat 2] [--json] ...
+  rhino bench failover --sizes 1G,2G,4G [--json] [--out FILE] ...
   rhino worker --id ID --dir DIR --listen 127.0.0.N:PORT --secret-file FILE [--coordinator HOST:PORT] ...
   rhino coordinator --listen HOST:PORT --dir DIR --secret-file FILE [--rebuild --expect-workers N]
   rhino status | handover | rebalance | rescale ... --coordinator HOST:PORT --secret-file FILE
@@ -134,6 +136,10 @@ _DELEGATED = {
     ("bench", "service"): ("rhino.bench.service",
                            "sessions over the Unix socket and TCP vs in-process StateBackend, and the per-batch "
                            "fixed cost at r=0 and r=2, same run"),
+    ("bench", "handover"): ("rhino.bench.handover",
+                            "the writer's batch latency while vnodes move to a new instance, per migration strategy"),
+    ("bench", "failover"): ("rhino.bench.failover",
+                            "recovery after a SIGKILL: takeover by hard links vs a DFS-style full fetch, per size"),
 }
 
 
@@ -235,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
                     add_help=False)
     bsub.add_parser("service", help=_DELEGATED[("bench", "service")][1] + " (rhino bench service --help)",
                     add_help=False)
+    for name in ("handover", "failover"):
+        bsub.add_parser(name, help=_DELEGATED[("bench", name)][1] + f" (rhino bench {name} --help)", add_help=False)
 
     p = sub.add_parser("demo", help="the single-host demonstration: build, checkpoint, restore, verify")
     p.add_argument("--dir", default=".demo", help="work directory, removed and recreated (default: %(default)s)")

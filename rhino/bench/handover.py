@@ -1,0 +1,572 @@
+"""`rhino bench handover`: the writer's batch latency while vnodes move, per
+migration strategy (Megaphone's measure: the maximum latency during a
+migration against the steady state; Rhino paper §4.1, docs/design.md §4).
+
+    rhino bench handover --json --repeat 2 --out bench/results/handover.jsonl \
+        --plot bench/results/handover.png --report bench/results/handover.md
+
+For each strategy of ``rhino.coordinator.strategies.STRATEGIES`` and each
+repetition (the strategies' order rotates from one repetition to the next, so
+the machine's drift spreads over all of them), on a fresh cluster:
+
+1. four real ``rhino worker`` processes on 127.0.0.2..5 and an in-process
+   :class:`~rhino.coordinator.coordinator.Coordinator` reached through
+   :class:`~rhino.coordinator.client.LocalCoordinatorClient`; one operator of
+   ``--parallelism`` instances (2), ``--num-vnodes`` vnodes (64), r=1;
+2. a writer (:class:`~rhino.testing.engine.MicroBatchEngine`) fills a
+   keyspace of ``--state // --value-bytes`` int64 keys with random values in
+   batches of ``--fill-batch-bytes`` (not timed), then commits
+   ``--steady-batches`` batches of ``--batch-keys`` puts to random keys of
+   the keyspace: their median latency is the steady state;
+3. a handover of half of instance 0's vnodes to a new instance is planned
+   with the strategy; the writer keeps committing batches until the plan is
+   done (no plan in flight), and ``--after-batches`` more. Each step runs at
+   the barrier before a batch (``begin_batch``), so its time is part of that
+   batch's latency, which is what the writer sees;
+4. every instance's state is read back through sessions (a scan of each
+   instance on its primary) and compared with a model of what the writer
+   wrote: every key once, on the instance its vnode is routed to, with the
+   last value written. A mismatch fails the benchmark (exit status 1).
+
+Per run: the migration time (from the first step's start to the last step's
+end, from the coordinator's ``handover_step`` events), the bytes the plan
+copied between workers (``bytes_moved`` of its row in the metadata: bulk
+copies to a target that lacked the origin's checkpoint), the steps, where the
+new instance was placed (a worker holding the origin's checkpoint: imports by
+hard links; else a bulk copy first), the writer's steady median and its
+maximum latency during the migration, and their ratio; also the bytes all
+workers sent over the network per batch (their ``/metrics``), so the cost of
+replicating the new instance's first checkpoint to its chain shows.
+One JSON object per line: ``record`` = ``setup``, ``run`` (with the per-batch
+timeline) and ``summary`` (per strategy, medians over the repetitions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from .._machine import describe_machine, machine_summary
+from .._sizes import format_bytes, parse_size
+from ..coordinator.client import LocalCoordinatorClient
+from ..coordinator.coordinator import Coordinator
+from ..coordinator.strategies import STRATEGIES
+from ..testing.cluster import SECRET, WorkerProcess, write_secret
+from ..testing.engine import MicroBatchEngine
+from .common import exit_on_sigterm
+
+__all__ = ["run", "main", "CorrectnessError"]
+
+OPERATOR = "ho"
+HOSTS = (2, 3, 4, 5)
+
+
+class CorrectnessError(AssertionError):
+    """The state read back after a handover differs from what the writer wrote."""
+
+
+# ---- the writer's model ------------------------------------------------------------------
+
+
+class Model:
+    """What the writer wrote: key k of 0..n-1 holds values[k] (fixed-width rows)."""
+
+    def __init__(self, n: int, value_bytes: int) -> None:
+        self.values = np.zeros((n, value_bytes), dtype=np.uint8)
+        self.written = np.zeros(n, dtype=bool)
+
+    def puts(self, keys: np.ndarray, values: np.ndarray) -> dict[int, bytes]:
+        """Records the batch and returns it as the engine takes it (the last write of a key wins)."""
+        self.values[keys] = values
+        self.written[keys] = True
+        return {int(k): bytes(values[j]) for j, k in enumerate(keys.tolist())}
+
+
+def _random_values(rng: np.random.Generator, n: int, width: int) -> np.ndarray:
+    return rng.integers(0, 256, size=(n, width), dtype=np.uint8)
+
+
+# ---- one run ----------------------------------------------------------------------------------
+
+
+def _network_bytes(workers: list[WorkerProcess]) -> int:
+    """Chunk bytes every worker has received from a predecessor (replication and bulk copies)."""
+    total = 0
+    for w in workers:
+        try:
+            total += int(w.metric("rhino_worker_bytes_received_total"))
+        except (OSError, KeyError):
+            pass
+    return total
+
+
+def _verify(coord_client: LocalCoordinatorClient, engine: MicroBatchEngine, model: Model) -> dict:
+    """Reads every instance's state through a session (a scan) and compares it with the model."""
+    from ..client.client import connect
+
+    placement = coord_client.placement(OPERATOR)
+    nxt = placement["last_batch"] + 1
+    seen = np.zeros(len(model.written), dtype=np.int64)
+    problems: list[str] = []
+    per_instance: dict[str, int] = {}
+    for name, info in sorted(placement["instances"].items(), key=lambda kv: int(kv[0])):
+        i = int(name)
+        keys: list[int] = []
+        with connect(info["address"], secret=SECRET, client_id="bench-verify") as cl:
+            with cl.session(OPERATOR, i, batch=nxt, epoch=placement["epoch"]) as s:
+                for k, v in s.scan(page_size=8192):
+                    key = int.from_bytes(k, "little", signed=True)
+                    if not 0 <= key < len(seen):
+                        problems.append(f"instance {i}: unknown key {key}")
+                        continue
+                    seen[key] += 1
+                    keys.append(key)
+                    if not model.written[key]:
+                        problems.append(f"instance {i}: key {key} was never written")
+                    elif v != model.values[key].tobytes():
+                        problems.append(f"instance {i}: key {key} holds another value than the last written")
+                    if len(problems) > 20:
+                        break
+                s.abort()
+        per_instance[name] = len(keys)
+        if keys:
+            owners = engine.route(placement, np.asarray(keys, dtype=np.int64))
+            wrong = int(np.count_nonzero(owners != i))
+            if wrong:
+                problems.append(f"instance {i} holds {wrong} keys the routing table gives to another instance")
+    missing = int(np.count_nonzero(model.written & (seen == 0)))
+    dup = int(np.count_nonzero(seen > 1))
+    if missing:
+        problems.append(f"{missing} written keys are on no instance")
+    if dup:
+        problems.append(f"{dup} keys are on more than one instance")
+    return {"ok": not problems, "keys_checked": int(np.count_nonzero(model.written)),
+            "keys_per_instance": per_instance, "problems": problems[:20]}
+
+
+def run_one(strategy: str, rep: int, args: argparse.Namespace, say: Callable[[str], None]) -> dict:
+    root = Path(args.dir) / f"{strategy}-{rep}"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    secret_file = write_secret(root, SECRET)
+    workers: list[WorkerProcess] = []
+    coord: Optional[Coordinator] = None
+    engine: Optional[MicroBatchEngine] = None
+    rng = np.random.default_rng(args.seed + rep)
+    n_keys = max(1, args.state // args.value_bytes)
+    model = Model(n_keys, args.value_bytes)
+    try:
+        for n in HOSTS:
+            workers.append(WorkerProcess(root, f"w{n}", f"127.0.0.{n}", secret_file=secret_file,
+                                         metrics=True).start())
+        coord = Coordinator(str(root / "coordinator"), secret=SECRET, heartbeat_timeout=3600.0)
+        cl = LocalCoordinatorClient(coord)
+        for w in workers:
+            cl.register(w.id, w.address, unix_socket=str(w.unix_socket), incarnation="bench")
+        cl.create_operator(OPERATOR, parallelism=args.parallelism, num_vnodes=args.num_vnodes, replicas=args.replicas)
+        engine = MicroBatchEngine(cl, OPERATOR, secret=SECRET, request_timeout=600.0)
+
+        # ---- fill (not timed) ----
+        batch = 0
+        per_fill = max(1, args.fill_batch_bytes // args.value_bytes)
+        t_fill = time.monotonic()
+        from ..cli.progress import Progress
+
+        with Progress(f"{strategy} #{rep}: filling", n_keys * args.value_bytes, enabled=not args.quiet) as bar:
+            for first in range(0, n_keys, per_fill):
+                keys = np.arange(first, min(n_keys, first + per_fill), dtype=np.int64)
+                engine.run_batch(batch, model.puts(keys, _random_values(rng, len(keys), args.value_bytes)))
+                batch += 1
+                bar.advance(len(keys) * args.value_bytes)
+        fill_s = time.monotonic() - t_fill
+        # Let the fill's write-back and compactions drain before the steady state is measured.
+        os.sync()
+        time.sleep(args.quiesce)
+        placement = cl.placement(OPERATOR)
+        state_bytes = sum(int(x["bytes"]) for x in placement["instances"].values())
+
+        timeline: list[dict] = []
+
+        def one_batch(phase: str) -> dict:
+            nonlocal batch
+            keys = rng.choice(n_keys, size=min(args.batch_keys, n_keys), replace=False).astype(np.int64)
+            puts = model.puts(keys, _random_values(rng, len(keys), args.value_bytes))
+            done_before = {p.id: p.steps_done for p in coord.meta.plans()}
+            net0 = _network_bytes(workers)
+            t_wall = time.time()
+            res = engine.run_batch(batch, puts)
+            net1 = _network_bytes(workers)
+            steps = sum(p.steps_done - done_before.get(p.id, 0) for p in coord.meta.plans())
+            row = {"batch": batch, "phase": phase, "start_unix": round(t_wall, 6), "seconds": round(res.seconds, 6),
+                   "steps_run": steps, "epoch": res.epoch, "attempts": res.attempts, "net_bytes": net1 - net0}
+            if res.errors:
+                row["errors"] = res.errors[-3:]
+            timeline.append(row)
+            batch += 1
+            return row
+
+        for _ in range(args.warmup_batches):
+            one_batch("warmup")
+        for _ in range(args.steady_batches):
+            one_batch("steady")
+        steady = [r["seconds"] for r in timeline if r["phase"] == "steady"]
+        origin_vnodes = [v for v, i in enumerate(placement["assignment"]) if i == 0]
+        moving = origin_vnodes[: len(origin_vnodes) // 2]
+        target = max(int(i) for i in placement["instances"]) + 1
+        plan = cl.handover(OPERATOR, moving, target, strategy=strategy)
+        say(f"{strategy} #{rep}: plan {plan['plan']}: {len(moving)} vnodes of instance 0 -> new instance {target}, "
+            f"{plan['steps']} steps")
+        t_plan = time.time()
+        guard = plan["steps"] + 50
+        while cl.status()["plans_in_flight"]:
+            one_batch("migration")
+            guard -= 1
+            if guard < 0:
+                raise RuntimeError(f"plan {plan['plan']} still in flight after {plan['steps'] + 50} batches")
+        for _ in range(args.after_batches):
+            one_batch("after")
+        row_plan = next(p for p in coord.meta.plans() if p.id == plan["plan"])
+        if row_plan.state != "done":
+            raise RuntimeError(f"plan {plan['plan']} ended {row_plan.state}: {row_plan.message}")
+        events = [e for e in coord.meta.events(100000)
+                  if e["kind"] == "handover_step" and e.get("plan") == plan["plan"]]
+        first_start = events[0]["at"] - events[0]["seconds"]
+        last_end = events[-1]["at"]
+        step_batches = [r for r in timeline if r["steps_run"] > 0]
+        in_window = [r for r in timeline
+                     if step_batches and step_batches[0]["batch"] <= r["batch"] <= step_batches[-1]["batch"]]
+        after = [r for r in timeline if r["phase"] == "after"]
+        final = cl.placement(OPERATOR)
+        new = final["instances"][str(target)]
+        origin = placement["instances"]["0"]
+        if new["primary"] == origin["primary"]:
+            placed = "origin's primary (its own store holds checkpoint b): imports by hard links"
+        elif new["primary"] in origin["chain"]:
+            placed = "a member of the origin's chain (holds checkpoint b): imports by hard links"
+        else:
+            placed = "a worker without the origin's checkpoint: bulk copy first"
+        steady_med = statistics.median(steady)
+        max_during = max(r["seconds"] for r in in_window)
+        steady_net = statistics.median([r["net_bytes"] for r in timeline if r["phase"] == "steady"])
+        verify = _verify(cl, engine, model)
+        out = {
+            "record": "run", "strategy": strategy, "rep": rep, "state_bytes_target": args.state,
+            "state_bytes": state_bytes, "keys": n_keys, "value_bytes": args.value_bytes, "batch_keys": args.batch_keys,
+            "fill_s": round(fill_s, 3), "plan": plan["plan"], "vnodes_moved": len(moving),
+            "origin_vnodes": len(origin_vnodes), "target_instance": target, "steps": len(events),
+            "migration_s": round(last_end - first_start, 4),
+            "steps_s": round(sum(e["seconds"] for e in events), 4),
+            "step_s": [e["seconds"] for e in events],
+            "bytes_moved": int(row_plan.bytes_moved),
+            "origin_primary": origin["primary"], "origin_chain": origin["chain"],
+            "target_primary": new["primary"], "target_chain": new["chain"], "placement": placed,
+            "vertical": row_plan.bytes_moved == 0 and (new["primary"] == origin["primary"]
+                                                       or new["primary"] in origin["chain"]),
+            "steady_median_s": round(steady_med, 5), "steady_max_s": round(max(steady), 5),
+            "max_during_s": round(max_during, 5), "ratio_max_to_steady": round(max_during / steady_med, 3),
+            "ratio_max_to_steady_max": round(max_during / max(steady), 3),
+            "p90_steady_s": round(float(np.percentile(steady, 90)), 5),
+            "mean_during_s": round(statistics.mean(r["seconds"] for r in in_window), 5),
+            "batches_during": len(in_window),
+            "max_after_s": round(max(r["seconds"] for r in after), 5) if after else None,
+            "steady_net_bytes_per_batch": int(steady_net),
+            "net_bytes_during": int(sum(r["net_bytes"] for r in in_window)),
+            "plan_scheduled_unix": round(t_plan, 6), "migration_start_unix": round(first_start, 6),
+            "migration_end_unix": round(last_end, 6),
+            "correct": verify["ok"], "verify": verify, "timeline": timeline,
+        }
+        return out
+    finally:
+        if engine is not None:
+            engine.close()
+        if coord is not None:
+            coord.close()
+        for w in workers:
+            w.stop()
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    out = []
+    for s in STRATEGIES:
+        rs = [r for r in runs if r["strategy"] == s]
+        if not rs:
+            continue
+        out.append({
+            "record": "summary", "strategy": s, "runs": len(rs),
+            "migration_s": round(_median([r["migration_s"] for r in rs]), 4),
+            "steps_s": round(_median([r["steps_s"] for r in rs]), 4),
+            "steps": rs[0]["steps"], "bytes_moved": int(_median([r["bytes_moved"] for r in rs])),
+            "steady_median_s": round(_median([r["steady_median_s"] for r in rs]), 5),
+            "max_during_s": round(_median([r["max_during_s"] for r in rs]), 5),
+            "ratio_max_to_steady": round(_median([r["ratio_max_to_steady"] for r in rs]), 3),
+            "ratio_runs": [r["ratio_max_to_steady"] for r in rs],
+            "ratio_max_to_steady_max": round(_median([r["ratio_max_to_steady_max"] for r in rs]), 3),
+            "step_s_median": round(_median([x for r in rs for x in r["step_s"]]), 4),
+            "step_s_max": round(max(x for r in rs for x in r["step_s"]), 4),
+            "net_bytes_during": int(_median([r["net_bytes_during"] for r in rs])),
+            "steady_net_bytes_per_batch": int(_median([r["steady_net_bytes_per_batch"] for r in rs])),
+            "batches_during": int(_median([r["batches_during"] for r in rs])),
+            "steady_max_s": round(_median([r["steady_max_s"] for r in rs]), 5),
+            "placements": sorted({r["placement"] for r in rs}), "vertical": all(r["vertical"] for r in rs),
+            "correct": all(r["correct"] for r in rs),
+        })
+    return out
+
+
+def run(args: argparse.Namespace, emit: Callable[[dict], None], say: Callable[[str], None]) -> list[dict]:
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(args.dir).free
+    need = 6 * args.state + (512 << 20)
+    if free < need:
+        raise SystemExit(f"rhino bench handover: {format_bytes(free)} free under {args.dir}, a run needs about "
+                         f"{format_bytes(need)}")
+    emit({"record": "setup", "command": args.command, "strategies": args.strategies, "repeat": args.repeat,
+          "state_bytes": args.state, "value_bytes": args.value_bytes, "batch_keys": args.batch_keys,
+          "fill_batch_bytes": args.fill_batch_bytes, "steady_batches": args.steady_batches,
+          "warmup_batches": args.warmup_batches, "after_batches": args.after_batches, "quiesce_s": args.quiesce,
+          "parallelism": args.parallelism, "num_vnodes": args.num_vnodes, "replicas": args.replicas,
+          "workers": [f"127.0.0.{n}" for n in HOSTS], "seed": args.seed,
+          "machine": describe_machine(args.dir), "unix": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    runs = []
+    for rep in range(args.repeat):
+        order = args.strategies[rep % len(args.strategies):] + args.strategies[: rep % len(args.strategies)]
+        for s in order:
+            r = run_one(s, rep, args, say)
+            runs.append(r)
+            emit(r)
+            say(f"{s} #{rep}: migration {r['migration_s']:.2f} s in {r['steps']} steps, steady median "
+                f"{r['steady_median_s'] * 1e3:.0f} ms, max during {r['max_during_s'] * 1e3:.0f} ms "
+                f"({r['ratio_max_to_steady']:.2f}x), bytes copied {r['bytes_moved']}, "
+                f"{'correct' if r['correct'] else 'WRONG: ' + '; '.join(r['verify']['problems'][:3])}")
+    summary = summarize(runs)
+    for s in summary:
+        emit(s)
+    if not args.keep:
+        try:
+            os.rmdir(args.dir)  # only if empty: each run removed its own directories
+        except OSError:
+            pass
+    return runs + summary
+
+
+# ---- the plot and the report ---------------------------------------------------------------------
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in rows if r.get("record") == "run"]
+    strategies = [s for s in STRATEGIES if any(r["strategy"] == s for r in runs)]
+    fig, axes = plt.subplots(len(strategies), 1, figsize=(10, 2.6 * len(strategies) + 0.6), sharex=True,
+                             squeeze=False)
+    for ax, s in zip(axes[:, 0], strategies):
+        for r in [r for r in runs if r["strategy"] == s]:
+            t0 = r["migration_start_unix"]
+            tl = [b for b in r["timeline"] if b["phase"] != "warmup"]
+            xs = [b["start_unix"] - t0 for b in tl]
+            ys = [b["seconds"] * 1e3 for b in tl]
+            line, = ax.plot(xs, ys, marker=".", lw=1, label=f"run {r['rep']}: max {r['max_during_s'] * 1e3:.0f} ms, "
+                                                           f"{r['ratio_max_to_steady']:.1f}x steady")
+            steps = [(x, y) for x, y, b in zip(xs, ys, tl) if b["steps_run"]]
+            ax.plot([x for x, _ in steps], [y for _, y in steps], ls="", marker="x", color=line.get_color(), ms=6)
+            ax.axvspan(0, r["migration_end_unix"] - t0, color=line.get_color(), alpha=0.12)
+            ax.axhline(r["steady_median_s"] * 1e3, color=line.get_color(), ls=":", lw=1)
+        ax.set_ylabel("batch latency, ms")
+        ax.set_title(f"{s}: batches that ran a step marked x, migration window shaded, steady median dotted",
+                     fontsize=10)
+        ax.legend(fontsize=8, loc="upper right")
+    axes[-1, 0].set_xlabel("seconds since the migration's first step")
+    setup = next((r for r in rows if r.get("record") == "setup"), {})
+    fig.suptitle(f"rhino bench handover: {format_bytes(setup.get('state_bytes', 0))} state, "
+                 f"{setup.get('batch_keys')} puts of {setup.get('value_bytes')} B per batch", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(rows: list[dict], path: str) -> None:
+    setup = next(r for r in rows if r.get("record") == "setup")
+    runs = [r for r in rows if r.get("record") == "run"]
+    summary = [r for r in rows if r.get("record") == "summary"]
+    m = setup["machine"]
+    lines = ["# Handover: the writer's batch latency during a migration, per strategy", "",
+             f"Command: `{setup['command']}`", "",
+             f"Run at {setup['unix']} on {machine_summary(m)}. Four `rhino worker` processes "
+             f"({', '.join(setup['workers'])}), the in-process coordinator and the writer share the machine's "
+             f"{m.get('cpu_cores')} cores and one disk.", "",
+             f"Parameters: state {format_bytes(setup['state_bytes'])} ({setup['value_bytes']}-byte random values), "
+             f"operator of {setup['parallelism']} instances, {setup['num_vnodes']} vnodes, r={setup['replicas']}; "
+             f"after the fill a sync and {setup.get('quiesce_s', 0)} s of quiet; "
+             f"timed batches of {setup['batch_keys']} puts to random keys ({setup['warmup_batches']} warm-up, "
+             f"{setup['steady_batches']} steady, then the migration, then {setup['after_batches']} more); "
+             f"handover of half of instance 0's vnodes to a new instance; {setup['repeat']} repetitions, the "
+             f"strategies' order rotating; figures are medians over the repetitions.", "",
+             "| strategy | steps | migration (first step to last), s | time in steps, s | one step, s (median, max) | "
+             "bytes copied (plan) | steady median batch (max), ms | max batch during migration, ms | "
+             "max / steady median | per-run ratios | max / steady max | "
+             "replication bytes in the migration's batches (batches) | steady, per batch | state correct |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+    for s in summary:
+        lines.append(f"| {s['strategy']} | {s['steps']} | {s['migration_s']:.2f} | {s['steps_s']:.2f} | "
+                     f"{s['step_s_median']:.3f}, {s['step_s_max']:.3f} | "
+                     f"{s['bytes_moved']:,} | {s['steady_median_s'] * 1e3:.0f} ({s['steady_max_s'] * 1e3:.0f}) | "
+                     f"{s['max_during_s'] * 1e3:.0f} | "
+                     f"{s['ratio_max_to_steady']:.2f}x | {', '.join(f'{x:.2f}' for x in s['ratio_runs'])} | "
+                     f"{s['ratio_max_to_steady_max']:.2f}x | "
+                     f"{format_bytes(s['net_bytes_during'])} ({s['batches_during']}) | "
+                     f"{format_bytes(s['steady_net_bytes_per_batch'])} | "
+                     f"{'yes' if s['correct'] else 'NO'} |")
+    lines += ["", "Per run:", "",
+              "| strategy | run | state | vnodes moved | new instance on | origin (primary, chain) | migration, s | "
+              "steps | max during, ms | steady median, ms | correct |",
+              "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---|"]
+    for r in runs:
+        lines.append(f"| {r['strategy']} | {r['rep']} | {format_bytes(r['state_bytes'])} | {r['vnodes_moved']} of "
+                     f"{r['origin_vnodes']} | {r['target_primary']} ({r['placement']}) | {r['origin_primary']}, "
+                     f"{r['origin_chain']} | {r['migration_s']:.2f} | {r['steps']} | {r['max_during_s'] * 1e3:.0f} | "
+                     f"{r['steady_median_s'] * 1e3:.0f} | {'yes' if r['correct'] else 'NO'} |")
+    vertical = all(r["vertical"] for r in runs)
+    lines += ["",
+              "Placement: " + ("in every run the new instance went to a worker that holds the origin's checkpoint "
+                               "(vertical scaling): its vnodes were imported by hard links, and no bytes of the "
+                               "origin's state crossed the network (bytes copied = 0)." if vertical else
+                               "in some runs the new instance went to a worker without the origin's checkpoint, "
+                               "which first received a bulk copy (bytes copied > 0)."),
+              "Replication bytes are the chunk bytes all workers received from a predecessor (their "
+              "`rhino_worker_bytes_received_total`) during the batches in which steps ran, against the steady "
+              "median per batch: every commit replicates its checkpoint's delta (new L0 files, and the outputs of "
+              "compactions, so it varies from batch to batch), and a new instance's first checkpoint goes to its "
+              "own chain. It is replication, not a fetch of the origin's state.",
+              "The steady batches are not steady: with leveled compaction each vnode's L0 is merged into its L1 "
+              "every fourth checkpoint, and that compaction's output goes down the chain with the next commit, "
+              "so every fourth or so batch replicates 100-190 MB instead of about 5 (the per-batch `net_bytes` of "
+              "the timelines in the JSON lines) and takes 2-3x as long. A migration that spans several batches "
+              "meets those batches, so 'max / steady max' is shown beside Megaphone's 'max / steady median'.",
+              "Each step runs at the barrier before a batch, inside `begin_batch`, so a step's time is part of "
+              "that batch's latency: the measure is Megaphone's (the maximum latency during a migration, "
+              "against the steady state). With one origin and one target, `batched` (a matching of origins "
+              "and targets per step) moves one vnode per step, like `fluid`.", ""]
+    Path(path).write_text("\n".join(lines))
+
+
+# ---- the command ------------------------------------------------------------------------------
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _strategies(text: str) -> list[str]:
+    out = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in out if s not in STRATEGIES]
+    if not out or bad:
+        raise argparse.ArgumentTypeError(f"strategies are a comma-separated list of {', '.join(STRATEGIES)}")
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rhino bench handover",
+                                description="The writer's batch latency while half of an instance's vnodes move to a "
+                                            "new instance, per migration strategy (Megaphone's measure).")
+    p.add_argument("--strategies", type=_strategies, default=list(STRATEGIES),
+                   help=f"comma-separated (default: {','.join(STRATEGIES)})")
+    p.add_argument("--state", type=_size, default=parse_size("256M"), help="state size to fill (default: 256M)")
+    p.add_argument("--value-bytes", type=int, default=1024, help="bytes per value (default: %(default)s)")
+    p.add_argument("--batch-keys", type=int, default=4096, help="puts per timed batch (default: %(default)s)")
+    p.add_argument("--fill-batch-bytes", type=_size, default=parse_size("64M"),
+                   help="bytes per batch while filling (default: 64M)")
+    p.add_argument("--warmup-batches", type=int, default=5, help="untimed batches after the fill (default: 5)")
+    p.add_argument("--quiesce", type=float, default=3.0,
+                   help="seconds to wait after the fill (and a sync) before the warm-up (default: %(default)s)")
+    p.add_argument("--steady-batches", type=int, default=12,
+                   help="batches of the steady state (default: 12, three of this state's 4-checkpoint compaction "
+                        "cycles)")
+    p.add_argument("--after-batches", type=int, default=3, help="batches after the plan is done (default: 3)")
+    p.add_argument("--repeat", type=int, default=2, help="runs per strategy, interleaved (default: 2)")
+    p.add_argument("--parallelism", type=int, default=2)
+    p.add_argument("--num-vnodes", type=int, default=64)
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dir", default=".bench-handover", help="work directory (default: %(default)s)")
+    p.add_argument("--keep", action="store_true", help="keep the work directories")
+    p.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
+    p.add_argument("--out", default=None, help="also append the JSON lines to this file")
+    p.add_argument("--plot", default=None, help="write the latency timelines here (PNG)")
+    p.add_argument("--report", default=None, help="write a Markdown summary here")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = build_parser()
+    args = p.parse_args(argv)
+    args.command = "rhino bench handover " + " ".join(argv)
+    for name in ("value_bytes", "batch_keys", "steady_batches", "repeat", "parallelism", "num_vnodes"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.quiesce < 0:
+        p.error("--quiesce must be at least 0")
+    for name in ("warmup_batches", "after_batches", "replicas"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be at least 0")
+    if args.replicas + 1 > len(HOSTS):
+        p.error(f"--replicas must be at most {len(HOSTS) - 1} ({len(HOSTS)} workers)")
+    exit_on_sigterm()
+    rows: list[dict] = []
+    out = open(args.out, "a") if args.out else None
+
+    def say(msg: str) -> None:
+        if not args.quiet:
+            print(msg, file=sys.stderr, flush=True)
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        line = json.dumps(row)
+        if args.json:
+            print(line, flush=True)
+        if out:
+            out.write(line + "\n")
+            out.flush()
+
+    try:
+        run(args, emit, say)
+    finally:
+        if out:
+            out.close()
+    if args.plot:
+        plot(rows, args.plot)
+    if args.report:
+        report(rows, args.report)
+    bad = [r for r in rows if r.get("record") == "run" and not r["correct"]]
+    if bad:
+        for r in bad:
+            print(f"rhino bench handover: {r['strategy']} run {r['rep']}: the state read back differs from what "
+                  f"was written: {'; '.join(r['verify']['problems'])}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
