@@ -343,7 +343,18 @@ stop() aborts streams under way and closes connections; join() waits for stop.
       .def_property_readonly("port", [](const PyWorker& w) { return w.worker->port(); },
                              "The bound port (useful with listen_port=0).")
       .def_property_readonly("id", [](const PyWorker& w) { return w.options.id; })
-      .def("metrics", [](const PyWorker& w) { return MetricsDict(w.worker->Metrics()); },
+      .def("metrics", [](const PyWorker& w) {
+             // Without the GIL: it waits for each hosted instance's lock, which a
+             // commit holds for its write and checkpoint (seconds for a big
+             // batch), and the daemon's heartbeats to the coordinator are
+             // Python threads that must keep running meanwhile.
+             WorkerMetrics m;
+             {
+               py::gil_scoped_release release;
+               m = w.worker->Metrics();
+             }
+             return MetricsDict(m);
+           },
            "A snapshot of the worker's counters (bytes, streams, credits, checkpoint states, security).");
 
   py::class_<PyReplication>(m, "ReplicationHandle", "A replication of one checkpoint down a chain, under way or done.")

@@ -104,3 +104,36 @@ def test_bad_configuration(tmp_path: Path) -> None:
     r = rhino_cli("worker", "--id", "w", "--dir", str(tmp_path / "w"), "--listen", "127.0.0.2:0", "--secret-file",
                   str(sf), "--coordinator", "nowhere")
     assert r.returncode == 2 and "bad_configuration" in r.stderr
+
+
+def test_heartbeats_go_on_during_a_long_commit(tmp_path: Path) -> None:
+    """A commit holds its instance for its write and checkpoint; the worker's
+    metrics sampler waits for that lock, and used to hold the GIL meanwhile, so
+    the heartbeat thread stopped and a healthy worker was declared dead."""
+    import rhino
+
+    sf = write_secret(tmp_path, SECRET)
+    co = CoordinatorProcess(tmp_path, secret_file=sf, heartbeat_timeout=1.0).start()
+    w = WorkerProcess(tmp_path, "w2", "127.0.0.2", secret_file=sf, metrics=False,
+                      extra_args=["--coordinator", co.address, "--coordinator-heartbeat", "0.2"]).start()
+    try:
+        with connect_coordinator(co.address, secret=SECRET) as cc:
+            deadline = time.monotonic() + 20
+            while not any(x["state"] == "alive" for x in cc.status()["workers"]):
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            with rhino.connect(w.unix_socket, secret=SECRET, request_timeout=120) as c:
+                c.open_instance("big", 0, epoch=1, num_vnodes=8)
+                keys = np.arange(400_000, dtype=np.int64)
+                values = np.random.default_rng(0).integers(0, 255, size=(len(keys), 512), dtype=np.uint8)
+                with c.session("big", 0, batch=0, epoch=1) as s:
+                    s.put_batch(keys, values)  # ~200 MB: the commit takes seconds
+                    r = s.commit()
+                assert r.write_s + r.checkpoint_s > 1.0, "the commit was too short to show anything"
+            time.sleep(0.5)
+            s = cc.status()
+            assert [x["state"] for x in s["workers"]] == ["alive"]
+            assert not [e for e in s["events"] if e["kind"] == "worker_dead"], s["events"]
+    finally:
+        w.stop()
+        co.stop()
