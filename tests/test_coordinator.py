@@ -205,3 +205,28 @@ def test_plan_for_a_future_batch_and_cost_placement(cluster) -> None:
     assert not cc.status()["plans_in_flight"]
     assert job.state() == job.model
     coord.close()
+
+
+def test_horizontal_scaling_onto_a_new_worker(cluster) -> None:
+    """A worker that joins holds nothing; a rescale that places a new instance
+    on it first bulk-copies the origins' checkpoint there (bytes move), then
+    the target imports from that copy."""
+    tmp, ws = cluster
+    first = ws[:3]
+    coord, cc = make(tmp, first)
+    cc.create_operator(OP, parallelism=2, num_vnodes=V, replicas=1)
+    job = Job(cc, seed=5)
+    job.run(2)
+    newcomer = ws[3]
+    cc.register(newcomer.id, newcomer.address, unix_socket=str(newcomer.unix_socket), incarnation="test")
+    with pytest.raises(rhino.InvalidArgumentError, match="not a live registered worker"):
+        cc.rescale(OP, 3, on=["w99"])
+    plan = cc.rescale(OP, 3, on=[newcomer.id])
+    job.run(2)
+    pl = cc.placement(OP)
+    new = [i for i in pl["instances"] if i not in ("0", "1")]
+    assert len(new) == 1 and pl["instances"][new[0]]["primary"] == newcomer.id
+    (row,) = [p for p in coord.meta.plans() if p.id == plan["plan"]]
+    assert row.state == "done" and row.bytes_moved > 0  # the bulk copy
+    assert job.state() == job.model
+    coord.close()

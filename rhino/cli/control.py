@@ -119,8 +119,10 @@ def main_handover(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--to", required=True, type=int, help="the target instance")
     p.add_argument("--strategy", default="all-at-once", choices=["all-at-once", "fluid", "batched"])
     p.add_argument("--after-batch", type=int, default=None, help="run at the barrier after this batch")
+    p.add_argument("--on", default=None, metavar="WORKER",
+                   help="a new target instance goes to this worker (horizontal scaling: a bulk copy first)")
     return _run(p, argv, lambda c, a: c.handover(a.operator, a.vnodes, a.to, strategy=a.strategy,
-                                                 after_batch=a.after_batch))
+                                                 after_batch=a.after_batch, on=a.on))
 
 
 def main_rebalance(argv: Optional[list[str]] = None) -> int:
@@ -144,5 +146,8 @@ def main_rescale(argv: Optional[list[str]] = None) -> int:
     p.add_argument("parallelism", metavar="N", type=int)
     p.add_argument("--strategy", default="all-at-once", choices=["all-at-once", "fluid", "batched"])
     p.add_argument("--after-batch", type=int, default=None)
+    p.add_argument("--on", default=None, metavar="W1,W2",
+                   help="new instances go to these workers, round robin (horizontal scaling); default: workers "
+                        "that hold the origins' replicas")
     return _run(p, argv, lambda c, a: c.rescale(a.operator, a.parallelism, strategy=a.strategy,
-                                                after_batch=a.after_batch))
+                                                after_batch=a.after_batch, on=a.on.split(",") if a.on else None))

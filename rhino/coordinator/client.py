@@ -50,14 +50,14 @@ class _Methods:
         return self.call("report_unreachable", operator_id=operator_id, instance=instance, worker_id=worker_id)
 
     def handover(self, operator_id: str, vnodes: list[int], to: int, *, strategy: str = "all-at-once",
-                 after_batch: Optional[int] = None) -> dict:
+                 after_batch: Optional[int] = None, on: Optional[str] = None) -> dict:
         return self.call("handover", operator_id=operator_id, vnodes=list(vnodes), to=to, strategy=strategy,
-                         after_batch=after_batch)
+                         after_batch=after_batch, on=on)
 
     def rescale(self, operator_id: str, parallelism: int, *, strategy: str = "all-at-once",
-                after_batch: Optional[int] = None) -> dict:
+                after_batch: Optional[int] = None, on: Optional[list[str]] = None) -> dict:
         return self.call("rescale", operator_id=operator_id, parallelism=parallelism, strategy=strategy,
-                         after_batch=after_batch)
+                         after_batch=after_batch, on=list(on) if on else None)
 
     def rebalance(self, operator_id: Optional[str] = None, *, replicas: bool = True, load: bool = True,
                   strategy: str = "batched", after_batch: Optional[int] = None) -> dict:

@@ -312,17 +312,19 @@ class Coordinator:
 
     # ---- handovers ---------------------------------------------------------------------
     def handover(self, operator_id: str, vnodes: list[int], to: int, *, strategy: str = "all-at-once",
-                 after_batch: Optional[int] = None) -> dict:
+                 after_batch: Optional[int] = None, on: Optional[str] = None) -> dict:
         """Plans moving ``vnodes`` to instance ``to`` (a new instance number
-        creates it) at the barrier after ``after_batch`` (default: the next
-        barrier), in steps of ``strategy``."""
+        creates it, on worker ``on`` if given) at the barrier after
+        ``after_batch`` (default: the next barrier), in steps of ``strategy``."""
         with self.lock:
-            return self.hm.plan_handover(operator_id, vnodes, to, strategy=strategy, after_batch=after_batch)
+            return self.hm.plan_handover(operator_id, vnodes, to, strategy=strategy, after_batch=after_batch, on=on)
 
     def rescale(self, operator_id: str, parallelism: int, *, strategy: str = "all-at-once",
-                after_batch: Optional[int] = None) -> dict:
+                after_batch: Optional[int] = None, on: Optional[list[str]] = None) -> dict:
+        """Plans a new parallelism. New instances go to workers holding the
+        origins' replicas, or to the workers ``on`` (horizontal scaling)."""
         with self.lock:
-            return self.hm.plan_rescale(operator_id, parallelism, strategy=strategy, after_batch=after_batch)
+            return self.hm.plan_rescale(operator_id, parallelism, strategy=strategy, after_batch=after_batch, on=on)
 
     def rebalance(self, operator_id: Optional[str] = None, *, replicas: bool = True, load: bool = True,
                   strategy: str = "batched", after_batch: Optional[int] = None) -> dict:

@@ -18,6 +18,11 @@ the marker, and the barrier aligns it). One step:
    it is undone (targets drop, origins re-import their own checkpoint b) at a
    new epoch with the old table: nothing of it is visible after an abort.
 
+New instances go to a worker that holds the origins' checkpoints (vertical
+scaling: imports by hard links, no bytes move) unless the plan names workers
+for them (``on``: horizontal scaling onto a worker that joined, which first
+receives a bulk copy of the origins' checkpoint b).
+
 A plan is split into steps by a migration strategy (Megaphone: all-at-once,
 fluid, batched; :mod:`.strategies`), one step per barrier, and may be
 scheduled for a future batch.
@@ -55,16 +60,17 @@ class HandoverManager:
             raise InvalidArgumentError(f"after_batch must be a barrier still ahead (>= {max(done, 0)}), got {after_batch!r}")
         return after_batch
 
-    def _insert(self, operator_id: str, kind: str, strategy: str, moves: list, after: int) -> dict:
+    def _insert(self, operator_id: str, kind: str, strategy: str, moves: list, after: int,
+                placement: Optional[dict[int, str]] = None) -> dict:
         if strategy not in STRATEGIES:
             raise InvalidArgumentError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
         steps = [[list(m) for m in s] for s in plan_steps([tuple(m) for m in moves], strategy)] if moves else []
         now = time.time()
         with self.meta.tx() as c:
             cur = c.execute("INSERT INTO plans (operator_id, kind, strategy, steps, steps_done, after_batch, state,"
-                            " created_at, updated_at) VALUES (?,?,?,?,0,?,?,?,?)",
+                            " created_at, updated_at, placement) VALUES (?,?,?,?,0,?,?,?,?,?)",
                             (operator_id, kind, strategy, json.dumps(steps), after,
-                             "scheduled" if steps else "done", now, now))
+                             "scheduled" if steps else "done", now, now, json.dumps(placement or {})))
             plan_id = cur.lastrowid
             self.meta.event(c, "plan_scheduled", plan=plan_id, operator=operator_id, plan_kind=kind, strategy=strategy,
                             moves=len(moves), steps=len(steps), after_batch=after)
@@ -72,8 +78,18 @@ class HandoverManager:
         return {"plan": plan_id, "kind": kind, "strategy": strategy, "moves": len(moves), "steps": len(steps),
                 "after_batch": after}
 
+    def _check_on(self, on: Optional[list[str]]) -> list[str]:
+        """Workers asked to host new instances (horizontal scaling): live and known."""
+        if not on:
+            return []
+        alive = {w.id for w in self.c.alive_workers()}
+        for w in on:
+            if w not in alive:
+                raise InvalidArgumentError(f"worker {w!r} is not a live registered worker")
+        return list(on)
+
     def plan_handover(self, operator_id: str, vnodes: list[int], to: int, *, strategy: str,
-                      after_batch: Optional[int]) -> dict:
+                      after_batch: Optional[int], on: Optional[str] = None) -> dict:
         op = self.c._operator(operator_id)
         if not isinstance(to, int) or to < 0:
             raise InvalidArgumentError(f"the target instance must be an int >= 0, got {to!r}")
@@ -87,9 +103,15 @@ class HandoverManager:
         if to in retired:
             raise InvalidArgumentError(f"instance {to} of {operator_id} was retired; use a new instance number")
         moves = [(v, assignment[v], to) for v in sorted(set(vnodes)) if assignment[v] != to]
-        return self._insert(operator_id, "handover", strategy, moves, self._next_barrier(operator_id, after_batch))
+        active = {r.instance for r in self.meta.instances(operator_id)}
+        placement = {to: self._check_on([on])[0]} if on and to not in active else {}
+        if on and to in active:
+            raise InvalidArgumentError(f"instance {to} exists; 'on' places a new instance only")
+        return self._insert(operator_id, "handover", strategy, moves, self._next_barrier(operator_id, after_batch),
+                            placement)
 
-    def plan_rescale(self, operator_id: str, parallelism: int, *, strategy: str, after_batch: Optional[int]) -> dict:
+    def plan_rescale(self, operator_id: str, parallelism: int, *, strategy: str, after_batch: Optional[int],
+                     on: Optional[list[str]] = None) -> dict:
         op = self.c._operator(operator_id)
         if not isinstance(parallelism, int) or not 1 <= parallelism <= op.num_vnodes:
             raise InvalidArgumentError(f"parallelism must be in [1, {op.num_vnodes}], got {parallelism!r}")
@@ -103,8 +125,11 @@ class HandoverManager:
         else:
             new = active[:parallelism]  # the highest numbers leave
         moves = rescale_moves(self.meta.assignment(operator_id), active, new)
+        workers = self._check_on(on)
+        fresh_ids = [i for i in new if i not in active]
+        placement = {i: workers[k % len(workers)] for k, i in enumerate(fresh_ids)} if workers else {}
         return self._insert(operator_id, f"rescale {len(active)}->{parallelism}", strategy, moves,
-                            self._next_barrier(operator_id, after_batch))
+                            self._next_barrier(operator_id, after_batch), placement)
 
     def plan_balance(self, operator_id: str, *, strategy: str, after_batch: Optional[int]) -> Optional[dict]:
         load = self.meta.vnode_load(operator_id)
@@ -150,7 +175,10 @@ class HandoverManager:
                 holders &= {rows[o].primary_worker, *rows[o].chain}
             # Vertical scaling: on a worker that holds the origins' checkpoints.
             # Horizontal (no such worker): the least loaded, after a bulk copy.
-            primary = choose_primary(sorted(holders or alive), load)
+            if p.placement.get(t) in alive:
+                primary = p.placement[t]  # horizontal scaling: asked for; a bulk copy comes first
+            else:
+                primary = choose_primary(sorted(holders or alive), load)
             load[primary] = load.get(primary, 0) + 1
             held = {(operator_id, t): {w: sum(rows[o].bytes for o in origins if w in rows[o].chain) for w in alive}}
             chain = place_chains([InstanceInfo(key=(operator_id, t), primary=primary,

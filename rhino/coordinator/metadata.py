@@ -71,7 +71,8 @@ CREATE TABLE IF NOT EXISTS plans (
   after_batch INTEGER, state TEXT NOT NULL
     CHECK (state IN ('scheduled', 'running', 'done', 'aborted')),
   created_at REAL NOT NULL, updated_at REAL NOT NULL, message TEXT NOT NULL DEFAULT '',
-  bytes_moved INTEGER NOT NULL DEFAULT 0, seconds REAL NOT NULL DEFAULT 0);
+  bytes_moved INTEGER NOT NULL DEFAULT 0, seconds REAL NOT NULL DEFAULT 0,
+  placement TEXT NOT NULL DEFAULT '{}');
 CREATE TABLE IF NOT EXISTS events (
   id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, kind TEXT NOT NULL, detail TEXT NOT NULL);
 """
@@ -141,6 +142,7 @@ class PlanRow:
     message: str
     bytes_moved: int
     seconds: float
+    placement: dict = field(default_factory=dict)  # new instance -> the worker asked for (horizontal scaling)
 
 
 class Metadata:
@@ -301,4 +303,5 @@ def _instance(r: sqlite3.Row) -> InstanceRow:
 def _plan(r: sqlite3.Row) -> PlanRow:
     d = dict(r)
     d["steps"] = json.loads(d["steps"])
+    d["placement"] = {int(k): v for k, v in json.loads(d["placement"]).items()}
     return PlanRow(**d)
