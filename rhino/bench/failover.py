@@ -20,14 +20,14 @@ B (.3), C (.4) and D (.5):
    --coordinator`` processes heartbeating every ``--heartbeat-interval`` s;
    ``detection_s`` runs from the SIGKILL to the moment the coordinator
    declares A dead by ``--heartbeat-timeout`` (default 1 s; its
-   ``dead_since``). With ``--detection heartbeat`` (what ``auto``, the
+   ``dead_since``). With ``--detection process`` (what ``auto``, the
    default, picks when the build has the coordinator transport) the
-   coordinator is served from this process over the coordinator protocol and
-   its timeout is armed right before the kill; with ``--detection process``
-   it is a ``rhino coordinator`` process with the timeout from the start
-   (see below why that fails while large batches commit); with
-   ``--detection none`` it runs in this process, ``declare_dead`` is called
-   right after the kill, and ``detection_s`` is null.
+   coordinator is a ``rhino coordinator`` process with the timeout on its
+   command line; with ``--detection heartbeat`` it is served from this
+   process over the same protocol and its timeout is armed right before the
+   kill (see below why); with ``--detection none`` it runs in this process,
+   ``declare_dead`` is called right after the kill, and ``detection_s`` is
+   null.
 3. **Rhino** (``method="rhino"``): the coordinator fails the instance over to
    B by a takeover from B's own replica store, by hard links (no state
    moves). ``scheduling_s`` runs from A's declaration to the takeover request
@@ -94,14 +94,13 @@ class BenchError(RuntimeError):
 # the coordinator to have failed the instance over; returns when A was declared dead and the takeover's
 # figures), close().
 #
-# Why "heartbeat" serves the coordinator from this process and arms its timeout only after the fill: a
-# worker's heartbeats stop while one of its instances commits a large batch. The worker's throughput
-# sampler calls Worker.metrics() once a second; that binding keeps the GIL while it waits for the
-# instance's mutex, which a commit holds through its write and checkpoint (5-6 s for a 512 MiB batch
-# here), so the registration thread cannot send a heartbeat meanwhile. Under a 1 s timeout the primary
-# is declared dead in the middle of the fill. "process" (a `rhino coordinator` process with the timeout
-# on its command line from the start) measures the same thing once that is fixed; today it fails at any
-# size whose batches commit for more than about the timeout.
+# "process" (the default) is the deployment: a `rhino coordinator` process with the timeout on its
+# command line from the start. "heartbeat" serves the coordinator from this process and arms its timeout
+# only after the fill; it was written when a worker's heartbeats stopped while one of its instances
+# committed a large batch (the throughput sampler's Worker.metrics() kept the GIL while it waited for the
+# instance's mutex, which a commit holds through its write and checkpoint: 5.8 s for a 512 MiB batch
+# here), so a 1 s timeout declared the primary dead in the middle of the fill. Fixed in 5231c24 (the
+# binding releases the GIL); the mode stays for a build without the fix.
 
 
 def _wait_failover(client: Any, worker: WorkerProcess, timeout: float) -> dict:
@@ -494,9 +493,10 @@ def measure_size(size: int, args: argparse.Namespace, say: Callable[[str], None]
             shutil.rmtree(root, ignore_errors=True)
 
 
-_FALSE_DEATH = ("; the primary was declared dead by heartbeat timeout while it committed (its heartbeats stop "
-                "while a commit holds the instance: Worker.metrics() keeps the GIL while it waits for the instance's "
-                "mutex): use --detection heartbeat, a longer --heartbeat-timeout or smaller --fill-batch-bytes")
+_FALSE_DEATH = ("; the primary was declared dead by heartbeat timeout while it committed (a build before 5231c24 "
+                "sends no heartbeat while a commit holds the instance: Worker.metrics() kept the GIL while it waited "
+                "for the instance's mutex): use --detection heartbeat, a longer --heartbeat-timeout or smaller "
+                "--fill-batch-bytes")
 
 
 def _commit(cc: Any, client: Client, batch: int, keys: np.ndarray, values: np.ndarray, epoch: int) -> Any:
@@ -802,10 +802,10 @@ def build_parser() -> argparse.ArgumentParser:
                                             "(Rhino) against a DFS-style full fetch (Rhino paper Table 1).")
     p.add_argument("--sizes", type=_sizes, required=True, help="comma-separated state sizes, e.g. 1G,2G,4G")
     p.add_argument("--detection", choices=["auto", *sorted(CONTROLS)], default="auto",
-                   help="heartbeat: workers heartbeating (rhino worker --coordinator) to the coordinator served "
-                        "from this process, the timeout armed after the fill; process: to a rhino coordinator "
-                        "process with the timeout from the start; none: an in-process coordinator told at once, "
-                        "detection not measured; auto (default): heartbeat when this build can, else none")
+                   help="process: workers heartbeating (rhino worker --coordinator) to a rhino coordinator "
+                        "process with --heartbeat-timeout; heartbeat: to the coordinator served from this process, "
+                        "the timeout armed after the fill; none: an in-process coordinator told at once, detection "
+                        "not measured; auto (default): process when this build can, else none")
     p.add_argument("--heartbeat-timeout", type=float, default=1.0,
                    help="the coordinator's --heartbeat-timeout in seconds (default: %(default)s)")
     p.add_argument("--heartbeat-interval", type=float, default=0.2,
@@ -856,7 +856,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     why = heartbeat_available()
     args.detection_note = None
     if args.detection == "auto":
-        args.detection = "none" if why else "heartbeat"
+        args.detection = "none" if why else "process"
         if why:
             args.detection_note = f"detection not measured: {why}"
             say(f"rhino bench failover: {args.detection_note}")
