@@ -154,6 +154,10 @@ class Coordinator:
                 try:
                     self.rm.reconcile_worker(row)
                     self.rm.repair_all()
+                    if old is None or not old.alive:
+                        # A worker joined (or came back): replicas move onto it
+                        # while that evens out the replica load (design §3).
+                        self.rm.rebalance_replicas(None)
                 except RhinoError as e:  # the worker may die again meanwhile; the detector handles that
                     self.log("reconcile_failed", worker=worker_id, error=str(e))
             # It could not heartbeat while this call ran (a repair may copy GBs).
