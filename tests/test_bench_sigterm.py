@@ -84,7 +84,7 @@ def test_a_stopped_bench_stops_its_workers(tmp_path: Path, bench: str, sig: sign
                 pass
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+        proc.communicate()  # reaps it and closes the pipes (no ResourceWarning in a later test)
     left = worker_pids(work) & pids
     for p in left:  # do not leak them into the rest of the suite, whatever the verdict
         os.kill(p, signal.SIGKILL)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import signal
 import sys
 
-__all__ = ["exit_on_sigterm", "max_chunk_bytes"]
+__all__ = ["exit_on_sigterm", "raise_if_stopped", "max_chunk_bytes"]
+
+_stop_signal: int | None = None
 
 
 def exit_on_sigterm() -> None:
@@ -17,11 +19,24 @@ def exit_on_sigterm() -> None:
     so a second `kill` cannot cut the clean-up short; SIGKILL still can."""
 
     def _unwind(signum: int, _frame: object) -> None:
+        global _stop_signal
+        _stop_signal = signum
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print(f"rhino bench: signal {signum} received, stopping the workers", file=sys.stderr, flush=True)
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _unwind)
+
+
+def raise_if_stopped() -> None:
+    """Raises SystemExit again if a SIGTERM was received. The handler's own
+    SystemExit can be lost: Python runs a handler at whatever bytecode the main
+    thread is at, and an exception raised inside a finalizer or a callback whose
+    caller swallows errors is dropped. Once, on a loaded CI machine, a bench went
+    on after "signal 15 received" (cause not found), so the long loops check
+    this flag as well."""
+    if _stop_signal is not None:
+        raise SystemExit(128 + _stop_signal)
 
 
 def max_chunk_bytes() -> int:

@@ -84,7 +84,7 @@ from .._sizes import parse_size
 from ..daemon.worker import DEFAULT_NICE, DEFAULT_SCHED
 from ..testing.cluster import (SECRET, cpu_seconds, pressure_seconds, start_workers, system_cpu_seconds,
                               thread_cpu_seconds, thread_schedstat, write_secret)
-from .common import exit_on_sigterm, max_chunk_bytes
+from .common import exit_on_sigterm, max_chunk_bytes, raise_if_stopped
 from .workload import keys_for, random_values
 
 OPERATOR = "bench"
@@ -341,6 +341,7 @@ def run_phase(twin: Twin, replicate: bool, args: argparse.Namespace, workers: li
     first_ckpt_in_window = 0
     load0 = os.getloadavg()
     while True:
+        raise_if_stopped()
         now = time.perf_counter()
         if not measuring and now >= t_measure:
             measuring, t0, keys0 = True, now, keys_total
@@ -496,6 +497,7 @@ def run(args: argparse.Namespace, command: str) -> list[dict]:
             raise RuntimeError(f"initial replication failed: {tw.failures[0]}")
         setup["initial_replication_s"] = round(time.perf_counter() - t0, 2)
         setup["initial_replication_bytes"] = tw.completed[-1]["bytes_sent"]
+        raise_if_stopped()
         say(f"[overhead] set up: {setup}")
 
         order: list[int] = []

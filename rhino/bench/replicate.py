@@ -48,7 +48,7 @@ import rhino
 from .._sizes import format_bytes, parse_size
 from ..cli.progress import Progress
 from ..testing.cluster import SECRET, rss_kb, start_workers, write_secret
-from .common import exit_on_sigterm, max_chunk_bytes
+from .common import exit_on_sigterm, max_chunk_bytes, raise_if_stopped
 
 
 _SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>
@@ -195,6 +195,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     rows = []
     run_id = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}"
     for r in replicas:
+        raise_if_stopped()
         before = probe_disk()
         say(f"[replicate] r={r}: disk probes before (plain, early writeback, O_DIRECT): "
             + ", ".join(f"{x:.0f}" for x in before) + " MB/s")
