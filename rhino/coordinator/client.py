@@ -42,9 +42,9 @@ class _Methods:
         return self.call("begin_batch", operator_id=operator_id, batch=batch)
 
     def commit_batch(self, operator_id: str, batch: int, *, instances: Optional[dict] = None,
-                     load: Optional[dict] = None) -> dict:
+                     load: Optional[dict] = None, epoch: Optional[int] = None) -> dict:
         return self.call("commit_batch", operator_id=operator_id, batch=batch, instances=instances or {},
-                         load=load or {})
+                         load=load or {}, epoch=epoch)
 
     def report_unreachable(self, operator_id: str, instance: int, worker_id: Optional[str] = None) -> dict:
         return self.call("report_unreachable", operator_id=operator_id, instance=instance, worker_id=worker_id)

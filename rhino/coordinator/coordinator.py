@@ -267,17 +267,27 @@ class Coordinator:
             return self.placement(operator_id)
 
     def commit_batch(self, operator_id: str, batch: int, *, instances: Optional[dict] = None,
-                     load: Optional[dict] = None) -> dict:
+                     load: Optional[dict] = None, epoch: Optional[int] = None) -> dict:
         """Batch ``batch`` is done: every instance committed it in barrier mode,
         so checkpoint ``batch`` is complete on every chain. ``instances`` maps an
         instance to its commit stats (``checkpoint_bytes``); ``load`` maps a vnode
-        to ``[ops, bytes]`` of this batch (the Handover Manager balances on it)."""
+        to ``[ops, bytes]`` of this batch (the Handover Manager balances on it).
+
+        ``epoch``, if given, is the epoch every instance committed the batch at:
+        the commit is refused (StaleEpochError) if a reconfiguration happened
+        since. An instance taken over meanwhile was restored from its last
+        complete checkpoint, b-1, so b is not complete everywhere and the
+        engine must run the batch again (every instance rolls back to b-1)."""
         _uint("batch", batch)
         with self.lock:
             op = self._operator(operator_id)
             nxt = 0 if op.last_batch is None else op.last_batch + 1
             if batch != nxt:
                 raise InvalidArgumentError(f"operator {operator_id}: commit of batch {batch}, expected {nxt}")
+            if epoch is not None and int(epoch) != op.epoch:
+                raise StaleEpochError(f"operator {operator_id}: batch {batch} was committed at epoch {epoch}, "
+                                      f"but the operator is at epoch {op.epoch} now (a reconfiguration "
+                                      "happened during the batch): run it again")
             stats = {int(k): v for k, v in (instances or {}).items()}
             with self.meta.tx() as c:
                 c.execute("UPDATE operators SET last_batch=? WHERE operator_id=?", (batch, operator_id))

@@ -23,7 +23,7 @@ import numpy as np
 from .. import _core
 from ..client.client import Client, connect
 from ..errors import (InvalidArgumentError, PeerDeadError, RhinoError, RhinoIOError, RhinoTimeoutError,
-                      UnknownInstanceError)
+                      StaleEpochError, UnknownInstanceError)
 
 __all__ = ["MicroBatchEngine", "BatchResult"]
 
@@ -135,7 +135,14 @@ class MicroBatchEngine:
                 sizes = np.bincount(vn_of_put, weights=[len(v) + 8 for v in values],
                                     minlength=placement["num_vnodes"])
                 load = {str(int(v)): [float(c), float(sizes[v])] for v, c in zip(vs, counts)}
-            self.coord.commit_batch(self.op, batch, instances={str(i): p for i, p in per.items()}, load=load)
+            try:
+                self.coord.commit_batch(self.op, batch, instances={str(i): p for i, p in per.items()}, load=load,
+                                        epoch=epoch)
+            except StaleEpochError as e:
+                # A reconfiguration during the batch (a failover may have restored an
+                # instance to b-1 after it committed b): run the whole batch again.
+                errors.append(f"attempt {attempt}: commit_batch: {e}")
+                continue
             return BatchResult(batch=batch, epoch=epoch, attempts=attempt, seconds=time.monotonic() - t0,
                                per_instance=per, errors=errors)
         raise RhinoError(f"batch {batch} of {self.op} failed {self.max_attempts} times: " + " | ".join(errors[-3:]))
