@@ -1,0 +1,382 @@
+"""The driver side of a Rhino stateful operator, used from ``foreachBatch``.
+
+Per micro-batch b (Spark's batch id; checkpoint id = b, design §5):
+
+1. ``begin_batch(b)`` at the coordinator: the barrier where due handovers run;
+   it returns the routing table and each instance's primary.
+2. Route: a ``mapInArrow`` pass tags each row with its instance's shuffle token
+   (``runtime/routing.py``), and ``repartition(P, token)`` makes partition i =
+   instance i.
+3. Pin: partition i prefers the host of i's primary (the JVM helper in
+   ``scheduling/``), so its task reaches the worker over the Unix socket.
+4. Run: ``mapInArrow(run_partition)``, one task per instance
+   (``runtime/task.py``): one session, one prefetch, the processor per key,
+   one barrier commit. Each task also returns one meta row (its stats).
+5. ``commit_batch(b, epoch=E)``: refused if a reconfiguration happened during
+   the batch; then the whole batch runs again (every instance rolls back to
+   b-1 first), which is what makes a host loss mid-batch exactly-once.
+6. The output (collected to the driver as Arrow) goes to the sink with the
+   batch id; sinks must be idempotent by batch id, as ``foreachBatch`` sinks
+   are.
+
+A Spark replay of the last batch (the driver died after our commit but before
+Spark's) runs b again the same way: same state, same output.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import pyarrow as pa
+
+from rhino.errors import InvalidArgumentError, RhinoError, StaleEpochError
+
+from .runtime.routing import PART_COLUMN, partition_tokens, tag_batches
+from .runtime.task import META_COLUMN, TaskSpec, meta_schema, run_partition
+
+__all__ = ["TransformWithState", "transform_with_state", "BatchReport"]
+
+log = logging.getLogger("rhino.spark")
+
+_DELAY = re.compile(r"^\s*(\d+)\s*(ms|milliseconds?|s|sec|seconds?|m|min|minutes?|h|hours?)\s*$", re.I)
+_UNIT_MS = {"ms": 1, "millisecond": 1, "milliseconds": 1, "s": 1000, "sec": 1000, "second": 1000, "seconds": 1000,
+            "m": 60_000, "min": 60_000, "minute": 60_000, "minutes": 60_000, "h": 3_600_000, "hour": 3_600_000,
+            "hours": 3_600_000}
+
+
+def parse_delay_ms(delay: Any) -> int:
+    """'10 seconds' / '500 ms' / an int of ms -> ms."""
+    if isinstance(delay, (int, float)) and not isinstance(delay, bool):
+        if delay < 0:
+            raise InvalidArgumentError(f"watermark delay must be >= 0, not {delay}")
+        return int(delay)
+    m = _DELAY.match(str(delay))
+    if not m:
+        raise InvalidArgumentError(f"watermark delay {delay!r}: write it as '<n> ms|seconds|minutes|hours'")
+    return int(m.group(1)) * _UNIT_MS[m.group(2).lower()]
+
+
+@dataclass
+class BatchReport:
+    """What one micro-batch did: per attempt errors, per task stats, timings."""
+
+    batch: int
+    epoch: int
+    attempts: int
+    watermark_ms: int
+    rows_out: int
+    started: float
+    ended: float
+    begin_s: float
+    job_s: float
+    commit_s: float
+    tasks: list[dict] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return self.ended - self.started
+
+    @property
+    def locality(self) -> float:
+        """The share of tasks that ran on their primary's host."""
+        if not self.tasks:
+            return 1.0
+        return sum(1 for t in self.tasks if t.get("host") == t.get("primary_host")) / len(self.tasks)
+
+
+class TransformWithState:
+    """A ``transformWithState``-style operator whose state lives in Rhino workers.
+
+    See :func:`transform_with_state` for the arguments."""
+
+    def __init__(self, processor: Any, *, key: str | Sequence[str], output_schema: Any, operator_id: str,
+                 coordinator: str, secret: Any = None, secret_file: Optional[str] = None, parallelism: int = 2,
+                 replicas: int = 2, num_vnodes: Optional[int] = None, time_mode: str = "None",
+                 event_time: Optional[str] = None, watermark_delay: Any = 0, mode: str = "pandas",
+                 checkpoint_location: Optional[str] = None, locality: bool = True, max_batch_attempts: int = 5,
+                 timer_bucket_ms: int = 1000, placement: str = "balanced", request_timeout: float = 120.0,
+                 failover_wait_s: float = 60.0) -> None:
+        from pyspark.sql.types import StructType
+
+        from rhino._secret import secret_bytes
+
+        if not operator_id or not isinstance(operator_id, str):
+            raise InvalidArgumentError("operator_id must be a non-empty string")
+        if mode not in ("pandas", "rows"):
+            raise InvalidArgumentError(f"mode must be 'pandas' (transformWithStateInPandas) or 'rows' "
+                                       f"(transformWithState), not {mode!r}")
+        tm = str(time_mode).lower()
+        if tm == "processingtime":
+            raise InvalidArgumentError("time_mode='ProcessingTime' is not supported by rhino.spark (processing-"
+                                       "time timers are left out; see spark_integration/README.md)")
+        if tm not in ("none", "eventtime"):
+            raise InvalidArgumentError(f"time_mode must be 'None' or 'EventTime', not {time_mode!r}")
+        if tm == "eventtime" and not event_time:
+            raise InvalidArgumentError("time_mode='EventTime' needs event_time=<the event-time column>")
+        if int(parallelism) < 1 or int(replicas) < 0:
+            raise InvalidArgumentError("parallelism must be >= 1 and replicas >= 0")
+        if secret is None and secret_file is None:
+            raise InvalidArgumentError("pass secret= or secret_file= (the cluster's shared secret)")
+        if secret is None:
+            secret = Path(secret_file).read_bytes().strip()
+        self.secret = secret_bytes(secret)
+        self.processor = processor
+        self.key_columns = [key] if isinstance(key, str) else list(key)
+        if not self.key_columns:
+            raise InvalidArgumentError("key must name at least one column")
+        self.output_schema = (StructType.fromDDL(output_schema) if isinstance(output_schema, str)
+                              else output_schema)
+        self.operator_id = operator_id
+        self.coordinator_address = coordinator
+        self.parallelism = int(parallelism)
+        self.replicas = int(replicas)
+        self.num_vnodes = int(num_vnodes) if num_vnodes else max(64, 16 * self.parallelism)
+        self.time_mode = tm
+        self.event_time = event_time
+        self.delay_ms = parse_delay_ms(watermark_delay)
+        self.mode = mode
+        self.locality = locality
+        self.max_batch_attempts = max_batch_attempts
+        self.timer_bucket_ms = timer_bucket_ms
+        self.placement_mode = placement
+        self.request_timeout = request_timeout
+        self.failover_wait_s = failover_wait_s
+        self.checkpoint_location = Path(checkpoint_location) if checkpoint_location else None
+        self.reports: list[BatchReport] = []
+        self.last_output: Optional[pa.Table] = None
+        self._coord: Any = None
+        self._created = False
+        self._lock = threading.Lock()
+        self._max_event: dict[int, Optional[int]] = self._load_watermarks()
+
+    # ---- the coordinator --------------------------------------------------------------------
+    def coordinator(self) -> Any:
+        if self._coord is None:
+            from rhino.coordinator.client import connect_coordinator
+
+            self._coord = connect_coordinator(self.coordinator_address, secret=self.secret)
+        return self._coord
+
+    def _ensure_created(self) -> None:
+        if not self._created:
+            self.coordinator().create_operator(self.operator_id, parallelism=self.parallelism,
+                                               num_vnodes=self.num_vnodes, replicas=self.replicas,
+                                               placement=self.placement_mode)
+            self._created = True
+
+    # ---- the watermark (Spark's rule: from the max event time through b-1, minus the delay) ---
+    def _wm_path(self) -> Optional[Path]:
+        return self.checkpoint_location / f"rhino-{self.operator_id}-watermark.json" if self.checkpoint_location else None
+
+    def _load_watermarks(self) -> dict[int, Optional[int]]:
+        p = self._wm_path()
+        if p is None or not p.exists():
+            return {}
+        return {int(k): v for k, v in json.loads(p.read_text()).items()}
+
+    def _save_watermarks(self) -> None:
+        p = self._wm_path()
+        if p is None:
+            return
+        p.parent.mkdir(parents=True, exist_ok=True)
+        keep = dict(sorted(self._max_event.items())[-16:])
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps(keep))
+        os.replace(tmp, p)
+
+    def watermark_for(self, batch: int) -> int:
+        """The event-time watermark batch ``batch`` runs with (ms; 0 before any event)."""
+        prev = [b for b in self._max_event if b < batch]
+        if not prev:
+            return 0
+        m = self._max_event[max(prev)]
+        return max(0, m - self.delay_ms) if m is not None else 0
+
+    # ---- one batch -----------------------------------------------------------------------------
+    def process_batch(self, df: Any, batch_id: int) -> pa.Table:
+        """Runs the operator on one micro-batch; returns its output as an Arrow table."""
+        with self._lock:
+            return self._process(df, int(batch_id))
+
+    def _process(self, df: Any, b: int) -> pa.Table:
+        from pyspark.sql import DataFrame
+
+        spark = df.sparkSession
+        t0 = time.time()
+        self._ensure_created()
+        wm = self.watermark_for(b) if self.time_mode == "eventtime" else 0
+        tz = spark.conf.get("spark.sql.session.timeZone")
+        in_schema = df.schema
+        for c in self.key_columns + ([self.event_time] if self.event_time else []):
+            if c not in in_schema.names:
+                raise InvalidArgumentError(f"column {c!r} is not in the input ({in_schema.simpleString()})")
+        errors: list[str] = []
+        for attempt in range(1, self.max_batch_attempts + 1):
+            tb = time.time()
+            try:
+                placement, replay = self._begin(b)
+            except RhinoError as e:
+                errors.append(f"attempt {attempt}: begin_batch: {type(e).__name__}: {e}")
+                time.sleep(0.5)
+                continue
+            epoch = int(placement["epoch"])
+            nparts = len(placement["instances"])
+            tj = time.time()
+            try:
+                table = self._run_job(spark, df, b, epoch, wm, placement, nparts, tz)
+            except Exception as e:  # a failed Spark job (task retries exhausted, an executor lost...)
+                msg = str(e).strip().splitlines()[0][:400] if str(e).strip() else type(e).__name__
+                errors.append(f"attempt {attempt}: job: {type(e).__name__}: {msg}")
+                log.warning("rhino.spark %s batch %d attempt %d failed: %s", self.operator_id, b, attempt, msg)
+                time.sleep(0.5)
+                continue
+            tc = time.time()
+            data, tasks = _split_meta(table)
+            missing = sorted(set(range(nparts)) - {t["instance"] for t in tasks})
+            if missing:
+                errors.append(f"attempt {attempt}: no result from instances {missing}")
+                continue
+            epochs = {t["epoch"] for t in tasks}
+            load: dict[str, list[float]] = {}
+            for t in tasks:
+                for v, x in t.get("load", {}).items():
+                    load[v] = x
+            try:
+                if not replay:
+                    self.coordinator().commit_batch(
+                        self.operator_id, b, epoch=max(epochs) if len(epochs) == 1 else -1,
+                        instances={str(t["instance"]): {"checkpoint_bytes": t.get("checkpoint_bytes", 0)}
+                                   for t in tasks}, load=load)
+            except (StaleEpochError, InvalidArgumentError) as e:
+                errors.append(f"attempt {attempt}: commit_batch: {type(e).__name__}: {e}")
+                continue
+            te = time.time()
+            mx = [t["max_event_ms"] for t in tasks if t.get("max_event_ms") is not None]
+            prev = [self._max_event[x] for x in self._max_event if x < b and self._max_event[x] is not None]
+            self._max_event[b] = max(mx + prev) if (mx or prev) else None
+            self._save_watermarks()
+            rep = BatchReport(batch=b, epoch=max(epochs), attempts=attempt, watermark_ms=wm, rows_out=data.num_rows,
+                              started=t0, ended=te, begin_s=tj - tb, job_s=tc - tj, commit_s=te - tc,
+                              tasks=sorted(tasks, key=lambda t: t["instance"]), errors=errors)
+            self.reports.append(rep)
+            self.last_output = data
+            return data
+        raise RhinoError(f"rhino.spark {self.operator_id}: batch {b} failed {self.max_batch_attempts} times: "
+                         + " | ".join(errors[-3:]))
+
+    def _begin(self, b: int) -> tuple[dict, bool]:
+        """The batch's placement, and whether b is a replay of the last committed batch."""
+        coord = self.coordinator()
+        try:
+            return coord.begin_batch(self.operator_id, b), False
+        except InvalidArgumentError:
+            # Spark replays the last batch after a driver restart: our commit of b landed, Spark's
+            # did not. Run b again (every instance rolls back to b-1): same state, same output.
+            p = coord.placement(self.operator_id)
+            if p.get("last_batch") == b:
+                return p, True
+            raise
+
+    def _run_job(self, spark: Any, df: Any, b: int, epoch: int, wm: int, placement: dict, nparts: int,
+                 tz: str) -> pa.Table:
+        from functools import partial
+
+        from pyspark.sql import DataFrame
+        from pyspark.sql.types import LongType, StructField, StructType
+
+        tokens = partition_tokens(spark, nparts)
+        tagged_schema = StructType(list(df.schema.fields) + [StructField(PART_COLUMN, LongType(), False)])
+        tag = partial(tag_batches, key_columns=self.key_columns, num_key_groups=placement["num_key_groups"],
+                      num_vnodes=placement["num_vnodes"], seed=placement["seed"],
+                      assignment=list(placement["assignment"]), tokens=tokens)
+        routed = df.mapInArrow(tag, tagged_schema).repartition(nparts, PART_COLUMN)
+        routed = self._pin(spark, routed, placement, nparts)
+        spec = TaskSpec(operator_id=self.operator_id, batch=b, epoch=epoch, watermark_ms=wm,
+                        key_columns=self.key_columns, processor=self.processor, mode=self.mode,
+                        time_mode=self.time_mode, event_time=self.event_time,
+                        input_schema_json=df.schema.json(), output_schema_json=self.output_schema.json(),
+                        timezone=tz, secret=self.secret, coordinator=self.coordinator_address,
+                        placement=placement, bucket_ms=self.timer_bucket_ms, request_timeout=self.request_timeout,
+                        failover_wait_s=self.failover_wait_s)
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        out_schema = from_arrow_schema(meta_schema(self.output_schema))
+        result = routed.mapInArrow(partial(run_partition, spec), out_schema)
+        return result.toArrow()
+
+    def _pin(self, spark: Any, routed: Any, placement: dict, nparts: int) -> Any:
+        """The routed DataFrame with partition i preferring the host of instance i's primary."""
+        if not self.locality:
+            return routed
+        from pyspark.sql import DataFrame
+
+        from .scheduling.locality import pin_internal_rows
+
+        hosts = [[placement["instances"][str(i)]["host"]] if placement["instances"][str(i)]["host"] else []
+                 for i in range(nparts)]
+        jrdd = routed._jdf.queryExecution().toRdd()
+        pinned = pin_internal_rows(spark, jrdd, hosts)
+        jdf = spark._jsparkSession.internalCreateDataFrame(pinned, routed._jdf.schema(), False)
+        return DataFrame(jdf, spark)
+
+    # ---- foreachBatch -----------------------------------------------------------------------
+    def for_each_batch(self, sink: Optional[Callable[[Any, int], None]] = None) -> Callable[[Any, int], None]:
+        """The function to pass to ``writeStream.foreachBatch``: runs the batch, then
+        calls ``sink(output_df, batch_id)`` (an idempotent sink, by batch id)."""
+
+        def fn(df: Any, batch_id: int) -> None:
+            out = self.process_batch(df, batch_id)
+            if sink is not None:
+                spark = df.sparkSession
+                sink(spark.createDataFrame(out, schema=self.output_schema) if out.num_rows else
+                     spark.createDataFrame([], schema=self.output_schema), batch_id)
+
+        return fn
+
+    def close(self) -> None:
+        if self._coord is not None:
+            self._coord.close()
+            self._coord = None
+
+
+def _split_meta(table: pa.Table) -> tuple[pa.Table, list[dict]]:
+    import pyarrow.compute as pc
+
+    meta = table.column(META_COLUMN)
+    is_meta = pc.is_valid(meta)
+    tasks = [json.loads(x) for x in pc.filter(meta, is_meta).to_pylist()]
+    data = table.filter(pc.invert(is_meta)).drop_columns([META_COLUMN])
+    return data, tasks
+
+
+def transform_with_state(processor: Any, *, key: str | Sequence[str], output_schema: Any, operator_id: str,
+                         coordinator: str, **kw: Any) -> TransformWithState:
+    """A stateful operator that runs an unmodified PySpark ``StatefulProcessor`` on Rhino state.
+
+    - ``processor``: a ``pyspark.sql.streaming.stateful_processor.StatefulProcessor``
+      (pandas mode by default: ``handleInputRows(key, Iterator[pd.DataFrame], timerValues)``;
+      ``mode="rows"`` for the Row form of ``transformWithState``).
+    - ``key``: the grouping column(s); ``output_schema``: a StructType or DDL string.
+    - ``operator_id``: the operator's name at the coordinator (its state's identity).
+    - ``coordinator``: ``"host:port"`` of the coordinator (``rhino coordinator``, or one
+      the driver hosts); ``secret`` / ``secret_file``: the cluster's shared secret.
+    - ``parallelism`` (instances), ``replicas`` (r, default 2), ``num_vnodes``.
+    - ``time_mode``: ``"None"`` or ``"EventTime"`` (with ``event_time=<column>`` and
+      ``watermark_delay``, e.g. ``"10 seconds"``); processing-time timers and TTL are
+      not supported and are refused.
+    - ``checkpoint_location``: a directory for the operator's watermark (survives a
+      driver restart; Spark's own checkpoint location is a good place).
+
+    Use: ``query = stream.writeStream.foreachBatch(op.for_each_batch(sink)).start()``.
+    """
+    return TransformWithState(processor, key=key, output_schema=output_schema, operator_id=operator_id,
+                              coordinator=coordinator, **kw)

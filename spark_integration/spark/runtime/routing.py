@@ -1,0 +1,76 @@
+"""Routing a batch's rows to instances, in Spark: the ``_rhino_part`` column.
+
+A row goes to the instance that owns its key's vnode under the batch's routing
+table (design §1). The vnode is the one the worker files the key's record
+under, so it is computed on the same bytes: ``record_key(encode_key(key))``.
+
+Spark then shuffles with ``repartition(P, "_rhino_part")``, which puts a row in
+partition ``pmod(hash(_rhino_part), P)`` (Murmur3, seed 42). The column holds,
+for instance i, a **token**: a number whose hash lands in partition i, so that
+partition i of the shuffle is exactly instance i. Tokens are found once per P
+by asking Spark itself to hash a range of numbers (no re-implementation of its
+hash to drift from it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+import rhino
+
+from ..state.encoding import RECORD_PREFIX, encode_key
+
+__all__ = ["PART_COLUMN", "partition_tokens", "tag_batches", "record_keys"]
+
+PART_COLUMN = "_rhino_part"
+_TOKENS: dict[int, list[int]] = {}
+
+
+def partition_tokens(spark: Any, partitions: int) -> list[int]:
+    """token[i]: a long whose ``pmod(hash(token), partitions)`` is i."""
+    got = _TOKENS.get(partitions)
+    if got is not None:
+        return got
+    n = 64 * partitions + 1024
+    rows = spark.range(0, n).selectExpr("id", f"pmod(hash(id), {partitions}) AS p").groupBy("p") \
+        .agg({"id": "min"}).collect()
+    found = {int(r["p"]): int(r["min(id)"]) for r in rows}
+    if len(found) != partitions:
+        raise RuntimeError(f"could not find a shuffle token for every one of {partitions} partitions")
+    _TOKENS[partitions] = [found[i] for i in range(partitions)]
+    return _TOKENS[partitions]
+
+
+def record_keys(table: pa.Table | pa.RecordBatch, key_columns: list[str]) -> list[bytes]:
+    """The Rhino record key of every row: vectorized for one integer or string
+    key column, one Python call per row otherwise."""
+    if len(key_columns) == 1:
+        col = table.column(key_columns[0])
+        t = col.type
+        if pa.types.is_integer(t) and col.null_count == 0:
+            v = col.to_numpy(zero_copy_only=False).astype(">i8")
+            head = np.frombuffer(RECORD_PREFIX + b"i", dtype="S2")
+            # b"\x00" + b"i" + 8 big-endian bytes, as encode_key((int,)) writes it
+            raw = np.empty((len(v), 10), dtype=np.uint8)
+            raw[:, :2] = np.frombuffer(head.tobytes(), dtype=np.uint8)
+            raw[:, 2:] = v.view(np.uint8).reshape(-1, 8)
+            return [bytes(r) for r in raw]
+    cols = [table.column(c).to_pylist() for c in key_columns]
+    return [RECORD_PREFIX + encode_key(tuple(k)) for k in zip(*cols)]
+
+
+def tag_batches(batches: Iterator[pa.RecordBatch], *, key_columns: list[str], num_key_groups: int,
+                num_vnodes: int, seed: int, assignment: list[int], tokens: list[int]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: appends ``_rhino_part`` (the token of the row's instance)."""
+    part = rhino.Partitioner(num_key_groups=num_key_groups, num_vnodes=num_vnodes, seed=seed)
+    inst_of_vnode = np.asarray(assignment, dtype=np.int64)
+    tok = np.asarray(tokens, dtype=np.int64)
+    for b in batches:
+        if b.num_rows == 0:
+            continue
+        vn = np.asarray(part.vnodes(record_keys(b, key_columns)))
+        col = pa.array(tok[inst_of_vnode[vn]], pa.int64())
+        yield pa.RecordBatch.from_arrays(list(b.columns) + [col], names=list(b.schema.names) + [PART_COLUMN])
