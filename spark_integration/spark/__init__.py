@@ -15,7 +15,20 @@ from __future__ import annotations
 
 from types import ModuleType
 
-__all__ = ["require_pyspark"]
+__all__ = ["require_pyspark", "transform_with_state", "TransformWithState", "apply_in_pandas_with_state"]
+
+_LAZY = {"transform_with_state": ".operator", "TransformWithState": ".operator",
+         "apply_in_pandas_with_state": ".grouped"}
+
+
+def __getattr__(name: str):  # PEP 562: the operator API imports PySpark only when used
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'rhino.spark' has no attribute {name!r}")
+    require_pyspark()
+    import importlib
+
+    return getattr(importlib.import_module(mod, __name__), name)
 
 
 def require_pyspark() -> ModuleType:

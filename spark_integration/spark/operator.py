@@ -234,8 +234,12 @@ class TransformWithState:
             try:
                 table = self._run_job(spark, df, b, epoch, wm, placement, nparts, tz)
             except Exception as e:  # a failed Spark job (task retries exhausted, an executor lost...)
-                msg = str(e).strip().splitlines()[0][:400] if str(e).strip() else type(e).__name__
+                text = str(e)
+                msg = _first_error_line(text) or type(e).__name__
                 errors.append(f"attempt {attempt}: job: {type(e).__name__}: {msg}")
+                if not _transient(text):
+                    # the processor's own error, bad data...: running the batch again would fail again
+                    raise
                 log.warning("rhino.spark %s batch %d attempt %d failed: %s", self.operator_id, b, attempt, msg)
                 time.sleep(0.5)
                 continue
@@ -346,6 +350,28 @@ class TransformWithState:
         if self._coord is not None:
             self._coord.close()
             self._coord = None
+
+
+_TRANSIENT = ("StaleEpochError", "PeerDeadError", "RhinoIOError", "RhinoTimeoutError", "UnknownInstanceError",
+              "SessionBusyError", "ExecutorLostFailure", "FetchFailed", "executor lost", "Connection refused",
+              "Connection reset", "SparkException: Job aborted due to stage failure: Task", "TaskKilled")
+
+
+def _transient(text: str) -> bool:
+    """Whether a failed job is worth running again: a Rhino reconfiguration or an
+    unreachable worker, a lost executor; not the processor's own exception."""
+    if any(m in text for m in ("ModuleNotFoundError", "UnsupportedFeatureError", "InvalidArgumentError")):
+        return False
+    return any(m in text for m in _TRANSIENT[:-2]) or "executor" in text.lower() and "lost" in text.lower()
+
+
+def _first_error_line(text: str) -> str:
+    """The most telling line of a Spark job failure: the Python exception, if there is one."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ln.startswith(("rhino.errors.", "pyspark.", "Caused by")) or "Error:" in ln:
+            return ln[:400]
+    return lines[0][:400] if lines else ""
 
 
 def _split_meta(table: pa.Table) -> tuple[pa.Table, list[dict]]:

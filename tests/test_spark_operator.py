@@ -1,0 +1,237 @@
+"""rhino.spark's operator on a real local Spark (local[2]), real `rhino worker`
+processes on 127.0.0.2..4 and a real `rhino coordinator` process.
+
+Oracles: pandas replays of the input (counts, lists, maps), and Spark's own
+`transformWithStateInPandas` (RocksDB state store) running the same processor
+object on the same file stream, for event-time timers and the watermark.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark")
+import pandas as pd  # noqa: E402
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor  # noqa: E402
+
+from rhino.testing.cluster import CoordinatorProcess, WorkerProcess, write_secret  # noqa: E402
+
+# The processors below travel to Spark's Python workers by value (they cannot import this module).
+from pyspark import cloudpickle  # noqa: E402
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class CountProcessor(StatefulProcessor):
+    """Per key: a running count (ValueState), every value seen (ListState), and counts by v % 3 (MapState)."""
+
+    def init(self, handle):
+        self.count = handle.getValueState("count", "c long")
+        self.seen = handle.getListState("seen", "v long")
+        self.mod = handle.getMapState("mod", "m long", "n long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        n = 0
+        for pdf in rows:
+            n += len(pdf)
+            for v in pdf["v"].tolist():
+                self.seen.appendValue((v,))
+                old = self.mod.getValue((v % 3,))
+                self.mod.updateValue((v % 3,), ((old[0] if old else 0) + 1,))
+        c = (self.count.get() or (0,))[0] + n
+        self.count.update((c,))
+        mods = dict((k[0], v[0]) for k, v in self.mod.iterator())
+        yield pd.DataFrame({"k": [key[0]], "count": [c], "seen_sum": [sum(x[0] for x in self.seen.get())],
+                            "mod0": [mods.get(0, 0)]})
+
+    def close(self):
+        pass
+
+
+class SessionProcessor(StatefulProcessor):
+    """Event time: per key, the count and span of its events; a timer at last+gap emits and clears."""
+
+    GAP = 3000
+
+    def init(self, handle):
+        self.handle = handle
+        self.st = handle.getValueState("s", "first long, last long, n long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        pdf = pd.concat(list(rows))
+        ts = sorted(int(t.value // 1_000_000) for t in pdf["ts"])
+        cur = self.st.get()
+        first, last, n = cur if cur else (ts[0], ts[0], 0)
+        for t in ts:
+            first, last, n = min(first, t), max(last, t), n + 1
+        if cur:
+            self.handle.deleteTimer(cur[1] + self.GAP)
+        self.st.update((first, last, n))
+        self.handle.registerTimer(last + self.GAP)
+        return iter([])
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        first, last, n = self.st.get()
+        self.st.clear()
+        yield pd.DataFrame({"k": [key[0]], "first": [first], "last": [last], "n": [n]})
+
+    def close(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sparkop")
+    sf = write_secret(root)
+    coord = CoordinatorProcess(root, secret_file=sf, heartbeat_timeout=2.0).start()
+    workers = []
+    try:
+        for n in (2, 3, 4):
+            workers.append(WorkerProcess(root, f"w{n}", f"127.0.0.{n}", secret_file=sf, metrics=False,
+                                         extra_args=["--coordinator", coord.address]).start())
+        deadline = time.monotonic() + 20
+        from rhino.coordinator.client import connect_coordinator
+
+        with connect_coordinator(coord.address, secret=sf.read_bytes().strip()) as cc:
+            while len([w for w in cc.status()["workers"] if w.get("alive", True)]) < 3:
+                assert time.monotonic() < deadline, "workers did not register"
+                time.sleep(0.2)
+        yield {"root": root, "secret_file": sf, "coordinator": coord.address}
+    finally:
+        for w in workers:
+            w.stop()
+        coord.stop()
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    s = (SparkSession.builder.master("local[2]").appName("rhino-test-operator")
+         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "3")
+         .config("spark.sql.session.timeZone", "UTC")
+         .config("spark.sql.streaming.stateStore.providerClass",
+                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+         .getOrCreate())
+    yield s
+    s.stop()
+
+
+def _op(cluster, processor, op_id, schema, **kw):
+    from rhino.spark import transform_with_state
+
+    return transform_with_state(processor, key="k", output_schema=schema, operator_id=op_id,
+                                coordinator=cluster["coordinator"], secret_file=str(cluster["secret_file"]),
+                                parallelism=kw.pop("parallelism", 3), replicas=kw.pop("replicas", 2),
+                                locality=False, **kw)
+
+
+def test_value_list_map_state_across_batches_equal_a_pandas_replay(cluster, spark):
+    op = _op(cluster, CountProcessor(), "count", "k long, count long, seen_sum long, mod0 long")
+    seen: dict[int, list[int]] = {}
+    for b in range(4):
+        pdf = pd.DataFrame({"k": [(i * 7 + b) % 11 for i in range(60)], "v": [b * 100 + i for i in range(60)]})
+        out = op.process_batch(spark.createDataFrame(pdf), b).to_pandas().sort_values("k").reset_index(drop=True)
+        for k, v in zip(pdf["k"], pdf["v"]):
+            seen.setdefault(int(k), []).append(int(v))
+        keys = sorted(set(pdf["k"]))
+        want = pd.DataFrame({"k": keys, "count": [len(seen[k]) for k in keys],
+                             "seen_sum": [sum(seen[k]) for k in keys],
+                             "mod0": [sum(1 for v in seen[k] if v % 3 == 0) for k in keys]})
+        pd.testing.assert_frame_equal(out, want, check_dtype=False)
+        rep = op.reports[-1]
+        assert rep.attempts == 1 and len(rep.tasks) == 3
+        assert all(t["records_read"] == t["keys"] for t in rep.tasks)  # one prefetch covers every key
+    # a replay of the last batch (Spark reruns it after a driver restart): same output, state not doubled
+    out = op.process_batch(spark.createDataFrame(pdf), 3).to_pandas().sort_values("k").reset_index(drop=True)
+    pd.testing.assert_frame_equal(out, want, check_dtype=False)
+    assert any(t["rolled_back"] for t in op.reports[-1].tasks)
+    pdf = pd.DataFrame({"k": [1], "v": [7]})
+    out = op.process_batch(spark.createDataFrame(pdf), 4).to_pylist()
+    assert out[0]["count"] == len(seen[1]) + 1
+
+
+def test_event_time_timers_equal_sparks_own_operator(cluster, spark, tmp_path):
+    """The same processor object on Spark's transformWithStateInPandas (RocksDB) and on Rhino, over
+    the same file stream (one file per micro-batch): the same expired-timer output."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = __import__("random").Random(5)
+    t = 1_000_000
+    for b in range(6):
+        rows = []
+        for _ in range(40):
+            t += rng.choice([10, 50, 400, 2500])
+            rows.append({"k": rng.randrange(8), "ts": pd.Timestamp(t, unit="ms")})
+        pd.DataFrame(rows).to_parquet(src / f"part-{b:03d}.parquet", coerce_timestamps="us")
+    # a last file far in the future moves the watermark past every session
+    pd.DataFrame([{"k": 99, "ts": pd.Timestamp(t + 60_000, unit="ms")}]).to_parquet(src / "part-999.parquet", coerce_timestamps="us")
+    schema = "k long, ts timestamp"
+    out_schema = "k long, first long, last long, n long"
+
+    def stream():
+        return (spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(src))
+                .withWatermark("ts", "1 second"))
+
+    # Spark's own operator
+    got_spark: list[pd.DataFrame] = []
+    q = (stream().groupBy("k").transformWithStateInPandas(SessionProcessor(), outputStructType=out_schema,
+                                                          outputMode="Append", timeMode="EventTime")
+         .writeStream.foreachBatch(lambda df, b: got_spark.append(df.toPandas()))
+         .option("checkpointLocation", str(tmp_path / "ck-spark")).trigger(availableNow=True).start())
+    q.awaitTermination(180)
+    # Rhino, from foreachBatch
+    op = _op(cluster, SessionProcessor(), "sessions", out_schema, time_mode="EventTime", event_time="ts",
+             watermark_delay="1 second", checkpoint_location=str(tmp_path / "ck-rhino"))
+    got_rhino: list[pd.DataFrame] = []
+    q = (stream().writeStream.foreachBatch(op.for_each_batch(lambda df, b: got_rhino.append(df.toPandas())))
+         .option("checkpointLocation", str(tmp_path / "ck-rhino")).trigger(availableNow=True).start())
+    q.awaitTermination(180)
+    # Rhino's timers fire in the batch after the watermark passes them; Spark also runs a no-data
+    # batch at the end. Feed one more (empty) batch so the last watermark is applied.
+    op.process_batch(spark.createDataFrame([], schema), len(op.reports))
+
+    def norm(frames):
+        df = pd.concat([f for f in frames if len(f)], ignore_index=True) if frames else pd.DataFrame()
+        return df.sort_values(["k", "first"]).reset_index(drop=True).astype("int64")
+
+    s, r = norm(got_spark), norm(got_rhino + [op.last_output.to_pandas()])
+    assert len(s) > 8, s
+    pd.testing.assert_frame_equal(r, s)
+    assert sum(t["timers_fired"] for rep in op.reports for t in rep.tasks) == len(r)
+
+
+def test_bad_configuration_is_refused_clearly(cluster, spark):
+    from rhino.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="ProcessingTime"):
+        _op(cluster, CountProcessor(), "bad1", "k long", time_mode="ProcessingTime")
+    with pytest.raises(InvalidArgumentError, match="event_time"):
+        _op(cluster, CountProcessor(), "bad2", "k long", time_mode="EventTime")
+    op = _op(cluster, CountProcessor(), "bad3", "k long, count long, seen_sum long, mod0 long")
+    with pytest.raises(InvalidArgumentError, match="not in the input"):
+        op.process_batch(spark.createDataFrame(pd.DataFrame({"key": [1], "v": [1]})), 0)
+
+
+class TTLProcessor(StatefulProcessor):
+    def init(self, handle):
+        self.v = handle.getValueState("v", "x long", ttlDurationMs=1000)
+
+    def handleInputRows(self, key, rows, timerValues):
+        return iter([])
+
+
+def test_ttl_is_refused_not_ignored(cluster, spark):
+    from rhino.spark.state.handle import UnsupportedFeatureError
+
+    op = _op(cluster, TTLProcessor(), "ttl", "k long", max_batch_attempts=1)
+    with pytest.raises(Exception, match="TTL"):
+        op.process_batch(spark.createDataFrame(pd.DataFrame({"k": [1]})), 0)
+    assert issubclass(UnsupportedFeatureError, NotImplementedError)
