@@ -235,3 +235,69 @@ def test_ttl_is_refused_not_ignored(cluster, spark):
     with pytest.raises(Exception, match="TTL"):
         op.process_batch(spark.createDataFrame(pd.DataFrame({"k": [1]})), 0)
     assert issubclass(UnsupportedFeatureError, NotImplementedError)
+
+
+def _grouped_fn(key, pdfs, state):
+    """Grouped-pandas form: a running count per key; emits and forgets a key once the
+    watermark passes its last event + 2 s (an event-time timeout)."""
+    if state.hasTimedOut:
+        (n, last) = state.get
+        state.remove()
+        yield pd.DataFrame({"k": [key[0]], "n": [n], "last": [last], "why": ["timeout"]})
+        return
+    n, last = state.getOption if state.exists else (0, 0)
+    for pdf in pdfs:
+        n += len(pdf)
+        last = max([last] + [int(t.value // 1_000_000) for t in pdf["ts"]])
+    state.update((n, last))
+    state.setTimeoutTimestamp(last + 2000)
+    yield pd.DataFrame({"k": [key[0]], "n": [n], "last": [last], "why": ["data"]})
+
+
+def test_grouped_pandas_form_equals_sparks_apply_in_pandas_with_state(cluster, spark, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = __import__("random").Random(11)
+    t = 5_000_000
+    for b in range(5):
+        rows = []
+        for _ in range(30):
+            t += rng.choice([20, 300, 1500])
+            rows.append({"k": rng.randrange(6), "ts": pd.Timestamp(t, unit="ms")})
+        pd.DataFrame(rows).to_parquet(src / f"part-{b:03d}.parquet", coerce_timestamps="us")
+    pd.DataFrame([{"k": 50, "ts": pd.Timestamp(t + 60_000, unit="ms")}]).to_parquet(
+        src / "part-999.parquet", coerce_timestamps="us")
+    schema = "k long, ts timestamp"
+    out_schema = "k long, n long, last long, why string"
+
+    def stream():
+        return (spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(src))
+                .withWatermark("ts", "500 milliseconds"))
+
+    got_spark: list[pd.DataFrame] = []
+    q = (stream().groupBy("k").applyInPandasWithState(_grouped_fn, out_schema, "n long, last long", "Update",
+                                                      "EventTimeTimeout")
+         .writeStream.outputMode("update").foreachBatch(lambda df, b: got_spark.append(df.toPandas()))
+         .option("checkpointLocation", str(tmp_path / "ck-spark")).trigger(availableNow=True).start())
+    q.awaitTermination(180)
+
+    from rhino.spark import apply_in_pandas_with_state
+
+    op = apply_in_pandas_with_state(_grouped_fn, key="k", output_schema=out_schema, operator_id="grouped",
+                                    coordinator=cluster["coordinator"], secret_file=str(cluster["secret_file"]),
+                                    parallelism=3, replicas=2, locality=False, timeout="EventTimeTimeout",
+                                    event_time="ts", watermark_delay="500 ms")
+    got_rhino: list[pd.DataFrame] = []
+    q = (stream().writeStream.foreachBatch(op.for_each_batch(lambda df, b: got_rhino.append(df.toPandas())))
+         .option("checkpointLocation", str(tmp_path / "ck-rhino")).trigger(availableNow=True).start())
+    q.awaitTermination(180)
+    got_rhino.append(op.process_batch(spark.createDataFrame([], schema), len(op.reports)).to_pandas())
+
+    def norm(frames):
+        df = pd.concat([f for f in frames if len(f)], ignore_index=True)
+        return df.sort_values(["k", "why", "n"]).reset_index(drop=True).astype({"k": "int64", "n": "int64",
+                                                                                 "last": "int64"})
+
+    s, r = norm(got_spark), norm(got_rhino)
+    assert (s["why"] == "timeout").sum() >= 5, s
+    pd.testing.assert_frame_equal(r, s)
