@@ -323,12 +323,28 @@ class TransformWithState:
             return routed
         from pyspark.sql import DataFrame
 
-        from .scheduling.locality import pin_internal_rows
+        from py4j.java_collections import ListConverter
+
+        from .scheduling.locality import JAVA_CLASS
 
         hosts = [[placement["instances"][str(i)]["host"]] if placement["instances"][str(i)]["host"] else []
                  for i in range(nparts)]
+        sc = spark.sparkContext
+        jvm = sc._jvm
+        try:
+            jvm.java.lang.Class.forName(JAVA_CLASS, True, jvm.Thread.currentThread().getContextClassLoader())
+        except Exception as e:
+            raise InvalidArgumentError(
+                f"locality=True needs {JAVA_CLASS} on the driver's classpath: start the SparkSession with "
+                "rhino.spark.scheduling.spark_conf_for_locality() (spark.jars), or pass locality=False") from e
+        client = sc._gateway._gateway_client
+        conv = ListConverter()
+        jhosts = conv.convert([conv.convert(h, client) for h in hosts], client)
+        # The routed rows as Spark's own RDD of InternalRows (the shuffle's output, no Python
+        # round trip), wrapped so that partition i prefers instance i's host, then a DataFrame
+        # again for mapInArrow: the DAG scheduler takes the preference from this narrow ancestor.
         jrdd = routed._jdf.queryExecution().toRdd()
-        pinned = pin_internal_rows(spark, jrdd, hosts)
+        pinned = jvm.io.rhino.spark.PreferredLocationsRDD(jrdd, jhosts)
         jdf = spark._jsparkSession.internalCreateDataFrame(pinned, routed._jdf.schema(), False)
         return DataFrame(jdf, spark)
 
