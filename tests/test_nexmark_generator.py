@@ -308,3 +308,45 @@ def test_source_options_are_checked():
         seed=3, person_payload_bytes=10, auction_payload_bytes=10, bid_payload_bytes=1)
     with pytest.raises(ValueError, match="unknown nexmark option"):
         config_from_options({"eventsPerBatchh": 3})
+
+
+def test_stream_reader_offsets_without_spark(monkeypatch):
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    from rhino.spark.nexmark import source
+    from rhino.spark.nexmark.source import OFFSET_KEY, NexmarkDataSource
+
+    def reader(**options):
+        return NexmarkDataSource({k: str(v) for k, v in options.items()}).streamReader(None)
+
+    r = reader(eventsPerBatch=100, maxEvents=250, firstEventId=10)
+    start = r.initialOffset()
+    assert start == {OFFSET_KEY: 10} and r.getDefaultReadLimit() == ReadMaxRows(100)
+    ends = []
+    for _ in range(4):
+        end = r.latestOffset(start, r.getDefaultReadLimit())
+        ends.append(end[OFFSET_KEY])
+        start = end
+    assert ends == [110, 210, 260, 260]                       # then no new data: end == start
+    assert r.latestOffset({OFFSET_KEY: 10}, ReadAllAvailable()) == {OFFSET_KEY: 260}
+    parts = r.partitions({OFFSET_KEY: 10}, {OFFSET_KEY: 110})
+    assert [(p.start, p.end) for p in parts] == [(10, 110)]
+    parts = reader(maxEvents=10, numPartitions=3).partitions({OFFSET_KEY: 0}, {OFFSET_KEY: 10})
+    assert [(p.start, p.end) for p in parts] == [(0, 3), (3, 6), (6, 10)]
+    assert reader(maxEvents=10).partitions({OFFSET_KEY: 5}, {OFFSET_KEY: 5}) == []
+
+    # A wall-clock rate: what is available grows with time (here a fake clock).
+    now = [1000.0]
+    monkeypatch.setattr(source.time, "monotonic", lambda: now[0])
+    r = reader(eventsPerSecond=50, eventsPerBatch=1000)
+    assert r.latestOffset({OFFSET_KEY: 0}, ReadMaxRows(1000)) == {OFFSET_KEY: 0}
+    now[0] += 2.0
+    assert r.latestOffset({OFFSET_KEY: 0}, ReadMaxRows(1000)) == {OFFSET_KEY: 100}
+    assert r.latestOffset({OFFSET_KEY: 50}, ReadMaxRows(30)) == {OFFSET_KEY: 80}
+    # Trigger.AvailableNow stops at what was available when the query started.
+    r.prepareForTriggerAvailableNow()
+    now[0] += 10.0
+    assert r.latestOffset({OFFSET_KEY: 80}, ReadMaxRows(1000)) == {OFFSET_KEY: 100}
+    assert r.latestOffset({OFFSET_KEY: 100}, ReadMaxRows(1000)) == {OFFSET_KEY: 100}
+    with pytest.raises(ValueError, match="endless"):
+        reader(eventsPerBatch=5).prepareForTriggerAvailableNow()
