@@ -46,8 +46,9 @@ numeric or timestamp field, strings' UTF-8 bytes, the payload): Person ~206 B, A
 Bid 32 B.
 
 Throughput (``generate``, 1M events, default config, one core of this 2-core machine,
-measured by ``python -m rhino.spark.nexmark.generator``): about 3M events/s (0.33 s per 1M
-events; Person/Auction payloads of 147/213 B included).
+measured by ``python -m rhino.spark.nexmark.generator``, best of 3): 2.3-3.0M events/s
+(0.33-0.44 s per 1M events, depending on the machine's other load; Person/Auction payloads of
+147/213 B included).
 """
 
 from __future__ import annotations
