@@ -490,7 +490,10 @@ class LocalCluster:
 
         st = self._state
         errors: list[BaseException] = []
+        started: list[tuple[int, Any]] = []
 
+        # The threads only start processes; recording happens here, in the caller's thread,
+        # which may hold self._lock (restart_host does).
         def one(n: int) -> None:
             h = st["hosts"][n - 1]
             rw = h["rhino_worker"]
@@ -501,22 +504,23 @@ class LocalCluster:
                 wp.unix_socket = Path(rw["unix_socket"])
             try:
                 wp.start(timeout=timeout)
+                started.append((n, wp))
             except BaseException as e:
                 errors.append(e)
-                return
-            finally:
-                if wp.proc is not None:
-                    self._children[wp.proc.pid] = wp.proc
-            self._record(rw, wp.proc.pid, log=str(wp.log_path), address=wp.address, port=wp.port,
-                         dir=str(wp.dir), unix_socket=str(wp.unix_socket), metrics_port=wp.metrics_port,
-                         host=h["ip"])
-            say(f"host {n} ({h['ip']}): rhino worker {rw['id']} listening at {wp.address} (pid {wp.proc.pid})")
 
         threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in numbers]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        for n, wp in sorted(started, key=lambda x: x[0]):
+            h = st["hosts"][n - 1]
+            self._children[wp.proc.pid] = wp.proc
+            self._record(h["rhino_worker"], wp.proc.pid, log=str(wp.log_path), address=wp.address, port=wp.port,
+                         dir=str(wp.dir), unix_socket=str(wp.unix_socket), metrics_port=wp.metrics_port,
+                         host=h["ip"])
+            say(f"host {n} ({h['ip']}): rhino worker {h['rhino_worker']['id']} listening at {wp.address} "
+                f"(pid {wp.proc.pid})")
         if errors:
             raise ClusterError(f"a rhino worker did not start: {errors[0]}")
 

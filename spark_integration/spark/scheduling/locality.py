@@ -60,27 +60,62 @@ def _normalize(hosts_per_partition: Iterable[Hosts], n: int) -> list[list[str]]:
     return out
 
 
+def _class_loadable(jvm: Any) -> bool:
+    # Not `jvm.io.rhino...`: py4j answers an unknown class with a JavaPackage, not an error.
+    # py4j loads classes through the thread's context class loader, so ask that one.
+    try:
+        jvm.java.lang.Class.forName(JAVA_CLASS, True, jvm.java.lang.Thread.currentThread().getContextClassLoader())
+        return True
+    except Exception:  # py4j.protocol.Py4JJavaError: ClassNotFoundException
+        return False
+
+
+_loaded_into: set[str] = set()  # application ids
+
+
+def _ensure_class(sc: Any) -> None:
+    """Makes the helper class loadable in the driver and the executors. The usual way is
+    ``spark.jars`` (spark_conf_for_locality) when the session starts. But PySpark starts
+    its JVM once per Python process, with the jars of the *first* session: a later
+    session (another test, another cluster) in the same process has spark.jars on its
+    executors but not in the driver. Then the jar is added to the driver's context class
+    loader (Spark's MutableURLClassLoader, whose addURL is public) and, with addJar, to the
+    executors, which fetch it with their next task."""
+    jvm = sc._jvm
+    if _class_loadable(jvm):
+        return
+    jar = str(jar_path())
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    try:
+        loader.addURL(jvm.java.io.File(jar).toURI().toURL())
+    except Exception as e:
+        raise RuntimeError(f"{JAVA_CLASS} is not on the driver's classpath and the driver's class loader "
+                           f"({loader.getClass().getName()}) takes no jar at run time: start the SparkSession "
+                           f"with rhino.spark.scheduling.spark_conf_for_locality() (spark.jars = {jar})") from e
+    if sc.applicationId not in _loaded_into:
+        sc._jsc.sc().addJar(jar)
+        _loaded_into.add(sc.applicationId)
+    if not _class_loadable(jvm):
+        raise RuntimeError(f"{JAVA_CLASS} cannot be loaded from {jar}: start the SparkSession with "
+                           f"rhino.spark.scheduling.spark_conf_for_locality() (spark.jars)")
+
+
 def with_preferred_locations(rdd: Any, hosts_per_partition: Iterable[Hosts]) -> Any:
     """The same RDD (same partitions, same records, same deserializer) with partition i
     preferring ``hosts_per_partition[i]``: a host name (as Spark knows the executors'
     hosts, e.g. "127.0.0.2"), a list of them, or None for no preference. Narrow
     transformations on the result (map, mapPartitions, ...) keep the preference.
 
-    The session must have been started with :func:`spark_conf_for_locality` (``spark.jars``);
-    else RuntimeError says so."""
+    Start the session with :func:`spark_conf_for_locality` (``spark.jars``); a session
+    without it gets the jar at run time where Spark allows (see `_ensure_class`), else
+    RuntimeError says what to do."""
     from pyspark.core.rdd import RDD
     from py4j.java_collections import ListConverter
 
     hosts = _normalize(hosts_per_partition, rdd.getNumPartitions())
     sc = rdd.ctx
     jvm = sc._jvm
-    # Not jvm.io.rhino...: py4j answers an unknown class with a JavaPackage, not an error.
-    try:
-        jvm.java.lang.Class.forName(JAVA_CLASS, True, jvm.Thread.currentThread().getContextClassLoader())
-    except Exception as e:  # py4j.protocol.Py4JJavaError: ClassNotFoundException
-        raise RuntimeError(f"{JAVA_CLASS} is not on the driver's classpath: start the SparkSession with "
-                           f"rhino.spark.scheduling.spark_conf_for_locality() (spark.jars = the helper jar); "
-                           f"a jar added after the session started reaches the executors only") from e
+    _ensure_class(sc)
     client = sc._gateway._gateway_client
     conv = ListConverter()
     jhosts = conv.convert([conv.convert(h, client) for h in hosts], client)
