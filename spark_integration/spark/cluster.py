@@ -457,6 +457,9 @@ class LocalCluster:
             coord.start(timeout=timeout)
         except RuntimeError as e:
             raise ClusterError(str(e)) from None
+        except BaseException:
+            coord.stop()  # interrupted (Ctrl-C) while it started: not recorded yet
+            raise
         self._children[coord.proc.pid] = coord.proc
         self._record(st["coordinator"], coord.proc.pid, log=str(coord.log_path), address=coord.address,
                      dir=str(coord.dir))
@@ -511,8 +514,14 @@ class LocalCluster:
         threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in numbers]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.join()
+        finally:
+            # Interrupted (Ctrl-C): let the starts finish (each within `timeout`), so that what
+            # they started is recorded below and the caller's down() stops it.
+            for t in threads:
+                t.join()
         for n, wp in sorted(started, key=lambda x: x[0]):
             h = st["hosts"][n - 1]
             self._children[wp.proc.pid] = wp.proc
@@ -679,8 +688,14 @@ class LocalCluster:
                       **conf: Any) -> Any:
         """A SparkSession on this cluster (:meth:`spark_conf` plus `conf`), after all its
         executors registered (one per live host) when `wait_executors`."""
+        from pyspark import SparkContext
         from pyspark.sql import SparkSession
 
+        active = SparkContext._active_spark_context
+        if active is not None and active.master != self.master_url:
+            # getOrCreate() would hand back that one, with none of this cluster's conf.
+            raise ClusterError(f"a SparkContext on {active.master} is running in this process: stop it first "
+                               f"(spark.stop()); one process has one SparkContext")
         spark = SparkSession.builder.appName(app_name).config(map=self.spark_conf(**conf)).getOrCreate()
         if wait_executors:
             try:
@@ -850,7 +865,8 @@ class LocalCluster:
         say = progress or (lambda s: None)
         with self._lock:
             t0 = time.monotonic()
-            recs = self._records()
+            # Also every daemon this process started, recorded or not (an interrupted start).
+            recs = self._records() + [{"pid": pid, "start": _start_time(pid)} for pid in self._children]
             live = self.running_pids()
             if live:
                 say(f"stopping {len(live)} processes (SIGTERM, SIGKILL after {timeout:g} s)")
