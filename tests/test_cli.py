@@ -255,7 +255,7 @@ def test_bench_replicate_prints_its_contract_and_judges_against_the_fastest_prob
 
 
 def test_demo_runs_and_verifies(tmp_path, read_rocksdb):
-    r = run_cli("demo", "--size", "8M", "--dir", "tmp", cwd=tmp_path)
+    r = run_cli("demo", "--data-plane", "--size", "8M", "--dir", "tmp", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "verified           yes" in r.stdout
     assert (tmp_path / "tmp" / "store" / "pool").is_dir()

@@ -10,7 +10,8 @@
   rhino worker --id ID --dir DIR --listen 127.0.0.N:PORT --secret-file FILE [--coordinator HOST:PORT] ...
   rhino coordinator --listen HOST:PORT --dir DIR --secret-file FILE [--rebuild --expect-workers N]
   rhino status | handover | rebalance | rescale ... --coordinator HOST:PORT --secret-file FILE
-  rhino demo [--dir D] [--size 384M]
+  rhino spark bench recovery|throughput ... | rhino spark demo ...   (the Spark layer: rhino.spark.cli)
+  rhino demo [--data-plane] [--dir D] [--size 384M]
 
 User errors (a missing path, a bad size, any rhino.RhinoError) print one line
 on stderr and exit with status 2, never a traceback.
@@ -116,9 +117,17 @@ def cmd_bench_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    if args.data_plane:
+        from .demo import run_demo
 
-    return run_demo(args.dir, args.size)
+        return run_demo(args.dir or ".demo", args.size or _size("384M"))
+    # The main job: NEXMark Q8 on a local 3-host Spark + Rhino cluster, surviving a killed host.
+    from ..spark.demo import main as spark_demo
+
+    extra = ["--dir", args.dir] if args.dir else []
+    if args.size:
+        extra += ["--state", str(args.size)]
+    return int(spark_demo(extra) or 0)
 
 
 # Subcommands that own their argument parsing (their modules have main(argv)).
@@ -129,6 +138,7 @@ _DELEGATED = {
     ("handover",): ("rhino.cli.control:main_handover", "move vnodes to an instance at the next batch barrier"),
     ("rebalance",): ("rhino.cli.control:main_rebalance", "rebalance replicas, and vnodes by measured load"),
     ("rescale",): ("rhino.cli.control:main_rescale", "change an operator's parallelism by vnode handovers"),
+    ("spark",): ("rhino.spark.cli", "the Spark layer: bench recovery | bench throughput | demo (rhino spark --help)"),
     ("bench", "replicate"): ("rhino.bench.replicate",
                              "chain-replication throughput vs the disk and loopback limits, same run"),
     ("bench", "overhead"): ("rhino.bench.overhead",
@@ -233,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Listed for --help; main() hands their arguments to their own parsers.
     sub.add_parser("worker", help=_DELEGATED[("worker",)][1] + " (rhino worker --help)", add_help=False)
-    for name in ("coordinator", "status", "handover", "rebalance", "rescale"):
+    for name in ("coordinator", "status", "handover", "rebalance", "rescale", "spark"):
         sub.add_parser(name, help=_DELEGATED[(name,)][1] + f" (rhino {name} --help)", add_help=False)
     bsub.add_parser("replicate", help=_DELEGATED[("bench", "replicate")][1] + " (rhino bench replicate --help)",
                     add_help=False)
@@ -244,9 +254,14 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("handover", "failover"):
         bsub.add_parser(name, help=_DELEGATED[("bench", name)][1] + f" (rhino bench {name} --help)", add_help=False)
 
-    p = sub.add_parser("demo", help="the single-host demonstration: build, checkpoint, restore, verify")
-    p.add_argument("--dir", default=".demo", help="work directory, removed and recreated (default: %(default)s)")
-    p.add_argument("--size", type=_size, default=_size("384M"), help="state size, e.g. 384M (default: 384M)")
+    p = sub.add_parser("demo", help="NEXMark Q8 on a local 3-host Spark + Rhino cluster with a host killed "
+                                    "mid-run (--data-plane: the single-host data-plane demonstration)")
+    p.add_argument("--data-plane", action="store_true",
+                   help="the data-plane demonstration: build, checkpoint, replicate, restore, verify on one host")
+    p.add_argument("--dir", default=None,
+                   help="work directory, removed and recreated (default: .demo, or .demo-spark for the Spark demo)")
+    p.add_argument("--size", type=_size, default=None,
+                   help="state size, e.g. 384M (data plane default: 384M; Spark demo: see rhino spark demo --help)")
     p.set_defaults(func=cmd_demo)
     return parser
 
