@@ -257,7 +257,7 @@ class TransformWithState:
             try:
                 if not replay:
                     self.coordinator().commit_batch(
-                        self.operator_id, b, epoch=max(epochs) if len(epochs) == 1 else -1,
+                        self.operator_id, b, epoch=min(epochs),
                         instances={str(t["instance"]): {"checkpoint_bytes": t.get("checkpoint_bytes", 0)}
                                    for t in tasks}, load=load)
             except (StaleEpochError, InvalidArgumentError) as e:

@@ -35,7 +35,7 @@ from rhino.client import connect
 from rhino.errors import PeerDeadError, RhinoError, RhinoIOError, RhinoTimeoutError, StaleEpochError
 
 from ..state.encoding import RECORD_PREFIX, KeyRecord, decode_key
-from .routing import record_keys
+from .glue import concat_frames, group_rows
 from ..state.handle import RhinoProcessorHandle
 from ..state.timers import TimerIndex
 
@@ -144,10 +144,9 @@ def _to_arrow(frames: list, schema: Any, timezone: str) -> Optional[pa.RecordBat
     import pandas as pd
     from pyspark.sql.conversion import PandasToArrowConversion
 
-    frames = [f for f in frames if f is not None and len(f)]
-    if not frames:
+    pdf = concat_frames(frames)
+    if not len(pdf):
         return None
-    pdf = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0].reset_index(drop=True)
     missing = [f.name for f in schema.fields if f.name not in pdf.columns]
     if missing:
         raise ValueError(f"the processor's output lacks columns {missing} of the output schema "
@@ -219,15 +218,19 @@ def run_partition(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator
             break
         except StaleEpochError as e:
             errors.append(f"{type(e).__name__}: {e}")
-            placement, epoch = _newer_placement(spec, placement, epoch, instance, deadline, None)
+            placement, epoch = _newer_placement(spec, placement, epoch, instance, deadline)
         except _UNREACHABLE as e:
+            # The primary, or a member of its chain (a barrier commit waits for the chain), is
+            # gone. Report the primary: if the coordinator cannot reach it either, it fails the
+            # instance over at once. A dead chain member is found by its missed heartbeats;
+            # either way the epoch moves on, and the task runs again at the new one.
             errors.append(f"{type(e).__name__} at {address}: {e}")
             _drop_client(address)
             try:
                 _coordinator(spec).report_unreachable(spec.operator_id, instance, info.get("primary"))
             except RhinoError as e2:
                 errors.append(f"report_unreachable: {e2}")
-            placement, epoch = _newer_placement(spec, placement, epoch, instance, deadline, info.get("primary"))
+            placement, epoch = _newer_placement(spec, placement, epoch, instance, deadline)
     t_end = time.time()
     meta = {"instance": instance, "attempt": attempt, "host": host, "local": local, "primary": info.get("primary"),
             "primary_host": info.get("host"), "epoch": epoch, "rows_in": rows_in, "late_rows": late,
@@ -239,26 +242,31 @@ def run_partition(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator
 
 
 def _newer_placement(spec: TaskSpec, placement: dict, epoch: int, instance: int, deadline: float,
-                     dead: Optional[str]) -> tuple[dict, int]:
-    """Waits until the coordinator has moved on (a new epoch; a new primary if ``dead``),
-    then returns the new placement; refuses one whose routing table changed (the
-    rows were routed by the old one: the driver must rerun the batch)."""
+                     grace_s: float = 10.0) -> tuple[dict, int]:
+    """Waits until the coordinator has moved on to a new epoch (a failover, a chain
+    repair) and returns the new placement; after ``grace_s`` without one (a passing
+    network error), the same placement again. Refuses a new placement whose routing
+    table changed: the rows were routed by the old one, so the driver must rerun the
+    batch."""
+    until = min(deadline, time.monotonic() + grace_s)
+    p = None
     while True:
         try:
             p = _coordinator(spec).placement(spec.operator_id)
         except RhinoError:
             p = None
-        if p is not None and p["epoch"] > epoch and (
-                dead is None or p["instances"][str(instance)]["primary"] not in (dead, None)):
+        if p is not None and p["epoch"] > epoch and p["instances"][str(instance)].get("address"):
             if list(p["assignment"]) != list(placement["assignment"]):
                 raise StaleEpochError(f"the routing table of {spec.operator_id} changed during batch "
                                       f"{spec.batch} (epoch {epoch} -> {p['epoch']}): the batch runs again")
             return p, int(p["epoch"])
-        if time.monotonic() > deadline:
-            raise RhinoTimeoutError(f"instance {instance} of {spec.operator_id}: no new primary after "
-                                    f"{spec.failover_wait_s:g} s (the coordinator is at epoch "
-                                    f"{p['epoch'] if p else '?'})")
-        time.sleep(0.2)
+        if time.monotonic() > until:
+            if time.monotonic() > deadline:
+                raise RhinoTimeoutError(f"instance {instance} of {spec.operator_id}: no new placement after "
+                                        f"{spec.failover_wait_s:g} s (the coordinator is at epoch "
+                                        f"{p['epoch'] if p else '?'})")
+            return placement, epoch
+        time.sleep(0.1)
 
 
 def _run_once(spec: TaskSpec, instance: int, epoch: int, placement: dict, table: Optional[pa.Table],
@@ -282,21 +290,10 @@ def _run_once(spec: TaskSpec, instance: int, epoch: int, placement: dict, table:
         t_open = time.time()
         # group the input by key: by the key's record bytes (as routing computed them), the key
         # tuple as Spark's pandas conversion gives it (what handleInputRows gets)
-        groups: list[tuple[bytes, tuple, Any]] = []
+        groups: list[tuple[bytes, tuple, int, int]] = []
         pdf = None
         if table is not None and table.num_rows:
-            import pandas as pd
-
-            pdf = _to_pandas(table, in_schema, spec.timezone)
-            rks = record_keys(table, spec.key_columns)
-            codes, uniques = pd.factorize(pd.Series(rks, dtype=object), sort=False)
-            order = np.argsort(codes, kind="stable")
-            bounds = np.flatnonzero(np.diff(codes[order])) + 1
-            keycols = pdf[spec.key_columns]
-            for idx in np.split(order, bounds):
-                first = keycols.iloc[int(idx[0])]
-                kt = tuple(v.item() if isinstance(v, np.generic) else v for v in first)
-                groups.append((uniques[codes[idx[0]]], kt, idx))
+            pdf, groups = group_rows(table, _to_pandas(table, in_schema, spec.timezone), spec.key_columns)
         t_group = time.time()
         # expired timers (design: after the data, as Spark's processTimers)
         index = TimerIndex(part, spec.bucket_ms) if spec.time_mode == "eventtime" else None
@@ -307,16 +304,16 @@ def _run_once(spec: TaskSpec, instance: int, epoch: int, placement: dict, table:
         values = s.get_batch(ekeys) if ekeys else []
         for k, v in zip(ekeys, values):
             batch.records[k] = KeyRecord(v)
-        for ek, kt, _ in groups:
+        for ek, kt, _, _ in groups:
             batch.records[ek].key = kt
         t_fetch = time.time()
 
         processor.init(handle)
         tv = TimerValues(currentProcessingTimeInMs=int(time.time() * 1000),
                          currentWatermarkInMs=spec.watermark_ms if spec.time_mode == "eventtime" else -1)
-        for ek, kt, idx in groups:
+        for ek, kt, a, b in groups:
             batch.current = ek
-            rows = pdf.iloc[idx].reset_index(drop=True)
+            rows = pdf.iloc[a:b]
             if spec.mode == "rows":
                 from pyspark.sql import Row
 
@@ -356,6 +353,9 @@ def _run_once(spec: TaskSpec, instance: int, epoch: int, placement: dict, table:
         if dirty:
             vns = part.vnodes([ek for ek, _ in dirty])
             vn_of = {ek: int(v) for (ek, _), v in zip(dirty, vns)}
+        fired_of: dict[bytes, set[int]] = {}
+        for ts, k in fired:
+            fired_of.setdefault(k, set()).add(ts)
         for ek, r in dirty:
             if r.empty():
                 dels.append(ek)
@@ -363,7 +363,7 @@ def _run_once(spec: TaskSpec, instance: int, epoch: int, placement: dict, table:
                 puts_k.append(ek)
                 puts_v.append(r.encode())
             if index is not None:
-                fired_here = {ts for ts, k in fired if k == ek}
+                fired_here = fired_of.get(ek, set())
                 for ts in r.timers - r.stored_timers:
                     changes.append((vn_of[ek], ts, ek, True))
                 for ts in r.stored_timers - r.timers - fired_here:
@@ -387,7 +387,7 @@ def _run_once(spec: TaskSpec, instance: int, epoch: int, placement: dict, table:
     load: dict[str, list[float]] = {}
     if groups:
         kv = part.vnodes([g[0] for g in groups])
-        sizes = np.array([len(g[2]) for g in groups], dtype=np.float64)
+        sizes = np.array([g[3] - g[2] for g in groups], dtype=np.float64)
         ops = np.bincount(kv, weights=sizes, minlength=placement["num_vnodes"])
         load = {str(int(v)): [float(ops[v]), 0.0] for v in np.flatnonzero(ops)}
     stats.update(keys=len(groups), records_read=len(ekeys), records_found=sum(v is not None for v in values),

@@ -1,0 +1,71 @@
+"""Rhino's per-record glue in a task: grouping a batch's rows by key, and
+gathering the processor's outputs. Kept apart from the task's protocol steps
+so ``bench/spark_glue.py`` can time them against the naive forms they replaced
+(bench/results/spark_glue.md has the profile and the figures).
+
+- Grouping: one stable sort of the rows by key code, then each key's rows are a
+  contiguous slice (a cheap view), instead of a fancy-indexed copy per key.
+- Outputs: the processor yields one small DataFrame per key (or per fired
+  timer); ``pd.concat`` of thousands of them costs more than the processor.
+  Columns are concatenated with NumPy instead, then one DataFrame is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from .routing import record_keys
+
+__all__ = ["group_rows", "concat_frames"]
+
+
+def group_rows(table: pa.Table, pdf: pd.DataFrame, key_columns: list[str]
+               ) -> tuple[pd.DataFrame, list[tuple[bytes, tuple, int, int]]]:
+    """The rows sorted by key, and per key: (record key bytes, the key tuple as the
+    processor gets it, first row, end row) in order of first appearance."""
+    rks = record_keys(table, key_columns)
+    codes, uniques = pd.factorize(pd.Series(rks, dtype=object), sort=False)
+    order = np.argsort(codes, kind="stable")
+    sorted_codes = codes[order]
+    starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
+    ends = np.r_[starts[1:], len(order)]
+    spdf = pdf.take(order).reset_index(drop=True)
+    keyvals = [spdf[c].to_numpy(dtype=object)[starts] for c in key_columns]
+    groups = []
+    for j, (a, b) in enumerate(zip(starts.tolist(), ends.tolist())):
+        kt = tuple(v[j].item() if isinstance(v[j], np.generic) else v[j] for v in keyvals)
+        groups.append((uniques[sorted_codes[a]], kt, a, b))
+    return spdf, groups
+
+
+def concat_frames(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """``pd.concat(frames, ignore_index=True)`` for many small frames with the same columns,
+    by column: far cheaper than pandas' general concat for thousands of frames."""
+    frames = [f for f in frames if f is not None and len(f)]
+    if not frames:
+        return pd.DataFrame()
+    if len(frames) == 1:
+        return frames[0].reset_index(drop=True)
+    cols = list(frames[0].columns)
+    if any(list(f.columns) != cols for f in frames):
+        return pd.concat(frames, ignore_index=True)  # the general case
+    # All-one-dtype outputs (all numeric): one 2-D block per frame, stacked at once. A frame whose
+    # block comes out in another dtype (mixed columns) sends everything down the general path.
+    blocks = [f.to_numpy() for f in frames]
+    if blocks[0].dtype != object and all(b.dtype == blocks[0].dtype for b in blocks):
+        return pd.DataFrame(np.concatenate(blocks), columns=cols)
+    out = {}
+    for i, c in enumerate(cols):
+        parts = [f.iloc[:, i].to_numpy() for f in frames]
+        kinds = {p.dtype for p in parts}
+        out[c] = np.concatenate(parts) if len(kinds) == 1 else np.concatenate([p.astype(object) for p in parts])
+    return pd.DataFrame(out)
+
+
+def iter_slices(spdf: pd.DataFrame, groups: list) -> Iterator[tuple[bytes, tuple, pd.DataFrame]]:
+    for ek, kt, a, b in groups:
+        yield ek, kt, spdf.iloc[a:b]
