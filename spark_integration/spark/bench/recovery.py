@@ -1,0 +1,633 @@
+"""``rhino spark bench recovery``: recovery of NEXMark Q8 after a host is SIGKILLed
+mid-batch, Rhino against Spark's own ``transformWithStateInPandas`` with the RocksDB
+state store provider, per state size (the Rhino paper's Table 1, on Spark).
+
+    rhino spark bench recovery --sizes 1G,2G,4G --json --out bench/results/spark_recovery.jsonl \\
+        --plot bench/results/spark_recovery.png --report bench/results/spark_recovery.md
+
+Per (size, system), on a fresh 3-host :class:`~rhino.spark.cluster.LocalCluster`
+(127.0.0.N.., one core per host, heartbeat timeout ``--heartbeat-timeout``):
+
+1. Q8 runs with a huge window (``window_ms`` 10^12: no window closes, nothing is
+   cleared, the state only grows) over ``--events-per-batch`` events per micro-batch,
+   Person and Auction payloads of ``--payload-bytes`` (bids, 46 of 50 events, are
+   filtered out by Q8's ``prepare``; the generator has no option to leave them out,
+   and they are small: no payload).
+2. After each batch the operator's state size is read: Rhino, the sum of the
+   instances' ``checkpoint_bytes`` (each instance's live checkpoint, on its primary);
+   Spark, ``stateOperators[0].customMetrics.rocksdbSstFileSize`` of the last progress
+   report (the live RocksDB SST bytes over its partitions). Once it reaches the size,
+   host ``--kill-host`` is SIGKILLed (its Spark worker, executor, Python workers and
+   Rhino worker) ``--kill-at`` x the median batch duration after the batch ends, i.e.
+   inside the next batch.
+3. The query runs on until ``--after-batches`` batches completed after the kill, then
+   stops; the cluster is taken down.
+
+Fields (seconds; the kill is t=0):
+
+* ``recovery_s``: to the end of the first batch that completed after the kill (its
+  ``foreachBatch`` sink returned).
+* ``detection_s``: to the failure being declared. Rhino: the coordinator marks the
+  worker dead (``dead_since``: heartbeat timeout, or at once when a task reports it
+  unreachable and it does not answer the coordinator either). Spark: the driver removes
+  the lost executor (``removeTime`` of the REST API's ``allexecutors``).
+* ``replay_s``: re-running the lost batch's upstream work before the stateful task:
+  Rhino, from the start of the batch attempt that succeeded to the start of the lost
+  instance's task in it (source, ``prepare``, routing shuffle); Spark, the resubmitted
+  upstream (shuffle map) stages after the kill.
+* ``scheduling_s``: the rest between detection and the rerun stateful task's start
+  (``rerun_task_start_s - detection_s - replay_s``): Spark's task rescheduling (locality
+  wait, stage resubmission), Rhino's failed attempt, ``commit_batch`` refusal, and
+  ``begin_batch`` of the next attempt.
+* ``state_restore_s``: from the rerun stateful task's start until its state is ready.
+  Spark: the RocksDB provider's load of the lost partition's store from the checkpoint
+  location (``rocksdbLoadLatencyMs`` of the batch: copy the snapshot's files from the
+  "DFS", open RocksDB; only that partition loads from DFS, ``rocksdbNumLoadedFromDfs``).
+  Rhino: the takeover's restore on the new primary (``restore_s``: hard links from its
+  own replica store, then open; done by the coordinator right at detection) plus the
+  rerun task's session open (``open_s``; a rollback to b-1 by hard links if needed). Both
+  are counted, though the takeover runs before the task starts.
+* ``rerun_batch_s``: the recovered batch's own duration; ``steady_batch_s``: the median
+  batch before the kill.
+* ``locality``: the share of Rhino tasks that ran on their primary's host in the steady
+  batches before the kill (Spark: null).
+
+The baseline's "DFS" (Spark's checkpoint location) is a directory on the same local
+disk here: its "fetch" is a local file copy, which favours the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from . import (Emitter, fraction, host_number, install_signal_handlers, median, parse_conf, positive_float,
+               positive_int, say, spark_rest, spark_time)
+
+__all__ = ["main", "run_one", "SPEEDUP_TARGET", "FLAT_TARGET", "LOCALITY_TARGET"]
+
+SPEEDUP_TARGET = 10.0   # Rhino's state restore vs the baseline's, at the largest size
+FLAT_TARGET = 2.0       # Rhino's state restore at the largest size vs the smallest
+LOCALITY_TARGET = 0.95
+HUGE_WINDOW_MS = 10 ** 12
+SYSTEMS = {"rhino": "rhino", "spark": "spark-rocksdb", "spark-rocksdb": "spark-rocksdb"}
+
+
+def _sizes(text: str) -> list[int]:
+    from rhino._sizes import parse_sizes
+
+    try:
+        sizes = parse_sizes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if any(s < (1 << 20) for s in sizes):
+        raise argparse.ArgumentTypeError(f"{text!r}: sizes must be at least 1M")
+    return sizes
+
+
+def _systems(text: str) -> list[str]:
+    out = []
+    for s in (x.strip() for x in text.split(",") if x.strip()):
+        if s not in SYSTEMS:
+            raise argparse.ArgumentTypeError(f"unknown system {s!r}: choose from rhino, spark-rocksdb")
+        if SYSTEMS[s] not in out:
+            out.append(SYSTEMS[s])
+    if not out:
+        raise argparse.ArgumentTypeError("no system given")
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="rhino spark bench recovery",
+                                 description="Recovery of NEXMark Q8 after a host is SIGKILLed mid-batch: Rhino "
+                                             "vs Spark's transformWithStateInPandas with the RocksDB state store.")
+    ap.add_argument("--sizes", type=_sizes, default=_sizes("1G,2G,4G"),
+                    help="state sizes at which a host is killed (default 1G,2G,4G)")
+    ap.add_argument("--systems", type=_systems, default=["rhino", "spark-rocksdb"],
+                    help="rhino, spark-rocksdb or both, comma-separated (default both)")
+    ap.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
+    ap.add_argument("--out", help="append the JSON lines to this file")
+    ap.add_argument("--plot", help="write a PNG of the breakdown here")
+    ap.add_argument("--report", help="write a Markdown report here")
+    ap.add_argument("--dir", default=None, help="work directory (default: a new one under /tmp)")
+    ap.add_argument("--keep", action="store_true", help="keep each run's directory (state, logs)")
+    ap.add_argument("--events-per-batch", type=positive_int, default=100_000)
+    ap.add_argument("--payload-bytes", type=positive_int, default=8192,
+                    help="Person and Auction payload bytes (default 8192; a hot seller's record must fit "
+                         "a Rhino frame, 4 MiB)")
+    ap.add_argument("--parallelism", type=positive_int, default=3, help="Rhino instances (default 3)")
+    ap.add_argument("--replicas", type=positive_int, default=2, help="Rhino's r (default 2)")
+    ap.add_argument("--heartbeat-timeout", type=positive_float, default=2.0,
+                    help="Rhino coordinator's heartbeat timeout, s (default 2.0)")
+    ap.add_argument("--first-host", type=host_number, default=60, help="hosts are 127.0.0.N.. (default 60)")
+    ap.add_argument("--kill-host", type=positive_int, default=2, help="host number (1..3) to kill (default 2)")
+    ap.add_argument("--kill-at", type=fraction, default=0.6,
+                    help="the kill lands this fraction of the median batch duration into the next batch "
+                         "(default 0.6)")
+    ap.add_argument("--after-batches", type=positive_int, default=2,
+                    help="batches to complete after the kill before stopping (default 2)")
+    ap.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra Spark conf for both systems' sessions (repeatable); default: Spark's defaults")
+    ap.add_argument("--timeout", type=positive_float, default=3600.0, help="per run, s (default 3600)")
+    return ap
+
+
+# --------------------------------------------------------------------------- one run
+
+
+def _rhino_size(run: Any) -> int:
+    reps = run.operator.reports if run.operator is not None else []
+    return sum(int(t.get("checkpoint_bytes") or 0) for t in reps[-1].tasks) if reps else 0
+
+
+def _spark_state(p: Optional[dict]) -> dict:
+    if not p:
+        return {}
+    ops = p.get("stateOperators") or []
+    return ops[0] if ops else {}
+
+
+def _spark_size(run: Any) -> int:
+    sq = run.query
+    try:
+        p = sq.lastProgress if sq is not None else None
+    except Exception:
+        p = None
+    so = _spark_state(p)
+    cm = so.get("customMetrics") or {}
+    return int(cm.get("rocksdbSstFileSize") or so.get("memoryUsedBytes") or 0)
+
+
+def run_one(*, system: str, size: int, workdir: Path, args: argparse.Namespace, spark_conf: dict) -> dict:
+    """One (size, system): a fresh cluster, grow, kill, measure. Returns the record."""
+    from rhino.spark.cluster import LocalCluster
+    from rhino.spark.nexmark.pipeline import run_pipeline
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    sysname = "rhino" if system == "rhino" else "spark"
+    bytes_per_event = 0.08 * (args.payload_bytes + 250)
+    # enough events to reach the size twice over, then stop_when ends the run
+    max_events = int(size / bytes_per_event * 2.5) + (args.after_batches + 8) * args.events_per_batch
+    say(f"{system} {size / 2**30:.2f} GiB: starting a 3-host cluster at 127.0.0.{args.first_host}")
+    with LocalCluster.up(workdir / "cluster", hosts=3, first_host=args.first_host,
+                         heartbeat_timeout=args.heartbeat_timeout) as cl:
+        spark = cl.spark_session(f"rhino-bench-recovery-{system}", **spark_conf)
+        try:
+            ui = spark.sparkContext.uiWebUrl
+            app_id = spark.sparkContext.applicationId
+            victim = cl.host(args.kill_host)
+            st: dict[str, Any] = {"kill_t": None, "scheduled": False, "size_at_kill": None, "kill_batch": None}
+            ends: list[float] = []
+            last_log = [0.0]
+
+            def on_batch(b: int, run: Any) -> None:
+                now = time.time()
+                ends.append(now)
+                size_now = _rhino_size(run) if sysname == "rhino" else _spark_size(run)
+                if now - last_log[0] > 15 and not st["scheduled"]:
+                    last_log[0] = now
+                    say(f"  {system}: batch {b}, state {size_now / 2**20:.0f} MiB of {size / 2**20:.0f} MiB")
+                if st["scheduled"] or size_now < size or len(ends) < 4:
+                    return
+                st["scheduled"] = True
+                st["size_at_kill"] = size_now
+                st["kill_batch"] = b + 1
+                gaps = [y - x for x, y in zip(ends[1:-1], ends[2:])] or [1.0]
+                delay = args.kill_at * (median(gaps) or 1.0)
+                st["steady_batch_s"] = median(gaps)
+
+                def kill() -> None:
+                    time.sleep(delay)
+                    st["kill_t"] = time.time()
+                    st["pids"] = cl.kill_host(args.kill_host)
+                    say(f"  {system}: SIGKILLed host {args.kill_host} ({victim.ip}) {delay:.2f} s into batch "
+                        f"{b + 1}, state {size_now / 2**20:.0f} MiB")
+
+                threading.Thread(target=kill, daemon=True, name="bench-kill").start()
+
+            def stop_when(run: Any) -> bool:
+                k = st["kill_t"]
+                return k is not None and sum(1 for x in run.batches if x["sink_end"] > k) >= args.after_batches
+
+            run = run_pipeline(spark, system=sysname, query="q8", checkpoint_dir=workdir / "ck",
+                               events_per_batch=args.events_per_batch, max_events=max_events,
+                               source_options={"payloadBytes": args.payload_bytes},
+                               params={"window_ms": HUGE_WINDOW_MS}, operator_id=f"q8-recovery-{size}",
+                               coordinator=cl.coordinator, secret_file=str(cl.secret_file),
+                               parallelism=args.parallelism, replicas=args.replicas, on_batch=on_batch,
+                               stop_when=stop_when, timeout_s=args.timeout)
+            if st["kill_t"] is None:
+                raise RuntimeError(f"{system}: the state never reached {size} bytes "
+                                   f"(last {_rhino_size(run) if sysname == 'rhino' else _spark_size(run)})")
+            rec = _common_fields(system, size, run, st, args)
+            if sysname == "rhino":
+                rec.update(_rhino_breakdown(run, st, cl, victim, ui, app_id))
+            else:
+                rec.update(_spark_breakdown(run, st, ui, app_id, victim.ip))
+            _finish(rec)
+            return rec
+        finally:
+            try:
+                spark.stop()
+            except Exception:
+                pass
+
+
+def _common_fields(system: str, size: int, run: Any, st: dict, args: argparse.Namespace) -> dict:
+    k = st["kill_t"]
+    after = sorted((b for b in run.batches if b["sink_end"] > k), key=lambda b: b["sink_end"])
+    first = after[0]
+    before = [b for b in run.batches if b["sink_end"] <= k]
+    return {
+        "record": "recovery", "system": system, "size_bytes": size, "state_bytes_at_kill": st["size_at_kill"],
+        "kill_batch": st["kill_batch"], "recovered_batch": first["batch"],
+        "recovery_s": first["sink_end"] - k, "steady_batch_s": st.get("steady_batch_s"),
+        "batches_before_kill": len(before), "events_per_batch": args.events_per_batch,
+        "payload_bytes": args.payload_bytes, "kill_unix": k, "killed_pids": len(st.get("pids") or []),
+    }
+
+
+def _rhino_breakdown(run: Any, st: dict, cl: Any, victim: Any, ui: str, app_id: str) -> dict:
+    k = st["kill_t"]
+    reps = run.operator.reports
+    steady = [r for r in reps if r.ended <= k and r.batch > 0]
+    tasks = [t for r in steady for t in r.tasks]
+    locality = (sum(1 for t in tasks if t.get("host") == t.get("primary_host")) / len(tasks)) if tasks else None
+    lost = sorted({t["instance"] for t in (steady[-1].tasks if steady else []) if t.get("primary_host") == victim.ip})
+    rep = next(r for r in reps if r.ended > k)
+    job_start = rep.ended - rep.commit_s - rep.job_s
+    # the lost instance's task in the successful attempt (else the latest task of the batch)
+    cand = [t for t in rep.tasks if t["instance"] in lost] or list(rep.tasks)
+    task = max(cand, key=lambda t: t["start"])
+    status = cl.coordinator_status()
+    wid = victim.rhino_worker.id
+    dead_since = next((w.get("dead_since") for w in status["workers"] if w["id"] == wid), None)
+    takeovers = {}
+    for ev in status.get("events", []):
+        if ev.get("kind") == "reconfigured" and ev.get("at", 0) >= k - 1 and ev.get("takeover_figures"):
+            takeovers.update(ev["takeover_figures"])
+    figs = [takeovers[str(i)] for i in lost if str(i) in takeovers] or list(takeovers.values())
+    takeover_restore = max((f.get("restore_s") or 0.0) for f in figs) if figs else None
+    detection = (dead_since - k) if dead_since else None
+    rest = _spark_stages(ui, app_id, k, dead_since or k)
+    replay = rest.get("replay_s") or 0.0
+    # the task of the lost instance that succeeded: it may have started before the detection
+    # (a Spark task retry that found the primary dead, reported it and waited for the takeover)
+    rerun_start = task["start"] - k
+    open_s = float(task.get("open_s") or 0.0)
+    restore = (takeover_restore or 0.0) + open_s
+    inside = sum(float(task.get(f) or 0.0) for f in ("read_s", "open_s", "group_s", "timers_s", "fetch_s",
+                                                       "process_s", "write_s", "commit_s"))
+    return {
+        "detection_s": detection, "replay_s": replay,
+        "scheduling_s": max(0.0, rerun_start - (detection or 0.0) - replay),
+        "rerun_task_start_s": rerun_start, "state_restore_s": restore,
+        "rerun_task_failover_wait_s": max(0.0, (task["end"] - task["start"]) - inside),
+        "job_attempt_start_s": job_start - k, "failed_tasks_after_kill": rest.get("failed_tasks_after_kill"),
+        "stages_after_kill": rest.get("stages_after_kill"),
+        "takeover_restore_s": takeover_restore, "session_open_s": open_s,
+        "rerun_fetch_s": task.get("fetch_s"), "rerun_task_s": task["end"] - task["start"],
+        "rerun_batch_s": rep.ended - rep.started, "attempts": rep.attempts, "epoch_after": rep.epoch,
+        "batch_errors": rep.errors[:4], "lost_instances": lost, "rerun_host": task.get("host"),
+        "rerun_local": task.get("host") == task.get("primary_host"),
+        "locality": locality, "steady_tasks": len(tasks),
+        "steady_task_breakdown_s": _task_means(tasks),
+        "takeover": {str(i): takeovers.get(str(i)) for i in lost},
+    }
+
+
+def _task_means(tasks: list[dict]) -> dict:
+    out = {}
+    for f in ("read_s", "open_s", "group_s", "timers_s", "fetch_s", "process_s", "write_s", "commit_s",
+              "replicate_s"):
+        xs = [float(t.get(f) or 0.0) for t in tasks]
+        out[f] = round(sum(xs) / len(xs), 4) if xs else None
+    return out
+
+
+def _spark_stages(ui: str, app_id: str, k: float, detected: float) -> dict:
+    """From Spark's REST API: the stages running at the kill or after it, the replay
+    (upstream stages run after the detection and before the rerun stateful task) and the
+    rerun stateful task's launch (the last-launched successful task of the first stateful
+    stage that ended after the kill: the lost partition's task waits for a slot)."""
+    out: dict[str, Any] = {}
+    try:
+        stages = spark_rest(ui, f"applications/{app_id}/stages")
+        nparts = max((s.get("numTasks") or 0) for s in stages)
+        recent = [s for s in stages if s.get("status") != "SKIPPED"
+                  and (spark_time(s.get("completionTime")) or 1e18) >= k]
+        stateful, upstream = [], []
+        for s in recent:
+            tl = spark_rest(ui, f"applications/{app_id}/stages/{s['stageId']}/{s['attemptId']}/taskList?length=500")
+            is_state = s.get("numTasks") == nparts and not (s.get("name") or "").startswith("run at")
+            (stateful if is_state else upstream).append((s, tl))
+        first_stage = min((s["stageId"] for s, _ in stateful), default=None)
+        after = [(spark_time(t["launchTime"]), t, s) for s, tl in stateful if s["stageId"] == first_stage
+                 for t in tl if t.get("status") == "SUCCESS"]
+        if after:
+            launch, task, s = max(after, key=lambda x: x[0])
+            out["rerun_task_start_s"] = launch - k
+            out["rerun_host"] = task.get("host")
+            out["rerun_task_s"] = (task.get("duration") or 0) / 1000.0
+            out["rerun_task_attempt"] = task.get("attempt")
+            out["rerun_stage"] = f"{s['stageId']}.{s['attemptId']}"
+        rep = [(spark_time(s.get("submissionTime")), spark_time(s.get("completionTime"))) for s, _ in upstream
+               if (spark_time(s.get("submissionTime")) or 0) >= detected and s.get("completionTime")]
+        if after:
+            rep = [(a, b) for a, b in rep if a is not None and a < out["rerun_task_start_s"] + k]
+        out["replay_s"] = sum((b - a) for a, b in rep if a and b) if rep else 0.0
+        out["failed_tasks_after_kill"] = sum(1 for s, tl in stateful + upstream for t in tl
+                                             if t.get("status") == "FAILED")
+        out["resubmitted_stages"] = sum(1 for s in recent if s.get("attemptId", 0) > 0)
+        out["stages_after_kill"] = [
+            {"stage": f"{s['stageId']}.{s['attemptId']}", "stateful": any(s is x for x, _ in stateful),
+             "tasks": s.get("numTasks"), "status": s.get("status"),
+             "submitted_s": round((spark_time(s.get("submissionTime")) or k) - k, 3),
+             "completed_s": round(spark_time(s["completionTime"]) - k, 3) if s.get("completionTime") else None,
+             "name": (s.get("name") or "")[:40]}
+            for s, _ in sorted(stateful + upstream, key=lambda x: spark_time(x[0].get("submissionTime")) or 0)][:8]
+    except Exception as e:  # the REST API is best effort
+        out["rest_error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def _spark_breakdown(run: Any, st: dict, ui: str, app_id: str, victim_ip: str) -> dict:
+    k = st["kill_t"]
+    out: dict[str, Any] = {"locality": None, "attempts": None}
+    removed = None
+    try:
+        execs = spark_rest(ui, f"applications/{app_id}/allexecutors")
+        gone = [e for e in execs if e.get("hostPort", "").startswith(victim_ip + ":") and e.get("removeTime")]
+        removed = spark_time(gone[0]["removeTime"]) if gone else None
+        out["detection_s"] = (removed - k) if removed else None
+        out["executor_remove_reason"] = gone[0].get("removeReason") if gone else None
+    except Exception as e:
+        out["rest_error"] = f"{type(e).__name__}: {e}"
+    out.update(_spark_stages(ui, app_id, k, removed or k))
+    # the state load of the recovered batch (and any batch after the kill that loaded from DFS)
+    loads = []
+    for b, p in sorted(run.progress.items()):
+        sb = next((x for x in run.batches if x["batch"] == b), None)
+        if sb is None or sb["sink_end"] <= k:
+            continue
+        cm = _spark_state(p).get("customMetrics") or {}
+        loads.append((b, cm))
+    first = loads[0][1] if loads else {}
+    out["state_restore_s"] = (first.get("rocksdbLoadLatencyMs") or 0) / 1000.0 if loads else None
+    out["state_load_from_snapshot_s"] = (first.get("rocksdbLoadFromSnapshotLatencyMs") or 0) / 1000.0 \
+        if first else None
+    out["stores_loaded_from_dfs"] = first.get("rocksdbNumLoadedFromDfs")
+    out["recovered_batch_metrics"] = {kk: first.get(kk) for kk in (
+        "rocksdbLoadLatencyMs", "rocksdbLoadFromSnapshotLatencyMs", "rocksdbReplayChangeLogLatencyMs",
+        "rocksdbNumLoadedFromDfs", "rocksdbSstFileSize", "rocksdbBytesCopied", "rocksdbFilesCopied")}
+    sb = next((x for x in run.batches if x["sink_end"] > k), None)
+    if sb is not None:
+        p = run.progress.get(sb["batch"])
+        out["rerun_batch_s"] = (p or {}).get("durationMs", {}).get("triggerExecution", 0) / 1000.0 if p else None
+    if out.get("rerun_task_start_s") is not None:
+        det = out.get("detection_s") or 0.0
+        out["scheduling_s"] = out["rerun_task_start_s"] - det - (out.get("replay_s") or 0.0)
+    else:
+        out.setdefault("scheduling_s", None)
+    return out
+
+
+def _finish(rec: dict) -> None:
+    for kk, v in list(rec.items()):
+        if isinstance(v, float):
+            rec[kk] = round(v, 4)
+
+
+# --------------------------------------------------------------------------- summary, report, plot
+
+
+def summarize(records: list[dict]) -> dict:
+    rr = [r for r in records if r.get("record") == "recovery"]
+    by = {(r["system"], r["size_bytes"]): r for r in rr}
+    sizes = sorted({r["size_bytes"] for r in rr})
+    rows = []
+    for s in sizes:
+        a, b = by.get(("rhino", s)), by.get(("spark-rocksdb", s))
+        if a and b:
+            rows.append({"size_bytes": s,
+                         "restore_speedup": _ratio(b.get("state_restore_s"), a.get("state_restore_s")),
+                         "recovery_speedup": _ratio(b.get("recovery_s"), a.get("recovery_s")),
+                         "recovery_below_baseline": (a["recovery_s"] < b["recovery_s"])})
+    rh = [by[("rhino", s)] for s in sizes if ("rhino", s) in by]
+    out: dict[str, Any] = {"record": "summary", "per_size": rows}
+    if rows:
+        top = rows[-1]
+        out["restore_speedup_at_largest"] = top["restore_speedup"]
+        out["restore_target_met"] = bool(top["restore_speedup"] and top["restore_speedup"] >= SPEEDUP_TARGET)
+        out["recovery_target_met"] = all(r["recovery_below_baseline"] for r in rows)
+    if len(rh) >= 2 and rh[0].get("state_restore_s"):
+        flat = rh[-1]["state_restore_s"] / rh[0]["state_restore_s"]
+        out["rhino_restore_growth"] = round(flat, 3)
+        out["rhino_restore_flat"] = flat <= FLAT_TARGET
+    locs = [r["locality"] for r in rh if r.get("locality") is not None]
+    if locs:
+        out["locality_min"] = round(min(locs), 4)
+        out["locality_target_met"] = min(locs) >= LOCALITY_TARGET
+    sp = [by[("spark-rocksdb", s)] for s in sizes if ("spark-rocksdb", s) in by]
+    per_gib = [r["state_restore_s"] / (r["state_bytes_at_kill"] / 2**30) for r in sp
+               if r.get("state_restore_s") and r.get("state_bytes_at_kill")]
+    if per_gib:
+        out["spark_restore_s_per_gib"] = round(sum(per_gib) / len(per_gib), 3)
+    return out
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    if a is None or not b:
+        return None
+    return round(a / b, 2)
+
+
+_PARTS = [("detection_s", "detection"), ("scheduling_s", "scheduling"), ("replay_s", "replay"),
+          ("state_restore_s", "state restore")]
+
+
+def plot(records: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rr = sorted((r for r in records if r.get("record") == "recovery"), key=lambda r: (r["size_bytes"], r["system"]))
+    if not rr:
+        return
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    labels, bottoms = [], [0.0] * len(rr)
+    colors = {"detection_s": "#999999", "scheduling_s": "#f0a030", "replay_s": "#60a0e0",
+              "state_restore_s": "#d04040"}
+    xs = range(len(rr))
+    for f, name in _PARTS:
+        vals = [max(0.0, r.get(f) or 0.0) for r in rr]
+        ax.bar(xs, vals, bottom=bottoms, color=colors[f], label=name)
+        bottoms = [b + v for b, v in zip(bottoms, vals)]
+    rest = [max(0.0, r["recovery_s"] - b) for r, b in zip(rr, bottoms)]
+    ax.bar(xs, rest, bottom=bottoms, color="#cccccc", hatch="//", label="rest of the rerun batch")
+    for i, r in enumerate(rr):
+        labels.append(f"{r['size_bytes'] / 2**30:g} GiB\n{'Rhino' if r['system'] == 'rhino' else 'Spark RocksDB'}")
+        ax.text(i, r["recovery_s"], f"{r['recovery_s']:.1f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(xs), labels, fontsize=8)
+    ax.set_ylabel("seconds from the SIGKILL")
+    ax.set_title("Recovery of NEXMark Q8 after a host loss (recovery_s, broken down)")
+    ax.legend(fontsize=8)
+    sizes = sorted({r["size_bytes"] for r in rr})
+    for sysname, lab, c in (("rhino", "Rhino (takeover + session open)", "#d04040"),
+                            ("spark-rocksdb", "Spark RocksDB (rocksdbLoadLatencyMs)", "#404040")):
+        pts = [(r["size_bytes"] / 2**30, r.get("state_restore_s")) for r in rr if r["system"] == sysname]
+        pts = [(a, b) for a, b in pts if b is not None]
+        if pts:
+            ax2.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=c, label=lab)
+    ax2.set_xlabel("state (GiB)")
+    ax2.set_ylabel("state_restore_s")
+    ax2.set_yscale("log")
+    ax2.set_title("State restore of the rerun task vs state size")
+    ax2.legend(fontsize=8)
+    if sizes:
+        ax2.set_xticks([s / 2**30 for s in sizes])
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(records: list[dict], path: str, *, command: str, setup: dict) -> None:
+    from rhino._machine import machine_summary
+
+    rr = sorted((r for r in records if r.get("record") == "recovery"), key=lambda r: (r["size_bytes"], r["system"]))
+    summ = summarize(records)
+    L = ["# Spark recovery: NEXMark Q8 after a host loss, Rhino vs Spark's RocksDB state store", "",
+         f"Command: `{command}`", "",
+         f"Run at {setup.get('started')} on {machine_summary(setup.get('machine', {}))}.", "",
+         "Parameters: " + ", ".join(f"{k}={v}" for k, v in setup.get("parameters", {}).items()), "",
+         "Spark settings: " + (", ".join(f"`{k}={v}`" for k, v in setup.get("spark_conf", {}).items())
+                               or "Spark's defaults") + " (besides the cluster's: one 1-core executor per host, "
+         "`spark.sql.shuffle.partitions=3`; `spark.network.timeout`, heartbeats, `spark.locality.wait` (3 s), "
+         "`spark.task.maxFailures` (4) are Spark's defaults; state store: RocksDB provider, its defaults "
+         "(no changelog checkpointing: a snapshot is uploaded at every commit)).", "",
+         "**The baseline's \"DFS\" (Spark's checkpoint location) is a directory on the same local disk**: its "
+         "state fetch is a local file copy (no network, page cache warm), which favours the baseline.", "",
+         "Seconds from the SIGKILL:", "",
+         "| state | system | recovery | detection | scheduling | replay | state restore | rerun task start | "
+         "rerun batch | steady batch | attempts | locality |",
+         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def f(x: Any, d: int = 3) -> str:
+        return "-" if x is None else (f"{x:.{d}f}" if isinstance(x, float) else str(x))
+
+    for r in rr:
+        L.append(f"| {r['size_bytes'] / 2**30:g} GiB ({(r.get('state_bytes_at_kill') or 0) / 2**30:.2f} GiB at "
+                 f"kill) | {r['system']} | {f(r.get('recovery_s'))} | {f(r.get('detection_s'))} | "
+                 f"{f(r.get('scheduling_s'))} | {f(r.get('replay_s'))} | {f(r.get('state_restore_s'))} | "
+                 f"{f(r.get('rerun_task_start_s'))} | {f(r.get('rerun_batch_s'))} | {f(r.get('steady_batch_s'))} | "
+                 f"{f(r.get('attempts'))} | {f(r.get('locality'))} |")
+    L += ["", "Ratios (baseline / Rhino, same run):", ""]
+    for row in summ.get("per_size", []):
+        L.append(f"- {row['size_bytes'] / 2**30:g} GiB: state restore {row['restore_speedup']}x, recovery "
+                 f"{row['recovery_speedup']}x")
+    L += ["", "Targets:", ""]
+    if "restore_target_met" in summ:
+        L.append(f"- Rhino's state restore >= {SPEEDUP_TARGET:g}x faster than the baseline's at the largest size: "
+                 f"{summ['restore_speedup_at_largest']}x: **{'met' if summ['restore_target_met'] else 'not met'}**.")
+    if "rhino_restore_flat" in summ:
+        L.append(f"- Rhino's state restore flat in size (largest / smallest <= {FLAT_TARGET:g}): "
+                 f"{summ['rhino_restore_growth']}x: **{'met' if summ['rhino_restore_flat'] else 'not met'}**.")
+    if "recovery_target_met" in summ:
+        L.append(f"- Rhino's recovery below the baseline's at every size: "
+                 f"**{'met' if summ['recovery_target_met'] else 'not met'}**.")
+    if "locality_target_met" in summ:
+        L.append(f"- Locality of Rhino's steady batches >= {LOCALITY_TARGET:.0%}: min {summ['locality_min']:.1%}: "
+                 f"**{'met' if summ['locality_target_met'] else 'not met'}**.")
+    if "spark_restore_s_per_gib" in summ:
+        L.append(f"- The baseline's state restore costs {summ['spark_restore_s_per_gib']} s per GiB of state here.")
+    L += ["", "Definitions: see the docstring of `spark_integration/spark/bench/recovery.py` and the "
+          "`Spark recovery` section of `bench/README.md`.", ""]
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("\n".join(L))
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        spark_conf = parse_conf(args.spark_conf)
+    except argparse.ArgumentTypeError as e:
+        ap.error(str(e))
+    if not 1 <= args.kill_host <= 3:
+        ap.error(f"--kill-host {args.kill_host}: the cluster has hosts 1..3")
+    if args.first_host + 2 > 254:
+        ap.error("--first-host: the cluster's 3 hosts must fit 127.0.0.2..254")
+    if args.replicas > 2:
+        ap.error(f"--replicas {args.replicas}: at most 2 on 3 hosts")
+    install_signal_handlers()
+    from rhino._machine import describe_machine
+
+    import tempfile
+
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="rhino-spark-recovery-"))
+    base.mkdir(parents=True, exist_ok=True)
+    em = Emitter(args.json, args.out)
+    command = "rhino spark bench recovery " + " ".join(list(sys.argv[1:] if argv is None else argv))
+    setup = {"record": "setup", "command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+             "machine": describe_machine(str(base)), "spark_conf": spark_conf,
+             "parameters": {"sizes": args.sizes, "systems": args.systems, "events_per_batch": args.events_per_batch,
+                            "payload_bytes": args.payload_bytes, "window_ms": HUGE_WINDOW_MS,
+                            "parallelism": args.parallelism, "replicas": args.replicas,
+                            "heartbeat_timeout": args.heartbeat_timeout, "kill_host": args.kill_host,
+                            "kill_at": args.kill_at, "after_batches": args.after_batches, "hosts": 3,
+                            "first_host": args.first_host}}
+    em.emit(setup)
+    failed = 0
+    try:
+        for size in args.sizes:
+            for system in args.systems:
+                d = base / f"{system}-{size}"
+                t0 = time.time()
+                try:
+                    rec = run_one(system=system, size=size, workdir=d, args=args, spark_conf=spark_conf)
+                    rec["wall_s"] = round(time.time() - t0, 1)
+                    em.emit(rec)
+                    say(f"{system} {size / 2**30:g} GiB: recovery {rec['recovery_s']:.2f} s, state restore "
+                        f"{rec.get('state_restore_s')} s, detection {rec.get('detection_s')} s")
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except Exception as e:
+                    failed += 1
+                    say(f"{system} {size} failed: {type(e).__name__}: {e}")
+                    em.emit({"record": "error", "system": system, "size_bytes": size,
+                             "error": f"{type(e).__name__}: {e}"[:2000]})
+                finally:
+                    if not args.keep:
+                        shutil.rmtree(d, ignore_errors=True)
+        summ = summarize(em.records)
+        em.emit(summ)
+    finally:
+        if args.plot:
+            try:
+                plot(em.records, args.plot)
+            except Exception as e:
+                say(f"plot failed: {e}")
+        if args.report:
+            try:
+                report(em.records, args.report, command=command, setup=setup)
+            except Exception as e:
+                say(f"report failed: {e}")
+        if not args.dir and not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

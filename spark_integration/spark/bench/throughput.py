@@ -1,0 +1,366 @@
+"""``rhino spark bench throughput``: steady-state events/s and per-batch latency of
+NEXMark Q8 on one 3-host :class:`~rhino.spark.cluster.LocalCluster`, for three
+configurations in the same run: Rhino with r=0, Rhino with r=2, and Spark's own
+``transformWithStateInPandas`` with the RocksDB state store provider.
+
+    rhino spark bench throughput --json --out bench/results/spark_throughput.jsonl \\
+        --plot bench/results/spark_throughput.png --report bench/results/spark_throughput.md
+
+Each configuration runs the same query (Q8, ``--window-ms``, the generator's default
+payloads unless ``--payload-bytes``) over the same events: ``--warmup + --batches``
+micro-batches of ``--events-per-batch`` events (Trigger.AvailableNow; each a fresh
+operator and checkpoint); ``--rounds`` repeats the three back to back (interleaved:
+r0, r2, spark, r0, ...). The first ``--warmup`` batches of each run are discarded.
+
+Per configuration (over its steady batches, all rounds):
+
+* ``events_per_s``: events / the sum of Spark's ``durationMs.triggerExecution`` (the
+  whole micro-batch: source, prepare, the stateful operator, the sink, the commit);
+* ``latency_median_s``, ``latency_p95_s``: of those per-batch durations;
+* Rhino: ``locality`` (the share of tasks that ran on their primary's host), the mean
+  per-batch driver breakdown (``begin_s``, ``job_s``, ``commit_s``) and the mean per-task
+  breakdown (``open_s``, ``fetch_s``, ``process_s``, ``write_s``, ``commit_s``,
+  ``replicate_s``, ...), so the cost of r=2 shows where it goes.
+
+Ratios (same run): ``r2_vs_spark`` (events/s, target >= 1), ``r2_cost_vs_r0`` (1 - r2/r0,
+target <= 10%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from . import (Emitter, host_number, install_signal_handlers, median, non_negative_int, parse_conf, percentile,
+               positive_int, positive_float, say)
+
+__all__ = ["main", "CONFIGS", "R2_VS_SPARK_TARGET", "R2_COST_TARGET"]
+
+R2_VS_SPARK_TARGET = 1.0
+R2_COST_TARGET = 0.10
+LOCALITY_TARGET = 0.95
+CONFIGS = {"rhino-r0": ("rhino", 0), "rhino-r2": ("rhino", 2), "spark-rocksdb": ("spark", None)}
+_TASK_FIELDS = ("read_s", "open_s", "group_s", "timers_s", "fetch_s", "process_s", "write_s", "commit_s",
+                "replicate_s")
+
+
+def _configs(text: str) -> list[str]:
+    out = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in out if x not in CONFIGS]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(f"unknown configuration(s) {bad or text!r}: choose from "
+                                         f"{', '.join(CONFIGS)}")
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="rhino spark bench throughput",
+                                 description="Steady-state throughput and per-batch latency of NEXMark Q8: Rhino "
+                                             "r=0, Rhino r=2 and Spark's transformWithStateInPandas with RocksDB, "
+                                             "on one local 3-host cluster.")
+    ap.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
+    ap.add_argument("--out", help="append the JSON lines to this file")
+    ap.add_argument("--plot", help="write a PNG here")
+    ap.add_argument("--report", help="write a Markdown report here")
+    ap.add_argument("--dir", default=None, help="work directory (default: a new one under /tmp)")
+    ap.add_argument("--configs", type=_configs, default=list(CONFIGS),
+                    help=f"comma-separated, from {', '.join(CONFIGS)} (default all)")
+    ap.add_argument("--events-per-batch", type=positive_int, default=50_000)
+    ap.add_argument("--batches", type=positive_int, default=10, help="measured batches per run (default 10)")
+    ap.add_argument("--warmup", type=non_negative_int, default=2, help="discarded batches per run (default 2)")
+    ap.add_argument("--rounds", type=positive_int, default=1, help="repeat the configurations (default 1)")
+    ap.add_argument("--window-ms", type=positive_int, default=10_000, help="Q8 window (default 10000)")
+    ap.add_argument("--payload-bytes", type=positive_int, default=None,
+                    help="Person and Auction payload bytes (default: the generator's, the paper's record sizes)")
+    ap.add_argument("--parallelism", type=positive_int, default=3, help="Rhino instances (default 3)")
+    ap.add_argument("--first-host", type=host_number, default=64, help="hosts are 127.0.0.N.. (default 64)")
+    ap.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra Spark conf (repeatable); default: Spark's defaults")
+    ap.add_argument("--timeout", type=positive_float, default=1800.0, help="per run, s (default 1800)")
+    return ap
+
+
+def _measure(run: Any, config: str, warmup: int) -> dict:
+    batches = sorted(run.batches, key=lambda b: b["batch"])
+    steady = [b for b in batches if b["batch"] >= warmup and (b.get("rows_in") or 0) > 0 and b.get("trigger_ms")]
+    secs = [b["trigger_ms"] / 1000.0 for b in steady]
+    events = sum(b["rows_in"] for b in steady)
+    out: dict[str, Any] = {"batches": len(steady), "events": events, "seconds": sum(secs), "latencies_s": secs,
+                           "output_rows": int(sum(len(f) for f in run.outputs.values()))}
+    if run.operator is not None:
+        ids = {b["batch"] for b in steady}
+        reps = [r for r in run.operator.reports if r.batch in ids]
+        tasks = [t for r in reps for t in r.tasks]
+        out["locality"] = (sum(1 for t in tasks if t.get("host") == t.get("primary_host")) / len(tasks)
+                           if tasks else None)
+        out["tasks"] = len(tasks)
+        out["attempts_max"] = max((r.attempts for r in reps), default=None)
+        out["driver_breakdown_s"] = {f: sum(getattr(r, f) for r in reps) / len(reps) if reps else None
+                                     for f in ("begin_s", "job_s", "commit_s")}
+        out["task_breakdown_s"] = {f: (sum(float(t.get(f) or 0.0) for t in tasks) / len(tasks) if tasks else None)
+                                   for f in _TASK_FIELDS}
+        # the slowest task per batch: what the batch waits for
+        slow = [max(r.tasks, key=lambda t: t["end"] - t["start"]) for r in reps if r.tasks]
+        out["critical_task_breakdown_s"] = {f: (sum(float(t.get(f) or 0.0) for t in slow) / len(slow)
+                                                if slow else None) for f in _TASK_FIELDS}
+        out["checkpoint_bytes_last"] = sum(int(t.get("checkpoint_bytes") or 0) for t in reps[-1].tasks) \
+            if reps else None
+    else:
+        ops = [((run.progress.get(b["batch"]) or {}).get("stateOperators") or [{}])[0] for b in steady]
+        cm = [o.get("customMetrics") or {} for o in ops]
+        if cm:
+            out["rocksdb_commit_file_sync_ms_mean"] = sum(c.get("rocksdbCommitFileSyncLatencyMs") or 0
+                                                          for c in cm) / len(cm)
+            out["state_bytes_last"] = cm[-1].get("rocksdbSstFileSize")
+    return out
+
+
+def _summarize_config(config: str, parts: list[dict]) -> dict:
+    secs = [x for p in parts for x in p["latencies_s"]]
+    events = sum(p["events"] for p in parts)
+    total = sum(p["seconds"] for p in parts)
+    rec: dict[str, Any] = {
+        "record": "throughput", "config": config, "system": CONFIGS[config][0] if CONFIGS[config][0] == "rhino"
+        else "spark-rocksdb", "replicas": CONFIGS[config][1], "rounds": len(parts), "batches": len(secs),
+        "events": events, "events_per_s": events / total if total else None,
+        "latency_median_s": median(secs), "latency_p95_s": percentile(secs, 95),
+        "events_per_s_by_round": [p["events"] / p["seconds"] if p["seconds"] else None for p in parts],
+        "output_rows": parts[0].get("output_rows"),
+    }
+    if "locality" in parts[0]:
+        locs = [p["locality"] for p in parts if p.get("locality") is not None]
+        rec["locality"] = min(locs) if locs else None
+        rec["attempts_max"] = max((p.get("attempts_max") or 1) for p in parts)
+        for key in ("driver_breakdown_s", "task_breakdown_s", "critical_task_breakdown_s"):
+            rec[key] = {f: _mean([p[key][f] for p in parts]) for f in parts[0][key]}
+    else:
+        rec["locality"] = None
+        rec["rocksdb_commit_file_sync_ms_mean"] = _mean([p.get("rocksdb_commit_file_sync_ms_mean") for p in parts])
+    return _round(rec)
+
+
+def _mean(xs: list) -> Optional[float]:
+    v = [x for x in xs if x is not None]
+    return sum(v) / len(v) if v else None
+
+
+def _round(x: Any) -> Any:
+    if isinstance(x, float):
+        return round(x, 4)
+    if isinstance(x, dict):
+        return {k: _round(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_round(v) for v in x]
+    return x
+
+
+def summarize(records: list[dict]) -> dict:
+    by = {r["config"]: r for r in records if r.get("record") == "throughput"}
+    out: dict[str, Any] = {"record": "summary"}
+    r0, r2, sp = by.get("rhino-r0"), by.get("rhino-r2"), by.get("spark-rocksdb")
+    if r2 and sp and sp.get("events_per_s"):
+        out["r2_vs_spark"] = round(r2["events_per_s"] / sp["events_per_s"], 3)
+        out["r2_vs_spark_latency_median"] = round(sp["latency_median_s"] / r2["latency_median_s"], 3)
+        out["r2_vs_spark_target_met"] = out["r2_vs_spark"] >= R2_VS_SPARK_TARGET
+    if r2 and r0 and r0.get("events_per_s"):
+        out["r2_cost_vs_r0"] = round(1 - r2["events_per_s"] / r0["events_per_s"], 4)
+        out["r2_cost_target_met"] = out["r2_cost_vs_r0"] <= R2_COST_TARGET
+        tb0, tb2 = r0.get("critical_task_breakdown_s") or {}, r2.get("critical_task_breakdown_s") or {}
+        out["r2_minus_r0_critical_task_s"] = {f: round((tb2.get(f) or 0) - (tb0.get(f) or 0), 4) for f in tb2}
+    locs = [r["locality"] for r in (r0, r2) if r and r.get("locality") is not None]
+    if locs:
+        out["locality_min"] = min(locs)
+        out["locality_target_met"] = min(locs) >= LOCALITY_TARGET
+    return out
+
+
+def plot(records: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rr = [r for r in records if r.get("record") == "throughput"]
+    if not rr:
+        return
+    fig, axs = plt.subplots(1, 3, figsize=(15, 4.8))
+    names = [r["config"] for r in rr]
+    colors = ["#e08080" if r["config"] == "rhino-r0" else "#d04040" if r["config"] == "rhino-r2" else "#404040"
+              for r in rr]
+    base = next((r for r in rr if r["config"] == "spark-rocksdb"), None)
+    ax = axs[0]
+    ax.bar(names, [r["events_per_s"] or 0 for r in rr], color=colors)
+    for i, r in enumerate(rr):
+        lab = f"{r['events_per_s']:.0f}"
+        if base and base.get("events_per_s"):
+            lab += f"\n{r['events_per_s'] / base['events_per_s']:.2f}x Spark"
+        ax.text(i, r["events_per_s"] or 0, lab, ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("events/s (steady state)")
+    ax.set_title("Q8 throughput")
+    ax = axs[1]
+    x = range(len(rr))
+    ax.bar([i - 0.2 for i in x], [r["latency_median_s"] or 0 for r in rr], width=0.4, color=colors, label="median")
+    ax.bar([i + 0.2 for i in x], [r["latency_p95_s"] or 0 for r in rr], width=0.4, color=colors, alpha=0.5,
+           hatch="//", label="p95")
+    ax.set_xticks(list(x), names)
+    ax.set_ylabel("seconds per micro-batch")
+    ax.set_title("Per-batch latency (median, p95)")
+    ax.legend(fontsize=8)
+    ax = axs[2]
+    rh = [r for r in rr if r.get("critical_task_breakdown_s")]
+    fields = [f for f in ("read_s", "open_s", "group_s", "timers_s", "fetch_s", "process_s", "write_s", "commit_s")]
+    cmap = plt.get_cmap("tab10")
+    for j, r in enumerate(rh):
+        bottom = 0.0
+        for i, f in enumerate(fields):
+            v = r["critical_task_breakdown_s"].get(f) or 0.0
+            ax.bar(j, v, bottom=bottom, color=cmap(i), label=f if j == 0 else None)
+            bottom += v
+        rep = r["critical_task_breakdown_s"].get("replicate_s") or 0.0
+        ax.text(j, bottom, f"replicate {rep:.3f}\n(inside commit)", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(rh)), [r["config"] for r in rh])
+    ax.set_ylabel("seconds (slowest task of a batch, mean)")
+    ax.set_title("Rhino task breakdown")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(records: list[dict], path: str, *, command: str, setup: dict) -> None:
+    from rhino._machine import machine_summary
+
+    rr = [r for r in records if r.get("record") == "throughput"]
+    summ = summarize(records)
+
+    def f(x: Any, d: int = 3) -> str:
+        return "-" if x is None else (f"{x:.{d}f}" if isinstance(x, float) else str(x))
+
+    L = ["# Spark throughput: NEXMark Q8, Rhino r=0 / r=2 vs Spark's RocksDB state store", "",
+         f"Command: `{command}`", "",
+         f"Run at {setup.get('started')} on {machine_summary(setup.get('machine', {}))}.", "",
+         "Parameters: " + ", ".join(f"{k}={v}" for k, v in setup.get("parameters", {}).items()), "",
+         "Spark settings: " + (", ".join(f"`{k}={v}`" for k, v in setup.get("spark_conf", {}).items())
+                               or "Spark's defaults") + " (besides the cluster's: one 1-core executor per host, "
+         "`spark.sql.shuffle.partitions=3`; RocksDB state store provider with its defaults).", "",
+         "| config | events/s | vs Spark | batch latency median (s) | p95 (s) | batches | locality | output rows |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    base = next((r for r in rr if r["config"] == "spark-rocksdb"), None)
+    for r in rr:
+        vs = (r["events_per_s"] / base["events_per_s"]) if base and base.get("events_per_s") else None
+        L.append(f"| {r['config']} | {f(r['events_per_s'], 0)} | {f(vs, 2)} | {f(r['latency_median_s'])} | "
+                 f"{f(r['latency_p95_s'])} | {r['batches']} | {f(r.get('locality'))} | {r.get('output_rows')} |")
+    rh = [r for r in rr if r.get("task_breakdown_s")]
+    if rh:
+        fields = list(rh[0]["critical_task_breakdown_s"])
+        L += ["", "Rhino, the slowest task of each batch (mean seconds; `replicate_s` is inside `commit_s`) and the "
+              "driver's per-batch parts:", "",
+              "| config | " + " | ".join(fields) + " | driver begin | driver job | driver commit |",
+              "|---|" + "---:|" * (len(fields) + 3)]
+        for r in rh:
+            d = r["driver_breakdown_s"]
+            L.append(f"| {r['config']} | " + " | ".join(f(r["critical_task_breakdown_s"][x]) for x in fields)
+                     + f" | {f(d['begin_s'])} | {f(d['job_s'])} | {f(d['commit_s'])} |")
+    L += ["", "Targets (ratios against the same run):", ""]
+    if "r2_vs_spark" in summ:
+        L.append(f"- Rhino r=2 at least as fast as Spark's own operator: {summ['r2_vs_spark']}x events/s "
+                 f"(median latency {summ['r2_vs_spark_latency_median']}x lower): "
+                 f"**{'met' if summ['r2_vs_spark_target_met'] else 'not met'}**.")
+    if "r2_cost_vs_r0" in summ:
+        L.append(f"- r=2 costs at most {R2_COST_TARGET:.0%} against r=0: {summ['r2_cost_vs_r0']:.1%}: "
+                 f"**{'met' if summ['r2_cost_target_met'] else 'not met'}**; the slowest task's parts, r=2 minus "
+                 f"r=0 (s): " + ", ".join(f"{k} {v:+.3f}" for k, v in summ["r2_minus_r0_critical_task_s"].items()))
+    if "locality_target_met" in summ:
+        L.append(f"- Locality >= {LOCALITY_TARGET:.0%}: min {summ['locality_min']:.1%}: "
+                 f"**{'met' if summ['locality_target_met'] else 'not met'}**.")
+    L.append("")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("\n".join(L))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = ap.parse_args(argv)
+    try:
+        spark_conf = parse_conf(args.spark_conf)
+    except argparse.ArgumentTypeError as e:
+        ap.error(str(e))
+    if args.first_host + 2 > 254:
+        ap.error("--first-host: the cluster's 3 hosts must fit 127.0.0.2..254")
+    install_signal_handlers()
+    from rhino._machine import describe_machine
+    from rhino.spark.cluster import LocalCluster
+    from rhino.spark.nexmark.pipeline import run_pipeline
+
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="rhino-spark-throughput-"))
+    base.mkdir(parents=True, exist_ok=True)
+    em = Emitter(args.json, args.out)
+    command = "rhino spark bench throughput " + " ".join(argv)
+    source = {"payloadBytes": args.payload_bytes} if args.payload_bytes else {}
+    setup = {"record": "setup", "command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+             "machine": describe_machine(str(base)), "spark_conf": spark_conf,
+             "parameters": {"configs": args.configs, "events_per_batch": args.events_per_batch,
+                            "batches": args.batches, "warmup": args.warmup, "rounds": args.rounds,
+                            "window_ms": args.window_ms, "source_options": source,
+                            "parallelism": args.parallelism, "hosts": 3, "first_host": args.first_host}}
+    em.emit(setup)
+    parts: dict[str, list[dict]] = {c: [] for c in args.configs}
+    n = args.warmup + args.batches
+    try:
+        say(f"starting a 3-host cluster at 127.0.0.{args.first_host}")
+        with LocalCluster.up(base / "cluster", hosts=3, first_host=args.first_host) as cl:
+            spark = cl.spark_session("rhino-bench-throughput", **spark_conf)
+            try:
+                for rnd in range(args.rounds):
+                    for config in args.configs:
+                        system, r = CONFIGS[config]
+                        say(f"round {rnd + 1}/{args.rounds}: {config}, {n} batches of {args.events_per_batch} events")
+                        ck = base / f"{config}-{rnd}"
+                        run = run_pipeline(spark, system=system, query="q8", checkpoint_dir=ck,
+                                           events_per_batch=args.events_per_batch,
+                                           max_events=n * args.events_per_batch, source_options=source,
+                                           params={"window_ms": args.window_ms},
+                                           operator_id=f"q8-tp-{config}-{rnd}", coordinator=cl.coordinator,
+                                           secret_file=str(cl.secret_file), parallelism=args.parallelism,
+                                           replicas=r if r is not None else 2, timeout_s=args.timeout)
+                        m = _measure(run, config, args.warmup)
+                        parts[config].append(m)
+                        if run.operator is not None:
+                            run.operator.close()
+                        say(f"  {config}: {m['events'] / m['seconds']:.0f} events/s over {m['batches']} batches"
+                            if m["seconds"] else f"  {config}: no steady batches")
+                        shutil.rmtree(ck, ignore_errors=True)
+            finally:
+                try:
+                    spark.stop()
+                except Exception:
+                    pass
+        for config in args.configs:
+            if parts[config]:
+                em.emit(_summarize_config(config, parts[config]))
+        em.emit(summarize(em.records))
+    finally:
+        if args.plot:
+            try:
+                plot(em.records, args.plot)
+            except Exception as e:
+                say(f"plot failed: {e}")
+        if args.report:
+            try:
+                report(em.records, args.report, command=command, setup=setup)
+            except Exception as e:
+                say(f"report failed: {e}")
+        if not args.dir:
+            shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

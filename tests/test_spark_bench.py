@@ -1,0 +1,114 @@
+"""`rhino spark bench recovery|throughput`: small, fast runs of both commands on a
+local 3-host cluster (127.0.0.50-52 and .53-55), checking the JSON fields and their
+sanity, and the argument errors (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark")
+
+from rhino.spark.bench import recovery, throughput  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _rhino(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rhino", "spark", "bench", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _lines(text: str) -> list[dict]:
+    return [json.loads(x) for x in text.splitlines() if x.strip().startswith("{")]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["recovery", "--sizes", "lots"], "invalid size"),
+    (["recovery", "--sizes", "16M", "--systems", "flink"], "unknown system"),
+    (["recovery", "--sizes", "16M", "--kill-host", "4"], "hosts 1..3"),
+    (["recovery", "--kill-at", "1.5"], "[0, 1)"),
+    (["recovery", "--first-host", "1"], "first host"),
+    (["recovery", "--spark-conf", "novalue"], "KEY=VALUE"),
+    (["throughput", "--configs", "rhino-r9"], "unknown configuration"),
+    (["throughput", "--batches", "0"], "must be >= 1"),
+    (["throughput", "--events-per-batch", "x"], "not an integer"),
+])
+def test_bad_arguments_exit_2(args, message):
+    p = _rhino(*args, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert message in p.stderr
+
+
+def test_recovery_small(tmp_path):
+    out = tmp_path / "rec.jsonl"
+    p = _rhino("recovery", "--sizes", "16M", "--events-per-batch", "8000", "--payload-bytes", "4096",
+               "--first-host", "50", "--json", "--out", str(out), "--dir", str(tmp_path / "w"),
+               "--report", str(tmp_path / "rec.md"), "--plot", str(tmp_path / "rec.png"), timeout=420)
+    assert p.returncode == 0, p.stderr[-4000:]
+    recs = _lines(p.stdout)
+    assert recs == _lines(out.read_text())
+    kinds = [r["record"] for r in recs]
+    assert kinds[0] == "setup" and kinds[-1] == "summary"
+    rr = {r["system"]: r for r in recs if r["record"] == "recovery"}
+    assert set(rr) == {"rhino", "spark-rocksdb"}
+    for r in rr.values():
+        assert r["size_bytes"] == 16 << 20
+        assert r["state_bytes_at_kill"] >= r["size_bytes"]
+        for f in ("recovery_s", "state_restore_s", "detection_s", "scheduling_s", "replay_s"):
+            assert r[f] is not None and r[f] >= 0, (f, r)
+        assert r["recovery_s"] >= r["state_restore_s"]
+        assert r["recovery_s"] >= r["detection_s"]
+        assert "locality" in r
+    rh = rr["rhino"]
+    assert 0.95 <= rh["locality"] <= 1.0
+    assert rh["lost_instances"] and rh["takeover_restore_s"] is not None
+    assert rr["spark-rocksdb"]["stores_loaded_from_dfs"] >= 1
+    summ = recs[-1]
+    assert summ["per_size"] and "restore_speedup" in summ["per_size"][0]
+    assert (tmp_path / "rec.md").read_text().startswith("# Spark recovery")
+    assert (tmp_path / "rec.png").stat().st_size > 1000
+
+
+def test_throughput_small(tmp_path):
+    p = _rhino("throughput", "--events-per-batch", "5000", "--batches", "3", "--warmup", "1", "--first-host", "53",
+               "--json", "--dir", str(tmp_path / "w"), "--report", str(tmp_path / "tp.md"),
+               "--plot", str(tmp_path / "tp.png"), timeout=420)
+    assert p.returncode == 0, p.stderr[-4000:]
+    recs = _lines(p.stdout)
+    tp = {r["config"]: r for r in recs if r["record"] == "throughput"}
+    assert set(tp) == {"rhino-r0", "rhino-r2", "spark-rocksdb"}
+    for r in tp.values():
+        assert r["batches"] == 3 and r["events"] == 15000
+        assert r["events_per_s"] > 0
+        assert 0 < r["latency_median_s"] <= r["latency_p95_s"]
+    # the same events give the same output on all three
+    assert len({r["output_rows"] for r in tp.values()}) == 1
+    for c in ("rhino-r0", "rhino-r2"):
+        assert tp[c]["locality"] >= 0.95
+        assert set(tp[c]["task_breakdown_s"]) >= {"open_s", "fetch_s", "process_s", "write_s", "commit_s",
+                                                   "replicate_s"}
+    summ = recs[-1]
+    assert summ["record"] == "summary" and "r2_vs_spark" in summ and "r2_cost_vs_r0" in summ
+    assert (tmp_path / "tp.png").stat().st_size > 1000
+
+
+def test_summaries_from_records():
+    recs = [{"record": "recovery", "system": "rhino", "size_bytes": 1 << 30, "state_restore_s": 0.03,
+             "recovery_s": 4.0, "locality": 1.0, "state_bytes_at_kill": 1 << 30},
+            {"record": "recovery", "system": "spark-rocksdb", "size_bytes": 1 << 30, "state_restore_s": 3.0,
+             "recovery_s": 9.0, "locality": None, "state_bytes_at_kill": 1 << 30}]
+    s = recovery.summarize(recs)
+    assert s["restore_speedup_at_largest"] == 100.0 and s["restore_target_met"] and s["recovery_target_met"]
+    assert s["spark_restore_s_per_gib"] == 3.0
+    t = throughput.summarize([
+        {"record": "throughput", "config": "rhino-r0", "events_per_s": 100.0, "latency_median_s": 1.0,
+         "locality": 1.0, "critical_task_breakdown_s": {"commit_s": 0.1}},
+        {"record": "throughput", "config": "rhino-r2", "events_per_s": 95.0, "latency_median_s": 1.0,
+         "locality": 1.0, "critical_task_breakdown_s": {"commit_s": 0.2}},
+        {"record": "throughput", "config": "spark-rocksdb", "events_per_s": 50.0, "latency_median_s": 2.0}])
+    assert t["r2_vs_spark"] == 1.9 and t["r2_cost_target_met"] and t["r2_minus_r0_critical_task_s"]["commit_s"] == 0.1
