@@ -239,16 +239,10 @@ def test_concat_bool_columns() -> None:
     check_concat(frames)
 
 
-# Known divergences of HEAD's concat_frames from pd.concat, kept as strict xfails: they pass
-# (and so fail the run, as XPASS) once glue.concat_frames is fixed, which is the reminder to drop
-# the marker. bench/results/spark_glue.md has the fix and its cost.
-
-_TWO_D_BUG = ("concat_frames stacks f.to_numpy() of every frame when the 2-D blocks share a dtype: "
-              "frames with int64 and float64 columns come out all float64 (ints above 2**53 lose "
-              "their low bits)")
+# Divergences an earlier concat_frames had from pd.concat (it stacked 2-D blocks of frames with
+# mixed numeric columns: int64 came out float64, losing bits above 2**53); fixed, and kept.
 
 
-@pytest.mark.xfail(strict=True, reason=_TWO_D_BUG)
 def test_concat_int_and_float_columns_keep_their_dtypes() -> None:
     big = (1 << 53) + 1
     frames = [pd.DataFrame({"id": np.array([big, big + 2], dtype=np.int64), "score": [0.5, 1.5]}),
@@ -257,7 +251,6 @@ def test_concat_int_and_float_columns_keep_their_dtypes() -> None:
     assert out["id"].tolist() == [big, big + 2, 7]
 
 
-@pytest.mark.xfail(strict=True, reason=_TWO_D_BUG)
 @pytest.mark.parametrize("narrow,wide", [(np.int32, np.int64), (np.float32, np.float64), (np.int16, np.float64)])
 def test_concat_numeric_widths_keep_their_dtypes(narrow, wide) -> None:
     frames = [pd.DataFrame({"a": np.array([1, 2], dtype=narrow), "b": np.array([3, 4], dtype=wide)}),

@@ -51,19 +51,18 @@ def concat_frames(frames: list[pd.DataFrame]) -> pd.DataFrame:
     if len(frames) == 1:
         return frames[0].reset_index(drop=True)
     cols = list(frames[0].columns)
-    if any(list(f.columns) != cols for f in frames):
-        return pd.concat(frames, ignore_index=True)  # the general case
-    # All-one-dtype outputs (all numeric): one 2-D block per frame, stacked at once. A frame whose
-    # block comes out in another dtype (mixed columns) sends everything down the general path.
+    dt = frames[0].dtypes
+    one = dt.iloc[0] if cols else None
+    # Only frames of one numeric dtype are stacked as 2-D blocks; anything else (strings, mixed
+    # int/float columns, whose block would upcast int64 to float64 and lose bits above 2**53)
+    # takes pandas' general concat.
+    if (not cols or dt.nunique() != 1 or not isinstance(one, np.dtype) or one.kind not in "biufcmM"
+            or any(list(f.columns) != cols for f in frames)):
+        return pd.concat(frames, ignore_index=True)
     blocks = [f.to_numpy() for f in frames]
-    if blocks[0].dtype != object and all(b.dtype == blocks[0].dtype for b in blocks):
+    if all(b.dtype == blocks[0].dtype for b in blocks):
         return pd.DataFrame(np.concatenate(blocks), columns=cols)
-    out = {}
-    for i, c in enumerate(cols):
-        parts = [f.iloc[:, i].to_numpy() for f in frames]
-        kinds = {p.dtype for p in parts}
-        out[c] = np.concatenate(parts) if len(kinds) == 1 else np.concatenate([p.astype(object) for p in parts])
-    return pd.DataFrame(out)
+    return pd.concat(frames, ignore_index=True)
 
 
 def iter_slices(spdf: pd.DataFrame, groups: list) -> Iterator[tuple[bytes, tuple, pd.DataFrame]]:
