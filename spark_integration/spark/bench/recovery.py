@@ -128,9 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Rhino coordinator's heartbeat timeout, s (default 2.0)")
     ap.add_argument("--first-host", type=host_number, default=60, help="hosts are 127.0.0.N.. (default 60)")
     ap.add_argument("--kill-host", type=positive_int, default=2, help="host number (1..3) to kill (default 2)")
-    ap.add_argument("--kill-at", type=fraction, default=0.6,
-                    help="the kill lands this fraction of the median batch duration into the next batch "
-                         "(default 0.6)")
+    ap.add_argument("--kill-at", type=fraction, default=0.5,
+                    help="the kill lands this fraction of the median stateful-stage duration into the next "
+                         "batch's stateful stage (default 0.5)")
     ap.add_argument("--after-batches", type=positive_int, default=2,
                     help="batches to complete after the kill before stopping (default 2)")
     ap.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
@@ -200,15 +200,22 @@ def run_one(*, system: str, size: int, workdir: Path, args: argparse.Namespace, 
                 st["size_at_kill"] = size_now
                 st["kill_batch"] = b + 1
                 gaps = [y - x for x, y in zip(ends[1:-1], ends[2:])] or [1.0]
-                delay = args.kill_at * (median(gaps) or 1.0)
                 st["steady_batch_s"] = median(gaps)
 
                 def kill() -> None:
+                    # Mid-batch means inside the stateful stage (one task per instance / shuffle
+                    # partition) of the next batch: wait for it to run, then kill --kill-at of
+                    # the way through it (by the median of the earlier batches' stateful stages).
+                    prev = _stateful_stage_seconds(ui, app_id, args.parallelism)
+                    delay = args.kill_at * (median(prev[-5:]) or 1.0)
+                    active = _wait_stateful_stage(ui, app_id, args.parallelism, timeout=600.0)
                     time.sleep(delay)
                     st["kill_t"] = time.time()
                     st["pids"] = cl.kill_host(args.kill_host)
-                    say(f"  {system}: SIGKILLed host {args.kill_host} ({victim.ip}) {delay:.2f} s into batch "
-                        f"{b + 1}, state {size_now / 2**20:.0f} MiB")
+                    st["stateful_stage_s"] = median(prev[-5:])
+                    st["kill_into_stage_s"] = (st["kill_t"] - active) if active else None
+                    say(f"  {system}: SIGKILLed host {args.kill_host} ({victim.ip}) {delay:.2f} s into the stateful "
+                        f"stage of batch {b + 1}, state {size_now / 2**20:.0f} MiB")
 
                 threading.Thread(target=kill, daemon=True, name="bench-kill").start()
 
@@ -240,6 +247,36 @@ def run_one(*, system: str, size: int, workdir: Path, args: argparse.Namespace, 
                 pass
 
 
+def _stateful_stage_seconds(ui: str, app_id: str, nparts: int) -> list[float]:
+    """Durations of the completed stateful stages (first attempts), oldest first."""
+    try:
+        stages = spark_rest(ui, f"applications/{app_id}/stages?status=complete")
+    except Exception:
+        return []
+    out = []
+    for s in sorted(stages, key=lambda s: s["stageId"]):
+        if s.get("numTasks") == nparts and s.get("attemptId") == 0 and not (s.get("name") or "").startswith("run at"):
+            a, b = spark_time(s.get("submissionTime")), spark_time(s.get("completionTime"))
+            if a and b:
+                out.append(b - a)
+    return out
+
+
+def _wait_stateful_stage(ui: str, app_id: str, nparts: int, *, timeout: float) -> Optional[float]:
+    """Waits until a stateful stage has running tasks; returns its submission time."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            for s in spark_rest(ui, f"applications/{app_id}/stages?status=active"):
+                if (s.get("numTasks") == nparts and (s.get("numActiveTasks") or 0) > 0
+                        and not (s.get("name") or "").startswith("run at")):
+                    return spark_time(s.get("submissionTime")) or time.time()
+        except Exception:
+            pass
+        time.sleep(0.05)
+    return None
+
+
 def _common_fields(system: str, size: int, run: Any, st: dict, args: argparse.Namespace) -> dict:
     k = st["kill_t"]
     after = sorted((b for b in run.batches if b["sink_end"] > k), key=lambda b: b["sink_end"])
@@ -250,6 +287,7 @@ def _common_fields(system: str, size: int, run: Any, st: dict, args: argparse.Na
         "kill_batch": st["kill_batch"], "recovered_batch": first["batch"],
         "recovery_s": first["sink_end"] - k, "steady_batch_s": st.get("steady_batch_s"),
         "batches_before_kill": len(before), "events_per_batch": args.events_per_batch,
+        "stateful_stage_s": st.get("stateful_stage_s"), "kill_into_stage_s": st.get("kill_into_stage_s"),
         "payload_bytes": args.payload_bytes, "kill_unix": k, "killed_pids": len(st.get("pids") or []),
     }
 
@@ -276,11 +314,13 @@ def _rhino_breakdown(run: Any, st: dict, cl: Any, victim: Any, ui: str, app_id: 
     figs = [takeovers[str(i)] for i in lost if str(i) in takeovers] or list(takeovers.values())
     takeover_restore = max((f.get("restore_s") or 0.0) for f in figs) if figs else None
     detection = (dead_since - k) if dead_since else None
-    rest = _spark_stages(ui, app_id, k, dead_since or k)
-    replay = rest.get("replay_s") or 0.0
     # the task of the lost instance that succeeded: it may have started before the detection
     # (a Spark task retry that found the primary dead, reported it and waited for the takeover)
     rerun_start = task["start"] - k
+    rest = _spark_stages(ui, app_id, k, dead_since or k)
+    if rest.get("stages_after_kill") is not None:
+        rest.update(derive_stages(rest["stages_after_kill"], (dead_since or k) - k, rerun_start))
+    replay = rest.get("replay_s") or 0.0
     open_s = float(task.get("open_s") or 0.0)
     restore = (takeover_restore or 0.0) + open_s
     inside = sum(float(task.get(f) or 0.0) for f in ("read_s", "open_s", "group_s", "timers_s", "fetch_s",
@@ -313,49 +353,86 @@ def _task_means(tasks: list[dict]) -> dict:
 
 
 def _spark_stages(ui: str, app_id: str, k: float, detected: float) -> dict:
-    """From Spark's REST API: the stages running at the kill or after it, the replay
-    (upstream stages run after the detection and before the rerun stateful task) and the
-    rerun stateful task's launch (the last-launched successful task of the first stateful
-    stage that ended after the kill: the lost partition's task waits for a slot)."""
+    """From Spark's REST API: every stage attempt running at the kill or after it (with the
+    launch time of its last successful task), then :func:`derive_stages`."""
     out: dict[str, Any] = {}
     try:
         stages = spark_rest(ui, f"applications/{app_id}/stages")
-        nparts = max((s.get("numTasks") or 0) for s in stages)
         recent = [s for s in stages if s.get("status") != "SKIPPED"
                   and (spark_time(s.get("completionTime")) or 1e18) >= k]
-        stateful, upstream = [], []
-        for s in recent:
+        rows = []
+        for s in sorted(recent, key=lambda s: spark_time(s.get("submissionTime")) or 0):
             tl = spark_rest(ui, f"applications/{app_id}/stages/{s['stageId']}/{s['attemptId']}/taskList?length=500")
-            is_state = s.get("numTasks") == nparts and not (s.get("name") or "").startswith("run at")
-            (stateful if is_state else upstream).append((s, tl))
-        first_stage = min((s["stageId"] for s, _ in stateful), default=None)
-        after = [(spark_time(t["launchTime"]), t, s) for s, tl in stateful if s["stageId"] == first_stage
-                 for t in tl if t.get("status") == "SUCCESS"]
-        if after:
-            launch, task, s = max(after, key=lambda x: x[0])
-            out["rerun_task_start_s"] = launch - k
-            out["rerun_host"] = task.get("host")
-            out["rerun_task_s"] = (task.get("duration") or 0) / 1000.0
-            out["rerun_task_attempt"] = task.get("attempt")
-            out["rerun_stage"] = f"{s['stageId']}.{s['attemptId']}"
-        rep = [(spark_time(s.get("submissionTime")), spark_time(s.get("completionTime"))) for s, _ in upstream
-               if (spark_time(s.get("submissionTime")) or 0) >= detected and s.get("completionTime")]
-        if after:
-            rep = [(a, b) for a, b in rep if a is not None and a < out["rerun_task_start_s"] + k]
-        out["replay_s"] = sum((b - a) for a, b in rep if a and b) if rep else 0.0
-        out["failed_tasks_after_kill"] = sum(1 for s, tl in stateful + upstream for t in tl
-                                             if t.get("status") == "FAILED")
-        out["resubmitted_stages"] = sum(1 for s in recent if s.get("attemptId", 0) > 0)
-        out["stages_after_kill"] = [
-            {"stage": f"{s['stageId']}.{s['attemptId']}", "stateful": any(s is x for x, _ in stateful),
-             "tasks": s.get("numTasks"), "status": s.get("status"),
-             "submitted_s": round((spark_time(s.get("submissionTime")) or k) - k, 3),
-             "completed_s": round(spark_time(s["completionTime"]) - k, 3) if s.get("completionTime") else None,
-             "name": (s.get("name") or "")[:40]}
-            for s, _ in sorted(stateful + upstream, key=lambda x: spark_time(x[0].get("submissionTime")) or 0)][:8]
+            ok = [spark_time(t["launchTime"]) for t in tl if t.get("status") == "SUCCESS"]
+            rows.append({"stage": f"{s['stageId']}.{s['attemptId']}", "tasks": s.get("numTasks"),
+                         "status": s.get("status"),
+                         "submitted_s": round((spark_time(s.get("submissionTime")) or k) - k, 3),
+                         "completed_s": round(spark_time(s["completionTime"]) - k, 3) if s.get("completionTime")
+                         else None,
+                         "last_success_launch_s": round(max(ok) - k, 3) if ok else None,
+                         "failed_tasks": sum(1 for t in tl if t.get("status") == "FAILED"),
+                         "name": (s.get("name") or "")[:40]})
+        out["stages_after_kill"] = rows
+        out.update(derive_stages(rows, detected - k))
     except Exception as e:  # the REST API is best effort
         out["rest_error"] = f"{type(e).__name__}: {e}"
     return out
+
+
+def derive_stages(rows: list[dict], detection_s: float, rerun_start_s: Optional[float] = None) -> dict:
+    """The stateful stage is the one with a task per shuffle partition (its retries keep its
+    stage id, with fewer tasks). The rerun stateful task: in the first retry attempt of a
+    stateful stage submitted after the detection, if there is one (the stage failed, e.g. a
+    FetchFailed for map output on the lost host), else the last-launched successful task of
+    the first stateful stage (a task-level retry). The replay: the other stages submitted
+    after the detection and before that (the re-run of the lost map output)."""
+    nparts = max((r["tasks"] or 0) for r in rows) if rows else 0
+    sid = lambda r: r["stage"].split(".")[0]  # noqa: E731
+    att = lambda r: int(r["stage"].split(".")[1])  # noqa: E731
+    stateful = {sid(r) for r in rows if r["tasks"] == nparts and att(r) == 0 and not r["name"].startswith("run at")}
+    for r in rows:
+        r["stateful"] = sid(r) in stateful
+    out: dict[str, Any] = {"failed_tasks_after_kill": sum(r.get("failed_tasks") or 0 for r in rows),
+                           "resubmitted_stages": sum(1 for r in rows if att(r) > 0)}
+    retry = [r for r in rows if r["stateful"] and att(r) > 0 and r["submitted_s"] >= detection_s]
+    first = min((int(sid(r)) for r in rows if r["stateful"]), default=None)
+    if retry:
+        rr = retry[0]
+        start = rr.get("last_success_launch_s")
+        start = rr["submitted_s"] if start is None else start
+    elif first is not None:
+        rr = next(r for r in rows if r["stateful"] and int(sid(r)) == first)
+        start = rr.get("last_success_launch_s")
+    else:
+        rr, start = None, None
+    if rerun_start_s is not None:  # known from the task itself (Rhino's task meta)
+        start = rerun_start_s
+    if rr is not None and start is not None:
+        out["rerun_task_start_s"] = start
+        out["rerun_stage"] = rr["stage"]
+    out["replay_s"] = sum((r["completed_s"] - r["submitted_s"]) for r in rows
+                          if not r["stateful"] and r["completed_s"] is not None and r["submitted_s"] >= detection_s
+                          and (start is None or r["submitted_s"] < start))
+    return out
+
+
+def rederive(rec: dict) -> dict:
+    """``replay_s``, ``scheduling_s`` (and Spark's ``rerun_task_start_s``) of a record again
+    from its ``stages_after_kill`` by :func:`derive_stages` (records written before the
+    stage classification handled stage retries)."""
+    rows = rec.get("stages_after_kill")
+    if not rows or rec.get("detection_s") is None:
+        return rec
+    rows = [dict(r) for r in rows]
+    rhino = rec["system"] == "rhino"
+    d = derive_stages(rows, rec["detection_s"], rec.get("rerun_task_start_s") if rhino else None)
+    rec = dict(rec, stages_after_kill=rows, replay_s=round(d["replay_s"], 4))
+    if not rhino and d.get("rerun_stage") and d["rerun_stage"] != rec.get("rerun_stage"):
+        rec["rerun_task_start_s"], rec["rerun_stage"] = d["rerun_task_start_s"], d["rerun_stage"]
+    if rec.get("rerun_task_start_s") is not None:
+        rec["scheduling_s"] = round(max(0.0, rec["rerun_task_start_s"] - rec["detection_s"] - rec["replay_s"]), 4)
+    rec["rederived"] = True
+    return rec
 
 
 def _spark_breakdown(run: Any, st: dict, ui: str, app_id: str, victim_ip: str) -> dict:
