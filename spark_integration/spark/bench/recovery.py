@@ -331,6 +331,7 @@ def _rhino_breakdown(run: Any, st: dict, cl: Any, victim: Any, ui: str, app_id: 
         "rerun_task_start_s": rerun_start, "state_restore_s": restore,
         "rerun_task_failover_wait_s": max(0.0, (task["end"] - task["start"]) - inside),
         "job_attempt_start_s": job_start - k, "failed_tasks_after_kill": rest.get("failed_tasks_after_kill"),
+        "spark_executor_removed_s": _executor_removed(ui, app_id, victim.ip, k),
         "stages_after_kill": rest.get("stages_after_kill"),
         "takeover_restore_s": takeover_restore, "session_open_s": open_s,
         "rerun_fetch_s": task.get("fetch_s"), "rerun_task_s": task["end"] - task["start"],
@@ -435,6 +436,16 @@ def rederive(rec: dict) -> dict:
     return rec
 
 
+def _executor_removed(ui: str, app_id: str, ip: str, k: float) -> Optional[float]:
+    """When Spark's driver removed the killed host's executor, seconds after the kill."""
+    try:
+        gone = [e for e in spark_rest(ui, f"applications/{app_id}/allexecutors")
+                if e.get("hostPort", "").startswith(ip + ":") and e.get("removeTime")]
+        return round(spark_time(gone[0]["removeTime"]) - k, 4) if gone else None
+    except Exception:
+        return None
+
+
 def _spark_breakdown(run: Any, st: dict, ui: str, app_id: str, victim_ip: str) -> dict:
     k = st["kill_t"]
     out: dict[str, Any] = {"locality": None, "attempts": None}
@@ -470,7 +481,7 @@ def _spark_breakdown(run: Any, st: dict, ui: str, app_id: str, victim_ip: str) -
         out["rerun_batch_s"] = (p or {}).get("durationMs", {}).get("triggerExecution", 0) / 1000.0 if p else None
     if out.get("rerun_task_start_s") is not None:
         det = out.get("detection_s") or 0.0
-        out["scheduling_s"] = out["rerun_task_start_s"] - det - (out.get("replay_s") or 0.0)
+        out["scheduling_s"] = max(0.0, out["rerun_task_start_s"] - det - (out.get("replay_s") or 0.0))
     else:
         out.setdefault("scheduling_s", None)
     return out
