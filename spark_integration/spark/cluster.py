@@ -676,6 +676,10 @@ class LocalCluster:
             # Small batches of small tasks: Spark's 200 shuffle partitions would be 200 tasks on 3 cores.
             "spark.sql.shuffle.partitions": str(max(2, len(st["hosts"]) * st["cores"])),
             "spark.ui.showConsoleProgress": "false",
+            # Explicit, because PySpark's SparkSession.Builder keeps options in a class-level dict:
+            # an earlier builder's spark.ui.enabled=false in the same process would otherwise
+            # leak into this session (locality is read from the UI's REST API).
+            "spark.ui.enabled": "true",
         }
         for k, v in overrides.items():
             if v is None:

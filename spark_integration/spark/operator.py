@@ -325,18 +325,18 @@ class TransformWithState:
 
         from py4j.java_collections import ListConverter
 
-        from .scheduling.locality import JAVA_CLASS
+        from .scheduling.locality import _ensure_class
 
         hosts = [[placement["instances"][str(i)]["host"]] if placement["instances"][str(i)]["host"] else []
                  for i in range(nparts)]
         sc = spark.sparkContext
         jvm = sc._jvm
         try:
-            jvm.java.lang.Class.forName(JAVA_CLASS, True, jvm.Thread.currentThread().getContextClassLoader())
-        except Exception as e:
-            raise InvalidArgumentError(
-                f"locality=True needs {JAVA_CLASS} on the driver's classpath: start the SparkSession with "
-                "rhino.spark.scheduling.spark_conf_for_locality() (spark.jars), or pass locality=False") from e
+            # spark.jars of the session, or (a later session in a process whose JVM started without
+            # it) the jar added to the driver's class loader and shipped with addJar
+            _ensure_class(sc)
+        except RuntimeError as e:
+            raise InvalidArgumentError(f"{e}; or pass locality=False") from e
         client = sc._gateway._gateway_client
         conv = ListConverter()
         jhosts = conv.convert([conv.convert(h, client) for h in hosts], client)
