@@ -129,13 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--first-host", type=host_number, default=60, help="hosts are 127.0.0.N.. (default 60)")
     ap.add_argument("--kill-host", type=positive_int, default=2, help="host number (1..3) to kill (default 2)")
     ap.add_argument("--kill-at", type=fraction, default=0.5,
-                    help="the kill lands this fraction of the median stateful-stage duration into the next "
-                         "batch's stateful stage (default 0.5)")
+                    help="the kill lands this fraction of the way through the killed host's stateful task (by "
+                         "its duration in the last batch) (default 0.5)")
     ap.add_argument("--after-batches", type=positive_int, default=2,
                     help="batches to complete after the kill before stopping (default 2)")
     ap.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                     help="extra Spark conf for both systems' sessions (repeatable); default: Spark's defaults")
     ap.add_argument("--timeout", type=positive_float, default=3600.0, help="per run, s (default 3600)")
+    ap.add_argument("--from", dest="from_file", metavar="JSONL",
+                    help="run nothing: write --report/--plot (and print the summary) from the records in this file")
     return ap
 
 
@@ -203,19 +205,26 @@ def run_one(*, system: str, size: int, workdir: Path, args: argparse.Namespace, 
                 st["steady_batch_s"] = median(gaps)
 
                 def kill() -> None:
-                    # Mid-batch means inside the stateful stage (one task per instance / shuffle
-                    # partition) of the next batch: wait for it to run, then kill --kill-at of
-                    # the way through it (by the median of the earlier batches' stateful stages).
-                    prev = _stateful_stage_seconds(ui, app_id, args.parallelism)
-                    delay = args.kill_at * (median(prev[-5:]) or 1.0)
-                    active = _wait_stateful_stage(ui, app_id, args.parallelism, timeout=600.0)
-                    time.sleep(delay)
+                    # Mid-batch means while the victim host's stateful task (its instance / its
+                    # shuffle partition's state store) runs: wait for it to run, then kill --kill-at
+                    # of the way through it (by its duration in the last completed batch); a task
+                    # that ended before that is missed, and the next batch's is tried.
+                    for _ in range(20):
+                        dur = _victim_task_seconds(ui, app_id, args.parallelism, victim.ip) or 1.0
+                        launched = _wait_victim_task(ui, app_id, args.parallelism, victim.ip, timeout=900.0)
+                        if launched is None:
+                            break
+                        time.sleep(max(0.0, launched + args.kill_at * dur - time.time()))
+                        if _victim_task_running(ui, app_id, args.parallelism, victim.ip):
+                            break
+                        st["missed"] = st.get("missed", 0) + 1
                     st["kill_t"] = time.time()
                     st["pids"] = cl.kill_host(args.kill_host)
-                    st["stateful_stage_s"] = median(prev[-5:])
-                    st["kill_into_stage_s"] = (st["kill_t"] - active) if active else None
-                    say(f"  {system}: SIGKILLed host {args.kill_host} ({victim.ip}) {delay:.2f} s into the stateful "
-                        f"stage of batch {b + 1}, state {size_now / 2**20:.0f} MiB")
+                    st["stateful_stage_s"] = dur
+                    st["kill_into_stage_s"] = (st["kill_t"] - launched) if launched else None
+                    say(f"  {system}: SIGKILLed host {args.kill_host} ({victim.ip}) "
+                        f"{st['kill_into_stage_s'] or 0:.2f} s into its stateful task (last one took {dur:.2f} s), "
+                        f"state {size_now / 2**20:.0f} MiB")
 
                 threading.Thread(target=kill, daemon=True, name="bench-kill").start()
 
@@ -262,6 +271,46 @@ def _stateful_stage_seconds(ui: str, app_id: str, nparts: int) -> list[float]:
     return out
 
 
+def _victim_tasks(ui: str, app_id: str, nparts: int, ip: str, status: str) -> list[tuple[dict, dict]]:
+    out = []
+    for s in spark_rest(ui, f"applications/{app_id}/stages?status={status}"):
+        if s.get("numTasks") == nparts and not (s.get("name") or "").startswith("run at"):
+            tl = spark_rest(ui, f"applications/{app_id}/stages/{s['stageId']}/{s['attemptId']}/taskList?length=100")
+            out += [(s, t) for t in tl if t.get("host") == ip]
+    return out
+
+
+def _victim_task_seconds(ui: str, app_id: str, nparts: int, ip: str) -> Optional[float]:
+    """The duration of the victim host's task in the last completed stateful stage."""
+    try:
+        done = [(s, t) for s, t in _victim_tasks(ui, app_id, nparts, ip, "complete") if t.get("status") == "SUCCESS"]
+    except Exception:
+        return None
+    if not done:
+        return None
+    s, t = max(done, key=lambda x: x[0]["stageId"])
+    return (t.get("duration") or 0) / 1000.0
+
+
+def _victim_task_running(ui: str, app_id: str, nparts: int, ip: str) -> Optional[float]:
+    """The launch time of the victim host's running stateful task, if there is one."""
+    try:
+        run = [t for _, t in _victim_tasks(ui, app_id, nparts, ip, "active") if t.get("status") == "RUNNING"]
+    except Exception:
+        return None
+    return spark_time(run[0]["launchTime"]) if run else None
+
+
+def _wait_victim_task(ui: str, app_id: str, nparts: int, ip: str, *, timeout: float) -> Optional[float]:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        t = _victim_task_running(ui, app_id, nparts, ip)
+        if t is not None:
+            return t
+        time.sleep(0.05)
+    return None
+
+
 def _wait_stateful_stage(ui: str, app_id: str, nparts: int, *, timeout: float) -> Optional[float]:
     """Waits until a stateful stage has running tasks; returns its submission time."""
     deadline = time.time() + timeout
@@ -284,10 +333,11 @@ def _common_fields(system: str, size: int, run: Any, st: dict, args: argparse.Na
     before = [b for b in run.batches if b["sink_end"] <= k]
     return {
         "record": "recovery", "system": system, "size_bytes": size, "state_bytes_at_kill": st["size_at_kill"],
-        "kill_batch": st["kill_batch"], "recovered_batch": first["batch"],
+        "recovered_batch": first["batch"],
         "recovery_s": first["sink_end"] - k, "steady_batch_s": st.get("steady_batch_s"),
         "batches_before_kill": len(before), "events_per_batch": args.events_per_batch,
-        "stateful_stage_s": st.get("stateful_stage_s"), "kill_into_stage_s": st.get("kill_into_stage_s"),
+        "victim_task_s": st.get("stateful_stage_s"), "kill_into_victim_task_s": st.get("kill_into_stage_s"),
+        "kill_missed": st.get("missed", 0),
         "payload_bytes": args.payload_bytes, "kill_unix": k, "killed_pids": len(st.get("pids") or []),
     }
 
@@ -496,8 +546,13 @@ def _finish(rec: dict) -> None:
 # --------------------------------------------------------------------------- summary, report, plot
 
 
+def _valid(r: dict) -> bool:
+    """A recovery record that counts (not marked ``discarded``: e.g. a kill that missed)."""
+    return r.get("record") == "recovery" and not r.get("discarded")
+
+
 def summarize(records: list[dict]) -> dict:
-    rr = [r for r in records if r.get("record") == "recovery"]
+    rr = [r for r in records if _valid(r)]
     by = {(r["system"], r["size_bytes"]): r for r in rr}
     sizes = sorted({r["size_bytes"] for r in rr})
     rows = []
@@ -547,7 +602,7 @@ def plot(records: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rr = sorted((r for r in records if r.get("record") == "recovery"), key=lambda r: (r["size_bytes"], r["system"]))
+    rr = sorted((r for r in records if _valid(r)), key=lambda r: (r["size_bytes"], r["system"]))
     if not rr:
         return
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5))
@@ -591,7 +646,7 @@ def plot(records: list[dict], path: str) -> None:
 def report(records: list[dict], path: str, *, command: str, setup: dict) -> None:
     from rhino._machine import machine_summary
 
-    rr = sorted((r for r in records if r.get("record") == "recovery"), key=lambda r: (r["size_bytes"], r["system"]))
+    rr = sorted((r for r in records if _valid(r)), key=lambda r: (r["size_bytes"], r["system"]))
     summ = summarize(records)
     L = ["# Spark recovery: NEXMark Q8 after a host loss, Rhino vs Spark's RocksDB state store", "",
          f"Command: `{command}`", "",
@@ -646,6 +701,28 @@ def report(records: list[dict], path: str, *, command: str, setup: dict) -> None
 # --------------------------------------------------------------------------- main
 
 
+def _from_file(args: argparse.Namespace) -> int:
+    import json
+
+    try:
+        recs = [json.loads(x) for x in Path(args.from_file).read_text().splitlines() if x.strip()]
+    except (OSError, ValueError) as e:
+        print(f"rhino spark bench recovery: --from {args.from_file}: {e}", file=sys.stderr)
+        return 2
+    setups = [r for r in recs if r.get("record") == "setup"]
+    rows = [r for r in recs if r.get("record") in ("recovery", "error")]
+    summ = summarize(rows)
+    print(json.dumps(summ))
+    if args.plot:
+        plot(rows, args.plot)
+    if args.report:
+        setup = dict(setups[-1]) if setups else {}
+        if len(setups) > 1:
+            setup["command"] = " ; ".join(s.get("command", "") for s in setups)
+        report(rows, args.report, command=setup.get("command", ""), setup=setup)
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = build_parser()
     args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -659,6 +736,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error("--first-host: the cluster's 3 hosts must fit 127.0.0.2..254")
     if args.replicas > 2:
         ap.error(f"--replicas {args.replicas}: at most 2 on 3 hosts")
+    if args.from_file:
+        return _from_file(args)
     install_signal_handlers()
     from rhino._machine import describe_machine
 
