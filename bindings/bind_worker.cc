@@ -62,6 +62,11 @@ py::dict MetricsDict(const WorkerMetrics& m) {
   d["peers_dead"] = m.peers_dead;
   d["open_connections"] = m.open_connections;
   d["buffer_pool_cached_bytes"] = m.buffer_pool_cached_bytes;
+  d["checkpoints_retired"] = m.checkpoints_retired;
+  d["gc_files_removed"] = m.gc_files_removed;
+  d["gc_bytes_removed"] = m.gc_bytes_removed;
+  d["retention_errors"] = m.retention_errors;
+  d["retention_last_error"] = m.retention_last_error;
   py::list inst;
   for (const auto& i : m.instances) {
     py::dict e;
@@ -293,7 +298,8 @@ stop() aborts streams under way and closes connections; join() waits for stop.
                        uint32_t heartbeat_ms, uint32_t peer_timeout_ms, uint32_t max_frame_bytes,
                        uint32_t max_window, uint32_t stream_idle_timeout_ms, const std::string& state_dir,
                        const std::string& unix_socket, uint32_t service_threads, uint64_t max_session_bytes,
-                       uint32_t replicate_timeout_ms, uint32_t session_idle_timeout_ms) {
+                       uint32_t replicate_timeout_ms, uint32_t session_idle_timeout_ms, uint32_t keep_checkpoints,
+                       uint32_t retention_interval_ms) {
              auto w = std::make_unique<PyWorker>();
              WorkerOptions o;
              o.state_dir = state_dir;
@@ -302,6 +308,8 @@ stop() aborts streams under way and closes connections; join() waits for stop.
              o.max_session_bytes = max_session_bytes;
              o.replicate_timeout_ms = replicate_timeout_ms;
              o.session_idle_timeout_ms = session_idle_timeout_ms;
+             o.keep_checkpoints = keep_checkpoints;
+             o.retention_interval_ms = retention_interval_ms;
              o.id = id;
              o.store_dir = store_dir;
              o.listen_host = listen_host;
@@ -323,7 +331,8 @@ stop() aborts streams under way and closes connections; join() waits for stop.
            py::arg("max_frame_bytes") = kDefaultMaxFrameBytes, py::arg("max_window") = 64,
            py::arg("stream_idle_timeout_ms") = 60000, py::arg("state_dir") = "", py::arg("unix_socket") = "",
            py::arg("service_threads") = 4, py::arg("max_session_bytes") = 1ull << 30,
-           py::arg("replicate_timeout_ms") = 60000, py::arg("session_idle_timeout_ms") = 600000)
+           py::arg("replicate_timeout_ms") = 60000, py::arg("session_idle_timeout_ms") = 600000,
+           py::arg("keep_checkpoints") = 3, py::arg("retention_interval_ms") = 10000)
       .def("start", [](PyWorker& w) {
              Status s;
              {

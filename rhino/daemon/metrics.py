@@ -77,6 +77,12 @@ _COUNTERS = [
     ("rhino_worker_stale_rejections_total", "Streams or frames fenced off as stale (protocol §5).",
      "stale_rejections"),
     ("rhino_worker_peers_dead_total", "Peers declared dead by timeout (protocol §6).", "peers_dead"),
+    ("rhino_worker_checkpoints_retired_total", "Old checkpoints dropped from the replica store by retention.",
+     "checkpoints_retired"),
+    ("rhino_worker_gc_bytes_removed_total", "Bytes of pooled files no kept checkpoint references, freed.",
+     "gc_bytes_removed"),
+    ("rhino_worker_retention_errors_total", "Retention passes that failed (the worker logs the error).",
+     "retention_errors"),
 ]
 _GAUGES = [
     ("rhino_worker_active_streams", "Replication streams under way.", "active_streams"),

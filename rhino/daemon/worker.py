@@ -113,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "connection alive would hold its instance otherwise (default: %(default)s; 0: never)")
     p.add_argument("--replication-timeout", type=float, default=60.0,
                    help="seconds a commit's checkpoint may take to reach the end of its chain (default: %(default)s)")
+    p.add_argument("--keep-checkpoints", type=uint32, default=3,
+                   help="checkpoints kept per instance in the replica store (more for an instance hosted here "
+                        "until its last complete checkpoint); the files only older ones reference are freed. "
+                        "At least 2: a re-executed batch rolls back one checkpoint (default: %(default)s; "
+                        "0: keep every checkpoint, and the store grows without bound)")
+    p.add_argument("--retention-interval", type=float, default=10.0,
+                   help="seconds between retention passes (default: %(default)s)")
     p.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                    help="register with this coordinator and send it heartbeats (rhino coordinator --listen)")
     p.add_argument("--coordinator-heartbeat", type=float, default=0.5,
@@ -213,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
         state_dir, unix_socket = service_paths(args)
         if not (0 <= args.session_idle_timeout <= 86400):
             raise ValueError(f"--session-idle-timeout must be in [0, 86400] seconds, got {args.session_idle_timeout}")
+        if args.keep_checkpoints == 1:
+            raise ValueError("--keep-checkpoints must be 0 (keep all) or at least 2: a re-executed batch b "
+                             "rolls back to checkpoint b-1")
+        if not (0 < args.retention_interval <= 3600):
+            raise ValueError(f"--retention-interval must be in (0, 3600] seconds, got {args.retention_interval}")
         if args.coordinator is not None:
             parse_address(args.coordinator)
         if not (0 < args.coordinator_heartbeat <= 60):
@@ -256,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         max_session_bytes=args.max_session_bytes,
         replicate_timeout_ms=int(args.replication_timeout * 1000),
         session_idle_timeout_ms=int(args.session_idle_timeout * 1000),
+        keep_checkpoints=args.keep_checkpoints,
+        retention_interval_ms=max(1, int(args.retention_interval * 1000)),
     )
     try:
         worker.start()  # opens the store: stale staging of a killed predecessor goes
@@ -295,8 +309,12 @@ def main(argv: list[str] | None = None) -> int:
                                     interval=args.coordinator_heartbeat, bind_host=host,
                                     log=lambda level, event, **f: log.log(level, event, **f)).start()
 
-    while not stop.wait(0.5):
-        pass
+    retention_errors = 0
+    while not stop.wait(5.0):
+        m = worker.metrics()
+        if m["retention_errors"] > retention_errors:  # the store keeps everything meanwhile: nothing is lost
+            retention_errors = m["retention_errors"]
+            log.warning("retention_failed", error=m["retention_last_error"], failures=retention_errors)
 
     log.info("stopping")
     if registration is not None:
@@ -309,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         http.server_close()
     m = worker.metrics()
     log.info("stopped", checkpoints_complete=m["checkpoints_complete"], checkpoints_aborted=m["checkpoints_aborted"],
-             bytes_received=m["bytes_received"])
+             bytes_received=m["bytes_received"], checkpoints_retired=m["checkpoints_retired"],
+             gc_bytes_removed=m["gc_bytes_removed"])
     return 0
 
 

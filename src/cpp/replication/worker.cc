@@ -10,6 +10,7 @@
 #include "replication/replica_server.h"
 #include "replication/server_metrics.h"
 #include "service/state_service.h"
+#include "store/retention.h"
 #include "rhino/frame.h"
 #include "rhino/messages.h"
 #include "rhino/replica_store.h"
@@ -29,6 +30,13 @@ class Worker::Impl {
       return Status::InvalidArgument("thread counts must be >= 1");
     }
     if (o.max_window == 0) return Status::InvalidArgument("max_window must be >= 1");
+    if (o.keep_checkpoints == 1) {
+      // A re-executed batch b rolls back to checkpoint b-1 (design §5).
+      return Status::InvalidArgument("keep_checkpoints must be 0 (keep all) or >= 2, got 1");
+    }
+    if (o.keep_checkpoints > 0 && o.retention_interval_ms == 0) {
+      return Status::InvalidArgument("retention_interval_ms must be >= 1");
+    }
     if (o.secret.empty()) return Status::InvalidArgument("worker needs a non-empty shared secret");
     // A peer is declared dead after peer_timeout_ms without a frame, and idle
     // connections send a heartbeat every heartbeat_ms (protocol §6): the
@@ -102,6 +110,7 @@ class Worker::Impl {
     }
     port_ = server_->port();
     for (uint32_t i = 0; i < o.io_threads; ++i) threads_.emplace_back([this]() { io_->run(); });
+    if (o.keep_checkpoints > 0) retention_ = std::thread([this]() { RetentionLoop(); });
     started_ = true;
     return Status::OK();
   }
@@ -114,7 +123,9 @@ class Worker::Impl {
       return;
     }
     stopping_ = true;
+    retention_cv_.notify_all();
     l.unlock();
+    if (retention_.joinable()) retention_.join();
     // Streams first (they tell their peers and remove their staging), then
     // connections, then the threads.
     server_->Shutdown(5000);
@@ -174,12 +185,50 @@ class Worker::Impl {
     m.peers_dead = counters_.peers_dead.load();
     m.open_connections = counters_.open_connections.load();
     m.buffer_pool_cached_bytes = BufferPool::Shared().cached_bytes();
+    {
+      std::lock_guard<std::mutex> l(retention_mu_);
+      m.checkpoints_retired = retired_;
+      m.gc_files_removed = gc_files_;
+      m.gc_bytes_removed = gc_bytes_;
+      m.retention_errors = retention_errors_;
+      m.retention_last_error = retention_last_error_;
+    }
     std::lock_guard<std::mutex> l(metrics_.mu);
     for (const auto& [key, st] : metrics_.instances) m.instances.push_back(st);
     return m;
   }
 
  private:
+  // Every retention_interval_ms: old checkpoints out, unreferenced files freed
+  // (store/retention.h). Off the io and disk threads: GC lists the pool.
+  void RetentionLoop() {
+    const auto interval = std::chrono::milliseconds(options_.retention_interval_ms);
+    std::unique_lock<std::mutex> l(mu_);
+    while (!stopping_) {
+      retention_cv_.wait_for(l, interval, [this]() { return stopping_; });
+      if (stopping_) break;
+      StateService* service = service_.get();  // reset only after this thread is joined
+      l.unlock();
+      RetentionFloor floor_of;
+      if (service) {
+        floor_of = [service](const std::string& op, uint32_t i) { return service->RetentionFloor(op, i); };
+      }
+      RetentionStats st;
+      Status s = ApplyRetention(store_.get(), options_.keep_checkpoints, floor_of, &st);
+      {
+        std::lock_guard<std::mutex> g(retention_mu_);
+        retired_ += st.checkpoints_removed;
+        gc_files_ += st.files_removed;
+        gc_bytes_ += st.bytes_removed;
+        if (!s.ok()) {
+          ++retention_errors_;
+          retention_last_error_ = s.ToString();
+        }
+      }
+      l.lock();
+    }
+  }
+
   std::mutex mu_;
   std::condition_variable cv_;
   bool started_ = false, stopping_ = false, stopped_ = false;  // GUARDED_BY(mu_)
@@ -195,6 +244,11 @@ class Worker::Impl {
   std::unique_ptr<ReplicaServer> server_;
   std::unique_ptr<StateService> service_;
   std::vector<std::thread> threads_;
+  std::thread retention_;
+  std::condition_variable retention_cv_;  // with mu_: wakes the retention loop at Stop
+  std::mutex retention_mu_;
+  uint64_t retired_ = 0, gc_files_ = 0, gc_bytes_ = 0, retention_errors_ = 0;  // GUARDED_BY(retention_mu_)
+  std::string retention_last_error_;                                          // GUARDED_BY(retention_mu_)
 };
 
 Worker::Worker() : impl_(std::make_unique<Impl>()) {}

@@ -158,6 +158,10 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   // "complete", "pending", "failed" (with *message) or "unknown".
   std::string ReplicationStateOf(uint64_t checkpoint_id, std::string* message);
   std::optional<uint64_t> version() const;
+  // The newest checkpoint the whole chain holds, if any (store/retention.h).
+  std::optional<uint64_t> last_complete() const {
+    return m_.has_complete ? std::optional<uint64_t>(m_.last_complete) : std::nullopt;
+  }
 
  private:
   struct Session {

@@ -838,6 +838,16 @@ Status StateService::DoInstanceReq(const InstanceReq& req, std::string* result) 
   return Status::OK();
 }
 
+std::optional<uint64_t> StateService::RetentionFloor(const std::string& op, uint32_t instance) {
+  std::shared_ptr<HostedInstance> inst = Find(op, instance);
+  if (!inst) return std::nullopt;
+  // Never wait: a commit holds the instance for seconds, and retention can
+  // come back next pass. Until then, it keeps everything of this instance.
+  std::unique_lock<std::mutex> l(inst->mu(), std::try_to_lock);
+  if (!l.owns_lock()) return 0;
+  return inst->last_complete().value_or(0);
+}
+
 std::vector<InstanceMetrics> StateService::Metrics() {
   std::vector<std::shared_ptr<HostedInstance>> all;
   {

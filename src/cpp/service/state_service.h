@@ -70,6 +70,10 @@ class StateService {
                                                    const FrameHeader& h, std::shared_ptr<std::string> payload);
 
   std::vector<InstanceMetrics> Metrics();
+  // For retention (store/retention.h): nullopt if the instance is not hosted
+  // here; else the oldest checkpoint it may need, 0 (keep all) if it has no
+  // complete checkpoint or is busy right now (a commit holds it).
+  std::optional<uint64_t> RetentionFloor(const std::string& op, uint32_t instance);
 
  private:
   class SessionStream;

@@ -103,12 +103,16 @@ ReplicaStore::Lock::~Lock() {
   if (fd_ >= 0) ::close(fd_);  // closing the fd releases the flock
 }
 
-Status ReplicaStore::AcquireLock(bool exclusive, std::unique_ptr<Lock>* out) const {
+Status ReplicaStore::AcquireLock(bool exclusive, std::unique_ptr<Lock>* out, bool wait) const {
   std::string path = fs::Join(dir_, "LOCK");
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return Status::FromErrno(errno, "open " + path);
-  while (::flock(fd, exclusive ? LOCK_EX : LOCK_SH) != 0) {
+  while (::flock(fd, (exclusive ? LOCK_EX : LOCK_SH) | (wait ? 0 : LOCK_NB)) != 0) {
     if (errno == EINTR) continue;
+    if (errno == EWOULDBLOCK) {
+      ::close(fd);
+      return Status::Busy("the replica store " + dir_ + " is in use");
+    }
     Status s = Status::FromErrno(errno, "flock " + path);
     ::close(fd);
     return s;
@@ -506,16 +510,27 @@ Status ReplicaStore::Verify(const std::string& operator_id, uint32_t instance, V
 Status ReplicaStore::Retain(const std::string& operator_id, uint32_t instance, uint32_t keep_last,
                             std::vector<uint64_t>* removed) {
   removed->clear();
+  std::vector<uint64_t> ids;
+  RHINO_RETURN_IF_ERROR(ListCheckpoints(operator_id, instance, &ids));
+  if (ids.size() <= keep_last) return Status::OK();
+  const uint64_t floor = keep_last == 0 ? UINT64_MAX : ids[ids.size() - keep_last];
+  return DiscardBefore(operator_id, instance, floor, removed);
+}
+
+Status ReplicaStore::DiscardBefore(const std::string& operator_id, uint32_t instance, uint64_t floor,
+                                   std::vector<uint64_t>* removed) {
+  removed->clear();
   std::string inst_dir;
   RHINO_RETURN_IF_ERROR(InstanceDir(operator_id, instance, &inst_dir));
   std::vector<uint64_t> ids;
   RHINO_RETURN_IF_ERROR(ListCheckpoints(operator_id, instance, &ids));
-  if (ids.size() <= keep_last) return Status::OK();
-  for (size_t i = 0; i + keep_last < ids.size(); ++i) {
-    std::string p = fs::Join(inst_dir, ManifestName(ids[i]));
+  for (uint64_t id : ids) {
+    if (id >= floor) break;
+    std::string p = fs::Join(inst_dir, ManifestName(id));
     if (::unlink(p.c_str()) != 0 && errno != ENOENT) return Status::FromErrno(errno, "unlink " + p);
-    removed->push_back(ids[i]);
+    removed->push_back(id);
   }
+  if (removed->empty()) return Status::OK();
   return fs::FsyncPath(inst_dir);
 }
 
@@ -537,10 +552,10 @@ Status ReplicaStore::DiscardAfter(const std::string& operator_id, uint32_t insta
   return fs::FsyncPath(inst_dir);
 }
 
-Status ReplicaStore::GarbageCollect(GcStats* stats) {
+Status ReplicaStore::GarbageCollect(GcStats* stats, bool wait) {
   *stats = GcStats();
   std::unique_ptr<Lock> lock;
-  RHINO_RETURN_IF_ERROR(AcquireLock(true, &lock));
+  RHINO_RETURN_IF_ERROR(AcquireLock(true, &lock, wait));
   std::set<std::string> referenced;
   std::vector<InstanceRef> instances;
   RHINO_RETURN_IF_ERROR(ListInstances(&instances));

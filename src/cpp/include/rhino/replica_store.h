@@ -127,7 +127,8 @@ class ReplicaStore {
    private:
     int fd_;
   };
-  Status AcquireLock(bool exclusive, std::unique_ptr<Lock>* out) const;
+  // With wait = false, Busy if another holder conflicts (LOCK_NB).
+  Status AcquireLock(bool exclusive, std::unique_ptr<Lock>* out, bool wait = true) const;
 
   // A fresh staging directory under tmp/; the caller removes it (RemoveAll).
   Status NewStagingDir(const std::string& kind, std::string* path);
@@ -180,13 +181,21 @@ class ReplicaStore {
   // instance. Files are reclaimed by GarbageCollect.
   Status Retain(const std::string& operator_id, uint32_t instance, uint32_t keep_last,
                 std::vector<uint64_t>* removed);
+  // Deletes the manifests of the instance's checkpoints older than `floor`,
+  // oldest first (a crash part-way leaves a suffix of the history, never a
+  // gap). Retention (store/retention.h) uses it: by id, so a checkpoint
+  // committed meanwhile never shifts what goes.
+  Status DiscardBefore(const std::string& operator_id, uint32_t instance, uint64_t floor,
+                       std::vector<uint64_t>* removed);
   // Deletes the manifests of the instance's checkpoints newer than `after`
   // (all of them if `after` is unset), newest first. A re-executed micro-batch
   // replaces the history after the checkpoint it restarts from (design §5).
   Status DiscardAfter(const std::string& operator_id, uint32_t instance, std::optional<uint64_t> after,
                       std::vector<uint64_t>* removed);
   // Removes pooled files that no committed manifest references, and stale staging.
-  Status GarbageCollect(GcStats* stats);
+  // With wait = false, returns Busy at once instead of waiting for the
+  // streams and restores that hold the shared lock (store/retention.h).
+  Status GarbageCollect(GcStats* stats, bool wait = true);
 
   // pool/<identity>; PathOutsideStore if `identity` is not of the identity form.
   Status PoolPath(const std::string& identity, std::string* path) const;

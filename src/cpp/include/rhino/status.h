@@ -68,6 +68,7 @@ class Status {
 
   bool ok() const { return code_ == Code::kOk; }
   bool IsNotFound() const { return code_ == Code::kNotFound; }
+  bool IsBusy() const { return code_ == Code::kBusy; }
   bool IsCorruption() const { return code_ == Code::kCorruption; }
   bool IsAlreadyExists() const { return code_ == Code::kAlreadyExists; }
   bool IsNoSpace() const { return code_ == Code::kNoSpace; }

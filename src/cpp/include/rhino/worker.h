@@ -58,6 +58,13 @@ struct WorkerOptions {
   // A stream with no frame from its predecessor or successor for this long is
   // aborted, so a stuck peer cannot pin staging files. 0 = never.
   uint32_t stream_idle_timeout_ms = 60000;
+
+  // ---- retention (store/retention.h) ----
+  // Checkpoints kept per instance in the replica store (more for an instance
+  // hosted here whose last complete checkpoint is older); the files only the
+  // others reference are freed. 0 = keep every checkpoint; else at least 2.
+  uint32_t keep_checkpoints = 3;
+  uint32_t retention_interval_ms = 10000;  // how often the pass runs
 };
 
 // What one instance looks like from this worker's replica store.
@@ -91,6 +98,12 @@ struct WorkerMetrics {
   int64_t open_connections = 0;
   // memory: free chunk buffers kept for reuse (util/buffer_pool.h; at most 32 MiB)
   uint64_t buffer_pool_cached_bytes = 0;
+  // retention: old checkpoints uncommitted, and the pooled files (bytes) freed
+  uint64_t checkpoints_retired = 0;
+  uint64_t gc_files_removed = 0;
+  uint64_t gc_bytes_removed = 0;
+  uint64_t retention_errors = 0;  // passes that failed (the error is kept below)
+  std::string retention_last_error;
   std::vector<InstanceReplicaState> instances;
   // The instances whose live state this worker hosts (state service).
   std::vector<InstanceMetrics> hosted;
