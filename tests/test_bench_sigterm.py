@@ -96,3 +96,28 @@ def test_a_stopped_bench_stops_its_workers(tmp_path: Path, bench: str, sig: sign
         assert proc.returncode == 130, err
         assert "rhino: interrupted" in err
     assert not work.exists(), "the work directory (no --keep) was left behind"
+
+
+@pytest.mark.parametrize("sig, want", [(signal.SIGINT, "KeyboardInterrupt"), (signal.SIGTERM, "SystemExit 143")])
+def test_a_signal_whose_exception_was_swallowed_still_stops_the_loops(sig: signal.Signals, want: str):
+    """The handler's exception lost (here: caught on purpose, as a finalizer or a
+    careless callback would) still stops the bench at its next raise_if_stopped()."""
+    code = f"""
+import os, signal
+from rhino.bench.common import exit_on_sigterm, raise_if_stopped
+exit_on_sigterm()
+try:
+    os.kill(os.getpid(), {int(sig)})
+    signal.pthread_sigmask(signal.SIG_BLOCK, [])  # a bytecode boundary: the handler runs here
+except BaseException:
+    pass  # swallowed
+try:
+    raise_if_stopped()
+    print("went on")
+except KeyboardInterrupt:
+    print("KeyboardInterrupt")
+except SystemExit as e:
+    print("SystemExit", e.code)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == want, r.stdout + r.stderr

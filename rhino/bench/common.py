@@ -25,16 +25,26 @@ def exit_on_sigterm() -> None:
         print(f"rhino bench: signal {signum} received, stopping the workers", file=sys.stderr, flush=True)
         raise SystemExit(128 + signum)
 
+    def _interrupt(signum: int, frame: object) -> None:
+        global _stop_signal
+        _stop_signal = signum
+        signal.default_int_handler(signum, frame)  # raises KeyboardInterrupt
+
     signal.signal(signal.SIGTERM, _unwind)
+    # Ctrl-C keeps Python's KeyboardInterrupt, remembered too (raise_if_stopped).
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt)
 
 
 def raise_if_stopped() -> None:
-    """Raises SystemExit again if a SIGTERM was received. The handler's own
-    SystemExit can be lost: Python runs a handler at whatever bytecode the main
-    thread is at, and an exception raised inside a finalizer or a callback whose
-    caller swallows errors is dropped. Once, on a loaded CI machine, a bench went
-    on after "signal 15 received" (cause not found), so the long loops check
-    this flag as well."""
+    """Raises SystemExit again if a SIGTERM was received (KeyboardInterrupt for
+    SIGINT). The handler's own exception can be lost: Python runs a handler at
+    whatever bytecode the main thread is at, and an exception raised inside a
+    finalizer or a callback whose caller swallows errors is dropped. Twice on CI
+    a bench went on after the signal (SIGTERM once, SIGINT once; cause not
+    found), so the long loops check this flag as well."""
+    if _stop_signal == signal.SIGINT:
+        raise KeyboardInterrupt
     if _stop_signal is not None:
         raise SystemExit(128 + _stop_signal)
 

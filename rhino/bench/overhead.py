@@ -314,6 +314,7 @@ def settle(workers: list, cap_s: float, quiet_cores: float = 0.1, step_s: float 
     t0 = time.perf_counter()
     prev = busy()
     while time.perf_counter() - t0 < cap_s:
+        raise_if_stopped()
         time.sleep(step_s)
         cur = busy()
         if cur - prev < quiet_cores * step_s:
