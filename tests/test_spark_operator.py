@@ -158,6 +158,57 @@ def test_value_list_map_state_across_batches_equal_a_pandas_replay(cluster, spar
     assert out[0]["count"] == len(seen[1]) + 1
 
 
+class _RefuseFirstCommit:
+    """The coordinator client, except that the first commit_batch of batch `b` is refused as
+    stale, as after a failover during the batch (docs/protocol.md §8.2)."""
+
+    def __init__(self, inner, b):
+        self.inner, self.b, self.refused = inner, b, 0
+
+    def commit_batch(self, op, b, **kw):
+        if b == self.b and not self.refused:
+            from rhino.errors import StaleEpochError
+
+            self.refused += 1
+            raise StaleEpochError(f"injected: batch {b} ran at a stale epoch")
+        return self.inner.commit_batch(op, b, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def _stages(spark, group):
+    """(numTasks, numCompletedTasks) of every stage of the jobs of a job group, per job."""
+    st = spark.sparkContext.statusTracker()
+    jobs = sorted(st.getJobIdsForGroup(group))
+    return [[(i.numTasks, i.numCompletedTasks) for i in (st.getStageInfo(s) for s in st.getJobInfo(j).stageIds)
+             if i is not None] for j in jobs]
+
+
+def test_a_batch_run_again_reuses_its_shuffle_and_stays_exactly_once(cluster, spark):
+    op = _op(cluster, CountProcessor(), "rerun", "k long, count long, seen_sum long, mod0 long")
+    pdf0 = pd.DataFrame({"k": [i % 7 for i in range(50)], "v": list(range(50))})
+    op.process_batch(spark.createDataFrame(pdf0), 0)
+    op.coordinator()
+    op._coord = _RefuseFirstCommit(op._coord, 1)
+    pdf1 = pd.DataFrame({"k": [i % 5 for i in range(40)], "v": [1000 + i for i in range(40)]})
+    spark.sparkContext.setJobGroup("rhino-rerun-b1", "batch 1 of the rerun test")
+    try:
+        out = op.process_batch(spark.createDataFrame(pdf1), 1).to_pandas().sort_values("k").reset_index(drop=True)
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    assert op._coord.refused == 1 and op.reports[-1].attempts == 2
+    # exactly once: the counts of a pandas replay of batches 0 and 1, not of batch 1 applied twice
+    both = pd.concat([pdf0, pdf1])
+    want = (both[both["k"].isin(pdf1["k"])].groupby("k")["v"].agg(["count", "sum"]).reset_index()
+            .rename(columns={"sum": "seen_sum"}))
+    pd.testing.assert_frame_equal(out[["k", "count", "seen_sum"]], want, check_dtype=False)
+    # Both attempts' stateful stages ran (3 tasks each), but the shuffle's map stage ran once: the
+    # second attempt reused it (a stage that was not run again shows no completed tasks).
+    ran = sorted((n, done) for job in _stages(spark, "rhino-rerun-b1") for n, done in job if done > 0)
+    assert ran == [(2, 2), (3, 3), (3, 3)], ran
+
+
 def test_event_time_timers_equal_sparks_own_operator(cluster, spark, tmp_path):
     """The same processor object on Spark's transformWithStateInPandas (RocksDB) and on Rhino, over
     the same file stream (one file per micro-batch): the same expired-timer output."""

@@ -220,6 +220,7 @@ class TransformWithState:
             if c not in in_schema.names:
                 raise InvalidArgumentError(f"column {c!r} is not in the input ({in_schema.simpleString()})")
         errors: list[str] = []
+        shuffled: dict = {}  # the batch's routed, shuffled rows, kept across attempts (see _run_job)
         for attempt in range(1, self.max_batch_attempts + 1):
             tb = time.time()
             try:
@@ -232,7 +233,7 @@ class TransformWithState:
             nparts = len(placement["instances"])
             tj = time.time()
             try:
-                table = self._run_job(spark, df, b, epoch, wm, placement, nparts, tz)
+                table = self._run_job(spark, df, b, epoch, wm, placement, nparts, tz, shuffled)
             except Exception as e:  # a failed Spark job (task retries exhausted, an executor lost...)
                 text = str(e)
                 msg = _first_error_line(text) or type(e).__name__
@@ -291,19 +292,30 @@ class TransformWithState:
             raise
 
     def _run_job(self, spark: Any, df: Any, b: int, epoch: int, wm: int, placement: dict, nparts: int,
-                 tz: str) -> pa.Table:
+                 tz: str, shuffled: dict) -> pa.Table:
         from functools import partial
 
         from pyspark.sql import DataFrame
         from pyspark.sql.types import LongType, StructField, StructType
 
-        tokens = partition_tokens(spark, nparts)
-        tagged_schema = StructType(list(df.schema.fields) + [StructField(PART_COLUMN, LongType(), False)])
-        tag = partial(tag_batches, key_columns=self.key_columns, num_key_groups=placement["num_key_groups"],
-                      num_vnodes=placement["num_vnodes"], seed=placement["seed"],
-                      assignment=list(placement["assignment"]), tokens=tokens)
-        routed = df.mapInArrow(tag, tagged_schema).repartition(nparts, PART_COLUMN)
-        routed = self._pin(spark, routed, placement, nparts)
+        # A batch that runs again (a failover moved a primary: a new epoch, same routing table)
+        # reuses the first attempt's shuffle: the same RDD object keeps its ShuffleDependency, so
+        # Spark's DAG scheduler skips the map stage whose outputs it still has and recomputes only
+        # those lost with a dead executor. Only the stateful stage runs again, pinned anew.
+        route_key = (nparts, placement["num_key_groups"], placement["num_vnodes"], placement["seed"],
+                     tuple(placement["assignment"]))
+        if route_key not in shuffled:
+            tokens = partition_tokens(spark, nparts)
+            tagged_schema = StructType(list(df.schema.fields) + [StructField(PART_COLUMN, LongType(), False)])
+            tag = partial(tag_batches, key_columns=self.key_columns, num_key_groups=placement["num_key_groups"],
+                          num_vnodes=placement["num_vnodes"], seed=placement["seed"],
+                          assignment=list(placement["assignment"]), tokens=tokens)
+            routed = df.mapInArrow(tag, tagged_schema).repartition(nparts, PART_COLUMN)
+            # Spark's own RDD of InternalRows (the shuffle's output, no Python round trip)
+            shuffled.clear()
+            shuffled[route_key] = (routed._jdf.queryExecution().toRdd(), routed._jdf.schema())
+        jrdd, jschema = shuffled[route_key]
+        routed = self._pin(spark, jrdd, jschema, placement, nparts)
         spec = TaskSpec(operator_id=self.operator_id, batch=b, epoch=epoch, watermark_ms=wm,
                         key_columns=self.key_columns, processor=self.processor, mode=self.mode,
                         time_mode=self.time_mode, event_time=self.event_time,
@@ -317,11 +329,12 @@ class TransformWithState:
         result = routed.mapInArrow(partial(run_partition, spec), out_schema)
         return result.toArrow()
 
-    def _pin(self, spark: Any, routed: Any, placement: dict, nparts: int) -> Any:
-        """The routed DataFrame with partition i preferring the host of instance i's primary."""
-        if not self.locality:
-            return routed
+    def _pin(self, spark: Any, jrdd: Any, jschema: Any, placement: dict, nparts: int) -> Any:
+        """The routed rows as a DataFrame, partition i preferring the host of instance i's primary."""
         from pyspark.sql import DataFrame
+
+        if not self.locality:
+            return DataFrame(spark._jsparkSession.internalCreateDataFrame(jrdd, jschema, False), spark)
 
         from py4j.java_collections import ListConverter
 
@@ -340,12 +353,10 @@ class TransformWithState:
         client = sc._gateway._gateway_client
         conv = ListConverter()
         jhosts = conv.convert([conv.convert(h, client) for h in hosts], client)
-        # The routed rows as Spark's own RDD of InternalRows (the shuffle's output, no Python
-        # round trip), wrapped so that partition i prefers instance i's host, then a DataFrame
-        # again for mapInArrow: the DAG scheduler takes the preference from this narrow ancestor.
-        jrdd = routed._jdf.queryExecution().toRdd()
+        # Wrapped so that partition i prefers instance i's host, then a DataFrame again for
+        # mapInArrow: the DAG scheduler takes the preference from this narrow ancestor.
         pinned = jvm.io.rhino.spark.PreferredLocationsRDD(jrdd, jhosts)
-        jdf = spark._jsparkSession.internalCreateDataFrame(pinned, routed._jdf.schema(), False)
+        jdf = spark._jsparkSession.internalCreateDataFrame(pinned, jschema, False)
         return DataFrame(jdf, spark)
 
     # ---- foreachBatch -----------------------------------------------------------------------
