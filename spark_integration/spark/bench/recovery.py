@@ -209,6 +209,7 @@ def run_one(*, system: str, size: int, workdir: Path, args: argparse.Namespace, 
                     # shuffle partition's state store) runs: wait for it to run, then kill --kill-at
                     # of the way through it (by its duration in the last completed batch); a task
                     # that ended before that is missed, and the next batch's is tried.
+                    running = False
                     for _ in range(20):
                         dur = _victim_task_seconds(ui, app_id, args.parallelism, victim.ip) or 1.0
                         launched = _wait_victim_task(ui, app_id, args.parallelism, victim.ip, timeout=900.0)
@@ -216,8 +217,11 @@ def run_one(*, system: str, size: int, workdir: Path, args: argparse.Namespace, 
                             break
                         time.sleep(max(0.0, launched + args.kill_at * dur - time.time()))
                         if _victim_task_running(ui, app_id, args.parallelism, victim.ip):
+                            running = True
                             break
                         st["missed"] = st.get("missed", 0) + 1
+                    # as seen just before the kill: the task may still end in between
+                    st["victim_task_running"] = running
                     st["kill_t"] = time.time()
                     st["pids"] = cl.kill_host(args.kill_host)
                     st["stateful_stage_s"] = dur
@@ -337,7 +341,7 @@ def _common_fields(system: str, size: int, run: Any, st: dict, args: argparse.Na
         "recovery_s": first["sink_end"] - k, "steady_batch_s": st.get("steady_batch_s"),
         "batches_before_kill": len(before), "events_per_batch": args.events_per_batch,
         "victim_task_s": st.get("stateful_stage_s"), "kill_into_victim_task_s": st.get("kill_into_stage_s"),
-        "kill_missed": st.get("missed", 0),
+        "kill_missed": st.get("missed", 0), "victim_task_running_at_kill": st.get("victim_task_running"),
         "payload_bytes": args.payload_bytes, "kill_unix": k, "killed_pids": len(st.get("pids") or []),
     }
 
@@ -517,12 +521,20 @@ def _spark_breakdown(run: Any, st: dict, ui: str, app_id: str, victim_ip: str) -
             continue
         cm = _spark_state(p).get("customMetrics") or {}
         loads.append((b, cm))
-    first = loads[0][1] if loads else {}
+    # The batch that pays the restore: the first after the kill whose tasks loaded a store
+    # from the checkpoint location. Usually the recovered batch itself; the next one when
+    # the kill landed after the victim's stateful task had ended (its stores then move at
+    # the next batch's scheduling).
+    paid = next(((b, cm) for b, cm in loads if (cm.get("rocksdbNumLoadedFromDfs") or 0) > 0), None)
+    if paid is None and loads:
+        paid = loads[0]
+    first = paid[1] if paid else {}
+    out["restore_batch"] = paid[0] if paid else None
     out["state_restore_s"] = (first.get("rocksdbLoadLatencyMs") or 0) / 1000.0 if loads else None
     out["state_load_from_snapshot_s"] = (first.get("rocksdbLoadFromSnapshotLatencyMs") or 0) / 1000.0 \
         if first else None
     out["stores_loaded_from_dfs"] = first.get("rocksdbNumLoadedFromDfs")
-    out["recovered_batch_metrics"] = {kk: first.get(kk) for kk in (
+    out["restore_batch_metrics"] = {kk: first.get(kk) for kk in (
         "rocksdbLoadLatencyMs", "rocksdbLoadFromSnapshotLatencyMs", "rocksdbReplayChangeLogLatencyMs",
         "rocksdbNumLoadedFromDfs", "rocksdbSstFileSize", "rocksdbBytesCopied", "rocksdbFilesCopied")}
     sb = next((x for x in run.batches if x["sink_end"] > k), None)
