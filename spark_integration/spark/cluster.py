@@ -676,6 +676,10 @@ class LocalCluster:
             # Small batches of small tasks: Spark's 200 shuffle partitions would be 200 tasks on 3 cores.
             "spark.sql.shuffle.partitions": str(max(2, len(st["hosts"]) * st["cores"])),
             "spark.ui.showConsoleProgress": "false",
+            # A task of a cancelled attempt (rhino.spark's batch watch cancels an attempt whose
+            # epoch passed) holds its core until its Python worker is gone: Spark waits this
+            # long (2 s by default) before killing a Python worker that has not stopped.
+            "spark.python.task.killTimeout": "200ms",
             # Explicit, because PySpark's SparkSession.Builder keeps options in a class-level dict:
             # an earlier builder's spark.ui.enabled=false in the same process would otherwise
             # leak into this session (locality is read from the UI's REST API).

@@ -104,7 +104,7 @@ class TransformWithState:
                  event_time: Optional[str] = None, watermark_delay: Any = 0, mode: str = "pandas",
                  checkpoint_location: Optional[str] = None, locality: bool = True, max_batch_attempts: int = 5,
                  timer_bucket_ms: int = 1000, placement: str = "balanced", request_timeout: float = 120.0,
-                 failover_wait_s: float = 60.0) -> None:
+                 failover_wait_s: float = 60.0, watch_hosts: bool = True) -> None:
         from pyspark.sql.types import StructType
 
         from rhino._secret import secret_bytes
@@ -150,6 +150,9 @@ class TransformWithState:
         self.placement_mode = placement
         self.request_timeout = request_timeout
         self.failover_wait_s = failover_wait_s
+        self.watch_hosts = bool(watch_hosts)
+        self._known_hosts: Optional[set[str]] = None  # executor hosts seen last (host_loss.py)
+        self.watch_log: list[dict] = []  # what the batch watches reported or cancelled
         self.checkpoint_location = Path(checkpoint_location) if checkpoint_location else None
         self.reports: list[BatchReport] = []
         self.last_output: Optional[pa.Table] = None
@@ -232,11 +235,19 @@ class TransformWithState:
             epoch = int(placement["epoch"])
             nparts = len(placement["instances"])
             tj = time.time()
+            watch = self._watch(spark, epoch, placement, f"rhino-{self.operator_id}-{b}-{attempt}")
             try:
-                table = self._run_job(spark, df, b, epoch, wm, placement, nparts, tz, shuffled)
+                with watch:
+                    table = self._run_job(spark, df, b, epoch, wm, placement, nparts, tz, shuffled, watch)
             except Exception as e:  # a failed Spark job (task retries exhausted, an executor lost...)
                 text = str(e)
                 msg = _first_error_line(text) or type(e).__name__
+                if watch is not None and watch.cancelled:
+                    # the operator moved to a new epoch: this attempt could not commit (host_loss.py)
+                    errors.append(f"attempt {attempt}: cancelled: the operator moved to epoch {watch.new_epoch}"
+                                  + "".join(f"; {r['worker']} on {r['host']} reported lost" for r in watch.reported))
+                    self.watch_log.append(dict(watch.summary(), batch=b, attempt=attempt, failed_at=time.time()))
+                    continue
                 errors.append(f"attempt {attempt}: job: {type(e).__name__}: {msg}")
                 if not _transient(text):
                     # the processor's own error, bad data...: running the batch again would fail again
@@ -245,6 +256,8 @@ class TransformWithState:
                 time.sleep(0.5)
                 continue
             tc = time.time()
+            if watch is not None and watch.reported:
+                self.watch_log.append(dict(watch.summary(), batch=b, attempt=attempt))
             data, tasks = _split_meta(table)
             missing = sorted(set(range(nparts)) - {t["instance"] for t in tasks})
             if missing:
@@ -291,8 +304,23 @@ class TransformWithState:
                 return p, True
             raise
 
+    def _watch(self, spark: Any, epoch: int, placement: dict, tag: str) -> Optional[Any]:
+        """The attempt's :class:`~rhino.spark.scheduling.host_loss.BatchWatch` (None if
+        ``watch_hosts`` is off)."""
+        if not self.watch_hosts:
+            return None
+        from .scheduling.host_loss import BatchWatch, executor_hosts
+
+        sc = spark.sparkContext
+        if self._known_hosts is None:
+            self._known_hosts = executor_hosts(sc) or set()
+        return BatchWatch(operator_id=self.operator_id, epoch=epoch, placement=placement,
+                          coordinator=self.coordinator(), hosts=lambda: executor_hosts(sc),
+                          cancel=lambda: sc.cancelJobsWithTag(tag), known_hosts=self._known_hosts,
+                          tag=tag)
+
     def _run_job(self, spark: Any, df: Any, b: int, epoch: int, wm: int, placement: dict, nparts: int,
-                 tz: str, shuffled: dict) -> pa.Table:
+                 tz: str, shuffled: dict, watch: Optional[Any] = None) -> pa.Table:
         from functools import partial
 
         from pyspark.sql import DataFrame
@@ -322,12 +350,21 @@ class TransformWithState:
                         input_schema_json=df.schema.json(), output_schema_json=self.output_schema.json(),
                         timezone=tz, secret=self.secret, coordinator=self.coordinator_address,
                         placement=placement, bucket_ms=self.timer_bucket_ms, request_timeout=self.request_timeout,
-                        failover_wait_s=self.failover_wait_s)
+                        failover_wait_s=self.failover_wait_s, wait_for_failover=not self.watch_hosts)
         from pyspark.sql.pandas.types import from_arrow_schema
 
         out_schema = from_arrow_schema(meta_schema(self.output_schema))
         result = routed.mapInArrow(partial(run_partition, spec), out_schema)
-        return result.toArrow()
+        if watch is None:
+            return result.toArrow()
+        # The job tag is a property of this thread's jobs (Spark's streaming thread, when called
+        # from foreachBatch): the watch cancels by it, and it goes before the next batch.
+        sc = spark.sparkContext
+        sc.addJobTag(watch.tag)
+        try:
+            return result.toArrow()
+        finally:
+            sc.removeJobTag(watch.tag)
 
     def _pin(self, spark: Any, jrdd: Any, jschema: Any, placement: dict, nparts: int) -> Any:
         """The routed rows as a DataFrame, partition i preferring the host of instance i's primary."""
@@ -428,6 +465,10 @@ def transform_with_state(processor: Any, *, key: str | Sequence[str], output_sch
       not supported and are refused.
     - ``checkpoint_location``: a directory for the operator's watermark (survives a
       driver restart; Spark's own checkpoint location is a good place).
+    - ``watch_hosts`` (default True): while a batch runs, report a host whose executors
+      Spark's driver lost to the coordinator (failover in a fraction of a second instead of
+      the heartbeat timeout), and cancel an attempt that can no longer commit
+      (``scheduling/host_loss.py``).
 
     Use: ``query = stream.writeStream.foreachBatch(op.for_each_batch(sink)).start()``.
     """

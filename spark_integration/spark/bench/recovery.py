@@ -368,6 +368,11 @@ def _rhino_breakdown(run: Any, st: dict, cl: Any, victim: Any, ui: str, app_id: 
     figs = [takeovers[str(i)] for i in lost if str(i) in takeovers] or list(takeovers.values())
     takeover_restore = max((f.get("restore_s") or 0.0) for f in figs) if figs else None
     detection = (dead_since - k) if dead_since else None
+    # who found the loss: the driver's batch watch / a task ("reported unreachable") or the heartbeat
+    detected_by = next((ev.get("reason") for ev in status.get("events", [])
+                        if ev.get("kind") == "worker_dead" and ev.get("worker") == wid), None)
+    cancels = [w["cancelled_at"] for w in getattr(run.operator, "watch_log", [])
+               if w.get("cancelled_at") and w["cancelled_at"] >= k]
     # the task of the lost instance that succeeded: it may have started before the detection
     # (a Spark task retry that found the primary dead, reported it and waited for the takeover)
     rerun_start = task["start"] - k
@@ -380,7 +385,13 @@ def _rhino_breakdown(run: Any, st: dict, cl: Any, victim: Any, ui: str, app_id: 
     inside = sum(float(task.get(f) or 0.0) for f in ("read_s", "open_s", "group_s", "timers_s", "fetch_s",
                                                        "process_s", "write_s", "commit_s"))
     return {
-        "detection_s": detection, "replay_s": replay,
+        "detection_s": detection, "detected_by": detected_by,
+        "attempt_cancelled_s": (min(cancels) - k) if cancels else None,
+        "watch": [dict(w, **{x: round(w[x] - k, 4) for x in ("cancelled_at", "failed_at") if w.get(x)},
+                       reported=[dict(r, at=round(r["at"] - k, 4)) for r in w.get("reported", [])])
+                  for w in getattr(run.operator, "watch_log", []) if (w.get("cancelled_at") or 0) >= k - 1
+                  or any(r["at"] >= k - 1 for r in w.get("reported", []))],
+        "replay_s": replay,
         "scheduling_s": max(0.0, rerun_start - (detection or 0.0) - replay),
         "rerun_task_start_s": rerun_start, "state_restore_s": restore,
         "rerun_task_failover_wait_s": max(0.0, (task["end"] - task["start"]) - inside),

@@ -32,7 +32,8 @@ import pyarrow as pa
 
 import rhino
 from rhino.client import connect
-from rhino.errors import PeerDeadError, RhinoError, RhinoIOError, RhinoTimeoutError, StaleEpochError
+from rhino.errors import (PeerDeadError, RhinoError, RhinoIOError, RhinoTimeoutError, SessionBusyError,
+                          StaleEpochError)
 
 from ..state.encoding import RECORD_PREFIX, KeyRecord, decode_key
 from .glue import concat_frames, group_rows
@@ -67,6 +68,9 @@ class TaskSpec:
     bucket_ms: int = 1000
     request_timeout: float = 120.0
     failover_wait_s: float = 60.0
+    # False when the driver's batch watch runs (operator watch_hosts): it cancels the attempt
+    # and runs the batch again at the new epoch, so a task need not wait for it itself
+    wait_for_failover: bool = True
     extra: dict = field(default_factory=dict)
 
 
@@ -217,8 +221,19 @@ def run_partition(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator
             out, stats = _run_once(spec, instance, epoch, placement, table, in_schema, out_schema, address)
             break
         except StaleEpochError as e:
+            if not spec.wait_for_failover:
+                raise
             errors.append(f"{type(e).__name__}: {e}")
             placement, epoch = _newer_placement(spec, placement, epoch, instance, deadline)
+        except SessionBusyError as e:
+            # A task of an attempt the driver cancelled (a new epoch) may still hold the
+            # instance's session: the worker aborts it when that task's connection closes.
+            if time.monotonic() > deadline:
+                raise
+            msg = f"{type(e).__name__}: {e}"
+            if not errors or errors[-1] != msg:
+                errors.append(msg)
+            time.sleep(0.2)
         except _UNREACHABLE as e:
             # The primary, or a member of its chain (a barrier commit waits for the chain), is
             # gone. Report the primary: if the coordinator cannot reach it either, it fails the
@@ -230,6 +245,8 @@ def run_partition(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator
                 _coordinator(spec).report_unreachable(spec.operator_id, instance, info.get("primary"))
             except RhinoError as e2:
                 errors.append(f"report_unreachable: {e2}")
+            if not spec.wait_for_failover:
+                raise
             placement, epoch = _newer_placement(spec, placement, epoch, instance, deadline)
     t_end = time.time()
     meta = {"instance": instance, "attempt": attempt, "host": host, "local": local, "primary": info.get("primary"),

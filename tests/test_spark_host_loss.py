@@ -1,0 +1,185 @@
+"""The driver's batch watch (rhino.spark.scheduling.host_loss): a host whose executors
+Spark's driver lost is reported to the coordinator, and an attempt whose epoch has
+passed is cancelled.
+
+- Unit tests of :class:`BatchWatch` with a scripted host list and a stand-in coordinator.
+- On a real 3-host cluster (127.0.0.34-36) whose coordinator's heartbeat timeout is far
+  longer than the test: a SIGKILLed host is declared dead because the driver's watch
+  reported it (the worker was still alive at the coordinator when the report was sent),
+  and Q8's output still equals a pandas computation over the same events.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from rhino.errors import RhinoIOError
+
+pyspark = pytest.importorskip("pyspark")
+import pandas as pd  # noqa: E402
+
+from rhino.spark.scheduling.host_loss import BatchWatch, worker_hosts  # noqa: E402
+
+PLACEMENT = {
+    "epoch": 3,
+    "instances": {
+        "0": {"primary": "wa", "host": "10.0.0.1", "chain": ["wb", "wc"],
+              "chain_addresses": ["10.0.0.2:7000", "10.0.0.3:7000"]},
+        "1": {"primary": "wb", "host": "10.0.0.2", "chain": ["wc", "wa"],
+              "chain_addresses": ["10.0.0.3:7000", "10.0.0.1:7000"]},
+    },
+}
+
+
+class FakeCoordinator:
+    """Answers placement() at ``epoch``; report_unreachable of a worker in ``dead`` moves
+    the epoch on (as a declared death does)."""
+
+    def __init__(self, epoch: int = 3, dead: tuple = (), fail: bool = False) -> None:
+        self.epoch, self.dead, self.fail = epoch, set(dead), fail
+        self.reports: list[tuple] = []
+
+    def placement(self, op: str) -> dict:
+        if self.fail:
+            raise RhinoIOError("coordinator unreachable")
+        return {"epoch": self.epoch}
+
+    def report_unreachable(self, op: str, instance: int, worker: str) -> dict:
+        self.reports.append((op, instance, worker))
+        if worker in self.dead:
+            self.dead.discard(worker)
+            self.epoch += 1
+        return {"epoch": self.epoch}
+
+
+def _watch(coord, hosts_seq, known, **kw):
+    seq = list(hosts_seq)
+    cancels: list[float] = []
+
+    def hosts():
+        return seq.pop(0) if len(seq) > 1 else seq[0]
+
+    w = BatchWatch(operator_id="op", epoch=3, placement=PLACEMENT, coordinator=coord, hosts=hosts,
+                   cancel=lambda: cancels.append(time.time()), known_hosts=known, interval_s=0.01,
+                   epoch_interval_s=0.01, **kw)
+    return w, cancels
+
+
+def _run(w, seconds=0.3):
+    with w:
+        time.sleep(seconds)
+
+
+def test_worker_hosts_cover_primaries_and_chain_members():
+    assert worker_hosts(PLACEMENT) == {"wa": "10.0.0.1", "wb": "10.0.0.2", "wc": "10.0.0.3"}
+
+
+def test_a_lost_host_is_reported_and_the_attempt_cancelled():
+    coord = FakeCoordinator(dead={"wb"})
+    known = {"10.0.0.1", "10.0.0.2", "10.0.0.3"}
+    w, cancels = _watch(coord, [set(known), {"10.0.0.1", "10.0.0.3"}], known)
+    _run(w)
+    assert coord.reports == [("op", 0, "wb")]  # once, though the host stays gone
+    assert len(cancels) == 1 and w.cancelled and w.new_epoch == 4
+    assert [r["worker"] for r in w.reported] == ["wb"] and w.reported[0]["host"] == "10.0.0.2"
+    assert known == {"10.0.0.1", "10.0.0.3"}
+
+
+def test_an_executor_lost_while_its_rhino_worker_answers_changes_nothing():
+    coord = FakeCoordinator(dead=())  # the coordinator reaches wc: no death, no new epoch
+    known = {"10.0.0.1", "10.0.0.2", "10.0.0.3"}
+    w, cancels = _watch(coord, [{"10.0.0.1", "10.0.0.2"}], known)
+    _run(w)
+    assert coord.reports == [("op", 0, "wc")]
+    assert not cancels and not w.cancelled
+
+
+def test_a_host_lost_between_batches_is_reported_at_the_next_one():
+    known = {"10.0.0.1", "10.0.0.2", "10.0.0.3"}  # what the previous batch's watch saw last
+    coord = FakeCoordinator(dead={"wa"})
+    w, cancels = _watch(coord, [{"10.0.0.2", "10.0.0.3"}], known)
+    _run(w)
+    assert coord.reports == [("op", 0, "wa")] and len(cancels) == 1
+
+
+def test_a_new_epoch_alone_cancels_and_an_unreadable_tracker_is_ignored():
+    coord = FakeCoordinator(epoch=5)  # e.g. the heartbeat found the loss first
+    known = {"10.0.0.1"}
+    w, cancels = _watch(coord, [None], known)
+    _run(w)
+    assert len(cancels) == 1 and w.new_epoch == 5 and not coord.reports
+    assert known == {"10.0.0.1"}
+
+
+def test_coordinator_errors_are_kept_not_raised():
+    coord = FakeCoordinator(fail=True)
+    w, cancels = _watch(coord, [{"10.0.0.1"}], {"10.0.0.1"})
+    _run(w)
+    assert not cancels and w.errors and "RhinoIOError" in w.errors[0]
+
+
+# ------------------------------------------------------------------ on a real cluster
+
+EVENTS_PER_BATCH = 3000
+BATCHES = 8
+PARAMS = {"window_ms": 4000}
+SOURCE = {"interEventDelayUs": 500, "payloadBytes": 64}
+
+
+def _canon(df: pd.DataFrame) -> pd.DataFrame:
+    return df if df.empty else df.sort_values(list(df.columns)).reset_index(drop=True)
+
+
+def test_the_driver_reports_a_killed_host_before_any_heartbeat_timeout(tmp_path):
+    from rhino.spark.cluster import LocalCluster
+    from rhino.spark.nexmark import oracle
+    from rhino.spark.nexmark.generator import generate
+    from rhino.spark.nexmark.pipeline import run_pipeline
+    from rhino.spark.nexmark.source import config_from_options
+
+    host = 2
+    # a heartbeat timeout longer than the whole test: only a report can declare the worker dead
+    with LocalCluster.up(tmp_path / "cluster", hosts=3, first_host=34, heartbeat_timeout=600.0) as cl:
+        spark = cl.spark_session("rhino-host-loss")
+        try:
+            victim = cl.host(host).rhino_worker.id
+            killed: dict = {}
+
+            def on_batch(batch_id: int, run) -> None:
+                if batch_id == 3 and not killed:
+                    def kill() -> None:
+                        time.sleep(0.3)  # into the next batch
+                        killed["t"] = time.time()
+                        killed["pids"] = cl.kill_host(host)
+                    threading.Thread(target=kill, daemon=True).start()
+
+            run = run_pipeline(spark, system="rhino", query="q8", checkpoint_dir=tmp_path / "ck",
+                               events_per_batch=EVENTS_PER_BATCH, max_events=EVENTS_PER_BATCH * BATCHES,
+                               source_options=SOURCE, params=PARAMS, operator_id="q8-host-loss",
+                               coordinator=cl.coordinator, secret_file=str(cl.secret_file), parallelism=3,
+                               replicas=2, on_batch=on_batch, timeout_s=600)
+            assert killed, "the host was not killed"
+            status = cl.coordinator_status()
+        finally:
+            spark.stop()
+    dead = next(w for w in status["workers"] if w["id"] == victim)
+    assert dead["state"] == "dead"
+    reports = [r for w in run.operator.watch_log for r in w["reported"] if r["worker"] == victim]
+    assert reports, run.operator.watch_log
+    # the watch sent its report while the coordinator still held the worker alive: its
+    # report is what declared it dead (a task's report or a heartbeat would come first
+    # otherwise, and the death would predate it)
+    assert dead["dead_since"] >= reports[0]["at"], (dead, reports)
+    ev = [e for e in status.get("events", []) if e.get("kind") == "worker_dead" and e.get("worker") == victim]
+    assert ev and ev[0]["reason"].startswith("reported unreachable"), ev
+
+    # exactly-once all the same: the closed windows equal pandas over the same events
+    events_pdf = generate(0, EVENTS_PER_BATCH * BATCHES, config=config_from_options(SOURCE)).to_pandas()
+    last_wm = run.operator.reports[-1].watermark_ms
+    expect = _canon(oracle.closed("q8", oracle.compute("q8", events_pdf, **PARAMS), last_wm, **PARAMS))
+    got = _canon(oracle.closed("q8", run.output(), last_wm, **PARAMS))
+    assert len(expect) > 10
+    pd.testing.assert_frame_equal(got, expect, check_dtype=False)
