@@ -34,6 +34,7 @@ def _lines(text: str) -> list[dict]:
     (["recovery", "--kill-at", "1.5"], "[0, 1)"),
     (["recovery", "--first-host", "1"], "first host"),
     (["recovery", "--spark-conf", "novalue"], "KEY=VALUE"),
+    (["recovery", "--trials", "0"], "must be >= 1"),
     (["throughput", "--configs", "rhino-r9"], "unknown configuration"),
     (["throughput", "--batches", "0"], "must be >= 1"),
     (["throughput", "--events-per-batch", "x"], "not an integer"),
@@ -105,6 +106,13 @@ def test_summaries_from_records():
     s = recovery.summarize(recs)
     assert s["restore_speedup_at_largest"] == 100.0 and s["restore_target_met"] and s["recovery_target_met"]
     assert s["spark_restore_s_per_gib"] == 3.0
+    # several trials: the medians are compared (one bad Rhino trial of three does not decide)
+    more = [dict(recs[0], recovery_s=12.0), dict(recs[0], recovery_s=5.0),
+            dict(recs[1], recovery_s=8.0), dict(recs[1], recovery_s=7.0)]
+    m = recovery.summarize(recs + more)["per_size"][0]
+    assert m["trials"] == [3, 3] and m["recovery_below_baseline"] and m["recovery_speedup"] == round(8.0 / 5.0, 2)
+    worse = [dict(recs[0], recovery_s=12.0), dict(recs[0], recovery_s=10.0)]
+    assert not recovery.summarize(recs + worse)["recovery_target_met"]
     t = throughput.summarize([
         {"record": "throughput", "config": "rhino-r0", "events_per_s": 100.0, "latency_median_s": 1.0,
          "locality": 1.0, "critical_task_breakdown_s": {"commit_s": 0.1}},

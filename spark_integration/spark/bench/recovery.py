@@ -135,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="batches to complete after the kill before stopping (default 2)")
     ap.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                     help="extra Spark conf for both systems' sessions (repeatable); default: Spark's defaults")
+    ap.add_argument("--trials", type=positive_int, default=1,
+                    help="runs per size and system, interleaved; the summary compares medians (default 1)")
     ap.add_argument("--timeout", type=positive_float, default=3600.0, help="per run, s (default 3600)")
     ap.add_argument("--from", dest="from_file", metavar="JSONL",
                     help="run nothing: write --report/--plot (and print the summary) from the records in this file")
@@ -574,18 +576,38 @@ def _valid(r: dict) -> bool:
     return r.get("record") == "recovery" and not r.get("discarded")
 
 
+def _median_record(rs: list[dict]) -> dict:
+    """One (system, size): the median of each figure over its trials (a single trial: itself)."""
+    if len(rs) == 1:
+        return dict(rs[0], trials=1)
+    out = dict(rs[-1], trials=len(rs))
+    for f in ("recovery_s", "state_restore_s", "detection_s", "scheduling_s", "replay_s", "locality",
+              "state_bytes_at_kill"):
+        xs = [r[f] for r in rs if r.get(f) is not None]
+        out[f] = median(xs) if xs else None
+    return out
+
+
 def summarize(records: list[dict]) -> dict:
+    """Per size, Rhino against the baseline on the median over trials (``--trials``, or
+    several runs combined with ``--from``)."""
     rr = [r for r in records if _valid(r)]
-    by = {(r["system"], r["size_bytes"]): r for r in rr}
+    groups: dict[tuple, list[dict]] = {}
+    for r in rr:
+        groups.setdefault((r["system"], r["size_bytes"]), []).append(r)
+    by = {k: _median_record(v) for k, v in groups.items()}
     sizes = sorted({r["size_bytes"] for r in rr})
     rows = []
     for s in sizes:
         a, b = by.get(("rhino", s)), by.get(("spark-rocksdb", s))
         if a and b:
-            rows.append({"size_bytes": s,
+            ga, gb = groups[("rhino", s)], groups[("spark-rocksdb", s)]
+            rows.append({"size_bytes": s, "trials": [len(ga), len(gb)],
                          "restore_speedup": _ratio(b.get("state_restore_s"), a.get("state_restore_s")),
                          "recovery_speedup": _ratio(b.get("recovery_s"), a.get("recovery_s")),
-                         "recovery_below_baseline": (a["recovery_s"] < b["recovery_s"])})
+                         "recovery_below_baseline": (a["recovery_s"] < b["recovery_s"]),
+                         "rhino_recovery_s": [r["recovery_s"] for r in ga],
+                         "baseline_recovery_s": [r["recovery_s"] for r in gb]})
     rh = [by[("rhino", s)] for s in sizes if ("rhino", s) in by]
     out: dict[str, Any] = {"record": "summary", "per_size": rows}
     if rows:
@@ -677,29 +699,35 @@ def report(records: list[dict], path: str, *, command: str, setup: dict) -> None
          "Parameters: " + ", ".join(f"{k}={v}" for k, v in setup.get("parameters", {}).items()), "",
          "Spark settings: " + (", ".join(f"`{k}={v}`" for k, v in setup.get("spark_conf", {}).items())
                                or "Spark's defaults") + " (besides the cluster's: one 1-core executor per host, "
-         "`spark.sql.shuffle.partitions=3`; `spark.network.timeout`, heartbeats, `spark.locality.wait` (3 s), "
+         "`spark.sql.shuffle.partitions=3`, `spark.python.task.killTimeout=200ms` (only cancelled tasks feel it, "
+         "and only Rhino's batch watch cancels); `spark.network.timeout`, heartbeats, `spark.locality.wait` (3 s), "
          "`spark.task.maxFailures` (4) are Spark's defaults; state store: RocksDB provider, its defaults "
          "(no changelog checkpointing: a snapshot is uploaded at every commit)).", "",
          "**The baseline's \"DFS\" (Spark's checkpoint location) is a directory on the same local disk**: its "
          "state fetch is a local file copy (no network, page cache warm), which favours the baseline.", "",
          "Seconds from the SIGKILL:", "",
-         "| state | system | recovery | detection | scheduling | replay | state restore | rerun task start | "
-         "rerun batch | steady batch | attempts | locality |",
-         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+         "| state | system | trial | recovery | detection | scheduling | replay | state restore | "
+         "rerun task start | rerun batch | steady batch | attempts | locality |",
+         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def f(x: Any, d: int = 3) -> str:
         return "-" if x is None else (f"{x:.{d}f}" if isinstance(x, float) else str(x))
 
     for r in rr:
         L.append(f"| {r['size_bytes'] / 2**30:g} GiB ({(r.get('state_bytes_at_kill') or 0) / 2**30:.2f} GiB at "
-                 f"kill) | {r['system']} | {f(r.get('recovery_s'))} | {f(r.get('detection_s'))} | "
+                 f"kill) | {r['system']} | {f(r.get('trial', 0))} | {f(r.get('recovery_s'))} | "
+                 f"{f(r.get('detection_s'))} | "
                  f"{f(r.get('scheduling_s'))} | {f(r.get('replay_s'))} | {f(r.get('state_restore_s'))} | "
                  f"{f(r.get('rerun_task_start_s'))} | {f(r.get('rerun_batch_s'))} | {f(r.get('steady_batch_s'))} | "
                  f"{f(r.get('attempts'))} | {f(r.get('locality'))} |")
-    L += ["", "Ratios (baseline / Rhino, same run):", ""]
+    L += ["", "Ratios (baseline / Rhino, same run; with several trials, of the medians):", ""]
     for row in summ.get("per_size", []):
-        L.append(f"- {row['size_bytes'] / 2**30:g} GiB: state restore {row['restore_speedup']}x, recovery "
-                 f"{row['recovery_speedup']}x")
+        line = (f"- {row['size_bytes'] / 2**30:g} GiB: state restore {row['restore_speedup']}x, recovery "
+                f"{row['recovery_speedup']}x")
+        if max(row.get("trials") or [1]) > 1:
+            line += (f" (recovery per trial: Rhino {', '.join(f'{x:.2f}' for x in row['rhino_recovery_s'])} s; "
+                     f"baseline {', '.join(f'{x:.2f}' for x in row['baseline_recovery_s'])} s)")
+        L.append(line)
     L += ["", "Targets:", ""]
     if "restore_target_met" in summ:
         L.append(f"- Rhino's state restore >= {SPEEDUP_TARGET:g}x faster than the baseline's at the largest size: "
@@ -776,31 +804,34 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                             "payload_bytes": args.payload_bytes, "window_ms": HUGE_WINDOW_MS,
                             "parallelism": args.parallelism, "replicas": args.replicas,
                             "heartbeat_timeout": args.heartbeat_timeout, "kill_host": args.kill_host,
-                            "kill_at": args.kill_at, "after_batches": args.after_batches, "hosts": 3,
+                            "kill_at": args.kill_at, "after_batches": args.after_batches, "trials": args.trials,
+                            "hosts": 3,
                             "first_host": args.first_host}}
     em.emit(setup)
     failed = 0
     try:
-        for size in args.sizes:
-            for system in args.systems:
-                d = base / f"{system}-{size}"
-                t0 = time.time()
-                try:
-                    rec = run_one(system=system, size=size, workdir=d, args=args, spark_conf=spark_conf)
-                    rec["wall_s"] = round(time.time() - t0, 1)
-                    em.emit(rec)
-                    say(f"{system} {size / 2**30:g} GiB: recovery {rec['recovery_s']:.2f} s, state restore "
-                        f"{rec.get('state_restore_s')} s, detection {rec.get('detection_s')} s")
-                except (KeyboardInterrupt, SystemExit):
-                    raise
-                except Exception as e:
-                    failed += 1
-                    say(f"{system} {size} failed: {type(e).__name__}: {e}")
-                    em.emit({"record": "error", "system": system, "size_bytes": size,
-                             "error": f"{type(e).__name__}: {e}"[:2000]})
-                finally:
-                    if not args.keep:
-                        shutil.rmtree(d, ignore_errors=True)
+        runs = [(size, trial, system) for size in args.sizes for trial in range(args.trials)
+                for system in args.systems]
+        for size, trial, system in runs:
+            d = base / (f"{system}-{size}" + (f"-t{trial}" if args.trials > 1 else ""))
+            t0 = time.time()
+            try:
+                rec = run_one(system=system, size=size, workdir=d, args=args, spark_conf=spark_conf)
+                rec["wall_s"] = round(time.time() - t0, 1)
+                rec["trial"] = trial
+                em.emit(rec)
+                say(f"{system} {size / 2**30:g} GiB: recovery {rec['recovery_s']:.2f} s, state restore "
+                    f"{rec.get('state_restore_s')} s, detection {rec.get('detection_s')} s")
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as e:
+                failed += 1
+                say(f"{system} {size} failed: {type(e).__name__}: {e}")
+                em.emit({"record": "error", "system": system, "size_bytes": size,
+                         "error": f"{type(e).__name__}: {e}"[:2000]})
+            finally:
+                if not args.keep:
+                    shutil.rmtree(d, ignore_errors=True)
         summ = summarize(em.records)
         em.emit(summ)
     finally:
