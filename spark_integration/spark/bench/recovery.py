@@ -650,7 +650,8 @@ def plot(records: list[dict], path: str) -> None:
     rr = sorted((r for r in records if _valid(r)), key=lambda r: (r["size_bytes"], r["system"]))
     if not rr:
         return
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(max(13.0, 7.0 + 0.75 * len(rr)), 5),
+                                  gridspec_kw={"width_ratios": [max(1.2, len(rr) / 5), 1]})
     labels, bottoms = [], [0.0] * len(rr)
     colors = {"detection_s": "#999999", "scheduling_s": "#f0a030", "replay_s": "#60a0e0",
               "state_restore_s": "#d04040"}
@@ -662,7 +663,7 @@ def plot(records: list[dict], path: str) -> None:
     rest = [max(0.0, r["recovery_s"] - b) for r, b in zip(rr, bottoms)]
     ax.bar(xs, rest, bottom=bottoms, color="#cccccc", hatch="//", label="rest of the rerun batch")
     for i, r in enumerate(rr):
-        labels.append(f"{r['size_bytes'] / 2**30:g} GiB\n{'Rhino' if r['system'] == 'rhino' else 'Spark RocksDB'}")
+        labels.append(f"{r['size_bytes'] / 2**30:g} GiB\n{'Rhino' if r['system'] == 'rhino' else 'Spark'}")
         ax.text(i, r["recovery_s"], f"{r['recovery_s']:.1f}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(xs), labels, fontsize=8)
     ax.set_ylabel("seconds from the SIGKILL")
@@ -674,7 +675,10 @@ def plot(records: list[dict], path: str) -> None:
         pts = [(r["size_bytes"] / 2**30, r.get("state_restore_s")) for r in rr if r["system"] == sysname]
         pts = [(a, b) for a, b in pts if b is not None]
         if pts:
-            ax2.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=c, label=lab)
+            ax2.scatter([p[0] for p in pts], [p[1] for p in pts], color=c, s=14, alpha=0.6)
+            xs2 = sorted({p[0] for p in pts})
+            ax2.plot(xs2, [median([b for a, b in pts if a == x]) for x in xs2], "o-", color=c,
+                     label=lab + (" (median)" if len(pts) > len(xs2) else ""))
     ax2.set_xlabel("state (GiB)")
     ax2.set_ylabel("state_restore_s")
     ax2.set_yscale("log")
@@ -713,9 +717,12 @@ def report(records: list[dict], path: str, *, command: str, setup: dict) -> None
     def f(x: Any, d: int = 3) -> str:
         return "-" if x is None else (f"{x:.{d}f}" if isinstance(x, float) else str(x))
 
+    seen: dict[tuple, int] = {}
     for r in rr:
+        # trials numbered per size and system, in the order run (also across runs combined with --from)
+        n = seen[(r["system"], r["size_bytes"])] = seen.get((r["system"], r["size_bytes"]), 0) + 1
         L.append(f"| {r['size_bytes'] / 2**30:g} GiB ({(r.get('state_bytes_at_kill') or 0) / 2**30:.2f} GiB at "
-                 f"kill) | {r['system']} | {f(r.get('trial', 0))} | {f(r.get('recovery_s'))} | "
+                 f"kill) | {r['system']} | {n} | {f(r.get('recovery_s'))} | "
                  f"{f(r.get('detection_s'))} | "
                  f"{f(r.get('scheduling_s'))} | {f(r.get('replay_s'))} | {f(r.get('state_restore_s'))} | "
                  f"{f(r.get('rerun_task_start_s'))} | {f(r.get('rerun_batch_s'))} | {f(r.get('steady_batch_s'))} | "
