@@ -15,6 +15,15 @@ from pathlib import Path
 import pytest
 
 
+def _as_at_a_terminal() -> None:
+    """The child starts with SIGINT at its default, as a command typed at a terminal does.
+    A shell's background job (``make test &``, a CI harness) starts with SIGINT ignored,
+    and Python, like any Unix program, then leaves Ctrl-C ignored: the bench rightly
+    does not install its SIGINT handler, and the SIGINT cases below would see it go on.
+    (That was why a SIGINTed bench "went on" on CI and in background runs here.)"""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def worker_pids(work: Path) -> set[int]:
     """PIDs of live `rhino.daemon.worker` processes whose command line names `work`."""
     pids = set()
@@ -59,7 +68,7 @@ def test_a_stopped_bench_stops_its_workers(tmp_path: Path, bench: str, sig: sign
         args = ["--workers", "2", "--replicas", "2", "--size", "64M", "--dir", str(work), "--json"]
         logs = [work / "r2" / "w2.log", work / "r2" / "w3.log"]
     proc = subprocess.Popen([sys.executable, "-m", "rhino.cli", "bench", bench, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_as_at_a_terminal)
     frozen: list[int] = []
     try:
         wait_for(lambda: all(listening(p) for p in logs), 120, "both workers to listen")
@@ -119,5 +128,6 @@ except KeyboardInterrupt:
 except SystemExit as e:
     print("SystemExit", e.code)
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       preexec_fn=_as_at_a_terminal)
     assert r.stdout.strip() == want, r.stdout + r.stderr

@@ -40,9 +40,11 @@ def raise_if_stopped() -> None:
     """Raises SystemExit again if a SIGTERM was received (KeyboardInterrupt for
     SIGINT). The handler's own exception can be lost: Python runs a handler at
     whatever bytecode the main thread is at, and an exception raised inside a
-    finalizer or a callback whose caller swallows errors is dropped. Twice on CI
-    a bench went on after the signal (SIGTERM once, SIGINT once; cause not
-    found), so the long loops check this flag as well."""
+    finalizer or a callback whose caller swallows errors is dropped, so the long
+    loops check this flag as well. (A bench started with SIGINT ignored, as a
+    shell's background job is, keeps ignoring Ctrl-C: the Unix convention,
+    which Python follows; that, not a lost exception, was why a SIGINTed bench
+    went on in background test runs.)"""
     if _stop_signal == signal.SIGINT:
         raise KeyboardInterrupt
     if _stop_signal is not None:
