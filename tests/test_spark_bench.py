@@ -62,7 +62,9 @@ def test_recovery_small(tmp_path):
         assert r["state_bytes_at_kill"] >= r["size_bytes"]
         for f in ("recovery_s", "state_restore_s", "detection_s", "scheduling_s", "replay_s"):
             assert r[f] is not None and r[f] >= 0, (f, r)
-        assert r["recovery_s"] >= r["state_restore_s"]
+        if r.get("restore_batch", r["recovered_batch"]) == r["recovered_batch"]:
+            # (a kill just after the victim's stateful task leaves the restore to the next batch)
+            assert r["recovery_s"] >= r["state_restore_s"]
         assert r["recovery_s"] >= r["detection_s"]
         assert "locality" in r
     rh = rr["rhino"]
