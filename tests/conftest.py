@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import rhino
-from rhino.testing.cluster import read_rocksdb as _read_rocksdb
+from rhino_bench.harness.workers import read_rocksdb as _read_rocksdb
 
 
 @pytest.fixture

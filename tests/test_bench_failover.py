@@ -1,4 +1,4 @@
-"""`rhino bench failover` runs end to end at a tiny size: Rhino's takeover
+"""`rhino-bench failover` runs end to end at a tiny size: Rhino's takeover
 restores by hard links with nothing over the network, the DFS-style baseline
 moves the whole checkpoint over TCP, both read back what was written, and
 the rows carry the fields bench/README.md describes (Rhino paper Table 1)."""
@@ -12,20 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from rhino.bench import failover
+from rhino_bench import failover
 
 FIELDS = ("size_bytes", "method", "detection_s", "scheduling_s", "fetch_s", "load_s", "total_s",
           "total_excl_detection_s", "files", "linked_files", "copied_bytes", "network_bytes", "state_bytes")
 
 
 def rhino(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rhino", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "rhino_bench", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 def test_bench_failover_small(tmp_path: Path) -> None:
     out = tmp_path / "failover.jsonl"
     size = 8 << 20
-    p = rhino("bench", "failover", "--sizes", "8M", "--json", "--settle-timeout", "3", "--dir", str(tmp_path / "work"),
+    p = rhino("failover", "--sizes", "8M", "--json", "--settle-timeout", "3", "--dir", str(tmp_path / "work"),
               "--out", str(out), "--report", str(tmp_path / "failover.md"), "--plot", str(tmp_path / "failover.png"),
               cwd=tmp_path)
     assert p.returncode == 0, p.stderr
@@ -85,9 +85,9 @@ def test_failover_targets_are_judged() -> None:
 
 
 def test_bench_failover_usage_errors(tmp_path: Path) -> None:
-    p = rhino("bench", "failover", "--sizes", "lots", "--dir", str(tmp_path / "w"), cwd=tmp_path)
+    p = rhino("failover", "--sizes", "lots", "--dir", str(tmp_path / "w"), cwd=tmp_path)
     assert p.returncode == 2 and "invalid size" in p.stderr
-    p = rhino("bench", "failover", "--sizes", "8M", "--fill-batch-bytes", "2G", "--dir", str(tmp_path / "w"),
+    p = rhino("failover", "--sizes", "8M", "--fill-batch-bytes", "2G", "--dir", str(tmp_path / "w"),
               cwd=tmp_path)
     assert p.returncode == 2 and "--fill-batch-bytes" in p.stderr
 
@@ -116,7 +116,7 @@ def test_a_stopped_failover_bench_stops_its_workers(tmp_path: Path) -> None:
     import time
 
     work = tmp_path / "work"
-    proc = subprocess.Popen([sys.executable, "-m", "rhino", "bench", "failover", "--sizes", "1G", "--dir", str(work),
+    proc = subprocess.Popen([sys.executable, "-m", "rhino_bench", "failover", "--sizes", "1G", "--dir", str(work),
                              "--fill-batch-bytes", "8M", "--json"], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:

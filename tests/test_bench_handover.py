@@ -1,4 +1,4 @@
-"""`rhino bench handover` runs end to end at a tiny size and prints the rows
+"""`rhino-bench handover` runs end to end at a tiny size and prints the rows
 bench/README.md describes; its correctness check catches a state that differs
 from what the writer wrote."""
 
@@ -13,20 +13,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rhino.bench import handover
+from rhino_bench import handover
 from rhino.coordinator.client import LocalCoordinatorClient
 from rhino.coordinator.coordinator import Coordinator
-from rhino.testing.cluster import SECRET, WorkerProcess, write_secret
-from rhino.testing.engine import MicroBatchEngine
+from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret
+from rhino_bench.harness.engine import MicroBatchEngine
 
 
 def rhino(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rhino", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "rhino_bench", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 def test_bench_handover_small(tmp_path: Path) -> None:
     out = tmp_path / "handover.jsonl"
-    p = rhino("bench", "handover", "--json", "--state", "4M", "--strategies", "all-at-once,fluid", "--repeat", "1",
+    p = rhino("handover", "--json", "--state", "4M", "--strategies", "all-at-once,fluid", "--repeat", "1",
               "--num-vnodes", "16", "--batch-keys", "300", "--warmup-batches", "1", "--quiesce", "0",
               "--steady-batches", "3", "--after-batches", "1", "--dir", str(tmp_path / "work"), "--out", str(out),
               "--report", str(tmp_path / "handover.md"), "--plot", str(tmp_path / "handover.png"), cwd=tmp_path)
@@ -100,7 +100,7 @@ def test_handover_verify_catches_a_wrong_state(tmp_path: Path) -> None:
 
 
 def test_bench_handover_usage_errors(tmp_path: Path) -> None:
-    p = rhino("bench", "handover", "--strategies", "sideways", "--dir", str(tmp_path / "w"), cwd=tmp_path)
+    p = rhino("handover", "--strategies", "sideways", "--dir", str(tmp_path / "w"), cwd=tmp_path)
     assert p.returncode == 2 and "strategies" in p.stderr
-    p = rhino("bench", "handover", "--batch-keys", "0", "--dir", str(tmp_path / "w"), cwd=tmp_path)
+    p = rhino("handover", "--batch-keys", "0", "--dir", str(tmp_path / "w"), cwd=tmp_path)
     assert p.returncode == 2 and "--batch-keys must be at least 1" in p.stderr

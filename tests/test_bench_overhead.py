@@ -1,4 +1,4 @@
-"""`rhino bench overhead`, tiny: real worker processes on 127.0.0.2 and .3, a
+"""`rhino-bench overhead`, tiny: real worker processes on 127.0.0.2 and .3, a
 few seconds of writes. Checks the output contract and, against the replicas'
 own stores (opened after the workers stopped), that the r=2 phase really
 replicated the checkpoints it reports."""
@@ -26,7 +26,7 @@ SUMMARY_FIELDS = ("writes_r0", "writes_r2", "drop", "drop_pairs", "target_drop",
 def test_tiny_run_contract_and_replicas(tmp_path: Path, compaction: str):
     work, out = tmp_path / "work", tmp_path / "overhead.jsonl"
     r = subprocess.run(
-        [sys.executable, "-m", "rhino.cli", "bench", "overhead", "--pairs", "1", "--duration", "1.5", "--warmup", "0.6",
+        [sys.executable, "-m", "rhino_bench", "overhead", "--pairs", "1", "--duration", "1.5", "--warmup", "0.6",
          "--checkpoint-interval", "0.3", "--initial-keys", "20000", "--batch-keys", "2000", "--value-size", "64",
          "--dir", str(work), "--keep", "--json", "--out", str(out), "--compaction", compaction],
         capture_output=True, text=True, timeout=180)

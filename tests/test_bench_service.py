@@ -1,4 +1,4 @@
-"""`rhino bench service` runs end to end on a small batch and prints the rows
+"""`rhino-bench service` runs end to end on a small batch and prints the rows
 bench/README.md describes; bad options are usage errors."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from pathlib import Path
 
 
 def rhino(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rhino", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "rhino_bench", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 def test_bench_service_small(tmp_path: Path) -> None:
     out = tmp_path / "service.jsonl"
-    p = rhino("bench", "service", "--json", "--keys", "3000", "--repeat", "2", "--fixed-reps", "3",
+    p = rhino("service", "--json", "--keys", "3000", "--repeat", "2", "--fixed-reps", "3",
               "--dir", str(tmp_path / "work"), "--out", str(out), "--report", str(tmp_path / "service.md"),
               "--plot", str(tmp_path / "service.png"), cwd=tmp_path)
     assert p.returncode == 0, p.stderr
@@ -38,5 +38,5 @@ def test_bench_service_small(tmp_path: Path) -> None:
 
 
 def test_bench_service_usage_errors(tmp_path: Path) -> None:
-    p = rhino("bench", "service", "--keys", "0", "--dir", str(tmp_path / "w"), cwd=tmp_path)
+    p = rhino("service", "--keys", "0", "--dir", str(tmp_path / "w"), cwd=tmp_path)
     assert p.returncode == 2 and "--keys must be at least 1" in p.stderr

@@ -1,6 +1,6 @@
 """A bench stopped by SIGTERM (`kill`, a CI timeout, a job scheduler) or Ctrl-C stops the
 worker processes it started: they run in their own sessions, so nothing else
-would. Real `rhino bench overhead` / `rhino bench replicate` processes, real
+would. Real `rhino-bench overhead` / `rhino-bench replicate` processes, real
 workers on 127.0.0.2 and .3, found through /proc, not through the bench."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def test_a_stopped_bench_stops_its_workers(tmp_path: Path, bench: str, sig: sign
     else:
         args = ["--workers", "2", "--replicas", "2", "--size", "64M", "--dir", str(work), "--json"]
         logs = [work / "r2" / "w2.log", work / "r2" / "w3.log"]
-    proc = subprocess.Popen([sys.executable, "-m", "rhino.cli", "bench", bench, *args],
+    proc = subprocess.Popen([sys.executable, "-m", "rhino_bench", bench, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_as_at_a_terminal)
     frozen: list[int] = []
     try:
@@ -103,7 +103,7 @@ def test_a_stopped_bench_stops_its_workers(tmp_path: Path, bench: str, sig: sign
         assert "stopping the workers" in err
     else:  # Ctrl-C: KeyboardInterrupt, reported by the CLI
         assert proc.returncode == 130, err
-        assert "rhino: interrupted" in err
+        assert "rhino-bench: interrupted" in err
     assert not work.exists(), "the work directory (no --keep) was left behind"
 
 
@@ -113,7 +113,7 @@ def test_a_signal_whose_exception_was_swallowed_still_stops_the_loops(sig: signa
     careless callback would) still stops the bench at its next raise_if_stopped()."""
     code = f"""
 import os, signal
-from rhino.bench.common import exit_on_sigterm, raise_if_stopped
+from rhino_bench.common import exit_on_sigterm, raise_if_stopped
 exit_on_sigterm()
 try:
     os.kill(os.getpid(), {int(sig)})

@@ -29,7 +29,7 @@ import pytest
 
 import rhino
 
-from rhino.testing.cluster import SECRET, WorkerProcess, write_secret
+from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret
 
 OP = "chaos"
 TRIALS = int(os.environ.get("RHINO_CHAOS_TRIALS", "50"))

@@ -31,6 +31,12 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subpro
                           text=True, timeout=timeout)
 
 
+def run_bench(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`rhino-bench ...` (bench/rhino_bench), the repository's benchmark command."""
+    return subprocess.run([sys.executable, "-m", "rhino_bench", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
 @pytest.fixture
 def written(tmp_path: Path):
     """A live state (V=8) and a store with two checkpoints, and what was written."""
@@ -144,7 +150,7 @@ def test_inspect_store_lists_checkpoints_and_pool(written):
 
 
 def test_inspect_human_readable_and_live_plus_store_dir(written):
-    # A directory holding live/ and store/, as `rhino demo` leaves it.
+    # A directory holding live/ and store/, as `rhino-bench demo --data-plane` leaves it.
     r = run_cli("inspect", str(written["tmp"]))
     assert r.returncode == 0, r.stderr
     assert "Live state" in r.stdout and "Replica store" in r.stdout
@@ -172,7 +178,7 @@ def test_inspect_bad_path_is_a_clear_error(tmp_path, args):
 
 
 def test_bad_size_is_a_usage_error():
-    r = run_cli("bench", "restore", "--sizes", "12Q")
+    r = run_bench("restore", "--sizes", "12Q")
     assert r.returncode == 2 and "invalid size '12Q'" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -188,7 +194,7 @@ MAX_CHUNK = rhino._core.MAX_FRAME_BYTES - 16  # docs/protocol.md: chunk_bytes is
     (["--chunk", "99999999"], f"--chunk 99999999: at most {MAX_CHUNK} bytes"),
 ])
 def test_bench_replicate_bad_arguments_are_usage_errors(tmp_path, args, message):
-    r = run_cli("bench", "replicate", *args, "--dir", "w", cwd=tmp_path)
+    r = run_bench("replicate", *args, "--dir", "w", cwd=tmp_path)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "w").exists()  # refused before anything was started or written
 
@@ -204,14 +210,14 @@ def test_bench_replicate_bad_arguments_are_usage_errors(tmp_path, args, message)
     (["--update-fraction", "1"], "--update-fraction must be in [0, 1)"),
 ])
 def test_bench_overhead_bad_arguments_are_usage_errors(tmp_path, args, message):
-    r = run_cli("bench", "overhead", *args, "--dir", "w", cwd=tmp_path)
+    r = run_bench("overhead", *args, "--dir", "w", cwd=tmp_path)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "w").exists()
 
 
 @pytest.mark.parametrize("compaction", ["level", "universal"])
 def test_bench_restore_prints_one_json_object_per_size(tmp_path, compaction):
-    r = run_cli("bench", "restore", "--sizes", "1M,2M", "--json", "--dir", str(tmp_path / "b"),
+    r = run_bench("restore", "--sizes", "1M,2M", "--json", "--dir", str(tmp_path / "b"),
                 "--repeats", "1", "--no-drop-caches", "--out", str(tmp_path / "out.jsonl"),
                 "--compaction", compaction)
     assert r.returncode == 0, r.stderr
@@ -234,7 +240,7 @@ def test_bench_restore_prints_one_json_object_per_size(tmp_path, compaction):
 
 
 def test_bench_replicate_prints_its_contract_and_judges_against_the_fastest_probe(tmp_path):
-    r = run_cli("bench", "replicate", "--workers", "2", "--replicas", "1,2", "--size", "4M", "--json",
+    r = run_bench("replicate", "--workers", "2", "--replicas", "1,2", "--size", "4M", "--json",
                 "--dir", str(tmp_path / "b"), timeout=120)
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
@@ -255,7 +261,7 @@ def test_bench_replicate_prints_its_contract_and_judges_against_the_fastest_prob
 
 
 def test_demo_runs_and_verifies(tmp_path, read_rocksdb):
-    r = run_cli("demo", "--data-plane", "--size", "8M", "--dir", "tmp", cwd=tmp_path)
+    r = run_bench("demo", "--data-plane", "--size", "8M", "--dir", "tmp", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "verified           yes" in r.stdout
     assert (tmp_path / "tmp" / "store" / "pool").is_dir()

@@ -1,6 +1,8 @@
-"""The package's layout (issue 18): the library API at the top of `rhino`, the daemon,
-the command line, the benchmarks, the test harness and the Spark layer in
-subpackages, each importable, and the entry points that name them working.
+"""The package's layout: the library API at the top of `rhino`, the daemon, the
+command line, the coordinator, the client and the Spark layer in subpackages; the
+benchmarks, the demo, NEXMark and the local-cluster harness in the separate
+`rhino_bench` package (bench/, never in the wheel); each importable, and the entry
+points that name them working.
 
 Each check runs in a fresh interpreter, so what one import pulls in is not hidden
 by what the test session imported before."""
@@ -12,10 +14,12 @@ import sys
 
 import pytest
 
-SUBPACKAGES = ["rhino.daemon", "rhino.cli", "rhino.bench", "rhino.testing", "rhino.spark"]
+SUBPACKAGES = ["rhino.daemon", "rhino.cli", "rhino.client", "rhino.coordinator", "rhino.spark",
+               "rhino_bench", "rhino_bench.spark", "rhino_bench.harness", "rhino_bench.nexmark", "rhino_bench.demo"]
 MODULES = ["rhino.daemon.worker", "rhino.daemon.metrics", "rhino.cli.main", "rhino.cli.verify", "rhino.cli.restore",
-           "rhino.cli.demo", "rhino.cli.progress", "rhino.bench.restore", "rhino.bench.replicate",
-           "rhino.bench.overhead", "rhino.bench.workload", "rhino.bench.common", "rhino.testing.cluster"]
+           "rhino.cli.progress", "rhino_bench.cli", "rhino_bench.restore", "rhino_bench.replicate",
+           "rhino_bench.overhead", "rhino_bench.workload", "rhino_bench.common", "rhino_bench.harness.workers",
+           "rhino_bench.demo.dataplane"]
 
 
 def python(code: str) -> subprocess.CompletedProcess:
@@ -33,7 +37,7 @@ def test_the_library_api_does_not_pull_in_the_tools():
     p = python("import sys, rhino; print(' '.join(sorted(sys.modules)))")
     assert p.returncode == 0, p.stderr
     loaded = set(p.stdout.split())
-    unwanted = {"rhino.cli", "rhino.daemon", "rhino.bench", "rhino.testing", "rhino.spark",
+    unwanted = {"rhino.cli", "rhino.daemon", "rhino_bench", "rhino.spark",
                 "tqdm", "prometheus_client", "rocksdict", "pyspark"}
     assert not loaded & unwanted, sorted(loaded & unwanted)
 
@@ -47,14 +51,28 @@ def test_rhino_spark_comes_from_spark_integration_and_does_not_import_pyspark():
 
 
 def test_the_harness_does_not_need_rocksdict_to_import():
-    p = python("import sys; sys.modules['rocksdict'] = None; import rhino.testing.cluster")
+    p = python("import sys; sys.modules['rocksdict'] = None; import rhino_bench.harness.workers")
     assert p.returncode == 0, p.stderr
 
 
 @pytest.mark.parametrize("argv", [["-m", "rhino", "--help"], ["-m", "rhino.cli", "--help"],
                                   ["-m", "rhino.daemon.worker", "--help"], ["-m", "rhino", "worker", "--help"],
-                                  ["-m", "rhino", "bench", "overhead", "--help"]])
+                                  ["-m", "rhino_bench", "overhead", "--help"], ["-m", "rhino_bench", "--help"]])
 def test_the_module_entry_points_run(argv):
     p = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.startswith("usage: rhino")
+    assert p.stdout.lstrip().startswith(("usage: rhino", "The ``rhino-bench`` command"))
+
+
+def test_the_benchmarks_and_the_demo_left_the_library():
+    """No `rhino bench`, `rhino demo` or `rhino spark`: they are `rhino-bench`'s; and no module of the
+    library imports rhino_bench."""
+    for argv in (["bench", "restore", "--help"], ["demo", "--help"], ["spark", "--help"]):
+        p = subprocess.run([sys.executable, "-m", "rhino", *argv], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2, (argv, p.stdout, p.stderr)
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for tree in (root / "rhino", root / "spark_integration" / "spark"):
+        for f in tree.rglob("*.py"):
+            assert "rhino_bench" not in f.read_text(), f"{f} refers to rhino_bench"

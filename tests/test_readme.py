@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import rhino
-from rhino.testing.cluster import SECRET, WorkerProcess, write_secret
+from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

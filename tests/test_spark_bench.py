@@ -1,4 +1,4 @@
-"""`rhino spark bench recovery|throughput`: small, fast runs of both commands on a
+"""`rhino-bench spark recovery|throughput`: small, fast runs of both commands on a
 local 3-host cluster (127.0.0.50-52 and .53-55), checking the JSON fields and their
 sanity, and the argument errors (exit 2)."""
 
@@ -13,13 +13,13 @@ import pytest
 
 pyspark = pytest.importorskip("pyspark")
 
-from rhino.spark.bench import recovery, throughput  # noqa: E402
+from rhino_bench.spark import recovery, throughput  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _rhino(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rhino", "spark", "bench", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "rhino_bench", "spark", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout)
 
 

@@ -8,7 +8,7 @@
   and dtypes alike (Spark converts each output frame on its own, so the gathered frame must
   not change a column's type).
 
-Fast: no Spark session, no worker. ``bench/spark_glue.py`` times the same functions.
+Fast: no Spark session, no worker. ``rhino-bench spark glue`` (bench/rhino_bench/spark/glue.py) times the same functions.
 """
 
 from __future__ import annotations

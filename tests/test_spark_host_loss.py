@@ -134,11 +134,11 @@ def _canon(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_the_driver_reports_a_killed_host_before_any_heartbeat_timeout(tmp_path):
-    from rhino.spark.cluster import LocalCluster
-    from rhino.spark.nexmark import oracle
-    from rhino.spark.nexmark.generator import generate
-    from rhino.spark.nexmark.pipeline import run_pipeline
-    from rhino.spark.nexmark.source import config_from_options
+    from rhino_bench.harness.spark_cluster import LocalCluster
+    from rhino_bench.nexmark import oracle
+    from rhino_bench.nexmark.generator import generate
+    from rhino_bench.nexmark.pipeline import run_pipeline
+    from rhino_bench.nexmark.source import config_from_options
 
     host = 2
     # a heartbeat timeout longer than the whole test: only a report can declare the worker dead

@@ -20,7 +20,7 @@ pyspark = pytest.importorskip("pyspark")
 import pandas as pd  # noqa: E402
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor  # noqa: E402
 
-from rhino.testing.cluster import CoordinatorProcess, WorkerProcess, write_secret  # noqa: E402
+from rhino_bench.harness.workers import CoordinatorProcess, WorkerProcess, write_secret  # noqa: E402
 
 # The processors below travel to Spark's Python workers by value (they cannot import this module).
 from pyspark import cloudpickle  # noqa: E402

@@ -2,14 +2,27 @@
 # Installs a wheel into a fresh virtualenv and checks that `import rhino` works,
 # and that it loads the release librocksdb bundled in the wheel, and that
 # library's compression libraries, never the system ones; that every subpackage
-# (rhino.daemon, rhino.cli, rhino.bench, rhino.testing, ..., and rhino.spark, which
-# comes from spark_integration/) imports; and that the console scripts run.
+# (rhino.daemon, rhino.cli, rhino.client, rhino.coordinator, and rhino.spark, which
+# comes from spark_integration/) imports; that the wheel holds the library only (no
+# benchmark, demo, NEXMark or harness module: those are bench/rhino_bench's); and that
+# the console scripts run.
 set -euo pipefail
 wheel=$(readlink -f "$1")
 venv=$(mktemp -d /tmp/rhino-wheel-check.XXXXXX)
 trap 'rm -rf "$venv"' EXIT
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q --disable-pip-version-check "$wheel"
+# The library only: nothing of the repository's benchmarks, demo, NEXMark workload or harness.
+python3 - "$wheel" <<'PY'
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+bad = [n for n in names if n.startswith(("rhino_bench", "rhino/bench/", "rhino/testing/", "rhino/spark/bench/",
+                                         "rhino/spark/nexmark/"))
+       or n.endswith(("/demo.py", "/cluster.py", "spark_glue.py"))]
+if bad:
+    sys.exit(f"FAIL: the wheel holds non-library modules: {bad}")
+print(f"OK: the wheel holds {len(names)} files, none of them a benchmark, demo, NEXMark or harness module")
+PY
 cd "$venv"  # not the source tree, so the installed package is what imports
 "$venv/bin/python" - <<'PY'
 import re, sys
@@ -36,17 +49,14 @@ with rhino.StateBackend.open("db", partitioner=p) as db:  # RocksDB really runs
 
 import importlib, os, pkgutil
 subpackages = sorted(f"rhino.{m.name}" for m in pkgutil.iter_modules(rhino.__path__) if m.ispkg)
-for name in ("rhino.daemon", "rhino.cli", "rhino.bench", "rhino.testing", "rhino.spark", "rhino.client",
-             "rhino.coordinator"):
+for name in ("rhino.daemon", "rhino.cli", "rhino.spark", "rhino.client", "rhino.coordinator"):
     if name not in subpackages:
         sys.exit(f"FAIL: the wheel lacks {name} (it has {subpackages})")
 modules = subpackages + ["rhino.daemon.worker", "rhino.daemon.metrics", "rhino.cli.main", "rhino.cli.verify",
-                         "rhino.cli.restore", "rhino.cli.demo", "rhino.cli.progress", "rhino.bench.restore",
-                         "rhino.bench.replicate", "rhino.bench.overhead", "rhino.bench.workload",
-                         "rhino.bench.service", "rhino.testing.cluster", "rhino.client.client",
+                         "rhino.cli.restore", "rhino.cli.progress", "rhino.client.client",
                          "rhino.client.session", "rhino.coordinator.coordinator", "rhino.coordinator.server",
                          "rhino.coordinator.placement", "rhino.coordinator.strategies", "rhino.cli.control",
-                         "rhino.daemon.registration", "rhino.testing.engine"]
+                         "rhino.daemon.registration", "rhino.spark.scheduling"]
 for name in modules:
     mod = importlib.import_module(name)
     if "site-packages" not in mod.__file__:

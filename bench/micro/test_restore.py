@@ -2,7 +2,7 @@
 
 ReplicaStore.restore_files builds the RocksDB directory of a checkpoint
 (link or copy every file, fsync, rename) without opening it. The page cache is
-warm here; `rhino bench restore` measures cold restores of 256 MiB to 4 GiB.
+warm here; `rhino-bench restore` measures cold restores of 256 MiB to 4 GiB.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 import rhino
-from rhino.bench.workload import build_state
+from rhino_bench.workload import build_state
 
 from benchutil import record
 

@@ -2,7 +2,6 @@
 
 - :mod:`rhino.cli.main`: argument parsing and dispatch;
 - :mod:`rhino.cli.verify`, :mod:`rhino.cli.restore`: ``rhino verify`` and ``rhino restore``;
-- :mod:`rhino.cli.demo`: ``rhino demo``;
 - :mod:`rhino.cli.progress`: the progress bars they draw on stderr.
 """
 

@@ -2,16 +2,14 @@
 
   rhino version
   rhino inspect PATH [--json] [--exact]
-  rhino bench restore --sizes 256M,1G,4G [--json] [--dir D] [--out FILE] ...
-  rhino bench replicate --workers 3 --replicas 1,2 --size 2G [--json] ...
-  rhino bench overhead [--pairs 3] [--duration 16] [--checkpoint-interval 2] [--json] [--out FILE] ...
-  rhino bench handover [--strategies all-at-once,fluid,batched] [--state 256M] [--repeat 2] [--json] ...
-  rhino bench failover --sizes 1G,2G,4G [--json] [--out FILE] ...
+  rhino verify STORE [--operator OP [--instance N]] [--quick] [--json]
+  rhino restore STORE TARGET --operator OP --instance N [--checkpoint ID] [--copy]
   rhino worker --id ID --dir DIR --listen 127.0.0.N:PORT --secret-file FILE [--coordinator HOST:PORT] ...
   rhino coordinator --listen HOST:PORT --dir DIR --secret-file FILE [--rebuild --expect-workers N]
   rhino status | handover | rebalance | rescale ... --coordinator HOST:PORT --secret-file FILE
-  rhino spark bench recovery|throughput ... | rhino spark demo ...   (the Spark layer: rhino.spark.cli)
-  rhino demo [--data-plane] [--dir D] [--size 384M]
+
+The benchmarks and the demo are not part of the library: they are the repository's
+``rhino-bench`` command (bench/rhino_bench).
 
 User errors (a missing path, a bad size, any rhino.RhinoError) print one line
 on stderr and exit with status 2, never a traceback.
@@ -22,41 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 from typing import Optional, Sequence
 
 from .._argtypes import uint32, uint64
 
 EXIT_USAGE = 2
-
-
-def _size(text: str) -> int:
-    from .._sizes import parse_size
-
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _sizes(text: str) -> list[int]:
-    from .._sizes import parse_sizes
-
-    try:
-        return parse_sizes(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
 
 
 def cmd_version(args: argparse.Namespace) -> int:
@@ -106,30 +75,6 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench_restore(args: argparse.Namespace) -> int:
-    from ..bench.restore import run
-
-    command = "rhino " + " ".join(shlex.quote(a) for a in args.argv)
-    run(args.sizes, base_dir=args.dir, value_size=args.value_size, repeats=args.repeats,
-        compaction=args.compaction, keep=args.keep,
-        use_drop_caches=not args.no_drop_caches, json_lines=args.json, out_file=args.out, command=command)
-    return 0
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    if args.data_plane:
-        from .demo import run_demo
-
-        return run_demo(args.dir or ".demo", args.size or _size("384M"))
-    # The main job: NEXMark Q8 on a local 3-host Spark + Rhino cluster, surviving a killed host.
-    from ..spark.demo import main as spark_demo
-
-    extra = ["--dir", args.dir] if args.dir else []
-    if args.size:
-        extra += ["--state", str(args.size)]
-    return int(spark_demo(extra) or 0)
-
-
 # Subcommands that own their argument parsing (their modules have main(argv)).
 _DELEGATED = {
     ("worker",): ("rhino.daemon.worker", "the worker daemon: replica store and data-plane server of one host"),
@@ -138,18 +83,6 @@ _DELEGATED = {
     ("handover",): ("rhino.cli.control:main_handover", "move vnodes to an instance at the next batch barrier"),
     ("rebalance",): ("rhino.cli.control:main_rebalance", "rebalance replicas, and vnodes by measured load"),
     ("rescale",): ("rhino.cli.control:main_rescale", "change an operator's parallelism by vnode handovers"),
-    ("spark",): ("rhino.spark.cli", "the Spark layer: bench recovery | bench throughput | demo (rhino spark --help)"),
-    ("bench", "replicate"): ("rhino.bench.replicate",
-                             "chain-replication throughput vs the disk and loopback limits, same run"),
-    ("bench", "overhead"): ("rhino.bench.overhead",
-                            "a primary's writes/s while its checkpoints replicate (r=2) vs r=0, same run"),
-    ("bench", "service"): ("rhino.bench.service",
-                           "sessions over the Unix socket and TCP vs in-process StateBackend, and the per-batch "
-                           "fixed cost at r=0 and r=2, same run"),
-    ("bench", "handover"): ("rhino.bench.handover",
-                            "the writer's batch latency while vnodes move to a new instance, per migration strategy"),
-    ("bench", "failover"): ("rhino.bench.failover",
-                            "recovery after a SIGKILL: takeover by hard links vs a DFS-style full fetch, per size"),
 }
 
 
@@ -217,52 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=cmd_restore)
 
-    bench = sub.add_parser("bench", help="benchmarks")
-    bsub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK")
-    bsub.required = True
-    p = bsub.add_parser("restore", help="hard-link restore vs copy restore vs cp -al, per state size",
-                        description="For each size: build a state and checkpoint it right away, and time "
-                                    "hard-link restores of that checkpoint; then let compactions drain, "
-                                    "checkpoint again, and time hard-link restore, copy restore and `cp -al` "
-                                    "of the same files, all in the same run. Prints one JSON object per size "
-                                    "with --json.")
-    p.add_argument("--sizes", type=_sizes, required=True, metavar="LIST",
-                   help="comma-separated state sizes, e.g. 256M,1G,4G (K/M/G/T are powers of 1024)")
-    p.add_argument("--json", action="store_true", help="one JSON object per line and per size on stdout")
-    p.add_argument("--dir", default=".bench-restore", help="work directory (default: %(default)s)")
-    p.add_argument("--out", metavar="FILE", help="also append the JSON lines to FILE")
-    p.add_argument("--value-size", type=_positive_int, default=1024, help="bytes per value (default: %(default)s)")
-    p.add_argument("--repeats", type=_positive_int, default=5,
-                   help="timed runs per measurement; the median is reported (default: %(default)s)")
-    p.add_argument("--compaction", choices=["level", "universal"], default="level",
-                   help="compaction style of the state's vnodes (default: %(default)s)")
-    p.add_argument("--keep", action="store_true", help="keep the state, store and restored directories")
-    p.add_argument("--no-drop-caches", action="store_true",
-                   help="do not drop the page cache before timed runs (it is dropped when we may)")
-    p.set_defaults(func=cmd_bench_restore)
-
     # Listed for --help; main() hands their arguments to their own parsers.
     sub.add_parser("worker", help=_DELEGATED[("worker",)][1] + " (rhino worker --help)", add_help=False)
-    for name in ("coordinator", "status", "handover", "rebalance", "rescale", "spark"):
+    for name in ("coordinator", "status", "handover", "rebalance", "rescale"):
         sub.add_parser(name, help=_DELEGATED[(name,)][1] + f" (rhino {name} --help)", add_help=False)
-    bsub.add_parser("replicate", help=_DELEGATED[("bench", "replicate")][1] + " (rhino bench replicate --help)",
-                    add_help=False)
-    bsub.add_parser("overhead", help=_DELEGATED[("bench", "overhead")][1] + " (rhino bench overhead --help)",
-                    add_help=False)
-    bsub.add_parser("service", help=_DELEGATED[("bench", "service")][1] + " (rhino bench service --help)",
-                    add_help=False)
-    for name in ("handover", "failover"):
-        bsub.add_parser(name, help=_DELEGATED[("bench", name)][1] + f" (rhino bench {name} --help)", add_help=False)
-
-    p = sub.add_parser("demo", help="NEXMark Q8 on a local 3-host Spark + Rhino cluster with a host killed "
-                                    "mid-run (--data-plane: the single-host data-plane demonstration)")
-    p.add_argument("--data-plane", action="store_true",
-                   help="the data-plane demonstration: build, checkpoint, replicate, restore, verify on one host")
-    p.add_argument("--dir", default=None,
-                   help="work directory, removed and recreated (default: .demo, or .demo-spark for the Spark demo)")
-    p.add_argument("--size", type=_size, default=None,
-                   help="state size, e.g. 384M (data plane default: 384M; Spark demo: see rhino spark demo --help)")
-    p.set_defaults(func=cmd_demo)
     return parser
 
 
@@ -270,7 +161,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         delegated = _delegate(argv)
-    except KeyboardInterrupt:  # the benchmarks have stopped their workers on the way out
+    except KeyboardInterrupt:
         print("rhino: interrupted", file=sys.stderr)
         return 130
     except ImportError as e:  # the extension is not built: say so, no traceback

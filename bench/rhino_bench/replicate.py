@@ -1,6 +1,6 @@
 """Chain-replication throughput against the machine's own limits (issue 3).
 
-    rhino bench replicate --workers 3 --replicas 1,2 --size 2G --json \
+    rhino-bench replicate --workers 3 --replicas 1,2 --size 2G --json \
         --out bench/results/replicate.jsonl --plot bench/results/replicate.png
 
 It starts `--workers` real worker processes on 127.0.0.2, .3, ..., builds one
@@ -45,9 +45,9 @@ import numpy as np
 
 import rhino
 
-from .._sizes import format_bytes, parse_size
-from ..cli.progress import Progress
-from ..testing.cluster import SECRET, rss_kb, start_workers, write_secret
+from rhino._sizes import format_bytes, parse_size
+from rhino.cli.progress import Progress
+from .harness.workers import SECRET, rss_kb, start_workers, write_secret
 from .common import exit_on_sigterm, max_chunk_bytes, raise_if_stopped
 
 
@@ -293,7 +293,7 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rhino bench replicate", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="rhino-bench replicate", description=__doc__.split("\n")[0])
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--replicas", default="1,2", help="chain lengths to measure, e.g. 1,2")
     p.add_argument("--size", default="2G")

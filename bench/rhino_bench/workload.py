@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..cli.progress import Progress
+from rhino.cli.progress import Progress
 
 __all__ = ["keys_for", "random_values", "BuildResult", "build_state"]
 

@@ -20,9 +20,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .. import _core
-from ..client.client import Client, connect
-from ..errors import (InvalidArgumentError, PeerDeadError, RhinoError, RhinoIOError, RhinoTimeoutError,
+from rhino import _core
+from rhino.client.client import Client, connect
+from rhino.errors import (InvalidArgumentError, PeerDeadError, RhinoError, RhinoIOError, RhinoTimeoutError,
                       StaleEpochError, UnknownInstanceError)
 
 __all__ = ["MicroBatchEngine", "BatchResult"]

@@ -1,8 +1,8 @@
-"""`rhino bench handover`: the writer's batch latency while vnodes move, per
+"""`rhino-bench handover`: the writer's batch latency while vnodes move, per
 migration strategy (Megaphone's measure: the maximum latency during a
 migration against the steady state; Rhino paper §4.1, docs/design.md §4).
 
-    rhino bench handover --json --repeat 2 --out bench/results/handover.jsonl \
+    rhino-bench handover --json --repeat 2 --out bench/results/handover.jsonl \
         --plot bench/results/handover.png --report bench/results/handover.md
 
 For each strategy of ``rhino.coordinator.strategies.STRATEGIES`` and each
@@ -13,7 +13,7 @@ the machine's drift spreads over all of them), on a fresh cluster:
    :class:`~rhino.coordinator.coordinator.Coordinator` reached through
    :class:`~rhino.coordinator.client.LocalCoordinatorClient`; one operator of
    ``--parallelism`` instances (2), ``--num-vnodes`` vnodes (64), r=1;
-2. a writer (:class:`~rhino.testing.engine.MicroBatchEngine`) fills a
+2. a writer (:class:`~rhino_bench.harness.engine.MicroBatchEngine`) fills a
    keyspace of ``--state // --value-bytes`` int64 keys with random values in
    batches of ``--fill-batch-bytes`` (not timed), then commits
    ``--steady-batches`` batches of ``--batch-keys`` puts to random keys of
@@ -55,13 +55,13 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .._machine import describe_machine, machine_summary
-from .._sizes import format_bytes, parse_size
-from ..coordinator.client import LocalCoordinatorClient
-from ..coordinator.coordinator import Coordinator
-from ..coordinator.strategies import STRATEGIES
-from ..testing.cluster import SECRET, WorkerProcess, write_secret
-from ..testing.engine import MicroBatchEngine
+from rhino._machine import describe_machine, machine_summary
+from rhino._sizes import format_bytes, parse_size
+from rhino.coordinator.client import LocalCoordinatorClient
+from rhino.coordinator.coordinator import Coordinator
+from rhino.coordinator.strategies import STRATEGIES
+from .harness.workers import SECRET, WorkerProcess, write_secret
+from .harness.engine import MicroBatchEngine
 from .common import exit_on_sigterm
 
 __all__ = ["run", "main", "CorrectnessError"]
@@ -111,7 +111,7 @@ def _network_bytes(workers: list[WorkerProcess]) -> int:
 
 def _verify(coord_client: LocalCoordinatorClient, engine: MicroBatchEngine, model: Model) -> dict:
     """Reads every instance's state through a session (a scan) and compares it with the model."""
-    from ..client.client import connect
+    from rhino.client.client import connect
 
     placement = coord_client.placement(OPERATOR)
     nxt = placement["last_batch"] + 1
@@ -179,7 +179,7 @@ def run_one(strategy: str, rep: int, args: argparse.Namespace, say: Callable[[st
         batch = 0
         per_fill = max(1, args.fill_batch_bytes // args.value_bytes)
         t_fill = time.monotonic()
-        from ..cli.progress import Progress
+        from rhino.cli.progress import Progress
 
         with Progress(f"{strategy} #{rep}: filling", n_keys * args.value_bytes, enabled=not args.quiet) as bar:
             for first in range(0, n_keys, per_fill):
@@ -333,7 +333,7 @@ def run(args: argparse.Namespace, emit: Callable[[dict], None], say: Callable[[s
     free = shutil.disk_usage(args.dir).free
     need = 6 * args.state + (512 << 20)
     if free < need:
-        raise SystemExit(f"rhino bench handover: {format_bytes(free)} free under {args.dir}, a run needs about "
+        raise SystemExit(f"rhino-bench handover: {format_bytes(free)} free under {args.dir}, a run needs about "
                          f"{format_bytes(need)}")
     emit({"record": "setup", "command": args.command, "strategies": args.strategies, "repeat": args.repeat,
           "state_bytes": args.state, "value_bytes": args.value_bytes, "batch_keys": args.batch_keys,
@@ -395,7 +395,7 @@ def plot(rows: list[dict], path: str) -> None:
         ax.legend(fontsize=8, loc="upper right")
     axes[-1, 0].set_xlabel("seconds since the migration's first step")
     setup = next((r for r in rows if r.get("record") == "setup"), {})
-    fig.suptitle(f"rhino bench handover: {format_bytes(setup.get('state_bytes', 0))} state, "
+    fig.suptitle(f"rhino-bench handover: {format_bytes(setup.get('state_bytes', 0))} state, "
                  f"{setup.get('batch_keys')} puts of {setup.get('value_bytes')} B per batch", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -486,7 +486,7 @@ def _strategies(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rhino bench handover",
+    p = argparse.ArgumentParser(prog="rhino-bench handover",
                                 description="The writer's batch latency while half of an instance's vnodes move to a "
                                             "new instance, per migration strategy (Megaphone's measure).")
     p.add_argument("--strategies", type=_strategies, default=list(STRATEGIES),
@@ -522,7 +522,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = build_parser()
     args = p.parse_args(argv)
-    args.command = "rhino bench handover " + " ".join(argv)
+    args.command = "rhino-bench handover " + " ".join(argv)
     for name in ("value_bytes", "batch_keys", "steady_batches", "repeat", "parallelism", "num_vnodes"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -562,7 +562,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     bad = [r for r in rows if r.get("record") == "run" and not r["correct"]]
     if bad:
         for r in bad:
-            print(f"rhino bench handover: {r['strategy']} run {r['rep']}: the state read back differs from what "
+            print(f"rhino-bench handover: {r['strategy']} run {r['rep']}: the state read back differs from what "
                   f"was written: {'; '.join(r['verify']['problems'])}", file=sys.stderr)
         return 1
     return 0

@@ -24,7 +24,7 @@ worker without any lookup: ``RHINO_WORKER_ID``, ``RHINO_WORKER_ADDRESS``,
 ``RHINO_WORKER_SOCKET`` (the Unix socket), ``RHINO_HOST``, ``RHINO_COORDINATOR`` and
 ``RHINO_SECRET_FILE``, besides ``SPARK_LOCAL_IP``.
 
-Command line (``python -m rhino.spark.cluster``)::
+Command line (``rhino-bench cluster``)::
 
     up --hosts 3 [--dir DIR] [--first-host 2] [--cores 1] [--memory 2g] [--replicas 2]
        [--heartbeat-timeout 2]
@@ -339,7 +339,7 @@ class LocalCluster:
         if existing.exists():
             old = cls.attach(directory)
             if old.running_pids():
-                raise ClusterError(f"{directory} holds a running cluster: `python -m rhino.spark.cluster down "
+                raise ClusterError(f"{directory} holds a running cluster: `rhino-bench cluster down "
                                    f"--dir {directory}` first")
             old._wipe()
         _java_check()
@@ -351,7 +351,7 @@ class LocalCluster:
         _check_port(MASTER_IP, coordinator_port, "the coordinator")
         directory.mkdir(parents=True, exist_ok=True)
 
-        from rhino.testing.cluster import new_secret, write_secret
+        from .workers import new_secret, write_secret
 
         secret_file = write_secret(directory, new_secret())
         state = {
@@ -381,7 +381,7 @@ class LocalCluster:
             state = json.loads(path.read_text())
         except FileNotFoundError:
             raise ClusterError(f"no cluster in {Path(directory).resolve()} (no {STATE_FILE}): "
-                               f"`python -m rhino.spark.cluster up --dir {directory}` starts one") from None
+                               f"`rhino-bench cluster up --dir {directory}` starts one") from None
         return cls(directory, state)
 
     def _wipe(self) -> None:
@@ -449,7 +449,7 @@ class LocalCluster:
         say(f"spark master: starting (pid {p.pid}, log {master_log})")
 
         # 2. The coordinator, then the Rhino workers (they register with it).
-        from rhino.testing.cluster import CoordinatorProcess
+        from .workers import CoordinatorProcess
 
         coord = CoordinatorProcess(self.dir, secret_file=Path(st["secret_file"]), host=MASTER_IP,
                                    port=coordinator_port, heartbeat_timeout=st["heartbeat_timeout"])
@@ -489,7 +489,7 @@ class LocalCluster:
         """Starts the Rhino workers of hosts `numbers` in parallel (each ~1 s of Python start-up).
         A restarted worker keeps its id, port, store and socket: the coordinator and the chains
         know it by them."""
-        from rhino.testing.cluster import WorkerProcess
+        from .workers import WorkerProcess
 
         st = self._state
         errors: list[BaseException] = []
@@ -653,7 +653,7 @@ class LocalCluster:
         that fit the hosts (one per host, `cores` cores, `executor_memory`). Anything can be
         overridden, with Spark's key names: ``spark_conf(**{"spark.locality.wait": "10s"})``;
         ``spark.network.timeout`` and ``spark.locality.wait`` are Spark's defaults unless so."""
-        from .scheduling.jar import jar_path
+        from rhino.spark.scheduling.jar import jar_path
 
         st = self._state
         py = st["python"]
@@ -937,7 +937,7 @@ def _print_status(s: dict) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rhino.spark.cluster",
+    p = argparse.ArgumentParser(prog="rhino-bench cluster",
                                 description="A local multi-host Spark standalone + Rhino cluster on loopback "
                                             "addresses (127.0.0.1: master and coordinator; 127.0.0.2..: hosts).")
     sub = p.add_subparsers(dest="cmd", required=True)

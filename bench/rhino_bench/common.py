@@ -1,5 +1,5 @@
-"""What the benchmark drivers that run worker processes share (`rhino bench replicate`,
-`rhino bench overhead`)."""
+"""What the benchmark drivers that run worker processes share (`rhino-bench replicate`,
+`rhino-bench overhead`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def exit_on_sigterm() -> None:
         global _stop_signal
         _stop_signal = signum
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        print(f"rhino bench: signal {signum} received, stopping the workers", file=sys.stderr, flush=True)
+        print(f"rhino-bench: signal {signum} received, stopping the workers", file=sys.stderr, flush=True)
         raise SystemExit(128 + signum)
 
     def _interrupt(signum: int, frame: object) -> None:
@@ -53,6 +53,6 @@ def raise_if_stopped() -> None:
 
 def max_chunk_bytes() -> int:
     """The largest replication chunk: a chunk and its 16-byte header fit in one frame."""
-    from .. import _core
+    from rhino import _core
 
     return int(_core.MAX_FRAME_BYTES) - 16

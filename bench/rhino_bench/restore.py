@@ -1,4 +1,4 @@
-"""`rhino bench restore`: hard-link restore against copy restore and `cp -al`.
+"""`rhino-bench restore`: hard-link restore against copy restore and `cp -al`.
 
 For each state size: build the state (random, incompressible values through
 put_batch) and checkpoint it into a replica store right away (checkpoint 1).
@@ -39,10 +39,10 @@ import sys
 import time
 from typing import Any, Callable, Optional, TextIO
 
-from .. import Partitioner, ReplicaStore, StateBackend
-from .._machine import describe_machine
-from .._sizes import format_bytes
-from ..errors import NoSpaceError
+from rhino import Partitioner, ReplicaStore, StateBackend
+from rhino._machine import describe_machine
+from rhino._sizes import format_bytes
+from rhino.errors import NoSpaceError
 from .workload import build_state
 
 __all__ = ["drop_caches", "measure_size", "run"]
@@ -260,3 +260,61 @@ def _summary(f: dict[str, Any]) -> str:
             f"hard-link restore {hl * 1e3:.1f} ms, copy restore {cp:.2f} s ({cp / hl:.0f}x slower), "
             f"cp -al {al * 1e3:.1f} ms (hard-link/cp -al = {hl / al:.2f}), open {f['open_s']:.3f} s"
             f"{'' if f['dropped_caches'] else '  [page cache not dropped]'}")
+
+
+def _parser() -> "argparse.ArgumentParser":
+    import argparse
+
+    from rhino._sizes import parse_sizes
+
+    def sizes(text: str) -> list[int]:
+        try:
+            return parse_sizes(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    def positive_int(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        return v
+
+    p = argparse.ArgumentParser(
+        prog="rhino-bench restore",
+        description="For each size: build a state and checkpoint it right away, and time hard-link restores of "
+                    "that checkpoint; then let compactions drain, checkpoint again, and time hard-link restore, "
+                    "copy restore and `cp -al` of the same files, all in the same run. Prints one JSON object "
+                    "per size with --json.")
+    p.add_argument("--sizes", type=sizes, required=True, metavar="LIST",
+                   help="comma-separated state sizes, e.g. 256M,1G,4G (K/M/G/T are powers of 1024)")
+    p.add_argument("--json", action="store_true", help="one JSON object per line and per size on stdout")
+    p.add_argument("--dir", default=".bench-restore", help="work directory (default: %(default)s)")
+    p.add_argument("--out", metavar="FILE", help="also append the JSON lines to FILE")
+    p.add_argument("--value-size", type=positive_int, default=1024, help="bytes per value (default: %(default)s)")
+    p.add_argument("--repeats", type=positive_int, default=5,
+                   help="timed runs per measurement; the median is reported (default: %(default)s)")
+    p.add_argument("--compaction", choices=["level", "universal"], default="level",
+                   help="compaction style of the state's vnodes (default: %(default)s)")
+    p.add_argument("--keep", action="store_true", help="keep the state, store and restored directories")
+    p.add_argument("--no-drop-caches", action="store_true",
+                   help="do not drop the page cache before timed runs (it is dropped when we may)")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    import shlex
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    command = "rhino-bench restore " + " ".join(shlex.quote(a) for a in argv)
+    try:
+        run(args.sizes, base_dir=args.dir, value_size=args.value_size, repeats=args.repeats,
+            compaction=args.compaction, keep=args.keep, use_drop_caches=not args.no_drop_caches,
+            json_lines=args.json, out_file=args.out, command=command)
+    except OSError as e:  # a full disk or a permission problem: one line, no traceback
+        print(f"rhino-bench restore: error: {e}", file=sys.stderr)
+        return 2
+    return 0

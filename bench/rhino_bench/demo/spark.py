@@ -1,10 +1,10 @@
-"""``rhino demo`` (``make demo``): NEXMark Q8 on a local 3-host Spark + Rhino
+"""``rhino-bench demo`` (``make demo``): NEXMark Q8 on a local 3-host Spark + Rhino
 cluster with r=2, a host SIGKILLed mid-run, and the query going on.
 
-1. Start the cluster (``rhino.spark.cluster``): a Spark standalone master and a
+1. Start the cluster (``rhino_bench.harness.spark_cluster``): a Spark standalone master and a
    Rhino coordinator on 127.0.0.1; on each of 127.0.0.2..4 a Spark worker and a
    Rhino worker.
-2. Run Q8 (``rhino.spark.nexmark``) from ``foreachBatch`` on Rhino state, with a
+2. Run Q8 (``rhino_bench.nexmark``) from ``foreachBatch`` on Rhino state, with a
    payload sized so the live state reaches ``--state`` bytes.
 3. When the state has reached its size, SIGKILL host ``--kill-host`` (its Spark
    worker, executors and Rhino worker at once, like a lost VM).
@@ -43,7 +43,7 @@ def _say(msg: str) -> None:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="rhino spark demo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="rhino-bench demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", default=".demo-spark", help="work directory, removed and recreated (default: %(default)s)")
     p.add_argument("--state", type=_size, default=_size("256M"),
                    help="live Q8 state to build before the kill (default: 256M)")
@@ -76,11 +76,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = parse_args(list(sys.argv[1:] if argv is None else argv))
     import numpy as np
 
-    from .cluster import LocalCluster
-    from .nexmark import oracle
-    from .nexmark.generator import generate
-    from .nexmark.pipeline import run_pipeline
-    from .nexmark.source import config_from_options
+    from ..harness.spark_cluster import LocalCluster
+    from ..nexmark import oracle
+    from ..nexmark.generator import generate
+    from ..nexmark.pipeline import run_pipeline
+    from ..nexmark.source import config_from_options
 
     work = Path(a.dir).resolve()
     if work.exists():

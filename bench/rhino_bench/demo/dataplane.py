@@ -1,4 +1,4 @@
-"""`rhino demo`: the demonstration of the core and the data plane (`make demo`).
+"""`rhino-bench demo`: the demonstration of the core and the data plane (`make demo`).
 
 It builds a few hundred MB of keyed state, checkpoints it into a replica
 store, takes an incremental checkpoint after a small update, restores that
@@ -24,12 +24,12 @@ from typing import TextIO
 
 import numpy as np
 
-from .. import Partitioner, ReplicaStore, StateBackend, __version__
-from .._machine import describe_machine, machine_summary
-from .._sizes import format_bytes
-from ..bench.workload import build_state, keys_for, random_values
-from ..replication import read_secret_file, replicate
-from ..testing.cluster import WorkerProcess, new_secret, start_workers, write_secret
+from rhino import Partitioner, ReplicaStore, StateBackend, __version__
+from rhino._machine import describe_machine, machine_summary
+from rhino._sizes import format_bytes
+from ..workload import build_state, keys_for, random_values
+from rhino.replication import read_secret_file, replicate
+from ..harness.workers import WorkerProcess, new_secret, start_workers, write_secret
 
 __all__ = ["run_demo"]
 

@@ -1,6 +1,6 @@
 """Steady-state overhead of chain replication on a primary's writes (issue 3).
 
-    rhino bench overhead --json --out bench/results/overhead.jsonl
+    rhino-bench overhead --json --out bench/results/overhead.jsonl
 
 Writes/s of a primary whose checkpoints replicate down a chain of r=2 worker
 processes, against the same primary with r=0, measured in the same run:
@@ -79,10 +79,10 @@ import numpy as np
 
 import rhino
 
-from .._machine import describe_machine, machine_summary
-from .._sizes import parse_size
-from ..daemon.worker import DEFAULT_NICE, DEFAULT_SCHED
-from ..testing.cluster import (SECRET, cpu_seconds, pressure_seconds, start_workers, system_cpu_seconds,
+from rhino._machine import describe_machine, machine_summary
+from rhino._sizes import parse_size
+from rhino.daemon.worker import DEFAULT_NICE, DEFAULT_SCHED
+from .harness.workers import (SECRET, cpu_seconds, pressure_seconds, start_workers, system_cpu_seconds,
                               thread_cpu_seconds, thread_schedstat, write_secret)
 from .common import exit_on_sigterm, max_chunk_bytes, raise_if_stopped
 from .workload import keys_for, random_values
@@ -628,7 +628,7 @@ def summary_text(s: dict) -> str:
     p = s["parameters"]
     c0, c2 = s["cpu"]["r0"], s["cpu"]["r2"]
     lines = [
-        f"rhino bench overhead: r={p['replicas']} vs r=0, {p['pairs']} pairs of {p['duration_s']:g} s phases "
+        f"rhino-bench overhead: r={p['replicas']} vs r=0, {p['pairs']} pairs of {p['duration_s']:g} s phases "
         f"(+{p['warmup_s']:g} s warm-up), checkpoint every {p['checkpoint_interval_s']:g} s",
         f"  workload: {p['batch_keys']} keys/batch, {p['value_size']} B values, "
         f"{p['update_fraction']:.0%} updates, {p['vnodes_held']} vnodes of {p['num_vnodes']}, "
@@ -656,7 +656,7 @@ def summary_text(s: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rhino bench overhead", description=__doc__.split("\n")[0],
+    p = argparse.ArgumentParser(prog="rhino-bench overhead", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--replicas", type=int, default=2, help="chain length of the replicated side")
     p.add_argument("--pairs", type=int, default=3, help="pairs of phases (r=0 and r=R), in ABBA order")
@@ -713,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--chunk must be 1..{max_chunk_bytes()} bytes and --window >= 1")
     if args.settle_max < 0 or args.replication_timeout <= 0 or args.keep_checkpoints < 0:
         parser.error("--settle-max and --keep-checkpoints must be >= 0, --replication-timeout > 0")
-    command = "rhino bench overhead " + " ".join(shlex.quote(a) for a in argv)
+    command = "rhino-bench overhead " + " ".join(shlex.quote(a) for a in argv)
     exit_on_sigterm()
     try:
         rows = run(args, command)

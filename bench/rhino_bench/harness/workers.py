@@ -1,5 +1,5 @@
 """A local multi-host cluster of real ``rhino worker`` processes (docs/design.md §6), for the
-tests, the benchmarks (``rhino bench replicate``, ``rhino bench overhead``) and the
+tests, the benchmarks (``rhino-bench replicate``, ``rhino-bench overhead``) and the
 demo:
 
 - :class:`WorkerProcess`: one ``python -m rhino.daemon.worker`` on its own loopback

@@ -1,11 +1,11 @@
-"""``rhino spark bench recovery``: recovery of NEXMark Q8 after a host is SIGKILLed
+"""``rhino-bench spark recovery``: recovery of NEXMark Q8 after a host is SIGKILLed
 mid-batch, Rhino against Spark's own ``transformWithStateInPandas`` with the RocksDB
 state store provider, per state size (the Rhino paper's Table 1, on Spark).
 
-    rhino spark bench recovery --sizes 1G,2G,4G --json --out bench/results/spark_recovery.jsonl \\
+    rhino-bench spark recovery --sizes 1G,2G,4G --json --out bench/results/spark_recovery.jsonl \\
         --plot bench/results/spark_recovery.png --report bench/results/spark_recovery.md
 
-Per (size, system), on a fresh 3-host :class:`~rhino.spark.cluster.LocalCluster`
+Per (size, system), on a fresh 3-host :class:`~rhino_bench.harness.spark_cluster.LocalCluster`
 (127.0.0.N.., one core per host, heartbeat timeout ``--heartbeat-timeout``):
 
 1. Q8 runs with a huge window (``window_ms`` 10^12: no window closes, nothing is
@@ -68,7 +68,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from . import (Emitter, fraction, host_number, install_signal_handlers, median, parse_conf, positive_float,
+from .common import (Emitter, fraction, host_number, install_signal_handlers, median, parse_conf, positive_float,
                positive_int, say, spark_rest, spark_time)
 
 __all__ = ["main", "run_one", "SPEEDUP_TARGET", "FLAT_TARGET", "LOCALITY_TARGET"]
@@ -105,7 +105,7 @@ def _systems(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rhino spark bench recovery",
+    ap = argparse.ArgumentParser(prog="rhino-bench spark recovery",
                                  description="Recovery of NEXMark Q8 after a host is SIGKILLed mid-batch: Rhino "
                                              "vs Spark's transformWithStateInPandas with the RocksDB state store.")
     ap.add_argument("--sizes", type=_sizes, default=_sizes("1G,2G,4G"),
@@ -171,8 +171,8 @@ def _spark_size(run: Any) -> int:
 
 def run_one(*, system: str, size: int, workdir: Path, args: argparse.Namespace, spark_conf: dict) -> dict:
     """One (size, system): a fresh cluster, grow, kill, measure. Returns the record."""
-    from rhino.spark.cluster import LocalCluster
-    from rhino.spark.nexmark.pipeline import run_pipeline
+    from ..harness.spark_cluster import LocalCluster
+    from ..nexmark.pipeline import run_pipeline
 
     workdir.mkdir(parents=True, exist_ok=True)
     sysname = "rhino" if system == "rhino" else "spark"
@@ -765,7 +765,7 @@ def _from_file(args: argparse.Namespace) -> int:
     try:
         recs = [json.loads(x) for x in Path(args.from_file).read_text().splitlines() if x.strip()]
     except (OSError, ValueError) as e:
-        print(f"rhino spark bench recovery: --from {args.from_file}: {e}", file=sys.stderr)
+        print(f"rhino-bench spark recovery: --from {args.from_file}: {e}", file=sys.stderr)
         return 2
     setups = [r for r in recs if r.get("record") == "setup"]
     rows = [r for r in recs if r.get("record") in ("recovery", "error")]
@@ -804,7 +804,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="rhino-spark-recovery-"))
     base.mkdir(parents=True, exist_ok=True)
     em = Emitter(args.json, args.out)
-    command = "rhino spark bench recovery " + " ".join(list(sys.argv[1:] if argv is None else argv))
+    command = "rhino-bench spark recovery " + " ".join(list(sys.argv[1:] if argv is None else argv))
     setup = {"record": "setup", "command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
              "machine": describe_machine(str(base)), "spark_conf": spark_conf,
              "parameters": {"sizes": args.sizes, "systems": args.systems, "events_per_batch": args.events_per_batch,

@@ -1,8 +1,8 @@
-"""`rhino bench failover`: recovery after a worker is SIGKILLed, by takeover
+"""`rhino-bench failover`: recovery after a worker is SIGKILLed, by takeover
 with hard links (Rhino) against a DFS-style full fetch, per state size
 (Rhino paper §5.2.1, Table 1: scheduling, state fetching, state loading).
 
-    rhino bench failover --sizes 1G,2G,4G --json --out bench/results/failover.jsonl \
+    rhino-bench failover --sizes 1G,2G,4G --json --out bench/results/failover.jsonl \
         --plot bench/results/failover.png --report bench/results/failover.md
 
 Per size, on a fresh cluster of real ``rhino worker`` processes, A (127.0.0.2),
@@ -67,11 +67,11 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .._machine import describe_machine, machine_summary
-from .._sizes import format_bytes, parse_size, parse_sizes
-from ..client.client import Client, connect
-from ..errors import RhinoError
-from ..testing.cluster import SECRET, WorkerProcess, write_secret
+from rhino._machine import describe_machine, machine_summary
+from rhino._sizes import format_bytes, parse_size, parse_sizes
+from rhino.client.client import Client, connect
+from rhino.errors import RhinoError
+from .harness.workers import SECRET, WorkerProcess, write_secret
 from .common import exit_on_sigterm
 from .workload import keys_for, random_values
 
@@ -129,8 +129,8 @@ class InProcessControl:
     mode = "none"
 
     def __init__(self, root: Path, secret_file: Path, args: argparse.Namespace) -> None:
-        from ..coordinator.client import LocalCoordinatorClient
-        from ..coordinator.coordinator import Coordinator
+        from rhino.coordinator.client import LocalCoordinatorClient
+        from rhino.coordinator.coordinator import Coordinator
 
         self.coord = Coordinator(str(root / "coordinator"), secret=SECRET, heartbeat_timeout=3600.0,
                                  copy_timeout=3600.0, request_timeout=600.0)
@@ -166,9 +166,9 @@ class ServedControl:
     mode = "heartbeat"
 
     def __init__(self, root: Path, secret_file: Path, args: argparse.Namespace) -> None:
-        from ..coordinator.client import LocalCoordinatorClient
-        from ..coordinator.coordinator import Coordinator
-        from ..coordinator.server import CoordinatorServer
+        from rhino.coordinator.client import LocalCoordinatorClient
+        from rhino.coordinator.coordinator import Coordinator
+        from rhino.coordinator.server import CoordinatorServer
 
         self.args = args
         self.coord = Coordinator(str(root / "coordinator"), secret=SECRET, heartbeat_timeout=3600.0,
@@ -203,8 +203,8 @@ class ProcessControl:
     mode = "process"
 
     def __init__(self, root: Path, secret_file: Path, args: argparse.Namespace) -> None:
-        from ..coordinator.client import connect_coordinator
-        from ..testing.cluster import CoordinatorProcess
+        from rhino.coordinator.client import connect_coordinator
+        from .harness.workers import CoordinatorProcess
 
         self.args = args
         self.client: Any = None
@@ -261,13 +261,13 @@ CONTROLS = {"heartbeat": ServedControl, "process": ProcessControl, "none": InPro
 
 def heartbeat_available() -> Optional[str]:
     """None when `rhino coordinator` and `rhino worker --coordinator` can run here, else why not."""
-    from .. import _core
+    from rhino import _core
 
     if not hasattr(_core, "CoordServer") or not hasattr(_core.StateClient, "coord"):
         return ("the compiled core has no coordinator transport (_core.CoordServer, StateClient.coord): "
                 "rebuild the extension (make setup) once it is merged")
     try:
-        from ..coordinator import server  # noqa: F401
+        from rhino.coordinator import server  # noqa: F401
     except ImportError as e:
         return f"rhino.coordinator.server is missing ({e})"
     return None
@@ -314,7 +314,7 @@ def _check_sample(client: Client, epoch: int, batch: int, sample: dict[int, byte
 
 def measure_size(size: int, args: argparse.Namespace, say: Callable[[str], None], rep: int = 0) -> list[dict]:
     """One trial at one size: a fresh cluster, filled, A killed, both recoveries measured."""
-    from ..cli.progress import Progress
+    from rhino.cli.progress import Progress
 
     root = Path(args.dir) / f"size-{size}-{rep}"
     shutil.rmtree(root, ignore_errors=True)
@@ -797,7 +797,7 @@ def _size(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rhino bench failover",
+    p = argparse.ArgumentParser(prog="rhino-bench failover",
                                 description="Recovery after a SIGKILL, per state size: takeover by hard links "
                                             "(Rhino) against a DFS-style full fetch (Rhino paper Table 1).")
     p.add_argument("--sizes", type=_sizes, required=True, help="comma-separated state sizes, e.g. 1G,2G,4G")
@@ -836,7 +836,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = build_parser()
     args = p.parse_args(argv)
-    args.command = "rhino bench failover " + " ".join(argv)
+    args.command = "rhino-bench failover " + " ".join(argv)
     if args.value_bytes < 1 or args.num_vnodes < 1 or args.repeat < 1:
         p.error("--value-bytes, --num-vnodes and --repeat must be at least 1")
     if args.quiesce < 0 or args.settle_timeout < 0:
@@ -859,7 +859,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.detection = "none" if why else "process"
         if why:
             args.detection_note = f"detection not measured: {why}"
-            say(f"rhino bench failover: {args.detection_note}")
+            say(f"rhino-bench failover: {args.detection_note}")
     elif args.detection != "none" and why:
         p.error(f"--detection {args.detection}: {why}")
 
@@ -875,7 +875,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         run(args, emit, say)
     except BenchError as e:
-        print(f"rhino bench failover: {e}", file=sys.stderr)
+        print(f"rhino-bench failover: {e}", file=sys.stderr)
         return 1
     finally:
         if out:

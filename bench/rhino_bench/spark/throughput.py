@@ -1,9 +1,9 @@
-"""``rhino spark bench throughput``: steady-state events/s and per-batch latency of
-NEXMark Q8 on one 3-host :class:`~rhino.spark.cluster.LocalCluster`, for three
+"""``rhino-bench spark throughput``: steady-state events/s and per-batch latency of
+NEXMark Q8 on one 3-host :class:`~rhino_bench.harness.spark_cluster.LocalCluster`, for three
 configurations in the same run: Rhino with r=0, Rhino with r=2, and Spark's own
 ``transformWithStateInPandas`` with the RocksDB state store provider.
 
-    rhino spark bench throughput --json --out bench/results/spark_throughput.jsonl \\
+    rhino-bench spark throughput --json --out bench/results/spark_throughput.jsonl \\
         --plot bench/results/spark_throughput.png --report bench/results/spark_throughput.md
 
 Each configuration runs the same query (Q8, ``--window-ms``, the generator's default
@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from . import (Emitter, host_number, install_signal_handlers, median, non_negative_int, parse_conf, percentile,
+from .common import (Emitter, host_number, install_signal_handlers, median, non_negative_int, parse_conf, percentile,
                positive_int, positive_float, say)
 
 __all__ = ["main", "CONFIGS", "R2_VS_SPARK_TARGET", "R2_COST_TARGET"]
@@ -59,7 +59,7 @@ def _configs(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rhino spark bench throughput",
+    ap = argparse.ArgumentParser(prog="rhino-bench spark throughput",
                                  description="Steady-state throughput and per-batch latency of NEXMark Q8: Rhino "
                                              "r=0, Rhino r=2 and Spark's transformWithStateInPandas with RocksDB, "
                                              "on one local 3-host cluster.")
@@ -296,13 +296,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error("--first-host: the cluster's 3 hosts must fit 127.0.0.2..254")
     install_signal_handlers()
     from rhino._machine import describe_machine
-    from rhino.spark.cluster import LocalCluster
-    from rhino.spark.nexmark.pipeline import run_pipeline
+    from ..harness.spark_cluster import LocalCluster
+    from ..nexmark.pipeline import run_pipeline
 
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="rhino-spark-throughput-"))
     base.mkdir(parents=True, exist_ok=True)
     em = Emitter(args.json, args.out)
-    command = "rhino spark bench throughput " + " ".join(argv)
+    command = "rhino-bench spark throughput " + " ".join(argv)
     source = {"payloadBytes": args.payload_bytes} if args.payload_bytes else {}
     setup = {"record": "setup", "command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
              "machine": describe_machine(str(base)), "spark_conf": spark_conf,

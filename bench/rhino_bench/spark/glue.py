@@ -5,8 +5,8 @@
 
 On the same synthetic NEXMark Q11-like (bids keyed by bidder, many keys, many timers)
 and Q8-like (persons and auctions keyed by person, strings and payloads in state)
-batches, made with ``rhino.spark.nexmark.generator.generate`` and run through the
-queries' own processors (``rhino.spark.nexmark.queries``), it times:
+batches, made with ``rhino_bench.nexmark.generator.generate`` and run through the
+queries' own processors (``rhino_bench.nexmark.queries``), it times:
 
 (a) grouping + per-key slicing: the old task's factorize + ``np.split`` +
     ``pdf.iloc[idx].reset_index(drop=True)`` per key vs ``glue.group_rows`` + ``iloc[a:b]``;
@@ -70,8 +70,8 @@ def prepared_batches(query: str, rows_per_batch: int, batches: int,
     from pyspark.sql.types import (BinaryType, ByteType, LongType, StringType, StructField, StructType,
                                    TimestampType)
 
-    from rhino.spark.nexmark.generator import AUCTION, BID, PERSON, generate
-    from rhino.spark.nexmark.source import config_from_options
+    from rhino_bench.nexmark.generator import AUCTION, BID, PERSON, generate
+    from rhino_bench.nexmark.source import config_from_options
 
     opts = {"interEventDelayUs": 1000}
     if payload is not None:
@@ -416,11 +416,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import rhino.spark.runtime.task as task
     from rhino.coordinator.client import connect_coordinator
-    from rhino.spark.nexmark.queries import QUERIES
+    from rhino_bench.nexmark.queries import QUERIES
     from rhino.spark.runtime.glue import concat_frames, group_rows
     from rhino.spark.runtime.routing import record_keys
     from rhino.spark.state.encoding import KeyRecord
-    from rhino.testing.cluster import CoordinatorProcess, WorkerProcess, write_secret
+    from rhino_bench.harness.workers import CoordinatorProcess, WorkerProcess, write_secret
 
     before_task = None if args.no_before_task else load_before_task()
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,

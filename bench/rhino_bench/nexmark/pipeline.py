@@ -93,7 +93,7 @@ def run_pipeline(spark: Any, *, system: str, query: str, checkpoint_dir: str | P
         run.batches.append({"batch": int(batch_id), "sink_start": t0, "sink_end": time.time()})
 
     if system == "rhino":
-        from ..operator import TransformWithState
+        from rhino.spark.operator import TransformWithState
 
         op = TransformWithState(q.processor_factory(**params), key=q.key, output_schema=q.output_schema,
                                 operator_id=operator_id or f"nexmark-{query}", coordinator=coordinator,

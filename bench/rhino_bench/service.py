@@ -1,6 +1,6 @@
 """The state service against the in-process state backend, in the same run (issue 18).
 
-    rhino bench service --json --out bench/results/service.jsonl \
+    rhino-bench service --json --out bench/results/service.jsonl \
         --plot bench/results/service.png --report bench/results/service.md
 
 It starts real worker processes on 127.0.0.2 (the primary) and, for r=2,
@@ -41,7 +41,7 @@ import numpy as np
 
 import rhino
 
-from ..testing.cluster import SECRET, start_workers, write_secret
+from .harness.workers import SECRET, start_workers, write_secret
 from .common import exit_on_sigterm
 
 THROUGHPUT_TARGET = 0.70  # Unix-socket keys/s over in-process keys/s
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace, emit: Callable[[dict], None]) -> None:
     n = args.keys
     keys = np.arange(n, dtype=np.int64)
     values = np.random.default_rng(0).integers(0, 256, size=(n, args.value_bytes), dtype=np.uint8)
-    emit({"figure": "setup", "command": "rhino bench service " + " ".join(args.argv), "keys": n,
+    emit({"figure": "setup", "command": "rhino-bench service " + " ".join(args.argv), "keys": n,
           "value_bytes": args.value_bytes, "repeat": args.repeat, "fixed_reps": args.fixed_reps,
           "num_vnodes": NUM_VNODES, "cpus": os.cpu_count(), "python": platform.python_version(),
           "rhino": rhino.__version__, "unix": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
@@ -258,7 +258,7 @@ def report(rows: list[dict], path: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rhino bench service",
+    p = argparse.ArgumentParser(prog="rhino-bench service",
                                 description="Sessions over the Unix socket and TCP against in-process StateBackend.")
     p.add_argument("--keys", type=int, default=100_000)
     p.add_argument("--value-bytes", type=int, default=100)
