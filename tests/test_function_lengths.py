@@ -107,13 +107,13 @@ Status Widget::Load(const std::string& path) {
 def test_cpp_counter_counts_a_sample(fl):
     found = [(f.name, f.line, f.length) for f in fl.cpp_functions_in_text(CPP_SAMPLE, "sample.cc")]
     assert found == [
-        ("Helper", 14, 15),  # the signature's two lines, the lambda and the braces in literals included
-        ("Widget::Widget", 33, 3),  # a constructor whose member initializer uses braces
-        ("Widget::size", 36, 1),
-        ("Widget::operator==", 37, 3),
-        ("Widget::Inner::Run", 43, 3),
-        ("Widget2<T>::Get", 53, 4),  # from its template line
-        ("Widget::Load", 58, 11),
+        ("Helper", 13, 14),  # its two signature lines; the lambda and the braces in literals are no blocks
+        ("Widget::Widget", 32, 3),  # a constructor whose member initializer has braces
+        ("Widget::size", 35, 1),
+        ("Widget::operator==", 36, 3),
+        ("Widget::Inner::Run", 42, 3),
+        ("Widget2<T>::Get", 51, 5),  # from its template line, brace on a line of its own
+        ("Widget::Load", 57, 11),
     ]
 
 
