@@ -160,9 +160,3 @@ def host_number(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r}: the first host must be in 2..250 (127.0.0.N)")
     return v
 
-
-def cluster_pids(cluster: Any) -> list[int]:
-    try:
-        return list(cluster.running_pids())
-    except Exception:
-        return []

@@ -262,21 +262,6 @@ def run_one(*, system: str, size: int, workdir: Path, args: argparse.Namespace, 
                 pass
 
 
-def _stateful_stage_seconds(ui: str, app_id: str, nparts: int) -> list[float]:
-    """Durations of the completed stateful stages (first attempts), oldest first."""
-    try:
-        stages = spark_rest(ui, f"applications/{app_id}/stages?status=complete")
-    except Exception:
-        return []
-    out = []
-    for s in sorted(stages, key=lambda s: s["stageId"]):
-        if s.get("numTasks") == nparts and s.get("attemptId") == 0 and not (s.get("name") or "").startswith("run at"):
-            a, b = spark_time(s.get("submissionTime")), spark_time(s.get("completionTime"))
-            if a and b:
-                out.append(b - a)
-    return out
-
-
 def _victim_tasks(ui: str, app_id: str, nparts: int, ip: str, status: str) -> list[tuple[dict, dict]]:
     out = []
     for s in spark_rest(ui, f"applications/{app_id}/stages?status={status}"):
@@ -313,21 +298,6 @@ def _wait_victim_task(ui: str, app_id: str, nparts: int, ip: str, *, timeout: fl
         t = _victim_task_running(ui, app_id, nparts, ip)
         if t is not None:
             return t
-        time.sleep(0.05)
-    return None
-
-
-def _wait_stateful_stage(ui: str, app_id: str, nparts: int, *, timeout: float) -> Optional[float]:
-    """Waits until a stateful stage has running tasks; returns its submission time."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            for s in spark_rest(ui, f"applications/{app_id}/stages?status=active"):
-                if (s.get("numTasks") == nparts and (s.get("numActiveTasks") or 0) > 0
-                        and not (s.get("name") or "").startswith("run at")):
-                    return spark_time(s.get("submissionTime")) or time.time()
-        except Exception:
-            pass
         time.sleep(0.05)
     return None
 
@@ -482,25 +452,6 @@ def derive_stages(rows: list[dict], detection_s: float, rerun_start_s: Optional[
                           if not r["stateful"] and r["completed_s"] is not None and r["submitted_s"] >= detection_s
                           and (start is None or r["submitted_s"] < start))
     return out
-
-
-def rederive(rec: dict) -> dict:
-    """``replay_s``, ``scheduling_s`` (and Spark's ``rerun_task_start_s``) of a record again
-    from its ``stages_after_kill`` by :func:`derive_stages` (records written before the
-    stage classification handled stage retries)."""
-    rows = rec.get("stages_after_kill")
-    if not rows or rec.get("detection_s") is None:
-        return rec
-    rows = [dict(r) for r in rows]
-    rhino = rec["system"] == "rhino"
-    d = derive_stages(rows, rec["detection_s"], rec.get("rerun_task_start_s") if rhino else None)
-    rec = dict(rec, stages_after_kill=rows, replay_s=round(d["replay_s"], 4))
-    if not rhino and d.get("rerun_stage") and d["rerun_stage"] != rec.get("rerun_stage"):
-        rec["rerun_task_start_s"], rec["rerun_stage"] = d["rerun_task_start_s"], d["rerun_stage"]
-    if rec.get("rerun_task_start_s") is not None:
-        rec["scheduling_s"] = round(max(0.0, rec["rerun_task_start_s"] - rec["detection_s"] - rec["replay_s"]), 4)
-    rec["rederived"] = True
-    return rec
 
 
 def _executor_removed(ui: str, app_id: str, ip: str, k: float) -> Optional[float]:
