@@ -34,6 +34,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
+from ..errors import UnknownInstanceError
+
 __all__ = ["Metadata", "WorkerRow", "OperatorRow", "InstanceRow", "PlanRow", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
@@ -108,6 +110,10 @@ class OperatorRow:
     last_batch: Optional[int]
     created_at: float
 
+    def partitioner_args(self) -> dict[str, int]:
+        """The partitioner every ``open`` of one of its instances names (docs/protocol.md §7.1)."""
+        return {"num_vnodes": self.num_vnodes, "num_key_groups": self.num_key_groups, "seed": self.seed}
+
 
 @dataclass
 class InstanceRow:
@@ -163,7 +169,7 @@ class Metadata:
                 self._db.execute(stmt)
         row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         if row is None:
-            self._db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            self._db.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         elif int(row[0]) != SCHEMA_VERSION:
             raise RuntimeError(f"{self.path} has schema version {row[0]}, this coordinator reads {SCHEMA_VERSION}")
 
@@ -195,7 +201,35 @@ class Metadata:
 
     @staticmethod
     def set_meta(c: sqlite3.Connection, key: str, value: str) -> None:
-        c.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value))
+        c.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                  (key, value))
+
+    @staticmethod
+    def delete_meta(c: sqlite3.Connection, key: str) -> None:
+        c.execute("DELETE FROM meta WHERE key=?", (key,))
+
+    # A reconfiguration decided but not yet committed (the Replication
+    # Manager's crash safety): carried out again by a restarted coordinator.
+    def pending_reconfiguration(self, operator_id: str) -> Optional[dict]:
+        doc = self.get_meta(f"pending:{operator_id}")
+        return None if doc is None else json.loads(doc)
+
+    def set_pending_reconfiguration(self, c: sqlite3.Connection, operator_id: str, doc: dict) -> None:
+        self.set_meta(c, f"pending:{operator_id}", json.dumps(doc))
+
+    def clear_pending_reconfiguration(self, c: sqlite3.Connection, operator_id: str) -> None:
+        self.delete_meta(c, f"pending:{operator_id}")
+
+    # A handover step under way (design §4): aborted by a restarted coordinator.
+    def handover_in_flight(self, operator_id: str) -> Optional[dict]:
+        doc = self.get_meta(f"handover:{operator_id}")
+        return None if doc is None else json.loads(doc)
+
+    def set_handover_in_flight(self, c: sqlite3.Connection, operator_id: str, doc: dict) -> None:
+        self.set_meta(c, f"handover:{operator_id}", json.dumps(doc))
+
+    def clear_handover_in_flight(self, c: sqlite3.Connection, operator_id: str) -> None:
+        self.delete_meta(c, f"handover:{operator_id}")
 
     # ---- workers ------------------------------------------------------------
     def workers(self) -> list[WorkerRow]:
@@ -208,12 +242,18 @@ class Metadata:
     @staticmethod
     def upsert_worker(c: sqlite3.Connection, w: WorkerRow) -> None:
         c.execute(
-            "INSERT INTO workers VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET address=excluded.address,"
+            "INSERT INTO workers (id, address, unix_socket, host, rack, zone, state, incarnation, registered_at,"
+            " dead_since) VALUES (?,?,?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET address=excluded.address,"
             " unix_socket=excluded.unix_socket, host=excluded.host, rack=excluded.rack, zone=excluded.zone,"
             " state=excluded.state, incarnation=excluded.incarnation, registered_at=excluded.registered_at,"
             " dead_since=excluded.dead_since",
             (w.id, w.address, w.unix_socket, w.host, w.rack, w.zone, w.state, w.incarnation, w.registered_at,
              w.dead_since))
+
+    @staticmethod
+    def mark_worker_dead(c: sqlite3.Connection, worker_id: str) -> None:
+        """Fences a worker off in the metadata: its late messages are refused from now on."""
+        c.execute("UPDATE workers SET state='dead', dead_since=? WHERE id=?", (time.time(), worker_id))
 
     # ---- operators and routing ---------------------------------------------------
     def operators(self) -> list[OperatorRow]:
@@ -222,6 +262,25 @@ class Metadata:
     def operator(self, operator_id: str) -> Optional[OperatorRow]:
         rows = self._q("SELECT * FROM operators WHERE operator_id=?", (operator_id,))
         return OperatorRow(**dict(rows[0])) if rows else None
+
+    def require_operator(self, operator_id: str) -> OperatorRow:
+        """The operator, or UnknownInstanceError when no operator of that id is placed."""
+        op = self.operator(operator_id)
+        if op is None:
+            raise UnknownInstanceError(f"no operator {operator_id!r} is placed")
+        return op
+
+    @staticmethod
+    def put_operator(c: sqlite3.Connection, op: OperatorRow) -> None:
+        """Writes an operator's row (a new operator, or one rebuilt from the workers)."""
+        c.execute("INSERT OR REPLACE INTO operators (operator_id, num_vnodes, num_key_groups, seed, replicas,"
+                  " placement, epoch, last_batch, created_at) VALUES (?,?,?,?,?,?,?,?,?)",
+                  (op.operator_id, op.num_vnodes, op.num_key_groups, op.seed, op.replicas, op.placement, op.epoch,
+                   op.last_batch, op.created_at))
+
+    @staticmethod
+    def set_last_batch(c: sqlite3.Connection, operator_id: str, batch: int) -> None:
+        c.execute("UPDATE operators SET last_batch=? WHERE operator_id=?", (batch, operator_id))
 
     def assignment(self, operator_id: str) -> list[int]:
         return [r[0] for r in self._q("SELECT instance FROM vnodes WHERE operator_id=? ORDER BY vnode", (operator_id,))]
@@ -234,7 +293,8 @@ class Metadata:
     @staticmethod
     def set_assignment(c: sqlite3.Connection, operator_id: str, assignment: list[int]) -> None:
         c.execute("DELETE FROM vnodes WHERE operator_id=?", (operator_id,))
-        c.executemany("INSERT INTO vnodes VALUES (?,?,?)", [(operator_id, v, int(i)) for v, i in enumerate(assignment)])
+        c.executemany("INSERT INTO vnodes (operator_id, vnode, instance) VALUES (?,?,?)",
+                      [(operator_id, v, int(i)) for v, i in enumerate(assignment)])
 
     def record_epoch(self, c: sqlite3.Connection, operator_id: str, epoch: int, reason: str) -> None:
         """Sets the operator's epoch and writes the epoch's table into the history."""
@@ -243,7 +303,8 @@ class Metadata:
             "SELECT instance FROM vnodes WHERE operator_id=? ORDER BY vnode", (operator_id,))]
         primaries = {str(r[0]): r[1] for r in c.execute(
             "SELECT instance, primary_worker FROM instances WHERE operator_id=? AND state='active'", (operator_id,))}
-        c.execute("INSERT OR REPLACE INTO routing_history VALUES (?,?,?,?,?,?)",
+        c.execute("INSERT OR REPLACE INTO routing_history (operator_id, epoch, assignment, primaries, reason, at)"
+                  " VALUES (?,?,?,?,?,?)",
                   (operator_id, epoch, json.dumps(assignment), json.dumps(primaries), reason, time.time()))
 
     # ---- instances ------------------------------------------------------------------
@@ -265,7 +326,8 @@ class Metadata:
 
     @staticmethod
     def put_instance(c: sqlite3.Connection, r: InstanceRow) -> None:
-        c.execute("INSERT OR REPLACE INTO instances VALUES (?,?,?,?,?,?,?,?,?,?)",
+        c.execute("INSERT OR REPLACE INTO instances (operator_id, instance, primary_worker, chain, chain_version,"
+                  " state, last_complete, bytes, redo_version, redo) VALUES (?,?,?,?,?,?,?,?,?,?)",
                   (r.operator_id, r.instance, r.primary_worker, json.dumps(r.chain), r.chain_version, r.state,
                    r.last_complete, r.bytes, r.redo_version, json.dumps(r.redo)))
 
@@ -273,6 +335,16 @@ class Metadata:
     def vnode_load(self, operator_id: str) -> dict[int, float]:
         return {r["vnode"]: r["ops"] + r["bytes"] / 1024.0
                 for r in self._q("SELECT * FROM vnode_load WHERE operator_id=?", (operator_id,))}
+
+    @staticmethod
+    def add_vnode_load(c: sqlite3.Connection, operator_id: str, vnode: int, ops: float, nbytes: float,
+                       batch: int) -> None:
+        """Folds one batch's measured load of a vnode into an exponentially
+        weighted mean: recent batches count most."""
+        c.execute("INSERT INTO vnode_load (operator_id, vnode, ops, bytes, batch) VALUES (?,?,?,?,?)"
+                  " ON CONFLICT(operator_id, vnode) DO UPDATE"
+                  " SET ops=0.5*ops+0.5*excluded.ops, bytes=0.5*bytes+0.5*excluded.bytes,"
+                  " batch=excluded.batch", (operator_id, vnode, ops, nbytes, batch))
 
     # ---- plans ------------------------------------------------------------------------
     def plans(self, *, open_only: bool = False) -> list[PlanRow]:
@@ -282,6 +354,34 @@ class Metadata:
     def plan(self, plan_id: int) -> Optional[PlanRow]:
         rows = self._q("SELECT * FROM plans WHERE id=?", (plan_id,))
         return _plan(rows[0]) if rows else None
+
+    @staticmethod
+    def insert_plan(c: sqlite3.Connection, operator_id: str, kind: str, strategy: str,
+                    steps: list[list[list[int]]], after_batch: int, placement: dict[int, str]) -> int:
+        """A new plan: scheduled, or done at once when it has no step. Returns its id."""
+        now = time.time()
+        cur = c.execute("INSERT INTO plans (operator_id, kind, strategy, steps, steps_done, after_batch, state,"
+                        " created_at, updated_at, placement) VALUES (?,?,?,?,0,?,?,?,?,?)",
+                        (operator_id, kind, strategy, json.dumps(steps), after_batch,
+                         "scheduled" if steps else "done", now, now, json.dumps(placement)))
+        return int(cur.lastrowid)
+
+    @staticmethod
+    def start_plan_step(c: sqlite3.Connection, plan_id: int) -> None:
+        c.execute("UPDATE plans SET state='running', updated_at=? WHERE id=?", (time.time(), plan_id))
+
+    @staticmethod
+    def finish_plan_step(c: sqlite3.Connection, plan_id: int, steps_done: int, *, last: bool, bytes_moved: int,
+                         seconds: float) -> None:
+        """Counts a step committed, with what it copied and how long it took; the last one ends the plan."""
+        c.execute("UPDATE plans SET steps_done=?, state=?, updated_at=?, bytes_moved=bytes_moved+?,"
+                  " seconds=seconds+? WHERE id=?",
+                  (steps_done, "done" if last else "running", time.time(), bytes_moved, seconds, plan_id))
+
+    @staticmethod
+    def abort_plan(c: sqlite3.Connection, plan_id: int, message: str) -> None:
+        c.execute("UPDATE plans SET state='aborted', message=?, updated_at=? WHERE id=?",
+                  (message, time.time(), plan_id))
 
     # ---- events -------------------------------------------------------------------------
     @staticmethod
