@@ -1,4 +1,5 @@
-"""The Handover Manager's vnode moves and migration strategies (rhino.coordinator.strategies; design §4)."""
+"""The Handover Manager's vnode moves and migration strategies (rhino.coordinator.strategies; design §4),
+and the planning of one handover step (rhino.coordinator.handover_step)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rhino.coordinator.handover_step import plan_step
+from rhino.coordinator.metadata import InstanceRow, OperatorRow, PlanRow
+from rhino.coordinator.placement import WorkerInfo
 from rhino.coordinator.strategies import (STRATEGIES, apply_moves, balance_moves, plan_steps, rescale_moves)
 from rhino.errors import InvalidArgumentError
 
@@ -167,3 +171,64 @@ def test_apply_moves():
         apply_moves([0, 0], [(1, 1, 0)])
     with pytest.raises(InvalidArgumentError, match="out of range"):
         apply_moves([0], [(3, 0, 1)])
+
+
+# ---- one handover step, planned before any worker is asked ----------------------------------
+
+def _op(epoch: int = 4) -> OperatorRow:
+    return OperatorRow(operator_id="op", num_vnodes=8, num_key_groups=64, seed=0, replicas=1, placement="balanced",
+                       epoch=epoch, last_batch=7, created_at=0.0)
+
+
+def _row(i: int, primary: str, chain: list[str], **kw) -> InstanceRow:
+    fields = {"last_complete": 7, "redo_version": None, "redo": [], **kw}
+    return InstanceRow(operator_id="op", instance=i, primary_worker=primary, chain=chain, chain_version=1,
+                       state="active", bytes=100, **fields)
+
+
+def _plan(steps, placement=None) -> PlanRow:
+    return PlanRow(id=3, operator_id="op", kind="handover", strategy="all-at-once", steps=steps, steps_done=0,
+                   after_batch=7, state="scheduled", created_at=0.0, updated_at=0.0, message="", bytes_moved=0,
+                   seconds=0.0, placement=placement or {})
+
+
+WORKERS = [WorkerInfo("wa"), WorkerInfo("wb"), WorkerInfo("wc")]
+
+
+def test_step_vertical_scaling_imports_where_the_checkpoint_is():
+    rows = {0: _row(0, "wa", ["wb"]), 1: _row(1, "wc", ["wa"])}
+    assignment = [0, 0, 0, 0, 1, 1, 1, 1]
+    # Vnode 4 is no longer 0's (another plan moved it): its move is dropped.
+    step = plan_step(_plan([[[0, 0, 2], [1, 0, 2], [4, 0, 2]]]), 7, _op(), rows, assignment,
+                     alive={"wa", "wb", "wc"}, workers=WORKERS)
+    assert step.moves == [(0, 0, 2), (1, 0, 2)] and step.epoch == 5
+    assert step.new_rows[2].primary_worker in {"wa", "wb"} and step.new_rows[2].last_complete == 7
+    assert step.copies() == []  # its worker holds 0's checkpoint 7: hard links, no bytes move
+    assert step.ops == {2: [{"op": "import", "from_operator": "op", "from_instance": 0, "checkpoint": 7,
+                             "vnodes": [0, 1]}],
+                        0: [{"op": "drop", "vnodes": [0, 1]}]}
+    assert step.new_assignment() == [2, 2, 0, 0, 1, 1, 1, 1]
+    doc = step.doc()
+    assert doc["plan"] == 3 and doc["step"] == 0 and doc["epoch"] == 5 and doc["batch"] == 7
+    assert list(doc["ops"]) == ["2", "0"] and list(doc["new"]) == ["2"]
+    committed, retired = step.committed_rows()
+    by = {r.instance: r for r in committed}
+    assert retired == [] and by[0].redo_version == 7 and by[0].redo == doc["ops"]["0"]
+    assert by[2].redo == [] and rows[0].redo == []  # the rows it was given are left as they were
+
+
+def test_step_horizontal_scaling_copies_first_and_retires_the_emptied():
+    rows = {0: _row(0, "wa", ["wb"]), 1: _row(1, "wb", ["wa"], redo_version=7, redo=[{"op": "drop", "vnodes": [9]}])}
+    assignment = [0, 0, 1, 1, 1, 1, 1, 1]
+    step = plan_step(_plan([[[0, 0, 2], [1, 0, 2]]], placement={2: "wc"}), 7, _op(), rows, assignment,
+                     alive={"wa", "wb", "wc"}, workers=WORKERS)
+    assert step.new_rows[2].primary_worker == "wc"  # asked for
+    assert step.copies() == [(rows[0], "wc")]  # wc holds no replica of 0: a bulk copy first
+    committed, retired = step.committed_rows()
+    assert retired == [0] and {r.instance: r.state for r in committed} == {0: "retired", 1: "active", 2: "active"}
+
+
+def test_step_needs_checkpoint_b_everywhere():
+    rows = {0: _row(0, "wa", ["wb"]), 1: _row(1, "wb", ["wa"], last_complete=6)}
+    with pytest.raises(InvalidArgumentError, match="checkpoint 7 complete everywhere"):
+        plan_step(_plan([[[0, 0, 1]]]), 7, _op(), rows, [0, 1], alive={"wa", "wb"}, workers=WORKERS[:2])

@@ -22,18 +22,15 @@ Vocabulary of the methods below:
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
 from typing import Any, Callable, Optional
 
-from .. import _core
-from ..client.client import Client, connect
-from ..errors import (AbortedError, BusyError, InvalidArgumentError, NotFoundError, RhinoError,
-                      StaleEpochError, UnknownInstanceError)
+from ..errors import BusyError, InvalidArgumentError, RhinoError, StaleEpochError, UnknownInstanceError
+from .gateway import WorkerGateway
 from .handover_manager import HandoverManager
-from .metadata import InstanceRow, Metadata, OperatorRow, WorkerRow
+from .metadata import Metadata, WorkerRow
 from .replication_manager import ReplicationManager
 
 __all__ = ["Coordinator"]
@@ -45,6 +42,13 @@ class Coordinator:
     ``heartbeat_timeout``: a worker silent that long is declared dead, fenced
     and its instances failed over. ``request_timeout`` bounds one request to a
     worker (a bulk copy excepted: ``copy_timeout``).
+
+    What it holds, and who is given what: ``meta`` (:class:`.Metadata`, all
+    SQL); ``workers`` (:class:`.WorkerGateway`: the clients of the workers,
+    the live workers and their addresses); ``rm`` (:class:`.ReplicationManager`)
+    and ``hm`` (:class:`.HandoverManager`), each given ``meta``, ``workers``
+    and the log. The coordinator itself keeps the lock every decision is
+    taken under, the workers' heartbeats and the failure detector.
     """
 
     def __init__(self, directory: str, *, secret: bytes | str, heartbeat_timeout: float = 3.0,
@@ -54,23 +58,18 @@ class Coordinator:
         if heartbeat_timeout <= 0 or request_timeout <= 0:
             raise InvalidArgumentError("timeouts must be positive")
         self.meta = Metadata(directory)
-        self.secret = secret
         self.heartbeat_timeout = float(heartbeat_timeout)
-        self.request_timeout = float(request_timeout)
-        self.copy_timeout = float(copy_timeout)
-        self.handover_timeout = float(handover_timeout)
-        self.client_id = client_id
         self._log = log or (lambda event, **f: None)
         self.lock = threading.RLock()  # every decision, in order
         self._seen: dict[str, float] = {}  # worker id -> monotonic time of its last heartbeat
-        self._clients: dict[str, Client] = {}
-        self._clients_lock = threading.Lock()
         self._stop = threading.Event()
         # --rebuild: until the metadata is rebuilt from the workers, only
         # registrations, heartbeats and status are served.
         self.rebuilding = rebuilding
-        self.rm = ReplicationManager(self)
-        self.hm = HandoverManager(self)
+        self.workers = WorkerGateway(self.meta, secret=secret, client_id=client_id, request_timeout=request_timeout,
+                                     copy_timeout=copy_timeout, handover_timeout=handover_timeout)
+        self.rm = ReplicationManager(self.meta, self.workers, self.log)
+        self.hm = HandoverManager(self.meta, self.workers, self.log)
         # A restarted coordinator gives every worker it knew time to notice the
         # lost connection and reconnect (the workers back off up to 1 s) before
         # it counts heartbeats again: a restart must not fail healthy workers over.
@@ -88,10 +87,7 @@ class Coordinator:
     def close(self) -> None:
         self._stop.set()
         self._detector.join(timeout=5)
-        with self._clients_lock:
-            for c in self._clients.values():
-                c.close()
-            self._clients.clear()
+        self.workers.close()
         with self.lock:
             self.meta.close()
 
@@ -103,32 +99,6 @@ class Coordinator:
 
     def log(self, event: str, **fields: Any) -> None:
         self._log(event, **fields)
-
-    # ---- talking to workers ----------------------------------------------------------------
-    def client(self, worker: WorkerRow | str) -> Client:
-        """A (cached) connection to a worker's state service over TCP."""
-        w = worker if isinstance(worker, WorkerRow) else self.meta.worker(worker)
-        if w is None:
-            raise NotFoundError(f"unknown worker {worker!r}")
-        with self._clients_lock:
-            c = self._clients.get(w.id)
-            if c is not None and c.is_open and c.address == w.address:
-                return c
-            if c is not None:
-                c.close()
-            c = connect(w.address, secret=self.secret, client_id=self.client_id,
-                        request_timeout=max(self.request_timeout, self.copy_timeout), peer_timeout=3.0)
-            self._clients[w.id] = c
-            return c
-
-    def drop_client(self, worker_id: str) -> None:
-        with self._clients_lock:
-            c = self._clients.pop(worker_id, None)
-        if c is not None:
-            c.close()
-
-    def alive_workers(self) -> list[WorkerRow]:
-        return [w for w in self.meta.workers() if w.alive]
 
     # ---- workers: registration and liveness -------------------------------------------
     def register(self, worker_id: str, address: str, *, unix_socket: Optional[str] = None,
@@ -148,7 +118,7 @@ class Coordinator:
                 self.meta.event(c, "worker_registered", worker=worker_id, address=address,
                                 rejoined=bool(old and not old.alive), restarted=bool(old and old.incarnation != incarnation))
             self._seen[worker_id] = time.monotonic()
-            self.drop_client(worker_id)
+            self.workers.drop_client(worker_id)
             self.log("worker_registered", worker=worker_id, address=address)
             if not self.rebuilding:
                 try:
@@ -208,10 +178,10 @@ class Coordinator:
                 return {"worker": worker_id, "already_dead": True}
             t0 = time.monotonic()
             with self.meta.tx() as c:
-                c.execute("UPDATE workers SET state='dead', dead_since=? WHERE id=?", (time.time(), worker_id))
+                self.meta.mark_worker_dead(c, worker_id)
                 self.meta.event(c, "worker_dead", worker=worker_id, reason=reason)
             self._seen.pop(worker_id, None)
-            self.drop_client(worker_id)
+            self.workers.drop_client(worker_id)
             self.log("worker_dead", worker=worker_id, reason=reason)
             out = self.rm.recover_from_loss(worker_id)
             out["recovery_s"] = time.monotonic() - t0
@@ -229,14 +199,14 @@ class Coordinator:
         primary. Creating an existing operator with the same shape returns its
         placement (a restarted driver)."""
         with self.lock:
-            return self.rm.create_operator(operator_id, parallelism=parallelism, num_vnodes=num_vnodes,
-                                           replicas=replicas, num_key_groups=num_key_groups, seed=seed,
-                                           placement=placement)
+            self.rm.create_operator(operator_id, parallelism=parallelism, num_vnodes=num_vnodes, replicas=replicas,
+                                    num_key_groups=num_key_groups, seed=seed, placement=placement)
+            return self.placement(operator_id)
 
     def placement(self, operator_id: str) -> dict:
         """The current routing table and placement of an operator: what a task
         needs to route keys and reach each instance's primary."""
-        op = self._operator(operator_id)
+        op = self.meta.require_operator(operator_id)
         workers = {w.id: w for w in self.meta.workers()}
         insts = {}
         for r in self.meta.instances(operator_id):
@@ -257,7 +227,7 @@ class Coordinator:
         re-execution)."""
         _uint("batch", batch)
         with self.lock:
-            op = self._operator(operator_id)
+            op = self.meta.require_operator(operator_id)
             nxt = 0 if op.last_batch is None else op.last_batch + 1
             if batch != nxt:
                 raise InvalidArgumentError(f"operator {operator_id} completed batch {op.last_batch}: "
@@ -280,7 +250,7 @@ class Coordinator:
         engine must run the batch again (every instance rolls back to b-1)."""
         _uint("batch", batch)
         with self.lock:
-            op = self._operator(operator_id)
+            op = self.meta.require_operator(operator_id)
             nxt = 0 if op.last_batch is None else op.last_batch + 1
             if batch != nxt:
                 raise InvalidArgumentError(f"operator {operator_id}: commit of batch {batch}, expected {nxt}")
@@ -290,7 +260,7 @@ class Coordinator:
                                       "happened during the batch): run it again")
             stats = {int(k): v for k, v in (instances or {}).items()}
             with self.meta.tx() as c:
-                c.execute("UPDATE operators SET last_batch=? WHERE operator_id=?", (batch, operator_id))
+                self.meta.set_last_batch(c, operator_id, batch)
                 for r in self.meta.instances(operator_id):
                     r.last_complete = batch
                     if r.instance in stats and "checkpoint_bytes" in stats[r.instance]:
@@ -299,10 +269,7 @@ class Coordinator:
                         r.redo_version, r.redo = None, []
                     self.meta.put_instance(c, r)
                 for v, (ops, nbytes) in (load or {}).items():
-                    # An exponentially weighted mean: recent batches count most.
-                    c.execute("INSERT INTO vnode_load VALUES (?,?,?,?,?) ON CONFLICT(operator_id, vnode) DO UPDATE"
-                              " SET ops=0.5*ops+0.5*excluded.ops, bytes=0.5*bytes+0.5*excluded.bytes,"
-                              " batch=excluded.batch", (operator_id, int(v), float(ops), float(nbytes), batch))
+                    self.meta.add_vnode_load(c, operator_id, int(v), float(ops), float(nbytes), batch)
             return {"operator_id": operator_id, "last_batch": batch}
 
     def report_unreachable(self, operator_id: str, instance: int, worker_id: Optional[str] = None) -> dict:
@@ -318,8 +285,8 @@ class Coordinator:
             w = self.meta.worker(wid)
             if w is not None and w.alive:
                 try:
-                    self.drop_client(wid)
-                    self.client(w).instances()
+                    self.workers.drop_client(wid)
+                    self.workers.client(w).instances()
                 except RhinoError as e:
                     self.declare_dead(wid, f"reported unreachable ({e})")
             return self.placement(operator_id)
@@ -394,12 +361,6 @@ class Coordinator:
             raise InvalidArgumentError(f"{method}: {e}") from None
 
     # ---- internals ------------------------------------------------------------------------
-    def _operator(self, operator_id: str) -> OperatorRow:
-        op = self.meta.operator(operator_id)
-        if op is None:
-            raise UnknownInstanceError(f"no operator {operator_id!r} is placed")
-        return op
-
     def _resume(self) -> None:
         """After a restart: finish what a killed coordinator left half done."""
         with self.lock:

@@ -30,29 +30,31 @@ scheduled for a future batch.
 
 from __future__ import annotations
 
-import json
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Callable, Optional
 
 from ..errors import InvalidArgumentError, RhinoError, UnknownVnodeError
-from .metadata import InstanceRow, PlanRow
-from .placement import InstanceInfo, choose_primary, place_chains
+from .gateway import WorkerGateway
+from .handover_step import HandoverStep, plan_step
+from .metadata import InstanceRow, Metadata, PlanRow
 from .strategies import STRATEGIES, balance_moves, plan_steps, rescale_moves
-
-if TYPE_CHECKING:
-    from .coordinator import Coordinator
 
 __all__ = ["HandoverManager"]
 
 
 class HandoverManager:
-    def __init__(self, coordinator: "Coordinator") -> None:
-        self.c = coordinator
-        self.meta = coordinator.meta
+    """Plans handovers into ``meta`` and runs their steps on the workers
+    through ``workers``; every decision is logged to ``log``. The caller holds
+    the coordinator's lock around each call."""
+
+    def __init__(self, meta: Metadata, workers: WorkerGateway, log: Callable[..., None]) -> None:
+        self.meta = meta
+        self.workers = workers
+        self.log = log
 
     # ---- planning -------------------------------------------------------------------------
     def _next_barrier(self, operator_id: str, after_batch: Optional[int]) -> int:
-        op = self.c._operator(operator_id)
+        op = self.meta.require_operator(operator_id)
         done = -1 if op.last_batch is None else op.last_batch
         if after_batch is None:
             return max(done, 0)
@@ -65,16 +67,11 @@ class HandoverManager:
         if strategy not in STRATEGIES:
             raise InvalidArgumentError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
         steps = [[list(m) for m in s] for s in plan_steps([tuple(m) for m in moves], strategy)] if moves else []
-        now = time.time()
         with self.meta.tx() as c:
-            cur = c.execute("INSERT INTO plans (operator_id, kind, strategy, steps, steps_done, after_batch, state,"
-                            " created_at, updated_at, placement) VALUES (?,?,?,?,0,?,?,?,?,?)",
-                            (operator_id, kind, strategy, json.dumps(steps), after,
-                             "scheduled" if steps else "done", now, now, json.dumps(placement or {})))
-            plan_id = cur.lastrowid
+            plan_id = self.meta.insert_plan(c, operator_id, kind, strategy, steps, after, placement or {})
             self.meta.event(c, "plan_scheduled", plan=plan_id, operator=operator_id, plan_kind=kind, strategy=strategy,
                             moves=len(moves), steps=len(steps), after_batch=after)
-        self.c.log("plan_scheduled", plan=plan_id, operator=operator_id, kind=kind, moves=len(moves), steps=len(steps))
+        self.log("plan_scheduled", plan=plan_id, operator=operator_id, kind=kind, moves=len(moves), steps=len(steps))
         return {"plan": plan_id, "kind": kind, "strategy": strategy, "moves": len(moves), "steps": len(steps),
                 "after_batch": after}
 
@@ -82,7 +79,7 @@ class HandoverManager:
         """Workers asked to host new instances (horizontal scaling): live and known."""
         if not on:
             return []
-        alive = {w.id for w in self.c.alive_workers()}
+        alive = self.workers.alive_ids()
         for w in on:
             if w not in alive:
                 raise InvalidArgumentError(f"worker {w!r} is not a live registered worker")
@@ -90,7 +87,7 @@ class HandoverManager:
 
     def plan_handover(self, operator_id: str, vnodes: list[int], to: int, *, strategy: str,
                       after_batch: Optional[int], on: Optional[str] = None) -> dict:
-        op = self.c._operator(operator_id)
+        op = self.meta.require_operator(operator_id)
         if not isinstance(to, int) or to < 0:
             raise InvalidArgumentError(f"the target instance must be an int >= 0, got {to!r}")
         if not vnodes:
@@ -112,7 +109,7 @@ class HandoverManager:
 
     def plan_rescale(self, operator_id: str, parallelism: int, *, strategy: str, after_batch: Optional[int],
                      on: Optional[list[str]] = None) -> dict:
-        op = self.c._operator(operator_id)
+        op = self.meta.require_operator(operator_id)
         if not isinstance(parallelism, int) or not 1 <= parallelism <= op.num_vnodes:
             raise InvalidArgumentError(f"parallelism must be in [1, {op.num_vnodes}], got {parallelism!r}")
         if self.meta.plans(open_only=True):
@@ -150,181 +147,144 @@ class HandoverManager:
             self.run_step(p, barrier)
 
     def run_step(self, p: PlanRow, b: int) -> dict:
-        operator_id = p.operator_id
-        op = self.c._operator(operator_id)
-        rows = {r.instance: r for r in self.meta.instances(operator_id)}
-        assignment = self.meta.assignment(operator_id)
-        moves = [tuple(m) for m in p.steps[p.steps_done]]
-        # Another plan or a rescale may have moved a vnode since this plan was made.
-        moves = [(v, o, t) for v, o, t in moves if assignment[v] == o and o != t]
+        """Runs the next step of plan ``p`` at the barrier after batch ``b``:
+        decides it (:func:`.handover_step.plan_step`), copies, records it,
+        applies it on the workers, then commits it, or aborts it on a failure."""
         t0 = time.monotonic()
-        if any(r.last_complete != b for r in rows.values()):
-            raise InvalidArgumentError(f"a handover of {operator_id} at the barrier after batch {b} needs checkpoint "
-                                       f"{b} complete everywhere")
-        alive = {w.id for w in self.c.alive_workers()}
-        workers = self.c.rm.workers_info()
-        new_ids = sorted({t for _, _, t in moves if t not in rows})
-        load: dict[str, int] = {w: 0 for w in alive}
-        for r in rows.values():
-            load[r.primary_worker] = load.get(r.primary_worker, 0) + 1
-        new_rows: dict[int, InstanceRow] = {}
-        for t in new_ids:
-            origins = {o for _, o, tt in moves if tt == t}
-            holders = set(alive)
-            for o in origins:
-                holders &= {rows[o].primary_worker, *rows[o].chain}
-            # Vertical scaling: on a worker that holds the origins' checkpoints.
-            # Horizontal (no such worker): the least loaded, after a bulk copy.
-            if p.placement.get(t) in alive:
-                primary = p.placement[t]  # horizontal scaling: asked for; a bulk copy comes first
-            else:
-                primary = choose_primary(sorted(holders or alive), load)
-            load[primary] = load.get(primary, 0) + 1
-            held = {(operator_id, t): {w: sum(rows[o].bytes for o in origins if w in rows[o].chain) for w in alive}}
-            chain = place_chains([InstanceInfo(key=(operator_id, t), primary=primary,
-                                               bytes=sum(rows[o].bytes for o in origins))],
-                                 workers, op.replicas, mode=op.placement, held=held)[(operator_id, t)]
-            new_rows[t] = InstanceRow(operator_id=operator_id, instance=t, primary_worker=primary, chain=chain,
-                                      chain_version=1, state="active", last_complete=b, bytes=0,
-                                      redo_version=None, redo=[])
-        every = {**rows, **new_rows}
-        # Step 2 of the header: bulk copies where a target's worker lacks an origin's checkpoint b.
-        copied = 0
-        pairs = sorted({(o, t) for _, o, t in moves})
-        for o, t in pairs:
-            wt = every[t].primary_worker
-            if wt == rows[o].primary_worker or wt in rows[o].chain:
-                continue
-            res = self.c.client(rows[o].primary_worker).replicate(
-                operator_id, o, epoch=op.epoch, to=self.c.rm.addresses([wt]), chain_version=rows[o].chain_version,
-                checkpoint=b, timeout=self.c.copy_timeout)
-            copied += int(res["bytes_sent"])
-        epoch = op.epoch + 1
-        ops_of: dict[int, list[dict]] = {}
-        for o, t in pairs:
-            vn = sorted(v for v, oo, tt in moves if (oo, tt) == (o, t))
-            ops_of.setdefault(t, []).append({"op": "import", "from_operator": operator_id, "from_instance": o,
-                                             "checkpoint": b, "vnodes": vn})
-        for o in sorted({o for _, o, _ in moves}):
-            ops_of.setdefault(o, []).append({"op": "drop", "vnodes": sorted(v for v, oo, _ in moves if oo == o)})
-        doc = {"plan": p.id, "step": p.steps_done, "epoch": epoch, "batch": b, "moves": [list(m) for m in moves],
-               "new": {str(t): _row_json(r) for t, r in new_rows.items()}, "ops": {str(k): v for k, v in ops_of.items()}}
+        step = self._plan_step(p, b)
+        copied = self._copy_checkpoints(step)
+        doc = step.doc()
         with self.meta.tx() as c:
-            self.meta.set_meta(c, f"handover:{operator_id}", json.dumps(doc))
-            c.execute("UPDATE plans SET state='running', updated_at=? WHERE id=?", (time.time(), p.id))
+            self.meta.set_handover_in_flight(c, step.operator_id, doc)
+            self.meta.start_plan_step(c, p.id)
         try:
-            self._apply(operator_id, doc, every, epoch)
+            self._apply(step.operator_id, doc, step.every, step.epoch)
         except RhinoError as e:
-            self.abort(operator_id, doc, f"{type(e).__name__}: {e}")
+            self.abort(step.operator_id, doc, f"{type(e).__name__}: {e}")
             return {"aborted": str(e)}
-        # Step 4: the point of no return, in one transaction.
-        new_assignment = list(assignment)
-        for v, _, t in moves:
-            new_assignment[v] = t
         seconds = time.monotonic() - t0
-        retired = [i for i in every if i not in set(new_assignment)]
+        retired = self._commit(step, copied, seconds)
+        self._close_retired(step, retired)
+        self.log("handover_step", plan=p.id, step=p.steps_done + 1, epoch=step.epoch, vnodes=len(step.moves),
+                 bytes_copied=copied, seconds=seconds)
+        return {"epoch": step.epoch, "vnodes": len(step.moves), "bytes_copied": copied, "seconds": seconds}
+
+    def _plan_step(self, p: PlanRow, b: int) -> HandoverStep:
+        op = self.meta.require_operator(p.operator_id)
+        rows = {r.instance: r for r in self.meta.instances(p.operator_id)}
+        return plan_step(p, b, op, rows, self.meta.assignment(p.operator_id), alive=self.workers.alive_ids(),
+                         workers=self.workers.workers_info())
+
+    def _copy_checkpoints(self, step: HandoverStep) -> int:
+        """Step 1 of the header: bulk copies where a target's worker lacks an
+        origin's checkpoint b. Returns the bytes sent."""
+        copied = 0
+        for origin, worker in step.copies():
+            res = self.workers.client(origin.primary_worker).replicate(
+                step.operator_id, origin.instance, epoch=step.operator.epoch, to=self.workers.addresses([worker]),
+                chain_version=origin.chain_version, checkpoint=step.batch, timeout=self.workers.copy_timeout)
+            copied += int(res["bytes_sent"])
+        return copied
+
+    def _commit(self, step: HandoverStep, copied: int, seconds: float) -> list[int]:
+        """Step 4: the point of no return, in one transaction. Returns the retired instances."""
+        p = step.plan
+        rows, retired = step.committed_rows()
+        done = p.steps_done + 1
         with self.meta.tx() as c:
-            self.meta.set_assignment(c, operator_id, new_assignment)
-            for i, r in every.items():
-                if i in ops_of and i not in new_rows:
-                    if r.redo_version != b:
-                        r.redo_version, r.redo = b, []
-                    r.redo = r.redo + ops_of[i]
-                if i in retired:
-                    r.state = "retired"
+            self.meta.set_assignment(c, step.operator_id, step.new_assignment())
+            for r in rows:
                 self.meta.put_instance(c, r)
-            self.meta.record_epoch(c, operator_id, epoch, f"plan {p.id} step {p.steps_done + 1}/{len(p.steps)}")
-            done = p.steps_done + 1
-            c.execute("UPDATE plans SET steps_done=?, state=?, updated_at=?, bytes_moved=bytes_moved+?,"
-                      " seconds=seconds+? WHERE id=?",
-                      (done, "done" if done == len(p.steps) else "running", time.time(), copied, seconds, p.id))
-            c.execute("DELETE FROM meta WHERE key=?", (f"handover:{operator_id}",))
-            self.meta.event(c, "handover_step", plan=p.id, step=done, of=len(p.steps), epoch=epoch,
-                            vnodes=len(moves), bytes_copied=copied, seconds=round(seconds, 3))
+            self.meta.record_epoch(c, step.operator_id, step.epoch, f"plan {p.id} step {done}/{len(p.steps)}")
+            self.meta.finish_plan_step(c, p.id, done, last=done == len(p.steps), bytes_moved=copied, seconds=seconds)
+            self.meta.clear_handover_in_flight(c, step.operator_id)
+            self.meta.event(c, "handover_step", plan=p.id, step=done, of=len(p.steps), epoch=step.epoch,
+                            vnodes=len(step.moves), bytes_copied=copied, seconds=round(seconds, 3))
+        return retired
+
+    def _close_retired(self, step: HandoverStep, retired: list[int]) -> None:
         for i in retired:  # scaled in: nothing routes to it any more
             try:
-                self.c.client(every[i].primary_worker).close_instance(operator_id, i, epoch=epoch)
+                self.workers.client(step.every[i].primary_worker).close_instance(step.operator_id, i,
+                                                                                 epoch=step.epoch)
             except RhinoError as e:
-                self.c.log("close_failed", operator=operator_id, instance=i, error=str(e))
-        self.c.log("handover_step", plan=p.id, step=p.steps_done + 1, epoch=epoch, vnodes=len(moves),
-                   bytes_copied=copied, seconds=seconds)
-        return {"epoch": epoch, "vnodes": len(moves), "bytes_copied": copied, "seconds": seconds}
+                self.log("close_failed", operator=step.operator_id, instance=i, error=str(e))
 
     def _apply(self, operator_id: str, doc: dict, every: dict[int, InstanceRow], epoch: int) -> None:
-        op = self.c._operator(operator_id)
+        op = self.meta.require_operator(operator_id)
         b = doc["batch"]
-        args = self.c.rm.open_args(op)
+        args = op.partitioner_args()
         # Step 2: every instance at e+1 (the old owners are fenced), new ones hosted.
         for i, r in sorted(every.items()):
-            cl = self.c.client(r.primary_worker)
+            cl = self.workers.client(r.primary_worker)
             if str(i) in doc["new"]:
                 vn = sorted({v for v, _, t in doc["moves"] if t == i})
-                cl.open_instance(operator_id, i, epoch=epoch, vnodes=vn, chain=self.c.rm.addresses(r.chain),
+                cl.open_instance(operator_id, i, epoch=epoch, vnodes=vn, chain=self.workers.addresses(r.chain),
                                  chain_version=r.chain_version, **args)
             else:
-                cl.open_instance(operator_id, i, epoch=epoch, chain=self.c.rm.addresses(r.chain),
+                cl.open_instance(operator_id, i, epoch=epoch, chain=self.workers.addresses(r.chain),
                                  chain_version=r.chain_version, **args)
         # Step 3: targets import (new ones are checkpointed at b), then origins drop.
         targets = sorted({t for _, _, t in doc["moves"]})
         for i in targets + [int(k) for k in doc["ops"] if int(k) not in targets]:
-            self.c.client(every[i].primary_worker).reconfigure(operator_id, i, epoch=epoch, version=b,
-                                                               ops=doc["ops"][str(i)], timeout=self.c.handover_timeout)
+            self.workers.client(every[i].primary_worker).reconfigure(
+                operator_id, i, epoch=epoch, version=b, ops=doc["ops"][str(i)], timeout=self.workers.handover_timeout)
 
     def abort(self, operator_id: str, doc: dict, why: str) -> None:
         """Undoes a step at a new epoch: targets drop what they imported (new
         instances are closed), origins re-import from their own checkpoint b;
         the old table stays. Best effort per worker: a dead one is failed over
         with the committed redo, which never included this step."""
-        op = self.c._operator(operator_id)
+        op = self.meta.require_operator(operator_id)
         rows = {r.instance: r for r in self.meta.instances(operator_id)}
         b = doc["batch"]
         epoch = max(op.epoch, doc["epoch"]) + 1
-        args = self.c.rm.open_args(op)
+        args = op.partitioner_args()
         failures = []
         for i, r in sorted(rows.items()):
             try:
-                self.c.client(r.primary_worker).open_instance(
-                    operator_id, i, epoch=epoch, chain=self.c.rm.addresses(r.chain), chain_version=r.chain_version, **args)
+                self.workers.client(r.primary_worker).open_instance(
+                    operator_id, i, epoch=epoch, chain=self.workers.addresses(r.chain), chain_version=r.chain_version,
+                    **args)
             except RhinoError as e:
                 failures.append(f"{i}: {e}")
         for k, ops in doc["ops"].items():
             i = int(k)
-            if k in doc["new"]:
-                w = doc["new"][k]["primary_worker"]
-                try:
-                    cl = self.c.client(w)
+            try:
+                if k in doc["new"]:
+                    cl = self.workers.client(doc["new"][k]["primary_worker"])
                     cl.fence(operator_id, i, epoch=epoch)
                     cl.close_instance(operator_id, i, epoch=epoch)
-                except RhinoError as e:
-                    failures.append(f"{i}: {e}")
-                continue
-            undo = []
-            for s in reversed(ops):
-                if s["op"] == "import":
-                    undo.append({"op": "drop", "vnodes": s["vnodes"]})
                 else:
-                    undo.append({"op": "import", "from_operator": operator_id, "from_instance": i,
-                                 "checkpoint": b, "vnodes": s["vnodes"]})
-            try:
-                self.c.client(rows[i].primary_worker).reconfigure(operator_id, i, epoch=epoch, version=b, ops=undo,
-                                                                  timeout=self.c.handover_timeout)
+                    self.workers.client(rows[i].primary_worker).reconfigure(
+                        operator_id, i, epoch=epoch, version=b, ops=_undo(operator_id, i, b, ops),
+                        timeout=self.workers.handover_timeout)
             except RhinoError as e:
                 failures.append(f"{i}: {e}")
         with self.meta.tx() as c:
             self.meta.record_epoch(c, operator_id, epoch, f"plan {doc['plan']} step aborted")
-            c.execute("UPDATE plans SET state='aborted', message=?, updated_at=? WHERE id=?",
-                      (why, time.time(), doc["plan"]))
-            c.execute("DELETE FROM meta WHERE key=?", (f"handover:{operator_id}",))
+            self.meta.abort_plan(c, doc["plan"], why)
+            self.meta.clear_handover_in_flight(c, operator_id)
             self.meta.event(c, "handover_aborted", plan=doc["plan"], epoch=epoch, why=why, undo_failures=failures)
-        self.c.log("handover_aborted", plan=doc["plan"], epoch=epoch, why=why, undo_failures=failures)
+        self.log("handover_aborted", plan=doc["plan"], epoch=epoch, why=why, undo_failures=failures)
 
     def resume(self) -> None:
         """A step a killed coordinator left without its commit is aborted."""
         for op in self.meta.operators():
-            pending = self.meta.get_meta(f"handover:{op.operator_id}")
-            if pending is not None:
-                self.abort(op.operator_id, json.loads(pending), "the coordinator restarted during the step")
+            doc = self.meta.handover_in_flight(op.operator_id)
+            if doc is not None:
+                self.abort(op.operator_id, doc, "the coordinator restarted during the step")
 
 
-def _row_json(r: InstanceRow) -> dict[str, Any]:
-    return {"primary_worker": r.primary_worker, "chain": r.chain, "chain_version": r.chain_version}
+def _undo(operator_id: str, instance: int, b: int, ops: list[dict]) -> list[dict]:
+    """The reconfigure operations that undo ``ops`` on an existing instance:
+    in reverse order, an import becomes a drop and a drop a re-import from
+    the instance's own checkpoint b."""
+    undo = []
+    for s in reversed(ops):
+        if s["op"] == "import":
+            undo.append({"op": "drop", "vnodes": s["vnodes"]})
+        else:
+            undo.append({"op": "import", "from_operator": operator_id, "from_instance": instance,
+                         "checkpoint": b, "vnodes": s["vnodes"]})
+    return undo

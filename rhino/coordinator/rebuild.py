@@ -20,7 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CorruptionError, RhinoError
-from .metadata import InstanceRow
+from .metadata import InstanceRow, OperatorRow
 
 if TYPE_CHECKING:
     from .coordinator import Coordinator
@@ -30,12 +30,12 @@ __all__ = ["rebuild_from_workers"]
 
 def rebuild_from_workers(coord: "Coordinator") -> dict[str, Any]:
     with coord.lock:
-        workers = coord.alive_workers()
+        workers = coord.workers.alive_workers()
         by_address = {w.address: w.id for w in workers}
         hosted: dict[tuple[str, int], list[tuple[str, dict]]] = {}
         for w in workers:
             try:
-                for h in coord.client(w).instances():
+                for h in coord.workers.client(w).instances():
                     hosted.setdefault((h["operator_id"], int(h["instance"])), []).append((w.id, h))
             except RhinoError as e:
                 coord.log("rebuild_worker_unreachable", worker=w.id, error=str(e))
@@ -50,7 +50,7 @@ def rebuild_from_workers(coord: "Coordinator") -> dict[str, Any]:
                 chain.append(by_address[a])
             common = None
             for member in [wid, *chain]:
-                ids = set(coord.client(member).status(op, i)["checkpoints"])
+                ids = set(coord.workers.client(member).status(op, i)["checkpoints"])
                 common = ids if common is None else common & ids
             last = max(common) if common else None
             rows.append(InstanceRow(operator_id=op, instance=i, primary_worker=wid, chain=chain,
@@ -78,17 +78,18 @@ def rebuild_from_workers(coord: "Coordinator") -> dict[str, Any]:
             for r in mine:
                 r.last_complete = last_batch
             with coord.meta.tx() as c:
-                c.execute("INSERT OR REPLACE INTO operators VALUES (?,?,?,?,?,?,?,?,?)",
-                          (op, o["num_vnodes"], o["num_key_groups"], o["seed"], o["replicas"], "balanced", epoch,
-                           last_batch, time.time()))
+                coord.meta.put_operator(c, OperatorRow(
+                    operator_id=op, num_vnodes=o["num_vnodes"], num_key_groups=o["num_key_groups"], seed=o["seed"],
+                    replicas=o["replicas"], placement="balanced", epoch=epoch, last_batch=last_batch,
+                    created_at=time.time()))
                 coord.meta.set_assignment(c, op, [o["owner"][v] for v in range(o["num_vnodes"])])
                 for r in mine:
                     coord.meta.put_instance(c, r)
                 coord.meta.record_epoch(c, op, epoch, "rebuilt from the workers")
                 coord.meta.event(c, "rebuilt", operator=op, instances=len(mine), last_batch=last_batch, epoch=epoch)
             for r in mine:  # fence everything at the new epoch
-                coord.client(r.primary_worker).open_instance(
-                    op, r.instance, epoch=epoch, chain=coord.rm.addresses(r.chain), chain_version=r.chain_version,
+                coord.workers.client(r.primary_worker).open_instance(
+                    op, r.instance, epoch=epoch, chain=coord.workers.addresses(r.chain), chain_version=r.chain_version,
                     num_vnodes=o["num_vnodes"], num_key_groups=o["num_key_groups"], seed=o["seed"])
             summary["operators"][op] = {"instances": len(mine), "epoch": epoch, "last_batch": last_batch}
         coord.rebuilding = False

@@ -20,38 +20,30 @@ at its restart and carries it out again: the same decision, never a second one.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Callable, Optional
 
 from .. import _core
 from ..errors import InvalidArgumentError, RhinoError
-from .metadata import InstanceRow, OperatorRow, WorkerRow
-from .placement import InstanceInfo, WorkerInfo, place_chains, rebalance_chains, repair_chains
-
-if TYPE_CHECKING:
-    from .coordinator import Coordinator
+from .gateway import WorkerGateway
+from .metadata import InstanceRow, Metadata, OperatorRow, WorkerRow
+from .placement import InstanceInfo, place_chains, rebalance_chains, repair_chains
 
 __all__ = ["ReplicationManager"]
 
 
 class ReplicationManager:
-    def __init__(self, coordinator: "Coordinator") -> None:
-        self.c = coordinator
-        self.meta = coordinator.meta
+    """Placement and chain repair over ``meta``, carried out on the workers
+    through ``workers``; every decision is logged to ``log``. The caller holds
+    the coordinator's lock around each call."""
 
-    # ---- helpers ---------------------------------------------------------------------
-    def workers_info(self) -> list[WorkerInfo]:
-        return [WorkerInfo(id=w.id, rack=w.rack, zone=w.zone) for w in self.c.alive_workers()]
+    def __init__(self, meta: Metadata, workers: WorkerGateway, log: Callable[..., None]) -> None:
+        self.meta = meta
+        self.workers = workers
+        self.log = log
 
-    def addresses(self, ids: list[str]) -> list[str]:
-        ws = {w.id: w for w in self.meta.workers()}
-        return [ws[i].address for i in ids]
-
-    def open_args(self, op: OperatorRow) -> dict:
-        return {"num_vnodes": op.num_vnodes, "num_key_groups": op.num_key_groups, "seed": op.seed}
-
+    # ---- status ----------------------------------------------------------------------
     def replica_lag(self, r: InstanceRow, last_batch: Optional[int]) -> Optional[dict]:
         """Batches each chain member is behind the last complete batch (from the
         member's own store); None where the member does not answer."""
@@ -62,7 +54,7 @@ class ReplicationManager:
                 out[wid] = None
                 continue
             try:
-                ids = self.c.client(w).status(r.operator_id, r.instance)["checkpoints"]
+                ids = self.workers.client(w).status(r.operator_id, r.instance)["checkpoints"]
                 newest = ids[-1] if ids else None
                 out[wid] = None if last_batch is None or newest is None else max(0, last_batch - newest)
             except RhinoError:
@@ -71,7 +63,9 @@ class ReplicationManager:
 
     # ---- an operator is born -----------------------------------------------------------
     def create_operator(self, operator_id: str, *, parallelism: int, num_vnodes: int, replicas: int,
-                        num_key_groups: int, seed: int, placement: str) -> dict:
+                        num_key_groups: int, seed: int, placement: str) -> None:
+        """Places a new operator (docs/design.md §3 Phase 1) and opens every
+        instance on its primary; an operator of the same shape is left as it is."""
         if not isinstance(parallelism, int) or parallelism < 1 or parallelism > num_vnodes:
             raise InvalidArgumentError(f"parallelism must be in [1, num_vnodes={num_vnodes}], got {parallelism!r}")
         if not isinstance(replicas, int) or replicas < 0:
@@ -86,8 +80,8 @@ class ReplicationManager:
             if not same:
                 raise InvalidArgumentError(f"operator {operator_id} exists with another shape; "
                                            "rescale it instead (rhino rescale)")
-            return self.c.placement(operator_id)
-        workers = self.workers_info()
+            return
+        workers = self.workers.workers_info()
         if len(workers) < replicas + 1:
             raise InvalidArgumentError(f"{len(workers)} live workers cannot give {replicas} replicas "
                                        f"and a primary to each instance (need {replicas + 1})")
@@ -105,19 +99,17 @@ class ReplicationManager:
                          replicas=replicas, placement=placement, epoch=epoch, last_batch=None, created_at=time.time())
         for r in rows:
             vn = [v for v, i in enumerate(assignment) if i == r.instance]
-            self.c.client(r.primary_worker).open_instance(
-                operator_id, r.instance, epoch=epoch, vnodes=vn, chain=self.addresses(r.chain),
-                chain_version=r.chain_version, **self.open_args(op))
+            self.workers.client(r.primary_worker).open_instance(
+                operator_id, r.instance, epoch=epoch, vnodes=vn, chain=self.workers.addresses(r.chain),
+                chain_version=r.chain_version, **op.partitioner_args())
         with self.meta.tx() as c:
-            c.execute("INSERT INTO operators VALUES (?,?,?,?,?,?,?,?,?)",
-                      (operator_id, num_vnodes, num_key_groups, seed, replicas, placement, epoch, None, op.created_at))
+            self.meta.put_operator(c, op)
             self.meta.set_assignment(c, operator_id, assignment)
             for r in rows:
                 self.meta.put_instance(c, r)
             self.meta.record_epoch(c, operator_id, epoch, "created")
             self.meta.event(c, "operator_created", operator=operator_id, parallelism=parallelism, replicas=replicas)
-        self.c.log("operator_created", operator=operator_id, parallelism=parallelism, replicas=replicas)
-        return self.c.placement(operator_id)
+        self.log("operator_created", operator=operator_id, parallelism=parallelism, replicas=replicas)
 
     # ---- loss of a worker ----------------------------------------------------------------
     def recover_from_loss(self, dead_worker: str) -> dict:
@@ -131,7 +123,7 @@ class ReplicationManager:
     def repair_all(self) -> None:
         """Fills chains that are short (a degraded replica group) now that
         workers are available, and moves off dead workers."""
-        alive = {w.id for w in self.c.alive_workers()}
+        alive = self.workers.alive_ids()
         for op in self.meta.operators():
             rows = self.meta.instances(op.operator_id)
             if any(r.primary_worker not in alive or len(r.chain) < op.replicas or any(m not in alive for m in r.chain)
@@ -141,13 +133,12 @@ class ReplicationManager:
     def reconfigure_operator(self, operator_id: str, reason: str) -> dict:
         """Moves an operator to a new epoch with every instance on live workers:
         fail over dead primaries, repair chains, re-open the rest (fencing)."""
-        op = self.meta.operator(operator_id)
-        assert op is not None
-        alive = {w.id for w in self.c.alive_workers()}
-        workers = self.workers_info()
+        op = self.meta.require_operator(operator_id)
+        alive = self.workers.alive_ids()
+        workers = self.workers.workers_info()
         rows = self.meta.instances(operator_id)
-        pending = self.meta.get_meta(f"pending:{operator_id}")
-        epoch = max(op.epoch, json.loads(pending)["epoch"] if pending else 0) + 1
+        pending = self.meta.pending_reconfiguration(operator_id)
+        epoch = max(op.epoch, pending["epoch"] if pending else 0) + 1
         plan: list[dict] = []
         infos: list[InstanceInfo] = []
         for r in rows:
@@ -158,8 +149,8 @@ class ReplicationManager:
                 new = self._failover_target(r, alive)
                 if new is None:
                     step["lost"] = True
-                    self.c.log("instance_unrecoverable", operator=operator_id, instance=r.instance,
-                               reason="no live worker holds its last complete checkpoint")
+                    self.log("instance_unrecoverable", operator=operator_id, instance=r.instance,
+                             reason="no live worker holds its last complete checkpoint")
                     plan.append(step)
                     continue
                 step["takeover"] = True
@@ -182,7 +173,7 @@ class ReplicationManager:
             step["chain_version"] = r.chain_version + (1 if changed else 0)
         doc = {"epoch": epoch, "reason": reason, "steps": plan}
         with self.meta.tx() as c:
-            self.meta.set_meta(c, f"pending:{operator_id}", json.dumps(doc))
+            self.meta.set_pending_reconfiguration(c, operator_id, doc)
             self.meta.event(c, "reconfigure_planned", operator=operator_id, epoch=epoch, reason=reason)
         return self.carry_out(operator_id, doc)
 
@@ -194,7 +185,7 @@ class ReplicationManager:
             if r.last_complete is None:
                 return wid
             try:
-                ids = self.c.client(wid).status(r.operator_id, r.instance)["checkpoints"]
+                ids = self.workers.client(wid).status(r.operator_id, r.instance)["checkpoints"]
             except RhinoError:
                 continue
             if r.last_complete in ids:
@@ -203,8 +194,7 @@ class ReplicationManager:
 
     def carry_out(self, operator_id: str, doc: dict) -> dict:
         """Executes a pending reconfiguration (idempotent requests), then commits it."""
-        op = self.meta.operator(operator_id)
-        assert op is not None
+        op = self.meta.require_operator(operator_id)
         epoch = doc["epoch"]
         rows = {r.instance: r for r in self.meta.instances(operator_id)}
         assignment = self.meta.assignment(operator_id)
@@ -217,13 +207,13 @@ class ReplicationManager:
             if s.get("lost"):
                 new_rows.append(r)
                 continue
-            chain_addr = self.addresses(s["chain"])
-            cl = self.c.client(s["primary"])
+            chain_addr = self.workers.addresses(s["chain"])
+            cl = self.workers.client(s["primary"])
             if s.get("takeover"):
                 if r.last_complete is None:
                     vn = [v for v, i in enumerate(assignment) if i == r.instance]
                     info = cl.open_instance(operator_id, r.instance, epoch=epoch, vnodes=vn, chain=chain_addr,
-                                            chain_version=s["chain_version"], **self.open_args(op))
+                                            chain_version=s["chain_version"], **op.partitioner_args())
                 else:
                     t, sent = time.monotonic(), time.time()
                     info = cl.takeover(operator_id, r.instance, epoch=epoch, checkpoint=r.last_complete,
@@ -234,7 +224,7 @@ class ReplicationManager:
                                                             "sent_unix": sent, "restore": info.get("restore")}
             else:
                 cl.open_instance(operator_id, r.instance, epoch=epoch, chain=chain_addr,
-                                 chain_version=s["chain_version"], **self.open_args(op))
+                                 chain_version=s["chain_version"], **op.partitioner_args())
             new_rows.append(replace(r, primary_worker=s["primary"], chain=s["chain"], chain_version=s["chain_version"]))
         report["fence_s"] = time.monotonic() - t0
         # 2. Bulk copies of the last complete checkpoint to new chain members,
@@ -243,34 +233,34 @@ class ReplicationManager:
         for s, r in zip(doc["steps"], new_rows):
             if s.get("lost") or not s.get("added") or r.last_complete is None:
                 continue
-            res = self.c.client(r.primary_worker).replicate(
-                operator_id, r.instance, epoch=epoch, to=self.addresses(s["added"]), chain_version=r.chain_version,
-                checkpoint=r.last_complete, timeout=self.c.copy_timeout)
+            res = self.workers.client(r.primary_worker).replicate(
+                operator_id, r.instance, epoch=epoch, to=self.workers.addresses(s["added"]),
+                chain_version=r.chain_version, checkpoint=r.last_complete, timeout=self.workers.copy_timeout)
             report["copies"][str(r.instance)] = {"to": s["added"], "bytes": res["bytes_sent"], "seconds": res["seconds"]}
         report["copy_s"] = time.monotonic() - t1
         with self.meta.tx() as c:
             for r in new_rows:
                 self.meta.put_instance(c, r)
             self.meta.record_epoch(c, operator_id, epoch, doc["reason"])
-            c.execute("DELETE FROM meta WHERE key=?", (f"pending:{operator_id}",))
+            self.meta.clear_pending_reconfiguration(c, operator_id)
             self.meta.event(c, "reconfigured", operator=operator_id, epoch=epoch, reason=doc["reason"],
                             takeovers=sorted(report["takeovers"]), copies=sorted(report["copies"]),
                             takeover_figures=report["takeovers"])
-        self.c.log("reconfigured", operator=operator_id, epoch=epoch, reason=doc["reason"])
+        self.log("reconfigured", operator=operator_id, epoch=epoch, reason=doc["reason"])
         return report
 
     def resume(self) -> None:
         for op in self.meta.operators():
-            pending = self.meta.get_meta(f"pending:{op.operator_id}")
+            pending = self.meta.pending_reconfiguration(op.operator_id)
             if pending is None:
                 continue
             try:
                 # The workers may have changed since: decide again from the
                 # committed rows under a newer epoch (the same decision when
                 # nothing changed), then carry it out.
-                self.reconfigure_operator(op.operator_id, json.loads(pending)["reason"] + " (resumed)")
+                self.reconfigure_operator(op.operator_id, pending["reason"] + " (resumed)")
             except RhinoError as e:
-                self.c.log("resume_failed", operator=op.operator_id, error=str(e))
+                self.log("resume_failed", operator=op.operator_id, error=str(e))
 
     # ---- a worker (re)joins ---------------------------------------------------------------
     def reconcile_worker(self, w: WorkerRow) -> None:
@@ -278,7 +268,7 @@ class ReplicationManager:
         (their primary moved while it was away), after fencing them at the
         operator's current epoch."""
         try:
-            hosted = self.c.client(w).instances()
+            hosted = self.workers.client(w).instances()
         except RhinoError:
             return
         for h in hosted:
@@ -287,10 +277,10 @@ class ReplicationManager:
             if op is None or r is None:
                 continue
             if r.primary_worker != w.id or r.state != "active":
-                cl = self.c.client(w)
+                cl = self.workers.client(w)
                 cl.fence(h["operator_id"], h["instance"], epoch=op.epoch)
                 cl.close_instance(h["operator_id"], h["instance"], epoch=op.epoch)
-                self.c.log("stale_instance_closed", worker=w.id, operator=h["operator_id"], instance=h["instance"])
+                self.log("stale_instance_closed", worker=w.id, operator=h["operator_id"], instance=h["instance"])
 
     def rebalance_replicas(self, operator_id: Optional[str]) -> dict:
         """Moves replicas onto under-loaded workers (a worker that joined)."""
@@ -300,7 +290,7 @@ class ReplicationManager:
                 continue
             rows = self.meta.instances(op.operator_id)
             infos = [InstanceInfo(key=r.key, primary=r.primary_worker, bytes=r.bytes, chain=tuple(r.chain)) for r in rows]
-            changes = rebalance_chains(infos, self.workers_info(), op.replicas)
+            changes = rebalance_chains(infos, self.workers.workers_info(), op.replicas)
             if not changes:
                 continue
             epoch = op.epoch + 1
@@ -315,6 +305,6 @@ class ReplicationManager:
                                   "added": list(fix.added), "chain_version": r.chain_version + 1})
             doc = {"epoch": epoch, "reason": "replica rebalance", "steps": steps}
             with self.meta.tx() as c:
-                self.meta.set_meta(c, f"pending:{op.operator_id}", json.dumps(doc))
+                self.meta.set_pending_reconfiguration(c, op.operator_id, doc)
             out[op.operator_id] = self.carry_out(op.operator_id, doc)
         return out

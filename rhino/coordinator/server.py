@@ -131,9 +131,10 @@ def main(argv: Optional[list[str]] = None) -> int:
              heartbeat_timeout=args.heartbeat_timeout)
     if args.rebuild:
         deadline = time.monotonic() + args.rebuild_wait
-        while len(coord.alive_workers()) < args.expect_workers and time.monotonic() < deadline and not stop.is_set():
+        while (len(coord.workers.alive_workers()) < args.expect_workers and time.monotonic() < deadline
+               and not stop.is_set()):
             time.sleep(0.1)
-        workers = coord.alive_workers()
+        workers = coord.workers.alive_workers()
         if len(workers) < args.expect_workers:
             log.warning("rebuild_short_of_workers", registered=len(workers), expected=args.expect_workers)
         summary = rebuild_from_workers(coord)
