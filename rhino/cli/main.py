@@ -9,7 +9,7 @@
   rhino status | handover | rebalance | rescale ... --coordinator HOST:PORT --secret-file FILE
 
 The benchmarks and the demo are not part of the library: they are the repository's
-``rhino-bench`` command (bench/rhino_bench).
+``rhino-bench`` command (bench/).
 
 User errors (a missing path, a bad size, any rhino.RhinoError) print one line
 on stderr and exit with status 2, never a traceback.
