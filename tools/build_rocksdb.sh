@@ -6,7 +6,7 @@
 #
 # Why not Debian's librocksdb binary: it is compiled without NDEBUG, so its
 # ~6,400 assert() calls and its test sync points run in production. That costs
-# Rhino's point lookups and memtable inserts (README, "Two commands", has the
+# Rhino's point lookups and memtable inserts (bench/README.md, "The release RocksDB build", has the
 # measurement), and a failed assertion aborts the process where a release
 # build returns a Status.
 #
