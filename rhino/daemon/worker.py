@@ -29,7 +29,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import _core
 from .._argtypes import uint32
@@ -209,35 +209,43 @@ def lower_priority(nice: int) -> dict[str, Any]:
     return applied
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    log = JsonLogger(args.id, args.log_format)
-    try:
-        host, port = parse_address(args.listen)
-        metrics_address = parse_address(args.metrics_listen) if args.metrics_listen else None
-        secret = read_secret_file(args.secret_file)
-        mode = os.stat(args.secret_file).st_mode & 0o777
-        state_dir, unix_socket = service_paths(args)
-        if not (0 <= args.session_idle_timeout <= 86400):
-            raise ValueError(f"--session-idle-timeout must be in [0, 86400] seconds, got {args.session_idle_timeout}")
-        if args.keep_checkpoints == 1:
-            raise ValueError("--keep-checkpoints must be 0 (keep all) or at least 2: a re-executed batch b "
-                             "rolls back to checkpoint b-1")
-        if not (0 < args.retention_interval <= 3600):
-            raise ValueError(f"--retention-interval must be in (0, 3600] seconds, got {args.retention_interval}")
-        if args.coordinator is not None:
-            parse_address(args.coordinator)
-        if not (0 < args.coordinator_heartbeat <= 60):
-            raise ValueError(f"--coordinator-heartbeat must be in (0, 60] seconds, got {args.coordinator_heartbeat}")
-        if not (args.replication_timeout > 0) or args.replication_timeout > 86400:
-            raise ValueError(f"--replication-timeout must be in (0, 86400] seconds, got {args.replication_timeout}")
-    except (OSError, ValueError) as e:
-        log.error("bad_configuration", error=str(e))
-        return 2
-    if mode & 0o077:  # anyone who reads it can join the cluster and fence its chains
-        log.warning("secret_file_readable_by_others", path=args.secret_file, mode=oct(mode),
-                    advice=f"chmod 600 {args.secret_file}")
+class _Configuration(NamedTuple):
+    """What the options name, read and checked before anything starts."""
 
+    host: str
+    port: int
+    metrics_address: tuple[str, int] | None
+    secret: bytes
+    secret_mode: int  # the secret file's permission bits
+    state_dir: str
+    unix_socket: str  # '' for none
+
+
+def _read_configuration(args: argparse.Namespace) -> _Configuration:
+    """Reads the secret and checks the options; raises OSError or ValueError naming the bad one."""
+    host, port = parse_address(args.listen)
+    metrics_address = parse_address(args.metrics_listen) if args.metrics_listen else None
+    secret = read_secret_file(args.secret_file)
+    mode = os.stat(args.secret_file).st_mode & 0o777
+    state_dir, unix_socket = service_paths(args)
+    if not (0 <= args.session_idle_timeout <= 86400):
+        raise ValueError(f"--session-idle-timeout must be in [0, 86400] seconds, got {args.session_idle_timeout}")
+    if args.keep_checkpoints == 1:
+        raise ValueError("--keep-checkpoints must be 0 (keep all) or at least 2: a re-executed batch b "
+                         "rolls back to checkpoint b-1")
+    if not (0 < args.retention_interval <= 3600):
+        raise ValueError(f"--retention-interval must be in (0, 3600] seconds, got {args.retention_interval}")
+    if args.coordinator is not None:
+        parse_address(args.coordinator)
+    if not (0 < args.coordinator_heartbeat <= 60):
+        raise ValueError(f"--coordinator-heartbeat must be in (0, 60] seconds, got {args.coordinator_heartbeat}")
+    if not (args.replication_timeout > 0) or args.replication_timeout > 86400:
+        raise ValueError(f"--replication-timeout must be in (0, 86400] seconds, got {args.replication_timeout}")
+    return _Configuration(host, port, metrics_address, secret, mode, state_dir, unix_socket)
+
+
+def _stop_on_signals(log: JsonLogger) -> threading.Event:
+    """An event that SIGTERM and SIGINT set (logged); the main loop ends when it is set."""
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -246,15 +254,16 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    # Both before _core.Worker starts its threads, which inherit them.
-    log.info("priority", **lower_priority(args.nice), **set_sched_policy(args.sched))
+    return stop
 
-    worker = Worker(
+
+def _new_worker(args: argparse.Namespace, config: _Configuration) -> Worker:
+    return Worker(
         id=args.id,
         store_dir=args.dir,
-        listen_host=host,
-        listen_port=port,
-        secret=secret,
+        listen_host=config.host,
+        listen_port=config.port,
+        secret=config.secret,
         io_threads=args.io_threads,
         disk_threads=args.disk_threads,
         heartbeat_ms=args.heartbeat_ms,
@@ -262,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         max_frame_bytes=args.max_frame_bytes,
         max_window=args.max_window,
         stream_idle_timeout_ms=args.stream_idle_timeout_ms,
-        state_dir=state_dir,
-        unix_socket=unix_socket,
+        state_dir=config.state_dir,
+        unix_socket=config.unix_socket,
         service_threads=args.service_threads,
         max_session_bytes=args.max_session_bytes,
         replicate_timeout_ms=int(args.replication_timeout * 1000),
@@ -271,50 +280,87 @@ def main(argv: list[str] | None = None) -> int:
         keep_checkpoints=args.keep_checkpoints,
         retention_interval_ms=max(1, int(args.retention_interval * 1000)),
     )
-    try:
-        worker.start()  # opens the store: stale staging of a killed predecessor goes
-    except Exception as e:  # noqa: BLE001 - any start failure ends the daemon, logged
-        log.error("start_failed", error=str(e), error_type=type(e).__name__)
-        return 1
 
+
+def _log_store_check(log: JsonLogger, store_dir: str) -> None:
+    """The size-level verification of the store just opened (O(files)): problems are logged, not fatal."""
     from .._core import ReplicaStore
 
-    report = ReplicaStore(args.dir).verify(full=False)
+    report = ReplicaStore(store_dir).verify(full=False)
     if report.ok:
-        log.info("store_verified", dir=args.dir, checkpoints=report.checkpoints, files=report.files_checked)
+        log.info("store_verified", dir=store_dir, checkpoints=report.checkpoints, files=report.files_checked)
     else:
-        log.warning("store_problems", dir=args.dir, problems=[repr(p) for p in report.problems])
+        log.warning("store_problems", dir=store_dir, problems=[repr(p) for p in report.problems])
 
-    sampler = ThroughputSampler(worker)
-    sampler.start()
-    http = None
-    if metrics_address is not None:
-        mh, mp = metrics_address
-        http = metrics_server(mh, mp, worker_registry(args.id, worker.metrics, sampler.rates))
-        threading.Thread(target=http.serve_forever, name="rhino-metrics", daemon=True).start()
-        log.info("metrics_listening", host=mh, port=http.server_address[1])
-    hosted = worker.metrics()["hosted"]
-    if hosted:  # re-hosted after a restart, each at the newest checkpoint of the store
-        log.info("instances_hosted", instances=[{"operator_id": h["operator_id"], "instance": h["instance"],
-                                                 "epoch": h["epoch"], "version": h["version"]} for h in hosted])
-    log.info("listening", host=host, port=worker.port, dir=args.dir, state_dir=state_dir,
-             unix_socket=unix_socket or None, pid=os.getpid())
 
-    registration = None
-    if args.coordinator is not None:
-        from .registration import Registration
+def _serve_metrics(log: JsonLogger, worker_id: str, worker: Worker, sampler: ThroughputSampler,
+                   address: tuple[str, int]) -> Any:
+    """The Prometheus /metrics endpoint, served from a daemon thread; returns the HTTP server."""
+    mh, mp = address
+    http = metrics_server(mh, mp, worker_registry(worker_id, worker.metrics, sampler.rates))
+    threading.Thread(target=http.serve_forever, name="rhino-metrics", daemon=True).start()
+    log.info("metrics_listening", host=mh, port=http.server_address[1])
+    return http
 
-        registration = Registration(args.coordinator, worker_id=args.id, address=f"{host}:{worker.port}",
-                                    unix_socket=unix_socket or None, secret=secret, rack=args.rack, zone=args.zone,
-                                    interval=args.coordinator_heartbeat, bind_host=host,
-                                    log=lambda level, event, **f: log.log(level, event, **f)).start()
 
+def _register(args: argparse.Namespace, config: _Configuration, worker: Worker, log: JsonLogger) -> Any:
+    """Registers with --coordinator and sends it heartbeats from now on; returns the running Registration."""
+    from .registration import Registration
+
+    return Registration(args.coordinator, worker_id=args.id, address=f"{config.host}:{worker.port}",
+                        unix_socket=config.unix_socket or None, secret=config.secret, rack=args.rack,
+                        zone=args.zone, interval=args.coordinator_heartbeat, bind_host=config.host,
+                        log=lambda level, event, **f: log.log(level, event, **f)).start()
+
+
+def _watch_retention(worker: Worker, stop: threading.Event, log: JsonLogger) -> None:
+    """Until `stop` is set, every 5 s: logs each new retention failure."""
     retention_errors = 0
     while not stop.wait(5.0):
         m = worker.metrics()
         if m["retention_errors"] > retention_errors:  # the store keeps everything meanwhile: nothing is lost
             retention_errors = m["retention_errors"]
             log.warning("retention_failed", error=m["retention_last_error"], failures=retention_errors)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    log = JsonLogger(args.id, args.log_format)
+    try:
+        config = _read_configuration(args)
+    except (OSError, ValueError) as e:
+        log.error("bad_configuration", error=str(e))
+        return 2
+    if config.secret_mode & 0o077:  # anyone who reads it can join the cluster and fence its chains
+        log.warning("secret_file_readable_by_others", path=args.secret_file, mode=oct(config.secret_mode),
+                    advice=f"chmod 600 {args.secret_file}")
+
+    stop = _stop_on_signals(log)
+    # Both before _core.Worker starts its threads, which inherit them.
+    log.info("priority", **lower_priority(args.nice), **set_sched_policy(args.sched))
+
+    worker = _new_worker(args, config)
+    try:
+        worker.start()  # opens the store: stale staging of a killed predecessor goes
+    except Exception as e:  # noqa: BLE001 - any start failure ends the daemon, logged
+        log.error("start_failed", error=str(e), error_type=type(e).__name__)
+        return 1
+    _log_store_check(log, args.dir)
+
+    sampler = ThroughputSampler(worker)
+    sampler.start()
+    http = None
+    if config.metrics_address is not None:
+        http = _serve_metrics(log, args.id, worker, sampler, config.metrics_address)
+    hosted = worker.metrics()["hosted"]
+    if hosted:  # re-hosted after a restart, each at the newest checkpoint of the store
+        log.info("instances_hosted", instances=[{"operator_id": h["operator_id"], "instance": h["instance"],
+                                                 "epoch": h["epoch"], "version": h["version"]} for h in hosted])
+    log.info("listening", host=config.host, port=worker.port, dir=args.dir, state_dir=config.state_dir,
+             unix_socket=config.unix_socket or None, pid=os.getpid())
+    registration = _register(args, config, worker, log) if args.coordinator is not None else None
+
+    _watch_retention(worker, stop, log)
 
     log.info("stopping")
     if registration is not None:
