@@ -1,6 +1,6 @@
 """Rhino's per-record glue in a task: grouping a batch's rows by key, and
 gathering the processor's outputs. Kept apart from the task's protocol steps
-so ``bench/spark_glue.py`` can time them against the naive forms they replaced
+so ``bench/rhino_bench/spark/glue.py`` can time them against the naive forms they replaced
 (bench/results/spark_glue.md has the profile and the figures).
 
 - Grouping: one stable sort of the rows by key code, then each key's rows are a
@@ -11,8 +11,6 @@ so ``bench/spark_glue.py`` can time them against the naive forms they replaced
 """
 
 from __future__ import annotations
-
-from typing import Any, Iterator
 
 import numpy as np
 import pandas as pd
@@ -63,8 +61,3 @@ def concat_frames(frames: list[pd.DataFrame]) -> pd.DataFrame:
     if all(b.dtype == blocks[0].dtype for b in blocks):
         return pd.DataFrame(np.concatenate(blocks), columns=cols)
     return pd.concat(frames, ignore_index=True)
-
-
-def iter_slices(spdf: pd.DataFrame, groups: list) -> Iterator[tuple[bytes, tuple, pd.DataFrame]]:
-    for ek, kt, a, b in groups:
-        yield ek, kt, spdf.iloc[a:b]

@@ -233,11 +233,6 @@ class LocalityReport:
     def all_local(self) -> bool:
         return self.local == self.tasks
 
-    def as_dict(self) -> dict:
-        return {"tasks": self.tasks, "local": self.local, "fraction": self.fraction, "unpinned": self.unpinned,
-                "misplaced": [{"partition": p, "wanted": w, "ran_on": h} for p, w, h in self.misplaced],
-                "levels": dict(self.levels)}
-
     def __str__(self) -> str:
         s = f"{self.local}/{self.tasks} tasks on a preferred host ({self.fraction:.0%})"
         if self.levels:

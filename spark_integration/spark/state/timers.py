@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import pickle
 import struct
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -134,7 +134,3 @@ class TimerIndex:
             else:
                 dk.append(k)
         return pk, pv, dk
-
-    @staticmethod
-    def count_changed(index: Optional["TimerIndex"]) -> int:
-        return 0 if index is None else len(index._changed)
