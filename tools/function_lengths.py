@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import ast
 import fnmatch
-import os
 import re
 import sys
 from dataclasses import dataclass
@@ -39,21 +38,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 CPP_DIRS = ("src/cpp", "bindings")
 CPP_SUFFIXES = (".cc", ".h")
-
-# Modules that issue 26 moves out of the wheel into bench/ (rhino-bench). While they are still in
-# the source tree they are not library code; once moved, these entries match nothing. Paths are
-# relative to the repository, as glob patterns (fnmatch: '*' also crosses '/').
-LEAVING_WHEEL = (
-    "rhino/bench/*",
-    "rhino/testing/*",
-    "rhino/cli/demo.py",
-    "spark_integration/spark/bench/*",
-    "spark_integration/spark/nexmark/*",
-    "spark_integration/spark/cluster.py",
-    "spark_integration/spark/demo.py",
-    "spark_integration/spark/cli.py",
-)
-
 
 @dataclass(frozen=True)
 class Function:
@@ -121,11 +105,8 @@ def wheel_modules(repo: Path = REPO) -> list[tuple[Path, str]]:
         for path in sorted(src_dir.rglob("*.py")):
             rel_src = path.relative_to(src_dir)
             wheel_path = f"{dest}/{rel_src.as_posix()}"
-            rel_repo = path.relative_to(repo).as_posix()
             if any(fnmatch.fnmatch(wheel_path, pat) or fnmatch.fnmatch(wheel_path, pat.rstrip("/") + "/*")
                    for pat in exclude):
-                continue
-            if any(fnmatch.fnmatch(rel_repo, pat) for pat in LEAVING_WHEEL):
                 continue
             parts = wheel_path[: -len(".py")].split("/")
             if parts[-1] == "__init__":
