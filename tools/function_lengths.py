@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Function lengths of the library: Python counted with ``ast``, C++ with a brace count.
 
-The house rule (docs/design.md, issue 26) is that no function of the library's Python exceeds
+The house rule (issue 26, ../shared/STYLE.md) is that no function of the library's Python exceeds
 100 lines and no C++ function exceeds 120. This script measures that and exits 1 with the list
 of offenders, so ``make test`` (tests/test_function_lengths.py) keeps it true.
 
