@@ -22,20 +22,6 @@ namespace py = pybind11;
 namespace rhino::py_bindings {
 namespace {
 
-InstanceAction ParseAction(const std::string& name) {
-  static const std::pair<const char*, InstanceAction> kActions[] = {
-      {"open", InstanceAction::kOpen},         {"close", InstanceAction::kClose},
-      {"takeover", InstanceAction::kTakeover}, {"fence", InstanceAction::kFence},
-      {"import", InstanceAction::kImport},     {"move_vnodes", InstanceAction::kMoveVnodes},
-      {"list", InstanceAction::kList},         {"status", InstanceAction::kStatus},
-      {"discard_after", InstanceAction::kDiscardAfter}, {"reconfigure", InstanceAction::kReconfigure},
-      {"replicate", InstanceAction::kReplicate},
-  };
-  for (const auto& [n, a] : kActions)
-    if (name == n) return a;
-  throw StatusError{Status::InvalidArgument("unknown instance action '" + name + "'")};
-}
-
 struct PyClient {
   std::shared_ptr<StateClient> client;
   std::mutex mu;  // guards `client` against close
@@ -120,7 +106,8 @@ void BindService(py::module_& m) {
       .def("instance",
            [](PyClient& h, const std::string& action, const std::string& op, uint32_t instance, uint64_t epoch,
               const std::string& args) {
-             InstanceAction a = ParseAction(action);
+             InstanceAction a;
+             ThrowIfError(ParseInstanceAction(action, &a));
              auto c = h.get();
              std::string result;
              Status s;

@@ -12,11 +12,12 @@
 
 #include "bind_common.h"
 #include "errors.h"
-#include "replication/chain_client.h"
+#include "client/chain_client.h"
 #include "replication/manifest_check.h"
 #include "rhino/coord_messages.h"
 #include "rhino/frame.h"
 #include "rhino/messages.h"
+#include "rhino/replica_store.h"
 #include "rhino/service_messages.h"
 #include "rhino/worker.h"
 
@@ -37,6 +38,9 @@ struct PyWorker {
 };
 
 struct PyReplication {
+  // Declared first, so destroyed last: the replication reads the store until
+  // its handle is gone.
+  std::unique_ptr<ReplicaStore> store;
   std::unique_ptr<ReplicationHandle> handle;
   ~PyReplication() {
     py::gil_scoped_release release;
@@ -424,8 +428,11 @@ stop() aborts streams under way and closes connections; join() waits for stop.
           Status s;
           {
             py::gil_scoped_release release;
-            s = ReplicateCheckpoint(store_dir, operator_id, instance, checkpoint_id, chain, chain_version, secret, o,
-                                    &r->handle);
+            s = ReplicaStore::Open(store_dir, &r->store);
+            if (s.ok()) {
+              s = ReplicateCheckpoint(r->store.get(), operator_id, instance, checkpoint_id, chain, chain_version,
+                                      secret, o, &r->handle);
+            }
           }
           ThrowIfError(s);
           return r;

@@ -1,8 +1,12 @@
 #include "rhino/service_messages.h"
 
 #include <cstring>
+#include <utility>
+
+#include <nlohmann/json.hpp>
 
 #include "rhino/coord_messages.h"
+#include "rhino/manifest.h"  // IsValidOperatorId: a reconfiguration step may be kept and redone
 
 namespace rhino {
 namespace {
@@ -25,21 +29,33 @@ Status GetBool(Decoder* d, bool* b) {
 
 }  // namespace
 
-const char* InstanceActionName(InstanceAction a) {
-  switch (a) {
-    case InstanceAction::kOpen: return "open";
-    case InstanceAction::kClose: return "close";
-    case InstanceAction::kTakeover: return "takeover";
-    case InstanceAction::kFence: return "fence";
-    case InstanceAction::kImport: return "import";
-    case InstanceAction::kMoveVnodes: return "move_vnodes";
-    case InstanceAction::kList: return "list";
-    case InstanceAction::kStatus: return "status";
-    case InstanceAction::kDiscardAfter: return "discard_after";
-    case InstanceAction::kReconfigure: return "reconfigure";
-    case InstanceAction::kReplicate: return "replicate";
+namespace {
+
+// The action names of §7.1, in one place.
+constexpr std::pair<const char*, InstanceAction> kInstanceActions[] = {
+    {"open", InstanceAction::kOpen},
+    {"close", InstanceAction::kClose},
+    {"takeover", InstanceAction::kTakeover},
+    {"fence", InstanceAction::kFence},
+    {"import", InstanceAction::kImport},
+    {"move_vnodes", InstanceAction::kMoveVnodes},
+    {"list", InstanceAction::kList},
+    {"status", InstanceAction::kStatus},
+    {"discard_after", InstanceAction::kDiscardAfter},
+    {"reconfigure", InstanceAction::kReconfigure},
+    {"replicate", InstanceAction::kReplicate},
+};
+
+}  // namespace
+
+Status ParseInstanceAction(std::string_view name, InstanceAction* out) {
+  for (const auto& [n, a] : kInstanceActions) {
+    if (name == n) {
+      *out = a;
+      return Status::OK();
+    }
   }
-  return "unknown";
+  return Status::InvalidArgument("unknown instance action '" + std::string(name) + "'");
 }
 
 std::string InstanceReq::Encode() const {
@@ -374,6 +390,206 @@ Status ReEncode(std::string_view payload, std::string* out) {
 }
 
 }  // namespace
+
+// ---- InstanceReq arguments (§7.1) ----
+
+namespace {
+
+using json = nlohmann::json;
+
+// The request's JSON arguments; InvalidArgument names the field at fault.
+Status ParseArgs(std::string_view text, json* out) {
+  if (text.empty()) {
+    *out = json::object();
+    return Status::OK();
+  }
+  try {
+    *out = json::parse(text);
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument(std::string("the request's arguments are not JSON: ") + e.what());
+  }
+  if (!out->is_object()) return Status::InvalidArgument("the request's arguments are not a JSON object");
+  return Status::OK();
+}
+
+bool Present(const json& args, const char* name) {
+  auto it = args.find(name);
+  return it != args.end() && !it->is_null();
+}
+
+template <typename T>
+Status Arg(const json& args, const char* name, T* out, bool required) {
+  if (!Present(args, name)) {
+    return required ? Status::InvalidArgument(std::string("missing argument '") + name + "'") : Status::OK();
+  }
+  try {
+    *out = args.at(name).get<T>();
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument(std::string("argument '") + name + "' has the wrong type: " + e.what());
+  }
+  return Status::OK();
+}
+
+template <typename T>
+Status OptionalArg(const json& args, const char* name, std::optional<T>* out) {
+  if (!Present(args, name)) return Status::OK();
+  T v{};
+  RHINO_RETURN_IF_ERROR(Arg(args, name, &v, true));
+  *out = v;
+  return Status::OK();
+}
+
+}  // namespace
+
+Status ParseReconfigOps(std::string_view text, std::vector<ReconfigOp>* out) {
+  out->clear();
+  try {
+    json j = json::parse(text);
+    if (!j.is_array()) return Status::InvalidArgument("reconfiguration steps must be a JSON list");
+    for (const auto& e : j) {
+      ReconfigOp op;
+      const std::string kind = e.at("op").get<std::string>();
+      op.vnodes = e.at("vnodes").get<std::vector<uint32_t>>();
+      if (kind == "drop") {
+        op.kind = ReconfigOp::Kind::kDrop;
+      } else if (kind == "import") {
+        op.kind = ReconfigOp::Kind::kImport;
+        op.from_operator = e.at("from_operator").get<std::string>();
+        op.from_instance = e.at("from_instance").get<uint32_t>();
+        op.checkpoint = e.at("checkpoint").get<uint64_t>();
+        if (!IsValidOperatorId(op.from_operator)) {
+          return Status::InvalidArgument("invalid operator id '" + op.from_operator + "' in an import step");
+        }
+      } else {
+        return Status::InvalidArgument("unknown reconfiguration step '" + kind + "' (want drop or import)");
+      }
+      out->push_back(std::move(op));
+    }
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument(std::string("malformed reconfiguration steps: ") + e.what());
+  }
+  return Status::OK();
+}
+
+std::string ReconfigOpsJson(const std::vector<ReconfigOp>& ops) {
+  json out = json::array();
+  for (const auto& op : ops) {
+    if (op.kind == ReconfigOp::Kind::kDrop) {
+      out.push_back({{"op", "drop"}, {"vnodes", op.vnodes}});
+    } else {
+      out.push_back({{"op", "import"},
+                     {"from_operator", op.from_operator},
+                     {"from_instance", op.from_instance},
+                     {"checkpoint", op.checkpoint},
+                     {"vnodes", op.vnodes}});
+    }
+  }
+  return out.dump();
+}
+
+Status DecodeInstanceArgs(std::string_view text, NoArgs*) {
+  json args;
+  return ParseArgs(text, &args);
+}
+
+Status DecodeInstanceArgs(std::string_view text, OpenArgs* out) {
+  json args;
+  RHINO_RETURN_IF_ERROR(ParseArgs(text, &args));
+  RHINO_RETURN_IF_ERROR(Arg(args, "num_key_groups", &out->partitioner.num_key_groups, false));
+  RHINO_RETURN_IF_ERROR(Arg(args, "num_vnodes", &out->partitioner.num_vnodes, false));
+  RHINO_RETURN_IF_ERROR(Arg(args, "seed", &out->partitioner.seed, false));
+  RHINO_RETURN_IF_ERROR(Arg(args, "vnodes", &out->vnodes, false));
+  RHINO_RETURN_IF_ERROR(Arg(args, "chain", &out->chain, false));
+  return Arg(args, "chain_version", &out->chain_version, false);
+}
+
+Status DecodeInstanceArgs(std::string_view text, TakeoverArgs* out) {
+  json args;
+  RHINO_RETURN_IF_ERROR(ParseArgs(text, &args));
+  RHINO_RETURN_IF_ERROR(Arg(args, "chain", &out->chain, false));
+  RHINO_RETURN_IF_ERROR(Arg(args, "chain_version", &out->chain_version, false));
+  RHINO_RETURN_IF_ERROR(OptionalArg(args, "checkpoint", &out->checkpoint));
+  RHINO_RETURN_IF_ERROR(OptionalArg(args, "redo_version", &out->redo_version));
+  // The redo belongs to its version: without one there is nothing to redo.
+  if (out->redo_version && args.contains("redo")) return ParseReconfigOps(args["redo"].dump(), &out->redo);
+  return Status::OK();
+}
+
+Status DecodeInstanceArgs(std::string_view text, ImportArgs* out) {
+  json args;
+  RHINO_RETURN_IF_ERROR(ParseArgs(text, &args));
+  RHINO_RETURN_IF_ERROR(Arg(args, "from_operator", &out->from_operator, true));
+  RHINO_RETURN_IF_ERROR(Arg(args, "from_instance", &out->from_instance, true));
+  RHINO_RETURN_IF_ERROR(Arg(args, "checkpoint", &out->checkpoint, true));
+  return Arg(args, "vnodes", &out->vnodes, true);
+}
+
+Status DecodeInstanceArgs(std::string_view text, MoveVnodesArgs* out) {
+  json args;
+  RHINO_RETURN_IF_ERROR(ParseArgs(text, &args));
+  RHINO_RETURN_IF_ERROR(Arg(args, "to_operator", &out->to_operator, true));
+  RHINO_RETURN_IF_ERROR(Arg(args, "to_instance", &out->to_instance, true));
+  RHINO_RETURN_IF_ERROR(Arg(args, "to_epoch", &out->to_epoch, true));
+  return Arg(args, "vnodes", &out->vnodes, true);
+}
+
+Status DecodeInstanceArgs(std::string_view text, StatusArgs* out) {
+  json args;
+  RHINO_RETURN_IF_ERROR(ParseArgs(text, &args));
+  return OptionalArg(args, "checkpoint", &out->checkpoint);
+}
+
+Status DecodeInstanceArgs(std::string_view text, DiscardAfterArgs* out) {
+  json args;
+  RHINO_RETURN_IF_ERROR(ParseArgs(text, &args));
+  return OptionalArg(args, "after", &out->after);
+}
+
+std::string EncodeInstanceArgs(const DiscardAfterArgs& args) {
+  return json{{"after", args.after ? json(*args.after) : json(nullptr)}}.dump();
+}
+
+Status DecodeInstanceArgs(std::string_view text, ReconfigureArgs* out) {
+  json args;
+  RHINO_RETURN_IF_ERROR(ParseArgs(text, &args));
+  RHINO_RETURN_IF_ERROR(Arg(args, "version", &out->version, true));
+  RHINO_RETURN_IF_ERROR(Arg(args, "timeout_s", &out->timeout_s, false));
+  if (!args.contains("ops")) return Status::InvalidArgument("reconfigure needs 'ops'");
+  return ParseReconfigOps(args["ops"].dump(), &out->ops);
+}
+
+Status DecodeInstanceArgs(std::string_view text, ReplicateArgs* out) {
+  json args;
+  RHINO_RETURN_IF_ERROR(ParseArgs(text, &args));
+  RHINO_RETURN_IF_ERROR(Arg(args, "to", &out->to, true));
+  RHINO_RETURN_IF_ERROR(Arg(args, "chain_version", &out->chain_version, true));
+  RHINO_RETURN_IF_ERROR(Arg(args, "timeout_s", &out->timeout_s, false));
+  return OptionalArg(args, "checkpoint", &out->checkpoint);
+}
+
+namespace {
+
+template <typename Args>
+Status DecodeAs(std::string_view text) {
+  Args args;
+  return DecodeInstanceArgs(text, &args);
+}
+
+}  // namespace
+
+Status DecodeInstanceArgsOf(InstanceAction action, std::string_view text) {
+  switch (action) {
+    case InstanceAction::kOpen: return DecodeAs<OpenArgs>(text);
+    case InstanceAction::kTakeover: return DecodeAs<TakeoverArgs>(text);
+    case InstanceAction::kImport: return DecodeAs<ImportArgs>(text);
+    case InstanceAction::kMoveVnodes: return DecodeAs<MoveVnodesArgs>(text);
+    case InstanceAction::kStatus: return DecodeAs<StatusArgs>(text);
+    case InstanceAction::kDiscardAfter: return DecodeAs<DiscardAfterArgs>(text);
+    case InstanceAction::kReconfigure: return DecodeAs<ReconfigureArgs>(text);
+    case InstanceAction::kReplicate: return DecodeAs<ReplicateArgs>(text);
+    default: return DecodeAs<NoArgs>(text);
+  }
+}
 
 Status DecodeServiceMessage(MessageType type, std::string_view payload, std::string* reencoded) {
   reencoded->clear();

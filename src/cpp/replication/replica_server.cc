@@ -3,7 +3,6 @@
 #include <chrono>
 
 #include "rhino/messages.h"
-#include "service/state_service.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,13 +11,14 @@ namespace rhino {
 
 ReplicaServer::ReplicaServer(asio::io_context& io, asio::thread_pool& disk, ReplicaStore* store,
                              net::ConnectionPool* pool, ServerMetrics* metrics, net::ConnectionCounters* counters,
-                             const ReplicaServerOptions& options)
+                             const ReplicaServerOptions& options, net::Connection::UnclaimedHandler others)
     : io_(io),
       disk_(disk),
       store_(store),
       metrics_(metrics),
       counters_(counters),
       options_(options),
+      others_(std::move(others)),
       fences_(store->dir()),
       acceptor_(io),
       unix_acceptor_(io),
@@ -136,7 +136,6 @@ void ReplicaServer::OnAccepted(const std::shared_ptr<net::Connection>& conn, con
 std::shared_ptr<net::StreamListener> ReplicaServer::OnUnclaimed(const std::shared_ptr<net::Connection>& conn,
                                                                 const FrameHeader& h,
                                                                 std::shared_ptr<std::string> payload) {
-  if (service_ != nullptr && StateService::Handles(h.type)) return service_->OnUnclaimed(conn, h, std::move(payload));
   switch (h.type) {
     case MessageType::kOpenStreamReq: {
       OpenStreamReq req;
@@ -165,19 +164,8 @@ std::shared_ptr<net::StreamListener> ReplicaServer::OnUnclaimed(const std::share
     case MessageType::kStoreQueryReq:
       AnswerStoreQuery(conn, h, *payload);
       return nullptr;
-    case MessageType::kCoordReq:
-    case MessageType::kCoordRsp:
-      // The coordinator's messages (protocol §8) are never for a worker: a
-      // peer that sends one is confused, and is told so rather than left to
-      // wait for an answer until its timeout.
-      if (counters_ != nullptr) counters_->frames_rejected.fetch_add(1);
-      conn->CloseWithError(h.stream_id, Status::Corruption(std::string("unexpected ") + MessageTypeName(h.type) +
-                                                           " sent to worker " + options_.connection.worker_id));
-      return nullptr;
     default:
-      // A late frame of a stream that has already finished (a chunk or a
-      // credit in flight when it aborted): nothing to do.
-      return nullptr;
+      return others_ ? others_(conn, h, std::move(payload)) : nullptr;
   }
 }
 

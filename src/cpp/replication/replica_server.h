@@ -2,7 +2,10 @@
 //
 // It accepts connections, authenticates them (Connection), and serves the
 // streams its peers open: an OpenStreamReq creates a ReplicaStream, which does
-// the §4 work; a StoreQueryReq is answered from the replica store. It owns the
+// the §4 work; a StoreQueryReq is answered from the replica store. Every other
+// frame that no stream listens to goes to the handler the owner gives it (the
+// worker's frame dispatcher, which knows the state service): the data plane
+// knows nothing above it (docs/design.md §2, "Include layering"). It owns the
 // chain-version fences (§5) and fences off older streams of an instance when a
 // newer chain shows up.
 //
@@ -36,9 +39,12 @@ struct ReplicaServerOptions {
 
 class ReplicaServer {
  public:
-  // All pointers must outlive the server.
+  // All pointers must outlive the server. `others` gets the frames the server
+  // does not claim (see above), on the connection's strand; it must be
+  // callable until Shutdown returns.
   ReplicaServer(asio::io_context& io, asio::thread_pool& disk, ReplicaStore* store, net::ConnectionPool* pool,
-                ServerMetrics* metrics, net::ConnectionCounters* counters, const ReplicaServerOptions& options);
+                ServerMetrics* metrics, net::ConnectionCounters* counters, const ReplicaServerOptions& options,
+                net::Connection::UnclaimedHandler others);
   ~ReplicaServer();
 
   // Binds and starts accepting. `port` 0 picks an ephemeral port (see port()).
@@ -48,8 +54,6 @@ class ReplicaServer {
   // other user can connect even for a moment; the secret is still required.
   // An existing socket file is replaced only if nothing answers on it.
   Status ListenUnix(const std::string& path);
-  // Frames of the state service's types go to `service` (set before Listen).
-  void set_service(class StateService* service) { service_ = service; }
   uint16_t port() const { return port_; }
 
   // Stops accepting, aborts every stream ("worker shutting down"), closes
@@ -74,12 +78,12 @@ class ReplicaServer {
   ServerMetrics* const metrics_;
   net::ConnectionCounters* const counters_;
   const ReplicaServerOptions options_;
+  const net::Connection::UnclaimedHandler others_;
   FenceTable fences_;
   StreamEnv env_;
   asio::ip::tcp::acceptor acceptor_;
   asio::local::stream_protocol::acceptor unix_acceptor_;
   std::string unix_path_;
-  class StateService* service_ = nullptr;
   asio::steady_timer accept_retry_;
   uint16_t port_ = 0;
 

@@ -54,52 +54,6 @@ constexpr size_t kKeptReplications = 256;
 
 }  // namespace
 
-Status ParseReconfigOps(const std::string& text, std::vector<ReconfigOp>* out) {
-  out->clear();
-  try {
-    json j = json::parse(text);
-    if (!j.is_array()) return Status::InvalidArgument("reconfiguration steps must be a JSON list");
-    for (const auto& e : j) {
-      ReconfigOp op;
-      const std::string kind = e.at("op").get<std::string>();
-      op.vnodes = e.at("vnodes").get<std::vector<uint32_t>>();
-      if (kind == "drop") {
-        op.kind = ReconfigOp::Kind::kDrop;
-      } else if (kind == "import") {
-        op.kind = ReconfigOp::Kind::kImport;
-        op.from_operator = e.at("from_operator").get<std::string>();
-        op.from_instance = e.at("from_instance").get<uint32_t>();
-        op.checkpoint = e.at("checkpoint").get<uint64_t>();
-        if (!IsValidOperatorId(op.from_operator)) {
-          return Status::InvalidArgument("invalid operator id '" + op.from_operator + "' in an import step");
-        }
-      } else {
-        return Status::InvalidArgument("unknown reconfiguration step '" + kind + "' (want drop or import)");
-      }
-      out->push_back(std::move(op));
-    }
-  } catch (const std::exception& e) {
-    return Status::InvalidArgument(std::string("malformed reconfiguration steps: ") + e.what());
-  }
-  return Status::OK();
-}
-
-std::string ReconfigOpsJson(const std::vector<ReconfigOp>& ops) {
-  json out = json::array();
-  for (const auto& op : ops) {
-    if (op.kind == ReconfigOp::Kind::kDrop) {
-      out.push_back({{"op", "drop"}, {"vnodes", op.vnodes}});
-    } else {
-      out.push_back({{"op", "import"},
-                     {"from_operator", op.from_operator},
-                     {"from_instance", op.from_instance},
-                     {"checkpoint", op.checkpoint},
-                     {"vnodes", op.vnodes}});
-    }
-  }
-  return out.dump();
-}
-
 Status ParseInstanceConfig(const std::string& text, InstanceConfig* c) {
   try {
     json j = json::parse(text);
@@ -136,8 +90,67 @@ HostedInstance::HostedInstance(const InstanceEnv& env, InstanceConfig config, as
 
 HostedInstance::~HostedInstance() { Close(); }
 
-std::string HostedInstance::Dir() const {
-  return fs::Join(fs::Join(fs::Join(env_.state_dir, "instances"), config_.operator_id), std::to_string(config_.instance));
+namespace {
+
+constexpr char kInstancesDir[] = "instances";
+constexpr char kTmpDir[] = "tmp";
+constexpr char kConfigFile[] = "instance.json";
+constexpr char kClosedMarker[] = "CLOSED";
+
+}  // namespace
+
+std::string HostedInstance::DirOf(const std::string& state_dir, const std::string& operator_id, uint32_t instance) {
+  return fs::Join(fs::Join(fs::Join(state_dir, kInstancesDir), operator_id), std::to_string(instance));
+}
+
+std::string HostedInstance::Dir() const { return DirOf(env_.state_dir, config_.operator_id, config_.instance); }
+
+std::string HostedInstance::WorkDir(const std::string& kind) const {
+  return fs::Join(fs::Join(env_.state_dir, kTmpDir), kind + "-" + fs::RandomHex(8));
+}
+
+Status HostedInstance::PrepareStateDir(const std::string& state_dir) {
+  RHINO_RETURN_IF_ERROR(fs::MakeDirs(fs::Join(state_dir, kInstancesDir)));
+  fs::RemoveAll(fs::Join(state_dir, kTmpDir));  // imports and moves a killed worker left
+  return Status::OK();
+}
+
+Status HostedInstance::ListHostable(const std::string& state_dir, std::vector<InstanceConfig>* out,
+                                    const std::function<void(const std::string&, const Status&)>& bad) {
+  const std::string root = fs::Join(state_dir, kInstancesDir);
+  std::vector<std::string> ops;
+  RHINO_RETURN_IF_ERROR(fs::ListDir(root, &ops));
+  for (const auto& op : ops) {
+    std::vector<std::string> ids;
+    if (!fs::ListDir(fs::Join(root, op), &ids).ok()) continue;
+    for (const auto& id : ids) {
+      const std::string dir = fs::Join(fs::Join(root, op), id);
+      if (fs::Exists(fs::Join(dir, kClosedMarker))) continue;
+      std::string text;
+      if (!fs::ReadFile(fs::Join(dir, kConfigFile), &text).ok()) continue;
+      InstanceConfig c;
+      Status s = ParseInstanceConfig(text, &c);
+      if (!s.ok()) {
+        bad(op + "/" + id, s);
+        continue;
+      }
+      out->push_back(std::move(c));
+    }
+  }
+  return Status::OK();
+}
+
+Status HostedInstance::ReadSavedConfig(const std::string& state_dir, const std::string& operator_id,
+                                       uint32_t instance, InstanceConfig* out) {
+  std::string text;
+  Status s = fs::ReadFile(fs::Join(DirOf(state_dir, operator_id, instance), kConfigFile), &text);
+  if (!s.ok()) return Status::NotFound(operator_id + "/" + std::to_string(instance) + " was never hosted here");
+  return ParseInstanceConfig(text, out);
+}
+
+Status HostedInstance::CloseAndMark() {
+  Close();
+  return fs::WriteFileAtomic(fs::Join(Dir(), kClosedMarker), "closed\n");
 }
 
 std::string HostedInstance::DbDir(const std::string& name) const { return fs::Join(Dir(), name); }
@@ -154,7 +167,7 @@ StateOptions HostedInstance::Options(bool create) const {
 
 Status HostedInstance::SaveConfig() {
   RHINO_RETURN_IF_ERROR(fs::MakeDirs(Dir()));
-  return fs::WriteFileAtomic(fs::Join(Dir(), "instance.json"), ConfigJson(config_).dump() + "\n");
+  return fs::WriteFileAtomic(fs::Join(Dir(), kConfigFile), ConfigJson(config_).dump() + "\n");
 }
 
 Status HostedInstance::Open(const InstanceEnv& env, InstanceConfig config, asio::thread_pool& pool,
@@ -167,6 +180,7 @@ Status HostedInstance::Open(const InstanceEnv& env, InstanceConfig config, asio:
   RHINO_RETURN_IF_ERROR(StateBackend::Open(h->DbDir(h->config_.db_name), h->Options(create), &h->db_));
   h->config_.vnodes = h->db_->vnodes();
   RHINO_RETURN_IF_ERROR(h->SaveConfig());
+  fs::RemoveAll(fs::Join(h->Dir(), kClosedMarker));
   *out = std::move(h);
   return Status::OK();
 }
@@ -202,6 +216,7 @@ Status HostedInstance::Takeover(const InstanceEnv& env, InstanceConfig config, u
   if (!old_db.empty() && old_db != h->config_.db_name) fs::RemoveAll(h->DbDir(old_db));
   h->m_.has_complete = true;
   h->m_.last_complete = checkpoint_id;
+  fs::RemoveAll(fs::Join(h->Dir(), kClosedMarker));
   *out = std::move(h);
   return Status::OK();
 }
@@ -240,6 +255,8 @@ Status HostedInstance::Recover() {
 }
 
 void HostedInstance::CancelReplications(const std::string& why) {
+  ++repl_generation_;  // a discard under way (StartDiscard) is ignored when it ends
+  repl_discarding_ = false;
   if (repl_active_) {
     repl_active_->Cancel();
     repl_active_.reset();  // waits for its runner; its on_done only posts
@@ -477,46 +494,93 @@ void HostedInstance::Commit(uint64_t token, CommitMode mode, const std::function
 }
 
 void HostedInstance::StartNextReplication() {
-  while (!repl_active_ && !repl_queue_.empty()) {
+  while (!repl_active_ && !repl_discarding_ && !repl_queue_.empty()) {
     const uint64_t id = repl_queue_.front();
     repl_queue_.erase(repl_queue_.begin());
     // Set before anything can fail: OnReplicationDone ignores results of any
     // other id, and a waiter whose failure is ignored waits forever.
     repl_active_id_ = id;
-    Status s;
     if (config_.discard_pending && env_.discard_on_chain) {
       // A rollback dropped checkpoints here that the chain may hold: the
-      // re-executed batch's checkpoint replaces them there too.
-      s = env_.discard_on_chain(config_, config_.discard_after);
-      if (s.ok()) {
-        config_.discard_pending = false;
-        s = SaveConfig();
-      }
+      // re-executed batch's checkpoint replaces them there too (§7.3). That
+      // asks each chain member, so it runs off the lock, and the
+      // replication starts when it is done.
+      return StartDiscard(id);
     }
-    if (s.ok()) {
-      ReplicateOptions o = env_.replicate;
-      std::weak_ptr<HostedInstance> weak = weak_from_this();
-      auto exec = strand_;
-      o.on_done = [weak, exec, id](const ReplicationResult& result) {
-        // On the replication's own thread: hand over to the instance's strand.
-        asio::post(exec, [weak, id, result]() {
-          if (auto self = weak.lock()) {
-            std::lock_guard<std::mutex> l(self->mu_);
-            self->OnReplicationDone(id, result);
-          }
-        });
-      };
-      s = ReplicateCheckpoint(env_.store->dir(), config_.operator_id, config_.instance, id, config_.chain,
-                              config_.chain_version, env_.secret, o, &repl_active_);
-    }
-    if (!s.ok()) {
-      ReplicationResult r;
-      r.status = s;
-      r.checkpoint_id = id;
-      repl_active_.reset();
-      OnReplicationDone(id, r);
-    }
+    Status s = StartReplication(id);
+    if (!s.ok()) FailReplication(id, s);
   }
+}
+
+void HostedInstance::StartDiscard(uint64_t id) {
+  repl_discarding_ = true;
+  const uint64_t generation = repl_generation_;
+  std::weak_ptr<HostedInstance> weak = weak_from_this();
+  // A copy: the configuration may change while the members are asked (a new
+  // chain, a rollback), and OnDiscardDone compares.
+  InstanceConfig asked = config_;
+  // On the instance's strand, in order with its sessions' frames, but
+  // without mu: no peer call is made while the instance's mutex is held, so
+  // status, list, metrics and retention never wait for a peer.
+  asio::post(strand_, [weak, id, generation, asked]() {
+    auto self = weak.lock();
+    if (!self) return;
+    {
+      std::lock_guard<std::mutex> l(self->mu_);
+      if (generation != self->repl_generation_) return;  // closed or rolled back meanwhile
+    }
+    Status s = self->env_.discard_on_chain(asked, asked.discard_after);
+    std::lock_guard<std::mutex> l(self->mu_);
+    self->OnDiscardDone(id, generation, asked, s);
+  });
+}
+
+void HostedInstance::OnDiscardDone(uint64_t id, uint64_t generation, const InstanceConfig& asked, const Status& s) {
+  // Cancelled meanwhile (a close, a rollback): whoever replicates next
+  // discards again if it must.
+  if (generation != repl_generation_ || !repl_discarding_ || repl_active_id_ != id) return;
+  repl_discarding_ = false;
+  if (asked.chain != config_.chain || asked.chain_version != config_.chain_version || asked.epoch != config_.epoch ||
+      asked.discard_after != config_.discard_after) {
+    // The chain, the epoch or the point to discard after changed while the
+    // members were asked: ask again, as they are now.
+    repl_queue_.insert(repl_queue_.begin(), id);
+    return StartNextReplication();
+  }
+  Status r = s;
+  if (r.ok()) {
+    config_.discard_pending = false;
+    r = SaveConfig();
+  }
+  if (r.ok()) r = StartReplication(id);
+  if (!r.ok()) return FailReplication(id, r);
+  StartNextReplication();
+}
+
+Status HostedInstance::StartReplication(uint64_t id) {
+  ReplicateOptions o = env_.replicate;
+  std::weak_ptr<HostedInstance> weak = weak_from_this();
+  auto exec = strand_;
+  o.on_done = [weak, exec, id](const ReplicationResult& result) {
+    // On the replication's own thread: hand over to the instance's strand.
+    asio::post(exec, [weak, id, result]() {
+      if (auto self = weak.lock()) {
+        std::lock_guard<std::mutex> l(self->mu_);
+        self->OnReplicationDone(id, result);
+      }
+    });
+  };
+  // Returns at once: the transfer runs on the replication's own threads.
+  return ReplicateCheckpoint(env_.store, config_.operator_id, config_.instance, id, config_.chain,
+                             config_.chain_version, env_.secret, o, &repl_active_);
+}
+
+void HostedInstance::FailReplication(uint64_t id, const Status& why) {
+  ReplicationResult r;
+  r.status = why;
+  r.checkpoint_id = id;
+  repl_active_.reset();
+  OnReplicationDone(id, r);
 }
 
 void HostedInstance::OnReplicationDone(uint64_t checkpoint_id, const ReplicationResult& result) {
@@ -571,7 +635,7 @@ Status HostedInstance::ImportFromCheckpoint(const std::string& from_operator, ui
                                             std::vector<uint32_t>* imported) {
   if (!db_) return Status::UnknownInstance(Describe(config_) + " is closed");
   if (session_) return Status::SessionBusy(Describe(config_) + " has an open session: import between batches");
-  const std::string work = fs::Join(fs::Join(env_.state_dir, "tmp"), "import-" + fs::RandomHex(8));
+  const std::string work = WorkDir("import");
   RHINO_RETURN_IF_ERROR(fs::MakeDirs(work));
   Status s;
   {
@@ -603,7 +667,7 @@ Status HostedInstance::MoveVnodesTo(HostedInstance* target, const std::vector<ui
                                     std::vector<uint32_t>* moved) {
   if (!db_ || !target->db_) return Status::UnknownInstance("an instance of the move is closed");
   if (session_ || target->session_) return Status::SessionBusy("an instance of the move has an open session");
-  const std::string work = fs::Join(fs::Join(env_.state_dir, "tmp"), "move-" + fs::RandomHex(8));
+  const std::string work = WorkDir("move");
   RHINO_RETURN_IF_ERROR(fs::MakeDirs(fs::Parent(work)));
   RHINO_RETURN_IF_ERROR(db_->ExportVnodes(vnodes, work));
   Status s = target->db_->ImportVnodes(work, moved);
@@ -702,7 +766,8 @@ InstanceMetrics HostedInstance::Metrics() {
   m.has_version = v.has_value();
   m.version = v.value_or(0);
   m.session_open = session_ != nullptr;
-  m.replications_pending = static_cast<uint32_t>(repl_queue_.size() + (repl_active_ ? 1 : 0));
+  m.replications_pending =
+      static_cast<uint32_t>(repl_queue_.size() + (repl_active_ || repl_discarding_ ? 1 : 0));
   m.vnodes = static_cast<uint32_t>(config_.vnodes.size());
   return m;
 }

@@ -5,13 +5,19 @@
 // worker's own replica store, and replicates its delta down the instance's
 // chain (Rhino paper §4.2.2) — all here, in C++, never in the client.
 //
-// On disk, under <state_dir>/instances/<operator_id>/<instance>/:
+// On disk, under <state_dir>/instances/<operator_id>/<instance>/ (the one
+// place that knows this layout is this class):
 //   instance.json   the configuration below, written atomically
 //   db-<hex>/       the live RocksDB (a rollback builds a new one and switches)
+//   CLOSED          a marker: the instance was closed (§7.1 close), so a
+//                   restarted worker does not host it again; `open` reopens it
+// and <state_dir>/tmp/ holds the work directories of imports and moves.
 //
 // Thread-safety: every method runs with mu() held; the state service runs
 // them on the instance's strand, so the frames of a session are handled in
 // order, and takes mu() of two instances (in address order) to move vnodes.
+// No call to a peer is made with mu() held (the discard of §7.3 runs on the
+// strand without it); replications run on their own threads.
 #pragma once
 
 #include <asio.hpp>
@@ -27,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "replication/chain_client.h"
+#include "client/chain_client.h"
 #include "rhino/instance_metrics.h"
 #include "rhino/partitioner.h"
 #include "rhino/replica_store.h"
@@ -37,20 +43,6 @@
 #include "rhino/status.h"
 
 namespace rhino {
-
-// One step of a reconfiguration (a handover at the barrier after batch b,
-// design §4 step 4): drop vnodes, or import them by hard links from a
-// checkpoint of another instance held in this worker's replica store. An
-// import replaces the vnode's column family if one is there: the coordinator's
-// routing table, not this worker, says who owns a vnode.
-struct ReconfigOp {
-  enum class Kind { kDrop, kImport };
-  Kind kind = Kind::kDrop;
-  std::vector<uint32_t> vnodes;
-  std::string from_operator;   // kImport only
-  uint32_t from_instance = 0;  // kImport only
-  uint64_t checkpoint = 0;     // kImport only
-};
 
 // What a worker persists about an instance it hosts.
 struct InstanceConfig {
@@ -76,12 +68,6 @@ struct InstanceConfig {
   std::vector<ReconfigOp> redo;
 };
 
-// Parses reconfiguration steps from JSON: [{"op": "drop", "vnodes": [...]},
-// {"op": "import", "from_operator": ..., "from_instance": ..., "checkpoint": ...,
-// "vnodes": [...]}, ...] (docs/protocol.md §7.4).
-Status ParseReconfigOps(const std::string& text, std::vector<ReconfigOp>* out);
-std::string ReconfigOpsJson(const std::vector<ReconfigOp>& ops);
-
 // Parses instance.json (written by HostedInstance::SaveConfig).
 Status ParseInstanceConfig(const std::string& text, InstanceConfig* out);
 
@@ -101,8 +87,23 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
  public:
   using CommitReply = std::function<void(const SessionCommitRsp&)>;
 
+  // ---- the state directory ----
+  // Creates <state_dir>/instances and empties <state_dir>/tmp (the work of
+  // imports and moves a killed worker left behind).
+  static Status PrepareStateDir(const std::string& state_dir);
+  // The configurations of the instances under state_dir that were not closed:
+  // a restarted worker hosts them again. `bad` gets the name ("op/instance")
+  // and error of each one whose instance.json is damaged.
+  static Status ListHostable(const std::string& state_dir, std::vector<InstanceConfig>* out,
+                             const std::function<void(const std::string&, const Status&)>& bad);
+  // The saved configuration of (operator_id, instance), if it was hosted here
+  // before: NotFound if it never was.
+  static Status ReadSavedConfig(const std::string& state_dir, const std::string& operator_id, uint32_t instance,
+                                InstanceConfig* out);
+
   // Opens the instance described by `config` (its db_name must exist), or
-  // creates an empty one if config.db_name is empty.
+  // creates an empty one if config.db_name is empty. Hosting it clears its
+  // CLOSED marker, as does Takeover.
   static Status Open(const InstanceEnv& env, InstanceConfig config, asio::thread_pool& pool,
                      std::shared_ptr<HostedInstance>* out);
   // Builds the instance from checkpoint `checkpoint_id` of this worker's own
@@ -126,6 +127,9 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   Status Recover();
   // Closes the DB; nothing works afterwards. Pending replications are cancelled.
   void Close();
+  // Close, and the CLOSED marker: the files stay, but a restarted worker no
+  // longer hosts the instance (§7.1 close).
+  Status CloseAndMark();
 
   // ---- sessions (design §5; REQUIRES: mu held) ----
   bool has_session() const { return session_ != nullptr; }
@@ -181,7 +185,10 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   };
 
   HostedInstance(const InstanceEnv& env, InstanceConfig config, asio::thread_pool& pool);
+  static std::string DirOf(const std::string& state_dir, const std::string& operator_id, uint32_t instance);
   std::string Dir() const;
+  // A fresh work directory under <state_dir>/tmp for an import or a move.
+  std::string WorkDir(const std::string& kind) const;
   std::string DbDir(const std::string& name) const;
   StateOptions Options(bool create) const;
   Status SaveConfig();
@@ -193,7 +200,15 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   // A checkpoint after the redo's version is complete: the redo is in it.
   void MaybeClearRedo(uint64_t complete_id);
   void CancelReplications(const std::string& why);
-  void StartNextReplication();  // REQUIRES: mu held
+  // Checkpoints go down the chain one at a time, in order (§7.2 step 3).
+  // REQUIRES: mu held, here and below.
+  void StartNextReplication();
+  // Asks the chain to drop a re-executed batch's checkpoints (§7.3), off the
+  // lock, then replicates `id`.
+  void StartDiscard(uint64_t id);
+  void OnDiscardDone(uint64_t id, uint64_t generation, const InstanceConfig& asked, const Status& s);
+  Status StartReplication(uint64_t id);
+  void FailReplication(uint64_t id, const Status& why);
   void OnReplicationDone(uint64_t checkpoint_id, const ReplicationResult& result);
 
   const InstanceEnv env_;
@@ -206,6 +221,8 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   std::vector<uint64_t> repl_queue_;          // committed checkpoints not yet sent down the chain
   std::unique_ptr<ReplicationHandle> repl_active_;
   uint64_t repl_active_id_ = 0;
+  bool repl_discarding_ = false;   // StartDiscard's peer calls are under way for repl_active_id_
+  uint64_t repl_generation_ = 0;   // bumped by CancelReplications
   std::map<uint64_t, Replication> repl_;      // recent checkpoints' replication states
   InstanceMetrics m_;
 };

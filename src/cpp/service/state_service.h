@@ -31,8 +31,9 @@
 
 #include "net/connection.h"
 #include "replication/fence_table.h"
-#include "service/hosted_instance.h"
 #include "rhino/service_messages.h"
+#include "service/hosted_instance.h"
+#include "service/session_stream.h"
 
 namespace rhino {
 
@@ -76,12 +77,33 @@ class StateService {
   std::optional<uint64_t> RetentionFloor(const std::string& op, uint32_t instance);
 
  private:
-  class SessionStream;
   using Key = std::pair<std::string, uint32_t>;
 
   void HandleInstanceReq(const std::shared_ptr<net::Connection>& conn, uint32_t stream_id, const InstanceReq& req);
   Status DoInstanceReq(const InstanceReq& req, std::string* result);
+  // One handler per InstanceAction (protocol §7.1; service/instance_actions.cc):
+  // each decodes its typed arguments (rhino/service_messages.h) and writes
+  // its JSON answer to *result.
+  Status OpenInstance(const InstanceReq& req, std::string* result);
+  Status CloseInstance(const InstanceReq& req, std::string* result);
+  Status TakeoverInstance(const InstanceReq& req, std::string* result);
+  Status FenceInstance(const InstanceReq& req, std::string* result);
+  Status ImportVnodes(const InstanceReq& req, std::string* result);
+  Status MoveVnodes(const InstanceReq& req, std::string* result);
+  Status ListInstances(const InstanceReq& req, std::string* result);
+  Status InstanceStatus(const InstanceReq& req, std::string* result);
+  Status DiscardAfter(const InstanceReq& req, std::string* result);
+  Status Reconfigure(const InstanceReq& req, std::string* result);
+  Status ReplicateTo(const InstanceReq& req, std::string* result);
+
   std::shared_ptr<HostedInstance> Find(const std::string& op, uint32_t instance);
+  // Find, or UnknownInstance naming this worker.
+  Status FindHosted(const std::string& op, uint32_t instance, std::shared_ptr<HostedInstance>* out);
+  void Host(const std::shared_ptr<HostedInstance>& inst);
+  void Unhost(const std::string& op, uint32_t instance);
+  // The newest checkpoint of the instance in this worker's store, or `wanted`
+  // if the store holds it; NotFound otherwise.
+  Status PickCheckpoint(const std::string& op, uint32_t instance, std::optional<uint64_t> wanted, uint64_t* out);
   Status CheckEpoch(const std::string& op, uint32_t instance, uint64_t epoch);
   Status RaiseEpoch(const std::string& op, uint32_t instance, uint64_t epoch);
   Status DiscardOnChain(const InstanceConfig& config, std::optional<uint64_t> after);
@@ -92,10 +114,11 @@ class StateService {
   net::ConnectionCounters* const counters_;
   const StateServiceOptions options_;
   InstanceEnv env_;
+  SessionEnv sessions_;
   FenceTable epochs_;
   asio::thread_pool pool_;
   asio::strand<asio::thread_pool::executor_type> admin_;
-  std::atomic<uint64_t> next_token_{1};
+  std::atomic<uint64_t> next_token_{1};  // one per session: a late frame of an ended session is refused
 
   std::thread sweeper_;
   std::condition_variable sweep_cv_;

@@ -363,11 +363,6 @@ std::vector<uint32_t> StateBackend::vnodes() const {
   return r;
 }
 
-bool StateBackend::HasVnode(uint32_t vnode) const {
-  std::shared_lock lock(cf_mu_);
-  return vnode < cf_by_vnode_.size() && cf_by_vnode_[vnode] != nullptr;
-}
-
 // REQUIRES: cf_mu_ held (shared).
 Status StateBackend::Route(std::string_view key, rocksdb::ColumnFamilyHandle** cf) const {
   uint32_t v = partitioner_.VnodeOfBytes(key);

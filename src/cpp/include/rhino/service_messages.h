@@ -11,12 +11,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "rhino/frame.h"
 #include "rhino/messages.h"
+#include "rhino/partitioner.h"
 #include "rhino/status.h"
 
 namespace rhino {
@@ -39,7 +41,9 @@ enum class InstanceAction : uint8_t {
   kReconfigure = 10, // a handover's drops and imports at the barrier after batch `version` (design §4)
   kReplicate = 11,   // send a checkpoint of this store to other workers (a bulk copy: chain repair, scale-out)
 };
-const char* InstanceActionName(InstanceAction a);
+// The action named `name` ("open", "move_vnodes", ...: the names of §7.1,
+// which the Python client uses); InvalidArgument for any other name.
+Status ParseInstanceAction(std::string_view name, InstanceAction* out);
 
 struct InstanceReq {
   static constexpr MessageType kType = MessageType::kInstanceReq;
@@ -173,6 +177,102 @@ struct SessionAbortReq {
   std::string Encode() const;
   static Status Decode(std::string_view payload, SessionAbortReq* out);
 };
+
+// ---- the arguments of each InstanceReq action (§7.1) ----
+//
+// InstanceReq.args is a JSON object; DecodeInstanceArgs parses it into the
+// action's struct, and this is the one place that knows the field names. An
+// absent or null field keeps the default below; a field of the wrong type,
+// or a required one missing, is InvalidArgument naming the field. As for the
+// binary messages, decoding checks the shape only: the service checks meaning
+// (operator ids, vnode ranges, epochs).
+
+// One step of a reconfiguration (a handover at the barrier after batch b,
+// design §4 step 4; §7.4): drop vnodes, or import them by hard links from a
+// checkpoint of another instance held in this worker's replica store. An
+// import replaces the vnode's column family if one is there: the coordinator's
+// routing table, not this worker, says who owns a vnode.
+struct ReconfigOp {
+  enum class Kind { kDrop, kImport };
+  Kind kind = Kind::kDrop;
+  std::vector<uint32_t> vnodes;
+  std::string from_operator;   // kImport only
+  uint32_t from_instance = 0;  // kImport only
+  uint64_t checkpoint = 0;     // kImport only
+};
+
+// Reconfiguration steps as JSON: [{"op": "drop", "vnodes": [...]},
+// {"op": "import", "from_operator": ..., "from_instance": ..., "checkpoint": ...,
+// "vnodes": [...]}, ...] (§7.4). The parser also checks the operator ids,
+// since a step may be kept and run again (instance.json's redo).
+Status ParseReconfigOps(std::string_view text, std::vector<ReconfigOp>* out);
+std::string ReconfigOpsJson(const std::vector<ReconfigOp>& ops);
+
+struct NoArgs {};  // close, fence, list: any JSON object
+
+struct OpenArgs {
+  PartitionerOptions partitioner;  // num_key_groups, num_vnodes, seed
+  std::vector<uint32_t> vnodes;    // empty: all
+  std::vector<std::string> chain;  // "host:port" of w1..wr
+  uint64_t chain_version = 0;
+};
+
+struct TakeoverArgs {
+  std::optional<uint64_t> checkpoint;  // none: the newest in this worker's store
+  std::vector<std::string> chain;
+  uint64_t chain_version = 0;
+  std::optional<uint64_t> redo_version;
+  std::vector<ReconfigOp> redo;  // read only with redo_version
+};
+
+struct ImportArgs {
+  std::string from_operator;  // required, as all four
+  uint32_t from_instance = 0;
+  uint64_t checkpoint = 0;
+  std::vector<uint32_t> vnodes;
+};
+
+struct MoveVnodesArgs {
+  std::string to_operator;  // required, as all four
+  uint32_t to_instance = 0;
+  uint64_t to_epoch = 0;
+  std::vector<uint32_t> vnodes;
+};
+
+struct StatusArgs {
+  std::optional<uint64_t> checkpoint;  // the replication state of this one
+};
+
+struct DiscardAfterArgs {
+  std::optional<uint64_t> after;  // none: every checkpoint
+};
+
+struct ReconfigureArgs {
+  uint64_t version = 0;  // required
+  std::vector<ReconfigOp> ops;  // required
+  double timeout_s = 120;
+};
+
+struct ReplicateArgs {
+  std::vector<std::string> to;  // required
+  uint64_t chain_version = 0;   // required
+  std::optional<uint64_t> checkpoint;  // none: the newest
+  double timeout_s = 600;
+};
+
+Status DecodeInstanceArgs(std::string_view json, NoArgs* out);
+Status DecodeInstanceArgs(std::string_view json, OpenArgs* out);
+Status DecodeInstanceArgs(std::string_view json, TakeoverArgs* out);
+Status DecodeInstanceArgs(std::string_view json, ImportArgs* out);
+Status DecodeInstanceArgs(std::string_view json, MoveVnodesArgs* out);
+Status DecodeInstanceArgs(std::string_view json, StatusArgs* out);
+Status DecodeInstanceArgs(std::string_view json, DiscardAfterArgs* out);
+Status DecodeInstanceArgs(std::string_view json, ReconfigureArgs* out);
+Status DecodeInstanceArgs(std::string_view json, ReplicateArgs* out);
+// The JSON of discard_after's arguments: a primary sends it to its chain (§7.3).
+std::string EncodeInstanceArgs(const DiscardAfterArgs& args);
+// Decodes `json` as the arguments of `action` (for the fuzz target).
+Status DecodeInstanceArgsOf(InstanceAction action, std::string_view json);
 
 // Builds the payload of a GetRsp / ScanRsp incrementally, so that the server
 // never copies values twice (encoded straight from RocksDB's pinned slices).

@@ -157,7 +157,6 @@ class StateBackend {
   const std::string& operator_id() const { return operator_id_; }
   uint32_t instance() const { return instance_; }
   std::vector<uint32_t> vnodes() const;
-  bool HasVnode(uint32_t vnode) const;
 
   // ---- single keys ----
   Status Get(std::string_view key, std::string* value) const;  // NotFound if absent

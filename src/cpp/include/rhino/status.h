@@ -69,13 +69,8 @@ class Status {
   bool ok() const { return code_ == Code::kOk; }
   bool IsNotFound() const { return code_ == Code::kNotFound; }
   bool IsBusy() const { return code_ == Code::kBusy; }
-  bool IsCorruption() const { return code_ == Code::kCorruption; }
   bool IsAlreadyExists() const { return code_ == Code::kAlreadyExists; }
-  bool IsNoSpace() const { return code_ == Code::kNoSpace; }
-  bool IsTimeout() const { return code_ == Code::kTimeout; }
   bool IsStaleChainVersion() const { return code_ == Code::kStaleChainVersion; }
-  bool IsAuthFailed() const { return code_ == Code::kAuthFailed; }
-  bool IsStaleEpoch() const { return code_ == Code::kStaleEpoch; }
   Code code() const { return code_; }
   const std::string& message() const { return msg_; }
   std::string ToString() const;

@@ -9,12 +9,13 @@
 #include "net/connection_pool.h"
 #include "replication/replica_server.h"
 #include "replication/server_metrics.h"
-#include "service/state_service.h"
-#include "store/retention.h"
 #include "rhino/frame.h"
 #include "rhino/messages.h"
 #include "rhino/replica_store.h"
+#include "service/state_service.h"
+#include "store/retention.h"
 #include "util/buffer_pool.h"
+#include "worker/frame_dispatcher.h"
 
 namespace rhino {
 
@@ -25,84 +26,39 @@ class Worker::Impl {
   Status Start(const WorkerOptions& o) {
     std::lock_guard<std::mutex> l(mu_);
     if (started_) return Status::InvalidArgument("worker already started");
-    if (o.store_dir.empty()) return Status::InvalidArgument("worker needs a store directory");
-    if (o.io_threads == 0 || o.disk_threads == 0 || o.service_threads == 0) {
-      return Status::InvalidArgument("thread counts must be >= 1");
-    }
-    if (o.max_window == 0) return Status::InvalidArgument("max_window must be >= 1");
-    if (o.keep_checkpoints == 1) {
-      // A re-executed batch b rolls back to checkpoint b-1 (design §5).
-      return Status::InvalidArgument("keep_checkpoints must be 0 (keep all) or >= 2, got 1");
-    }
-    if (o.keep_checkpoints > 0 && o.retention_interval_ms == 0) {
-      return Status::InvalidArgument("retention_interval_ms must be >= 1");
-    }
-    if (o.secret.empty()) return Status::InvalidArgument("worker needs a non-empty shared secret");
-    // A peer is declared dead after peer_timeout_ms without a frame, and idle
-    // connections send a heartbeat every heartbeat_ms (protocol §6): the
-    // timeout must leave room for at least one heartbeat to arrive.
-    if (o.heartbeat_ms == 0) return Status::InvalidArgument("heartbeat_ms must be >= 1");
-    if (o.peer_timeout_ms <= o.heartbeat_ms) {
-      return Status::InvalidArgument("peer_timeout_ms (" + std::to_string(o.peer_timeout_ms) +
-                                     ") must exceed heartbeat_ms (" + std::to_string(o.heartbeat_ms) + ")");
-    }
-    // Every control message must fit in one frame; a cap keeps a peer from
-    // making us allocate an arbitrary buffer for one frame.
-    if (o.max_frame_bytes < kMaxMessageBytes || o.max_frame_bytes > kMaxFrameBytesLimit) {
-      return Status::InvalidArgument("max_frame_bytes must be in [" + std::to_string(kMaxMessageBytes) + ", " +
-                                     std::to_string(kMaxFrameBytesLimit) + "], got " +
-                                     std::to_string(o.max_frame_bytes));
-    }
+    RHINO_RETURN_IF_ERROR(CheckOptions(o));
     // RLIMIT_FSIZE must give EFBIG (a clean NoSpace abort), not SIGXFSZ.
     std::signal(SIGXFSZ, SIG_IGN);
     options_ = o;
     // Opening the store removes staging left by a killed predecessor process.
     RHINO_RETURN_IF_ERROR(ReplicaStore::Open(o.store_dir, &store_));
-    net::ConnectionOptions co;
-    co.worker_id = o.id;
-    co.secret = o.secret;
-    co.max_frame_bytes = o.max_frame_bytes;
-    co.heartbeat_ms = o.heartbeat_ms;
-    co.peer_timeout_ms = o.peer_timeout_ms;
-    co.local_bind_host = o.listen_host;
+    const net::ConnectionOptions co = ConnectionOptionsOf(o);
     io_ = std::make_unique<asio::io_context>();
     work_ = std::make_unique<asio::executor_work_guard<asio::io_context::executor_type>>(io_->get_executor());
     disk_ = std::make_unique<asio::thread_pool>(o.disk_threads);
     pool_ = std::make_unique<net::ConnectionPool>(*io_, co, &counters_);
-    ReplicaServerOptions so;
-    so.connection = co;
-    so.max_window = o.max_window;
-    so.stream_idle_timeout_ms = o.stream_idle_timeout_ms;
-    server_ = std::make_unique<ReplicaServer>(*io_, *disk_, store_.get(), pool_.get(), &metrics_, &counters_, so);
-    Status s;
-    if (!o.state_dir.empty()) {
-      StateServiceOptions ss;
-      ss.worker_id = o.id;
-      ss.state_dir = o.state_dir;
-      ss.secret = o.secret;
-      ss.threads = o.service_threads;
-      ss.max_frame_bytes = o.max_frame_bytes;
-      ss.max_session_bytes = o.max_session_bytes;
-      ss.session_idle_timeout_ms = o.session_idle_timeout_ms;
-      ss.peer_timeout_ms = o.peer_timeout_ms;
-      ss.replicate.chunk_bytes = o.replicate_chunk_bytes;
-      ss.replicate.window = o.replicate_window;
-      ss.replicate.timeout_ms = o.replicate_timeout_ms;
-      ss.replicate.heartbeat_ms = o.heartbeat_ms;
-      ss.replicate.peer_timeout_ms = o.peer_timeout_ms;
-      ss.replicate.max_frame_bytes = o.max_frame_bytes;
-      service_ = std::make_unique<StateService>(store_.get(), &counters_, ss);
-      s = service_->Start();
-      if (s.ok()) server_->set_service(service_.get());
-    } else if (!o.unix_socket.empty()) {
-      s = Status::InvalidArgument("a Unix socket serves the state service, which needs a state directory");
+    Status s = StartService(o);
+    if (s.ok()) {
+      // The service (if any) exists before the server can hand it a frame.
+      dispatcher_ = std::make_unique<FrameDispatcher>(o.id, service_.get(), &counters_);
+      ReplicaServerOptions so;
+      so.connection = co;
+      so.max_window = o.max_window;
+      so.stream_idle_timeout_ms = o.stream_idle_timeout_ms;
+      FrameDispatcher* d = dispatcher_.get();
+      server_ = std::make_unique<ReplicaServer>(
+          *io_, *disk_, store_.get(), pool_.get(), &metrics_, &counters_, so,
+          [d](const std::shared_ptr<net::Connection>& c, const FrameHeader& h, std::shared_ptr<std::string> p) {
+            return d->Dispatch(c, h, std::move(p));
+          });
+      s = server_->Listen(o.listen_host, o.listen_port);
     }
-    if (s.ok()) s = server_->Listen(o.listen_host, o.listen_port);
     if (s.ok() && !o.unix_socket.empty()) s = server_->ListenUnix(o.unix_socket);
     if (!s.ok()) {
       if (service_) service_->Shutdown();
-      service_.reset();
       server_.reset();
+      dispatcher_.reset();
+      service_.reset();
       pool_.reset();
       disk_->join();
       disk_.reset();
@@ -143,6 +99,7 @@ class Worker::Impl {
     // then drops the handlers that hold the last connections and streams,
     // whose strands live on the disk pool, which goes last.
     server_.reset();
+    dispatcher_.reset();
     {
       std::lock_guard<std::mutex> g(mu_);
       service_.reset();
@@ -199,6 +156,75 @@ class Worker::Impl {
   }
 
  private:
+  static Status CheckOptions(const WorkerOptions& o) {
+    if (o.store_dir.empty()) return Status::InvalidArgument("worker needs a store directory");
+    if (o.io_threads == 0 || o.disk_threads == 0 || o.service_threads == 0) {
+      return Status::InvalidArgument("thread counts must be >= 1");
+    }
+    if (o.max_window == 0) return Status::InvalidArgument("max_window must be >= 1");
+    if (o.keep_checkpoints == 1) {
+      // A re-executed batch b rolls back to checkpoint b-1 (design §5).
+      return Status::InvalidArgument("keep_checkpoints must be 0 (keep all) or >= 2, got 1");
+    }
+    if (o.keep_checkpoints > 0 && o.retention_interval_ms == 0) {
+      return Status::InvalidArgument("retention_interval_ms must be >= 1");
+    }
+    if (o.secret.empty()) return Status::InvalidArgument("worker needs a non-empty shared secret");
+    // A peer is declared dead after peer_timeout_ms without a frame, and idle
+    // connections send a heartbeat every heartbeat_ms (protocol §6): the
+    // timeout must leave room for at least one heartbeat to arrive.
+    if (o.heartbeat_ms == 0) return Status::InvalidArgument("heartbeat_ms must be >= 1");
+    if (o.peer_timeout_ms <= o.heartbeat_ms) {
+      return Status::InvalidArgument("peer_timeout_ms (" + std::to_string(o.peer_timeout_ms) +
+                                     ") must exceed heartbeat_ms (" + std::to_string(o.heartbeat_ms) + ")");
+    }
+    // Every control message must fit in one frame; a cap keeps a peer from
+    // making us allocate an arbitrary buffer for one frame.
+    if (o.max_frame_bytes < kMaxMessageBytes || o.max_frame_bytes > kMaxFrameBytesLimit) {
+      return Status::InvalidArgument("max_frame_bytes must be in [" + std::to_string(kMaxMessageBytes) + ", " +
+                                     std::to_string(kMaxFrameBytesLimit) + "], got " +
+                                     std::to_string(o.max_frame_bytes));
+    }
+    if (o.state_dir.empty() && !o.unix_socket.empty()) {
+      return Status::InvalidArgument("a Unix socket serves the state service, which needs a state directory");
+    }
+    return Status::OK();
+  }
+
+  static net::ConnectionOptions ConnectionOptionsOf(const WorkerOptions& o) {
+    net::ConnectionOptions co;
+    co.worker_id = o.id;
+    co.secret = o.secret;
+    co.max_frame_bytes = o.max_frame_bytes;
+    co.heartbeat_ms = o.heartbeat_ms;
+    co.peer_timeout_ms = o.peer_timeout_ms;
+    co.local_bind_host = o.listen_host;
+    return co;
+  }
+
+  // The state service (protocol §7), if the worker has a state directory:
+  // it re-hosts the instances found there before the worker listens.
+  Status StartService(const WorkerOptions& o) {
+    if (o.state_dir.empty()) return Status::OK();
+    StateServiceOptions ss;
+    ss.worker_id = o.id;
+    ss.state_dir = o.state_dir;
+    ss.secret = o.secret;
+    ss.threads = o.service_threads;
+    ss.max_frame_bytes = o.max_frame_bytes;
+    ss.max_session_bytes = o.max_session_bytes;
+    ss.session_idle_timeout_ms = o.session_idle_timeout_ms;
+    ss.peer_timeout_ms = o.peer_timeout_ms;
+    ss.replicate.chunk_bytes = o.replicate_chunk_bytes;
+    ss.replicate.window = o.replicate_window;
+    ss.replicate.timeout_ms = o.replicate_timeout_ms;
+    ss.replicate.heartbeat_ms = o.heartbeat_ms;
+    ss.replicate.peer_timeout_ms = o.peer_timeout_ms;
+    ss.replicate.max_frame_bytes = o.max_frame_bytes;
+    service_ = std::make_unique<StateService>(store_.get(), &counters_, ss);
+    return service_->Start();
+  }
+
   // Every retention_interval_ms: old checkpoints out, unreferenced files freed
   // (store/retention.h). Off the io and disk threads: GC lists the pool.
   void RetentionLoop() {
@@ -241,8 +267,9 @@ class Worker::Impl {
   std::unique_ptr<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   std::unique_ptr<asio::thread_pool> disk_;
   std::unique_ptr<net::ConnectionPool> pool_;
-  std::unique_ptr<ReplicaServer> server_;
   std::unique_ptr<StateService> service_;
+  std::unique_ptr<FrameDispatcher> dispatcher_;  // hands the service its frames
+  std::unique_ptr<ReplicaServer> server_;
   std::vector<std::thread> threads_;
   std::thread retention_;
   std::condition_variable retention_cv_;  // with mu_: wakes the retention loop at Stop

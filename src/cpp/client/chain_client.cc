@@ -1,4 +1,4 @@
-#include "replication/chain_client.h"
+#include "client/chain_client.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -37,9 +37,9 @@ const char* ReplicationStateName(ReplicationState s) {
 // the shared state below.
 class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHandle::Job> {
  public:
-  Job(std::string store_dir, std::string operator_id, uint32_t instance, uint64_t checkpoint_id,
+  Job(const ReplicaStore* store, std::string operator_id, uint32_t instance, uint64_t checkpoint_id,
       std::vector<std::string> chain, uint64_t chain_version, std::string secret, ReplicateOptions options)
-      : store_dir_(std::move(store_dir)),
+      : store_(store),
         operator_id_(std::move(operator_id)),
         instance_(instance),
         checkpoint_id_(checkpoint_id),
@@ -173,15 +173,22 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
     progress_.state = s;
   }
 
+  // §4 in order: connect to w1, open the stream, send what it needs, commit.
   Status Steps(ReplicationResult* result) {
-    std::unique_ptr<ReplicaStore> store;
-    RHINO_RETURN_IF_ERROR(ReplicaStore::Open(store_dir_, &store));
     Manifest m;
-    RHINO_RETURN_IF_ERROR(store->ReadManifest(operator_id_, instance_, checkpoint_id_, &m));
+    RHINO_RETURN_IF_ERROR(store_->ReadManifest(operator_id_, instance_, checkpoint_id_, &m));
+    RHINO_RETURN_IF_ERROR(Connect());
+    std::vector<uint32_t> needed;
+    RHINO_RETURN_IF_ERROR(OpenStream(m, &needed, result));
+    for (uint32_t i : needed) RHINO_RETURN_IF_ERROR(SendFile(m, i));
+    return CommitStream();
+  }
+
+  // An authenticated connection to w1 (protocol §2).
+  Status Connect() {
     std::string host;
     uint16_t port = 0;
     RHINO_RETURN_IF_ERROR(net::ParseAddress(chain_[0], &host, &port));
-
     net::ConnectionOptions co;
     co.worker_id = options_.client_id;
     co.secret = secret_;
@@ -197,21 +204,21 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
       connect_status = s;
       cv_.notify_all();
     });
-    {
-      std::unique_lock<std::mutex> l(mu_);
-      Status s = WaitFor(l, [&]() { return connected; }, "connecting to w1");
-      if (!s.ok()) {
-        // The ready callback refers to locals: make sure it has run.
-        l.unlock();
-        conn_->Close(s);
-        l.lock();
-        cv_.wait(l, [&]() { return connected; });
-        return s;
-      }
-      RHINO_RETURN_IF_ERROR(connect_status);
+    std::unique_lock<std::mutex> l(mu_);
+    Status s = WaitFor(l, [&]() { return connected; }, "connecting to w1");
+    if (!s.ok()) {
+      // The ready callback refers to locals: make sure it has run.
+      l.unlock();
+      conn_->Close(s);
+      l.lock();
+      cv_.wait(l, [&]() { return connected; });
+      return s;
     }
+    return connect_status;
+  }
 
-    // §4 step 1: open, learning what w1 needs.
+  // §4 step 1: open, learning what w1 needs (ascending manifest indexes).
+  Status OpenStream(const Manifest& m, std::vector<uint32_t>* needed, ReplicationResult* result) {
     sid_ = conn_->NewStreamId();
     conn_->Attach(sid_, std::make_shared<Listener>(shared_from_this()));
     OpenStreamReq req;
@@ -224,70 +231,76 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
     req.manifest = m.Serialize();
     SetState(ReplicationState::kOpening);
     conn_->Send(MessageType::kOpenStreamReq, sid_, chain_version_, req.Encode());
-    std::vector<uint32_t> needed;
-    {
-      std::unique_lock<std::mutex> l(mu_);
-      RHINO_RETURN_IF_ERROR(WaitFor(l, [&]() { return have_open_; }, "opening the stream"));
-      if (open_rsp_.code != 0) return Status::FromCode(open_rsp_.code, open_rsp_.message);
-      needed = open_rsp_.needed;
-      result->member_needed_files = open_rsp_.member_needed_files;
-      result->member_needed_bytes = open_rsp_.member_needed_bytes;
-      for (size_t k = 0; k < needed.size(); ++k) {
-        if (needed[k] >= m.files.size() || (k > 0 && needed[k] <= needed[k - 1])) {
-          return Status::Corruption("w1's needed list is not ascending manifest indexes");
-        }
-        progress_.bytes_total += m.files[needed[k]].size;
+    std::unique_lock<std::mutex> l(mu_);
+    RHINO_RETURN_IF_ERROR(WaitFor(l, [&]() { return have_open_; }, "opening the stream"));
+    if (open_rsp_.code != 0) return Status::FromCode(open_rsp_.code, open_rsp_.message);
+    *needed = open_rsp_.needed;
+    result->member_needed_files = open_rsp_.member_needed_files;
+    result->member_needed_bytes = open_rsp_.member_needed_bytes;
+    for (size_t k = 0; k < needed->size(); ++k) {
+      if ((*needed)[k] >= m.files.size() || (k > 0 && (*needed)[k] <= (*needed)[k - 1])) {
+        return Status::Corruption("w1's needed list is not ascending manifest indexes");
       }
-      if (open_rsp_.credits == 0 && !needed.empty()) return Status::Corruption("w1 granted no credits");
-      progress_.files_total = static_cast<uint32_t>(needed.size());
-      progress_.credits = open_rsp_.credits;
-      progress_.state = ReplicationState::kTransferring;
+      progress_.bytes_total += m.files[(*needed)[k]].size;
     }
+    if (open_rsp_.credits == 0 && !needed->empty()) return Status::Corruption("w1 granted no credits");
+    progress_.files_total = static_cast<uint32_t>(needed->size());
+    progress_.credits = open_rsp_.credits;
+    progress_.state = ReplicationState::kTransferring;
+    return Status::OK();
+  }
 
-    // §4 steps 2-3: the files w1 needs, in manifest order, one chunk per credit.
-    for (uint32_t i : needed) {
-      const FileEntry& f = m.files[i];
-      std::string path;
-      RHINO_RETURN_IF_ERROR(store->PoolPath(f.identity, &path));
-      int fd = f.size > 0 ? ::open(path.c_str(), O_RDONLY | O_CLOEXEC) : -1;
-      if (f.size > 0 && fd < 0) return Status::FromErrno(errno, "open pooled " + f.name);
-      if (fd >= 0) ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-      Status s;
-      for (uint64_t off = 0; off < f.size && s.ok();) {
-        {
-          std::unique_lock<std::mutex> l(mu_);
-          s = WaitFor(l, [&]() { return progress_.credits > 0; }, "waiting for credits");
-          if (!s.ok()) break;
-          --progress_.credits;
-          ++progress_.in_flight;
-        }
-        const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(options_.chunk_bytes, f.size - off));
-        std::shared_ptr<std::string> payload = BufferPool::Shared().Get(ChunkReq::kPrefixBytes + n);
-        std::string prefix;
-        ChunkReq::AppendPrefix(&prefix, i, off, n);
-        std::memcpy(payload->data(), prefix.data(), ChunkReq::kPrefixBytes);
-        size_t done = 0;
-        while (done < n && s.ok()) {
-          ssize_t r = ::pread(fd, payload->data() + ChunkReq::kPrefixBytes + done, n - done,
-                              static_cast<off_t>(off + done));
-          if (r < 0 && errno == EINTR) continue;
-          if (r < 0) s = Status::FromErrno(errno, "read pooled " + f.name);
-          if (r == 0) s = Status::Corruption("pooled " + f.name + " is shorter than its manifest size");
-          if (r > 0) done += static_cast<size_t>(r);
-        }
+  // §4 steps 2-3: one file w1 needs, one chunk per credit.
+  Status SendFile(const Manifest& m, uint32_t i) {
+    const FileEntry& f = m.files[i];
+    std::string path;
+    RHINO_RETURN_IF_ERROR(store_->PoolPath(f.identity, &path));
+    int fd = f.size > 0 ? ::open(path.c_str(), O_RDONLY | O_CLOEXEC) : -1;
+    if (f.size > 0 && fd < 0) return Status::FromErrno(errno, "open pooled " + f.name);
+    if (fd >= 0) ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    Status s;
+    for (uint64_t off = 0; off < f.size && s.ok();) {
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        s = WaitFor(l, [&]() { return progress_.credits > 0; }, "waiting for credits");
         if (!s.ok()) break;
-        conn_->Send(MessageType::kChunkReq, sid_, chain_version_, std::shared_ptr<const std::string>(payload));
-        off += n;
-        std::lock_guard<std::mutex> l(mu_);
-        progress_.bytes_sent += n;
+        --progress_.credits;
+        ++progress_.in_flight;
       }
-      if (fd >= 0) ::close(fd);
-      RHINO_RETURN_IF_ERROR(s);
-      std::lock_guard<std::mutex> l(mu_);
-      ++progress_.files_sent;
+      const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(options_.chunk_bytes, f.size - off));
+      s = SendChunk(fd, f, i, off, n);
+      off += n;
     }
+    if (fd >= 0) ::close(fd);
+    RHINO_RETURN_IF_ERROR(s);
+    std::lock_guard<std::mutex> l(mu_);
+    ++progress_.files_sent;
+    return Status::OK();
+  }
 
-    // §4 steps 4-5: complete only on w1's CommitRsp{ok}, within the timeout.
+  // Reads bytes [off, off+n) of the pooled file straight into a ChunkReq.
+  Status SendChunk(int fd, const FileEntry& f, uint32_t i, uint64_t off, uint32_t n) {
+    std::shared_ptr<std::string> payload = BufferPool::Shared().Get(ChunkReq::kPrefixBytes + n);
+    std::string prefix;
+    ChunkReq::AppendPrefix(&prefix, i, off, n);
+    std::memcpy(payload->data(), prefix.data(), ChunkReq::kPrefixBytes);
+    size_t done = 0;
+    while (done < n) {
+      ssize_t r = ::pread(fd, payload->data() + ChunkReq::kPrefixBytes + done, n - done,
+                          static_cast<off_t>(off + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) return Status::FromErrno(errno, "read pooled " + f.name);
+      if (r == 0) return Status::Corruption("pooled " + f.name + " is shorter than its manifest size");
+      done += static_cast<size_t>(r);
+    }
+    conn_->Send(MessageType::kChunkReq, sid_, chain_version_, std::shared_ptr<const std::string>(payload));
+    std::lock_guard<std::mutex> l(mu_);
+    progress_.bytes_sent += n;
+    return Status::OK();
+  }
+
+  // §4 steps 4-5: complete only on w1's CommitRsp{ok}, within the timeout.
+  Status CommitStream() {
     SetState(ReplicationState::kCommitting);
     conn_->Send(MessageType::kCommitReq, sid_, chain_version_, CommitReq().Encode());
     std::unique_lock<std::mutex> l(mu_);
@@ -337,7 +350,7 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
     if (options_.on_done) options_.on_done(done_copy);
   }
 
-  const std::string store_dir_;
+  const ReplicaStore* const store_;  // outlives the handle, which joins the runner
   const std::string operator_id_;
   const uint32_t instance_;
   const uint64_t checkpoint_id_;
@@ -378,10 +391,11 @@ bool ReplicationHandle::Wait(int64_t timeout_ms, ReplicationResult* result) cons
 }
 void ReplicationHandle::Cancel() { job_->Cancel(); }
 
-Status ReplicateCheckpoint(const std::string& store_dir, const std::string& operator_id, uint32_t instance,
+Status ReplicateCheckpoint(const ReplicaStore* store, const std::string& operator_id, uint32_t instance,
                            uint64_t checkpoint_id, const std::vector<std::string>& chain, uint64_t chain_version,
                            const std::string& secret, const ReplicateOptions& options,
                            std::unique_ptr<ReplicationHandle>* out) {
+  if (store == nullptr) return Status::InvalidArgument("no replica store to replicate from");
   if (chain.empty()) return Status::InvalidArgument("the replica chain is empty");
   if (chain.size() > kMaxChainLength) {
     return Status::InvalidArgument("a chain has at most " + std::to_string(kMaxChainLength) + " members");
@@ -397,7 +411,7 @@ Status ReplicateCheckpoint(const std::string& store_dir, const std::string& oper
   }
   if (options.window == 0) return Status::InvalidArgument("window must be at least 1");
   if (options.timeout_ms == 0) return Status::InvalidArgument("timeout must be positive");
-  auto job = std::make_shared<ReplicationHandle::Job>(store_dir, operator_id, instance, checkpoint_id, chain,
+  auto job = std::make_shared<ReplicationHandle::Job>(store, operator_id, instance, checkpoint_id, chain,
                                                       chain_version, secret, options);
   job->Start();
   *out = std::make_unique<ReplicationHandle>(std::move(job));

@@ -21,6 +21,7 @@
 
 namespace rhino {
 
+class ReplicaStore;
 struct ReplicationResult;
 
 struct ReplicateOptions {
@@ -84,10 +85,11 @@ class ReplicationHandle {
 };
 
 // Starts replicating checkpoint `checkpoint_id` of (operator_id, instance),
-// committed in the replica store at `store_dir`, to `chain` ("host:port" of
-// w1..wr). Returns at once; errors found before any I/O (bad arguments) are
-// returned here, all others end up in the result.
-Status ReplicateCheckpoint(const std::string& store_dir, const std::string& operator_id, uint32_t instance,
+// committed in the open replica `store`, to `chain` ("host:port" of w1..wr).
+// The store must outlive the handle (destroying the handle waits for the
+// replication to end). Returns at once; errors found before any I/O (bad
+// arguments) are returned here, all others end up in the result.
+Status ReplicateCheckpoint(const ReplicaStore* store, const std::string& operator_id, uint32_t instance,
                            uint64_t checkpoint_id, const std::vector<std::string>& chain, uint64_t chain_version,
                            const std::string& secret, const ReplicateOptions& options,
                            std::unique_ptr<ReplicationHandle>* out);
