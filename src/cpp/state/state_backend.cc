@@ -184,6 +184,49 @@ std::string_view MultiGetResult::value_at(size_t j) const {
 
 // ---------------------------------------------------------------- open / close
 
+namespace {
+
+rocksdb::DBOptions DbOptions(const StateOptions& options, std::shared_ptr<rocksdb::WriteBufferManager> wbm) {
+  rocksdb::DBOptions dbo;
+  dbo.create_if_missing = true;
+  dbo.create_missing_column_families = true;
+  dbo.write_buffer_manager = std::move(wbm);
+  dbo.max_background_jobs = 2;
+  // Flush threads: RocksDB derives one from max_background_jobs = 2, and the
+  // compactions keep their one thread either way (bench/README.md, "Flush
+  // threads").
+  dbo.max_background_flushes = static_cast<int>(options.flush_threads);
+  // RocksDB loads each column family's table readers on open with
+  // max_file_opening_threads threads (default 16), creating them even for a
+  // column family of one file: with one column family per vnode that was
+  // ~4,000 threads and about half of every open (V = 256). Vnodes hold few
+  // files each, so one thread per column family loses nothing.
+  dbo.max_file_opening_threads = 1;
+  return dbo;
+}
+
+// The column families of a new DB: the default one (Rhino's metadata), then
+// one per vnode of options.vnodes (all when empty).
+Status NewColumnFamilyNames(const StateOptions& options, std::vector<std::string>* cf_names) {
+  Partitioner p;
+  RHINO_RETURN_IF_ERROR(Partitioner::Create(options.partitioner, &p));
+  std::set<uint32_t> vnodes(options.vnodes.begin(), options.vnodes.end());
+  if (vnodes.size() != options.vnodes.size()) return Status::InvalidArgument("duplicate vnodes in options");
+  if (vnodes.empty())
+    for (uint32_t v = 0; v < p.num_vnodes(); ++v) vnodes.insert(v);
+  cf_names->push_back(rocksdb::kDefaultColumnFamilyName);
+  for (uint32_t v : vnodes) {
+    if (v >= p.num_vnodes()) {
+      return Status::UnknownVnode("vnode " + std::to_string(v) + " is outside [0, " + std::to_string(p.num_vnodes()) +
+                                  ")");
+    }
+    cf_names->push_back(VnodeColumnFamilyName(v));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Status StateBackend::Open(const std::string& dir, const StateOptions& options,
                           std::unique_ptr<StateBackend>* out) {
   RHINO_RETURN_IF_ERROR(CheckFlushThreads(options));
@@ -200,47 +243,35 @@ Status StateBackend::Open(const std::string& dir, const StateOptions& options,
   b->read_only_ = options.read_only;
   b->compaction_ = options.compaction;
   b->wbm_ = std::make_shared<rocksdb::WriteBufferManager>(options.write_buffer_budget);
-
-  rocksdb::DBOptions dbo;
-  dbo.create_if_missing = true;
-  dbo.create_missing_column_families = true;
-  dbo.write_buffer_manager = b->wbm_;
-  dbo.max_background_jobs = 2;
-  // Flush threads: RocksDB derives one from max_background_jobs = 2, and the
-  // compactions keep their one thread either way (bench/README.md, "Flush
-  // threads").
-  dbo.max_background_flushes = static_cast<int>(options.flush_threads);
-  // RocksDB loads each column family's table readers on open with
-  // max_file_opening_threads threads (default 16), creating them even for a
-  // column family of one file: with one column family per vnode that was
-  // ~4,000 threads and about half of every open (V = 256). Vnodes hold few
-  // files each, so one thread per column family loses nothing.
-  dbo.max_file_opening_threads = 1;
+  const rocksdb::DBOptions dbo = DbOptions(options, b->wbm_);
   std::vector<std::string> cf_names;
   if (exists) {
     rocksdb::Status s = rocksdb::DB::ListColumnFamilies(dbo, dir, &cf_names);
     if (!s.ok()) return FromRocks(s, "listing column families of " + dir);
   } else {
-    Partitioner p;
-    RHINO_RETURN_IF_ERROR(Partitioner::Create(options.partitioner, &p));
-    std::set<uint32_t> vnodes(options.vnodes.begin(), options.vnodes.end());
-    if (vnodes.size() != options.vnodes.size()) return Status::InvalidArgument("duplicate vnodes in options");
-    if (vnodes.empty())
-      for (uint32_t v = 0; v < p.num_vnodes(); ++v) vnodes.insert(v);
-    cf_names.push_back(rocksdb::kDefaultColumnFamilyName);
-    for (uint32_t v : vnodes) {
-      if (v >= p.num_vnodes()) {
-        return Status::UnknownVnode("vnode " + std::to_string(v) + " is outside [0, " +
-                                    std::to_string(p.num_vnodes()) + ")");
-      }
-      cf_names.push_back(VnodeColumnFamilyName(v));
-    }
+    RHINO_RETURN_IF_ERROR(NewColumnFamilyNames(options, &cf_names));
     RHINO_RETURN_IF_ERROR(fs::MakeDirs(fs::Parent(dir)));
   }
   b->cf_options_ = std::make_shared<rocksdb::ColumnFamilyOptions>(
       VnodeColumnFamilyOptions(options, cf_names.size() > 1 ? cf_names.size() - 1 : 1));
-  const rocksdb::ColumnFamilyOptions& cfo = *b->cf_options_;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  RHINO_RETURN_IF_ERROR(b->OpenDb(dbo, options.read_only, exists, cf_names, &handles));
+  // Until the metadata is validated, a failure must still close the handles.
+  Status s = b->LoadMetadata(options, exists, handles[0]);
+  if (s.ok()) s = b->MapColumnFamilies(cf_names, handles);
+  if (!s.ok()) {
+    for (auto* h : handles) b->db_->DestroyColumnFamilyHandle(h);
+    b->db_.reset();
+    return s;
+  }
+  *out = std::move(b);
+  return Status::OK();
+}
 
+Status StateBackend::OpenDb(const rocksdb::DBOptions& dbo, bool read_only, bool exists,
+                            const std::vector<std::string>& cf_names,
+                            std::vector<rocksdb::ColumnFamilyHandle*>* handles) {
+  const rocksdb::ColumnFamilyOptions& cfo = *cf_options_;
   // A new DB is opened with the default column family only, and its vnode
   // column families are then created in one CreateColumnFamilies call: with
   // create_missing_column_families RocksDB creates them one at a time and
@@ -251,75 +282,70 @@ Status StateBackend::Open(const std::string& dir, const StateOptions& options,
     descs.emplace_back(n, cfo);
     if (!exists) break;
   }
-  std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* raw = nullptr;
-  rocksdb::Status rs = options.read_only ? rocksdb::DB::OpenForReadOnly(dbo, dir, descs, &handles, &raw)
-                                         : rocksdb::DB::Open(dbo, dir, descs, &handles, &raw);
-  if (!rs.ok()) return FromRocks(rs, "opening state at " + dir);
-  b->db_.reset(raw);
-  if (!exists && cf_names.size() > 1) {
-    std::vector<std::string> vnode_cfs(cf_names.begin() + 1, cf_names.end());
-    std::vector<rocksdb::ColumnFamilyHandle*> created;
-    rs = b->db_->CreateColumnFamilies(cfo, vnode_cfs, &created);
-    handles.insert(handles.end(), created.begin(), created.end());
-    if (!rs.ok()) {
-      for (auto* h : handles) b->db_->DestroyColumnFamilyHandle(h);
-      b->db_.reset();
-      return FromRocks(rs, "creating vnode column families in " + dir);
-    }
+  rocksdb::Status rs = read_only ? rocksdb::DB::OpenForReadOnly(dbo, dir_, descs, handles, &raw)
+                                 : rocksdb::DB::Open(dbo, dir_, descs, handles, &raw);
+  if (!rs.ok()) return FromRocks(rs, "opening state at " + dir_);
+  db_.reset(raw);
+  if (exists || cf_names.size() <= 1) return Status::OK();
+  std::vector<std::string> vnode_cfs(cf_names.begin() + 1, cf_names.end());
+  std::vector<rocksdb::ColumnFamilyHandle*> created;
+  rs = db_->CreateColumnFamilies(cfo, vnode_cfs, &created);
+  handles->insert(handles->end(), created.begin(), created.end());
+  if (!rs.ok()) {
+    for (auto* h : *handles) db_->DestroyColumnFamilyHandle(h);
+    db_.reset();
+    return FromRocks(rs, "creating vnode column families in " + dir_);
   }
+  return Status::OK();
+}
 
-  // Until the metadata is validated, a failure must still close the handles.
-  auto fail = [&](Status s) {
-    for (auto* h : handles) b->db_->DestroyColumnFamilyHandle(h);
-    b->db_.reset();
-    return s;
-  };
+Status StateBackend::LoadMetadata(const StateOptions& options, bool exists, rocksdb::ColumnFamilyHandle* meta_cf) {
   std::string meta;
-  rs = b->db_->Get(rocksdb::ReadOptions(), handles[0], kMetaKey, &meta);
+  rocksdb::Status rs = db_->Get(rocksdb::ReadOptions(), meta_cf, kMetaKey, &meta);
   PartitionerOptions popts = options.partitioner;
   if (rs.ok()) {
     try {
       json j = json::parse(meta);
       PartitionerOptions stored = PartitionerFromJson(j.at("partitioner"));
       if (exists && options.check_partitioner && !SamePartitioner(stored, options.partitioner)) {
-        return fail(Status::InvalidArgument("state at " + dir + " was created with " + DescribePartitioner(stored) +
-                                            ", opened with " + DescribePartitioner(options.partitioner)));
+        return Status::InvalidArgument("state at " + dir_ + " was created with " + DescribePartitioner(stored) +
+                                       ", opened with " + DescribePartitioner(options.partitioner));
       }
       popts = stored;
-      b->operator_id_ = j.at("operator_id").get<std::string>();
-      b->instance_ = j.at("instance").get<uint32_t>();
+      operator_id_ = j.at("operator_id").get<std::string>();
+      instance_ = j.at("instance").get<uint32_t>();
     } catch (const std::exception& e) {
-      return fail(Status::Corruption("Rhino metadata of " + dir + " is malformed: " + e.what()));
+      return Status::Corruption("Rhino metadata of " + dir_ + " is malformed: " + e.what());
     }
   } else if (rs.IsNotFound() && !options.read_only) {
-    b->operator_id_ = options.operator_id;
-    b->instance_ = options.instance;
-    json j = {{"partitioner", PartitionerJson(popts)},
-              {"operator_id", b->operator_id_},
-              {"instance", b->instance_}};
+    // A new DB: its partitioner and identity, written once and for good.
+    operator_id_ = options.operator_id;
+    instance_ = options.instance;
+    json j = {{"partitioner", PartitionerJson(popts)}, {"operator_id", operator_id_}, {"instance", instance_}};
     rocksdb::WriteOptions wo;
     wo.sync = true;
-    rs = b->db_->Put(wo, handles[0], kMetaKey, j.dump());
-    if (!rs.ok()) return fail(FromRocks(rs, "writing Rhino metadata"));
+    rs = db_->Put(wo, meta_cf, kMetaKey, j.dump());
+    if (!rs.ok()) return FromRocks(rs, "writing Rhino metadata");
   } else {
-    return fail(rs.ok() ? Status::NotFound("no Rhino metadata in " + dir)
-                        : FromRocks(rs, "reading Rhino metadata of " + dir));
+    return rs.ok() ? Status::NotFound("no Rhino metadata in " + dir_)
+                   : FromRocks(rs, "reading Rhino metadata of " + dir_);
   }
-  Status ps = Partitioner::Create(popts, &b->partitioner_);
-  if (!ps.ok()) return fail(ps);
+  return Partitioner::Create(popts, &partitioner_);
+}
 
-  b->cf_by_vnode_.assign(b->partitioner_.num_vnodes(), nullptr);
-  for (size_t i = 0; i < handles.size(); ++i) {
+Status StateBackend::MapColumnFamilies(const std::vector<std::string>& cf_names,
+                                       const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
+  cf_by_vnode_.assign(partitioner_.num_vnodes(), nullptr);
+  for (size_t i = 1; i < handles.size(); ++i) {  // 0: the default column family, metadata only
     uint32_t v;
-    if (i == 0) continue;  // default column family: metadata only
-    if (!ParseVnodeColumnFamilyName(cf_names[i], &v) || v >= b->partitioner_.num_vnodes()) {
-      return fail(Status::Corruption("unexpected column family '" + cf_names[i] + "' in " + dir));
+    if (!ParseVnodeColumnFamilyName(cf_names[i], &v) || v >= partitioner_.num_vnodes()) {
+      cf_by_vnode_.assign(partitioner_.num_vnodes(), nullptr);
+      return Status::Corruption("unexpected column family '" + cf_names[i] + "' in " + dir_);
     }
-    b->cf_by_vnode_[v] = handles[i];
+    cf_by_vnode_[v] = handles[i];
   }
-  b->default_cf_ = handles[0];
-  *out = std::move(b);
+  default_cf_ = handles[0];
   return Status::OK();
 }
 

@@ -35,6 +35,7 @@
 
 namespace rocksdb {
 class DB;
+struct DBOptions;
 class ColumnFamilyHandle;
 struct ColumnFamilyOptions;
 class WriteBufferManager;
@@ -232,6 +233,19 @@ class StateBackend {
  private:
   friend class SessionBatch;  // a session's writes go through the same routing and column families
   StateBackend() = default;
+  // The steps of Open: the DB and its column families (created in one call
+  // for a new DB), Rhino's metadata (checked, or written for a new DB), and
+  // the vnode -> column family map.
+  Status OpenDb(const rocksdb::DBOptions& dbo, bool read_only, bool exists, const std::vector<std::string>& cf_names,
+                std::vector<rocksdb::ColumnFamilyHandle*>* handles);
+  Status LoadMetadata(const StateOptions& options, bool exists, rocksdb::ColumnFamilyHandle* meta_cf);
+  Status MapColumnFamilies(const std::vector<std::string>& cf_names,
+                           const std::vector<rocksdb::ColumnFamilyHandle*>& handles);
+  // The steps of Checkpoint (state_checkpoint.cc): a RocksDB checkpoint at
+  // `db_dir`, then its files pooled into `store` and described in *m.
+  Status CreateRocksCheckpoint(const std::string& db_dir);
+  Status PoolCheckpoint(ReplicaStore* store, const std::string& db_dir, uint64_t checkpoint_id, uint64_t epoch,
+                        std::optional<uint64_t> parent_id, Manifest* m);
   Status Route(std::string_view key, rocksdb::ColumnFamilyHandle** cf) const;
   // Refuses writes to a read-only DB, and resumes a DB that a write error
   // stopped (see WriteResult).
