@@ -58,7 +58,7 @@ RoutingTable MakeTable(py::handle assignment, uint32_t num_instances, uint64_t e
 
 }  // namespace
 
-void BindRouting(py::module_& m) {
+static void BindPartitioner(py::module_& m) {
   py::class_<Partitioner>(m, "Partitioner", R"doc(
 Maps keys to key groups and vnodes (docs/design.md §1).
 
@@ -109,7 +109,9 @@ An int key is hashed as its 8 little-endian bytes; a str key as its UTF-8 bytes.
         return "Partitioner(num_key_groups=" + std::to_string(p.num_key_groups()) +
                ", num_vnodes=" + std::to_string(p.num_vnodes()) + ", seed=" + std::to_string(p.seed()) + ")";
       });
+}
 
+static void BindRoutingTable(py::module_& m) {
   py::class_<RoutingTable>(m, "RoutingTable", R"doc(
 vnode -> instance, versioned by a configuration epoch.
 
@@ -180,6 +182,11 @@ the table changes only through reassign() (a handover), which bumps the epoch.
         return "RoutingTable(num_vnodes=" + std::to_string(t.num_vnodes()) +
                ", num_instances=" + std::to_string(t.num_instances()) + ", epoch=" + std::to_string(t.epoch()) + ")";
       });
+}
+
+void BindRouting(py::module_& m) {
+  BindPartitioner(m);
+  BindRoutingTable(m);
 }
 
 }  // namespace rhino::py_bindings

@@ -76,7 +76,106 @@ void Fetch(PySession& s, py::handle keys, Received* r) {
 
 }  // namespace
 
-void BindService(py::module_& m) {
+using SessionClass = py::class_<PySession, std::shared_ptr<PySession>>;
+
+static void DefSessionWrites(SessionClass& cls) {
+  cls
+      .def("put_batch",
+           [](PySession& s, py::handle keys, py::handle values) {
+             ByteViews k, v;
+             k.LoadKeys(keys);
+             v.LoadValues(values);
+             Status st;
+             {
+               py::gil_scoped_release release;
+               std::lock_guard<std::mutex> l(s.mu);
+               st = s.session ? s.session->Put(k.views(), v.views()) : Status::Aborted("the session is closed");
+             }
+             ThrowIfError(st);
+           },
+           py::arg("keys"), py::arg("values"))
+      .def("delete_batch",
+           [](PySession& s, py::handle keys) {
+             ByteViews k;
+             k.LoadKeys(keys);
+             Status st;
+             {
+               py::gil_scoped_release release;
+               std::lock_guard<std::mutex> l(s.mu);
+               st = s.session ? s.session->Delete(k.views()) : Status::Aborted("the session is closed");
+             }
+             ThrowIfError(st);
+           },
+           py::arg("keys"));
+}
+
+static void DefSessionScanAndEnd(SessionClass& cls) {
+  cls
+      .def("_scan_page",
+           [](PySession& s, std::optional<uint32_t> vnode, py::bytes prefix, std::optional<uint32_t> after_vnode,
+              std::optional<py::bytes> after_key, uint32_t max_items) {
+             ScanReq req;
+             req.has_vnode = vnode.has_value();
+             req.vnode = vnode.value_or(0);
+             req.prefix = std::string(prefix);
+             req.has_after = after_key.has_value();
+             req.after_vnode = after_vnode.value_or(0);
+             if (after_key) req.after_key = std::string(*after_key);
+             req.max_items = max_items;
+             ScanRsp rsp;
+             std::shared_ptr<std::string> payload;
+             Status st;
+             {
+               py::gil_scoped_release release;
+               std::lock_guard<std::mutex> l(s.mu);
+               st = s.session ? s.session->ScanPage(req, &rsp, &payload) : Status::Aborted("the session is closed");
+             }
+             ThrowIfError(st);
+             py::list ks(rsp.keys.size()), vs(rsp.values.size());
+             for (size_t i = 0; i < rsp.keys.size(); ++i) {
+               ks[i] = py::bytes(rsp.keys[i].data(), rsp.keys[i].size());
+               vs[i] = py::bytes(rsp.values[i].data(), rsp.values[i].size());
+             }
+             return py::make_tuple(ks, vs, rsp.done, rsp.last_vnode);
+           },
+           py::arg("vnode"), py::arg("prefix"), py::arg("after_vnode"), py::arg("after_key"), py::arg("max_items"))
+      .def("commit",
+           [](PySession& s, const std::string& mode) {
+             CommitMode m;
+             if (mode == "barrier") {
+               m = CommitMode::kBarrier;
+             } else if (mode == "async") {
+               m = CommitMode::kAsync;
+             } else {
+               throw StatusError{Status::InvalidArgument("commit mode must be 'barrier' or 'async', not '" + mode + "'")};
+             }
+             SessionCommitRsp rsp;
+             Status st;
+             {
+               py::gil_scoped_release release;
+               std::lock_guard<std::mutex> l(s.mu);
+               st = s.session ? s.session->Commit(m, &rsp) : Status::Aborted("the session is closed");
+             }
+             ThrowIfError(st);
+             return py::make_tuple(rsp.version, rsp.stats);
+           },
+           py::arg("mode") = "barrier")
+      .def("abort",
+           [](PySession& s, const std::string& reason) {
+             py::gil_scoped_release release;
+             std::lock_guard<std::mutex> l(s.mu);
+             if (s.session) s.session->Abort(reason).ok();
+           },
+           py::arg("reason") = "aborted by the client")
+      .def_property_readonly("open",
+                             [](PySession& s) {
+                               std::lock_guard<std::mutex> l(s.mu);
+                               return s.session != nullptr && s.session->open();
+                             })
+      .def_property_readonly("batch", [](PySession& s) { return s.get().batch(); });
+}
+
+static void BindStateClientClass(py::module_& m) {
   py::class_<PyClient, std::shared_ptr<PyClient>>(m, "StateClient",
                                                  "A connection to a worker's state service (rhino.connect).")
       .def_static(
@@ -172,8 +271,10 @@ void BindService(py::module_& m) {
       .def_property_readonly("is_unix", [](PyClient& h) { return h.get()->is_unix(); })
       .def_property_readonly("address", [](PyClient& h) { return h.get()->address(); })
       .def_property_readonly("max_frame_bytes", [](PyClient& h) { return h.get()->max_frame_bytes(); });
+}
 
-  py::class_<PySession, std::shared_ptr<PySession>>(m, "ClientSession", "One session (rhino.client.Session).")
+static void BindClientSession(py::module_& m) {
+  auto cls = py::class_<PySession, std::shared_ptr<PySession>>(m, "ClientSession", "One session (rhino.client.Session).")
       .def("get_batch",
            [](PySession& s, py::handle keys) {
              Received r;
@@ -223,96 +324,14 @@ void BindService(py::module_& m) {
              Fetch(s, keys, &r);
              return ViewsToArrow(r.found, r.value, large);
            },
-           py::arg("keys"), py::kw_only(), py::arg("large") = py::none())
-      .def("put_batch",
-           [](PySession& s, py::handle keys, py::handle values) {
-             ByteViews k, v;
-             k.LoadKeys(keys);
-             v.LoadValues(values);
-             Status st;
-             {
-               py::gil_scoped_release release;
-               std::lock_guard<std::mutex> l(s.mu);
-               st = s.session ? s.session->Put(k.views(), v.views()) : Status::Aborted("the session is closed");
-             }
-             ThrowIfError(st);
-           },
-           py::arg("keys"), py::arg("values"))
-      .def("delete_batch",
-           [](PySession& s, py::handle keys) {
-             ByteViews k;
-             k.LoadKeys(keys);
-             Status st;
-             {
-               py::gil_scoped_release release;
-               std::lock_guard<std::mutex> l(s.mu);
-               st = s.session ? s.session->Delete(k.views()) : Status::Aborted("the session is closed");
-             }
-             ThrowIfError(st);
-           },
-           py::arg("keys"))
-      .def("_scan_page",
-           [](PySession& s, std::optional<uint32_t> vnode, py::bytes prefix, std::optional<uint32_t> after_vnode,
-              std::optional<py::bytes> after_key, uint32_t max_items) {
-             ScanReq req;
-             req.has_vnode = vnode.has_value();
-             req.vnode = vnode.value_or(0);
-             req.prefix = std::string(prefix);
-             req.has_after = after_key.has_value();
-             req.after_vnode = after_vnode.value_or(0);
-             if (after_key) req.after_key = std::string(*after_key);
-             req.max_items = max_items;
-             ScanRsp rsp;
-             std::shared_ptr<std::string> payload;
-             Status st;
-             {
-               py::gil_scoped_release release;
-               std::lock_guard<std::mutex> l(s.mu);
-               st = s.session ? s.session->ScanPage(req, &rsp, &payload) : Status::Aborted("the session is closed");
-             }
-             ThrowIfError(st);
-             py::list ks(rsp.keys.size()), vs(rsp.values.size());
-             for (size_t i = 0; i < rsp.keys.size(); ++i) {
-               ks[i] = py::bytes(rsp.keys[i].data(), rsp.keys[i].size());
-               vs[i] = py::bytes(rsp.values[i].data(), rsp.values[i].size());
-             }
-             return py::make_tuple(ks, vs, rsp.done, rsp.last_vnode);
-           },
-           py::arg("vnode"), py::arg("prefix"), py::arg("after_vnode"), py::arg("after_key"), py::arg("max_items"))
-      .def("commit",
-           [](PySession& s, const std::string& mode) {
-             CommitMode m;
-             if (mode == "barrier") {
-               m = CommitMode::kBarrier;
-             } else if (mode == "async") {
-               m = CommitMode::kAsync;
-             } else {
-               throw StatusError{Status::InvalidArgument("commit mode must be 'barrier' or 'async', not '" + mode + "'")};
-             }
-             SessionCommitRsp rsp;
-             Status st;
-             {
-               py::gil_scoped_release release;
-               std::lock_guard<std::mutex> l(s.mu);
-               st = s.session ? s.session->Commit(m, &rsp) : Status::Aborted("the session is closed");
-             }
-             ThrowIfError(st);
-             return py::make_tuple(rsp.version, rsp.stats);
-           },
-           py::arg("mode") = "barrier")
-      .def("abort",
-           [](PySession& s, const std::string& reason) {
-             py::gil_scoped_release release;
-             std::lock_guard<std::mutex> l(s.mu);
-             if (s.session) s.session->Abort(reason).ok();
-           },
-           py::arg("reason") = "aborted by the client")
-      .def_property_readonly("open",
-                             [](PySession& s) {
-                               std::lock_guard<std::mutex> l(s.mu);
-                               return s.session != nullptr && s.session->open();
-                             })
-      .def_property_readonly("batch", [](PySession& s) { return s.get().batch(); });
+           py::arg("keys"), py::kw_only(), py::arg("large") = py::none());
+  DefSessionWrites(cls);
+  DefSessionScanAndEnd(cls);
+}
+
+void BindService(py::module_& m) {
+  BindStateClientClass(m);
+  BindClientSession(m);
 }
 
 }  // namespace rhino::py_bindings

@@ -165,65 +165,12 @@ py::object MaybeBytes(const Status& s, const std::string& value) {
 
 }  // namespace
 
-void BindState(py::module_& m) {
-  py::class_<PyWriteBatch>(m, "WriteBatch", "Puts and deletes applied atomically by StateBackend.write().")
-      .def("put", [](PyWriteBatch& b, py::handle keys, py::handle values) {
-             ByteViews k, v;
-             k.LoadKeys(keys);
-             v.LoadValues(values);
-             ThrowIfError(b.owner->use()->BatchPut(&b.batch, k.views(), v.views()));
-           }, py::arg("keys"), py::arg("values"))
-      .def("delete", [](PyWriteBatch& b, py::handle keys) {
-             ByteViews k;
-             k.LoadKeys(keys);
-             ThrowIfError(b.owner->use()->BatchDelete(&b.batch, k.views()));
-           }, py::arg("keys"))
-      .def("clear", [](PyWriteBatch& b) { b.batch.Clear(); })
-      .def("__len__", [](const PyWriteBatch& b) { return b.batch.count(); });
+using StateClass = py::class_<PyState, std::shared_ptr<PyState>>;
 
-  py::class_<PyState, std::shared_ptr<PyState>>(m, "StateBackend", R"doc(
-One operator instance's keyed state: one RocksDB, one column family per vnode.
-
-Keys are bytes, str (UTF-8) or int (int64, stored as 8 little-endian bytes);
-batches take a NumPy int64 array, a pyarrow int64 or binary/string array, or a
-sequence. Values are bytes, rows of a
-C-contiguous NumPy array, or a pyarrow binary/string array (no nulls). A key whose vnode this instance does not hold raises
-UnknownVnodeError, and nothing of its batch is written.
-)doc")
-      .def_static("open", [](const std::string& path, py::object partitioner, const std::string& operator_id,
-                             uint32_t instance, py::object vnodes, uint64_t write_buffer_budget, bool read_only,
-                             bool create, const std::string& compaction, uint32_t flush_threads) {
-             StateOptions o = MakeOptions(partitioner, operator_id, instance, vnodes, write_buffer_budget, read_only,
-                                          compaction, flush_threads);
-             o.error_if_missing = !create;
-             auto st = std::make_shared<PyState>();
-             Status s;
-             {
-               py::gil_scoped_release release;
-               s = StateBackend::Open(path, o, &st->db);
-             }
-             ThrowIfError(s);
-             return st;
-           }, py::arg("path"), py::kw_only(), py::arg("partitioner") = py::none(), py::arg("operator_id") = "op",
-           py::arg("instance") = 0, py::arg("vnodes") = py::none(), py::arg("write_buffer_budget") = 256ull << 20,
-           py::arg("read_only") = false, py::arg("create") = true, py::arg("compaction") = "level",
-           py::arg("flush_threads") = 1,
-           "Opens or creates state at `path`. For a new DB, `vnodes` (default: all) become column families.\n"
-           "`compaction` is each vnode's compaction style, 'level' or 'universal' (chosen at every open).\n"
-           "`flush_threads` (1..16) lets a checkpoint's vnode flushes overlap.")
-      .def_property_readonly("path", [](PyState& s) { return s.use()->dir(); })
-      .def_property_readonly("operator_id", [](PyState& s) { return s.use()->operator_id(); })
-      .def_property_readonly("instance", [](PyState& s) { return s.use()->instance(); })
-      .def_property_readonly("compaction", [](PyState& s) { return std::string(CompactionStyleName(s.use()->compaction())); })
-      .def_property_readonly("partitioner", [](PyState& s) { return s.use()->partitioner(); })
-      .def_property_readonly("vnodes", [](PyState& s) { return s.use()->vnodes(); })
-      .def_property_readonly("version", [](PyState& s) { return s.use()->version(); },
-                             "The state version (micro-batch id) last written with version=..., or None.")
-      .def_property_readonly("last_checkpoint", [](PyState& s) { return s.use()->last_checkpoint(); })
-      .def_property_readonly("restore_stats", [](PyState& s) { return s.restore_stats; },
-                             "RestoreStats if this state was opened by ReplicaStore.restore(), else None.")
-      .def_property_readonly("closed", [](PyState& s) { return !s.gate.open(); },
-                             "True once close() has begun (calls then raise InvalidArgumentError).")
+// StateBackend's methods, in groups: single keys and batches written,
+// reads and scans, and checkpoints, vnode moves and housekeeping.
+static void DefStateWrites(StateClass& cls) {
+  cls
       .def("get", [](PyState& st, py::handle key) {
              std::string k = KeyBytes(key), value;
              auto db = st.use();
@@ -265,7 +212,11 @@ UnknownVnodeError, and nothing of its batch is written.
              }
              ThrowIfError(s);
            }, py::arg("batch"), py::kw_only(), py::arg("version") = py::none(),
-           "Applies `batch` atomically, together with the state version if given.")
+           "Applies `batch` atomically, together with the state version if given.");
+}
+
+static void DefStateReads(StateClass& cls) {
+  cls
       .def("get_batch", [](PyState& st, py::handle keys) {
              ByteViews k;
              k.LoadKeys(keys);
@@ -369,7 +320,11 @@ UnknownVnodeError, and nothing of its batch is written.
              }
              ThrowIfError(s);
              return n;
-           }, py::arg("vnode"), "Exact number of keys in one vnode (a scan).")
+           }, py::arg("vnode"), "Exact number of keys in one vnode (a scan).");
+}
+
+static void DefStateAdmin(StateClass& cls) {
+  cls
       .def("checkpoint", [](PyState& st, ReplicaStore& store, uint64_t checkpoint_id, uint64_t epoch) {
              Manifest mf;
              auto db = st.use();
@@ -481,6 +436,70 @@ UnknownVnodeError, and nothing of its batch is written.
            }, py::arg("fn"),
            "For tests: runs fn() (with the GIL) as a call on this StateBackend does, holding it open: "
            "a close() meanwhile waits for fn to return. Returns fn's result.");
+}
+
+void BindState(py::module_& m) {
+  py::class_<PyWriteBatch>(m, "WriteBatch", "Puts and deletes applied atomically by StateBackend.write().")
+      .def("put", [](PyWriteBatch& b, py::handle keys, py::handle values) {
+             ByteViews k, v;
+             k.LoadKeys(keys);
+             v.LoadValues(values);
+             ThrowIfError(b.owner->use()->BatchPut(&b.batch, k.views(), v.views()));
+           }, py::arg("keys"), py::arg("values"))
+      .def("delete", [](PyWriteBatch& b, py::handle keys) {
+             ByteViews k;
+             k.LoadKeys(keys);
+             ThrowIfError(b.owner->use()->BatchDelete(&b.batch, k.views()));
+           }, py::arg("keys"))
+      .def("clear", [](PyWriteBatch& b) { b.batch.Clear(); })
+      .def("__len__", [](const PyWriteBatch& b) { return b.batch.count(); });
+
+  auto cls = py::class_<PyState, std::shared_ptr<PyState>>(m, "StateBackend", R"doc(
+One operator instance's keyed state: one RocksDB, one column family per vnode.
+
+Keys are bytes, str (UTF-8) or int (int64, stored as 8 little-endian bytes);
+batches take a NumPy int64 array, a pyarrow int64 or binary/string array, or a
+sequence. Values are bytes, rows of a
+C-contiguous NumPy array, or a pyarrow binary/string array (no nulls). A key whose vnode this instance does not hold raises
+UnknownVnodeError, and nothing of its batch is written.
+)doc")
+      .def_static("open", [](const std::string& path, py::object partitioner, const std::string& operator_id,
+                             uint32_t instance, py::object vnodes, uint64_t write_buffer_budget, bool read_only,
+                             bool create, const std::string& compaction, uint32_t flush_threads) {
+             StateOptions o = MakeOptions(partitioner, operator_id, instance, vnodes, write_buffer_budget, read_only,
+                                          compaction, flush_threads);
+             o.error_if_missing = !create;
+             auto st = std::make_shared<PyState>();
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = StateBackend::Open(path, o, &st->db);
+             }
+             ThrowIfError(s);
+             return st;
+           }, py::arg("path"), py::kw_only(), py::arg("partitioner") = py::none(), py::arg("operator_id") = "op",
+           py::arg("instance") = 0, py::arg("vnodes") = py::none(), py::arg("write_buffer_budget") = 256ull << 20,
+           py::arg("read_only") = false, py::arg("create") = true, py::arg("compaction") = "level",
+           py::arg("flush_threads") = 1,
+           "Opens or creates state at `path`. For a new DB, `vnodes` (default: all) become column families.\n"
+           "`compaction` is each vnode's compaction style, 'level' or 'universal' (chosen at every open).\n"
+           "`flush_threads` (1..16) lets a checkpoint's vnode flushes overlap.")
+      .def_property_readonly("path", [](PyState& s) { return s.use()->dir(); })
+      .def_property_readonly("operator_id", [](PyState& s) { return s.use()->operator_id(); })
+      .def_property_readonly("instance", [](PyState& s) { return s.use()->instance(); })
+      .def_property_readonly("compaction", [](PyState& s) { return std::string(CompactionStyleName(s.use()->compaction())); })
+      .def_property_readonly("partitioner", [](PyState& s) { return s.use()->partitioner(); })
+      .def_property_readonly("vnodes", [](PyState& s) { return s.use()->vnodes(); })
+      .def_property_readonly("version", [](PyState& s) { return s.use()->version(); },
+                             "The state version (micro-batch id) last written with version=..., or None.")
+      .def_property_readonly("last_checkpoint", [](PyState& s) { return s.use()->last_checkpoint(); })
+      .def_property_readonly("restore_stats", [](PyState& s) { return s.restore_stats; },
+                             "RestoreStats if this state was opened by ReplicaStore.restore(), else None.")
+      .def_property_readonly("closed", [](PyState& s) { return !s.gate.open(); },
+                             "True once close() has begun (calls then raise InvalidArgumentError).");
+  DefStateWrites(cls);
+  DefStateReads(cls);
+  DefStateAdmin(cls);
 
   auto store_cls = py::reinterpret_borrow<py::class_<ReplicaStore>>(m.attr("ReplicaStore"));
   store_cls.def("restore", [](const ReplicaStore& store, const std::string& op, uint32_t inst, uint64_t id,

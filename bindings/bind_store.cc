@@ -41,7 +41,7 @@ std::function<bool(const RestoreProgress&)> RestoreKeepGoing(SignalCheck& signal
   };
 }
 
-void BindStore(py::module_& m) {
+static void BindStoreValues(py::module_& m) {
   py::class_<FileEntry>(m, "FileEntry", "One file of a checkpoint.")
       .def_readonly("name", &FileEntry::name)
       .def_readonly("size", &FileEntry::size)
@@ -115,7 +115,9 @@ void BindStore(py::module_& m) {
         return "VerifyReport(checkpoints=" + std::to_string(r.checkpoints) + ", files_checked=" +
                std::to_string(r.files_checked) + ", problems=" + std::to_string(r.problems.size()) + ")";
       });
+}
 
+static void BindReplicaStoreClass(py::module_& m) {
   py::class_<ReplicaStore>(m, "ReplicaStore", R"doc(
 A worker's store of checkpoint files (a pool keyed by content identity) and
 atomically committed manifests. A checkpoint is visible iff its manifest is.
@@ -220,6 +222,11 @@ atomically committed manifests. A checkpoint is visible iff its manifest is.
              ThrowIfError(s.PoolPath(identity, &p));
              return p;
            }, py::arg("identity"));
+}
+
+void BindStore(py::module_& m) {
+  BindStoreValues(m);
+  BindReplicaStoreClass(m);
 }
 
 }  // namespace rhino::py_bindings

@@ -1,6 +1,7 @@
-// Bindings for the data plane: Worker, replicate / ReplicationHandle,
-// query_store, and the frame codec (decode_frame / encode_frame, for tests and
-// fuzzing). Every blocking call releases the GIL.
+// Bindings for the data plane: Worker, replicate / ReplicationHandle and
+// query_store. Every blocking call releases the GIL. The frame codec has no
+// binding: the tests check it against a live worker with their own encoder
+// (tests/dataplane_wire.py), and fuzz/frame_fuzzer.cc fuzzes it in C++.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -13,12 +14,9 @@
 #include "bind_common.h"
 #include "errors.h"
 #include "client/chain_client.h"
-#include "replication/manifest_check.h"
-#include "rhino/coord_messages.h"
 #include "rhino/frame.h"
 #include "rhino/messages.h"
 #include "rhino/replica_store.h"
-#include "rhino/service_messages.h"
 #include "rhino/worker.h"
 
 namespace py = pybind11;
@@ -134,164 +132,7 @@ py::dict ResultDict(const ReplicationResult& r) {
   return d;
 }
 
-// The decoded fields of one message, by type (for decode_frame).
-py::dict MessageDict(MessageType type, std::string_view payload, uint32_t max_frame_bytes) {
-  py::dict d;
-  switch (type) {
-    case MessageType::kHelloReq: {
-      HelloReq m;
-      ThrowIfError(HelloReq::Decode(payload, &m));
-      d["proto"] = m.proto;
-      d["worker_id"] = py::bytes(m.worker_id);
-      d["client_nonce"] = py::bytes(m.client_nonce);
-      break;
-    }
-    case MessageType::kHelloRsp: {
-      HelloRsp m;
-      ThrowIfError(HelloRsp::Decode(payload, &m));
-      d["worker_id"] = py::bytes(m.worker_id);
-      d["server_nonce"] = py::bytes(m.server_nonce);
-      d["server_mac"] = py::bytes(m.server_mac);
-      break;
-    }
-    case MessageType::kAuthReq: {
-      AuthReq m;
-      ThrowIfError(AuthReq::Decode(payload, &m));
-      d["client_mac"] = py::bytes(m.client_mac);
-      break;
-    }
-    case MessageType::kAuthRsp: {
-      AuthRsp m;
-      ThrowIfError(AuthRsp::Decode(payload, &m));
-      d["ok"] = m.ok;
-      break;
-    }
-    case MessageType::kOpenStreamReq: {
-      OpenStreamReq m;
-      ThrowIfError(OpenStreamReq::Decode(payload, &m));
-      // The receive-side checks a worker applies (names, identities).
-      Manifest mf;
-      ThrowIfError(CheckOpenStreamReq(m, max_frame_bytes, &mf));
-      d["operator_id"] = m.operator_id;
-      d["instance"] = m.instance;
-      d["checkpoint_id"] = m.checkpoint_id;
-      d["chunk_bytes"] = m.chunk_bytes;
-      d["window"] = m.window;
-      d["downstream"] = m.downstream;
-      py::list files;
-      for (const auto& f : mf.files) files.append(f.name);
-      d["files"] = files;
-      break;
-    }
-    case MessageType::kOpenStreamRsp: {
-      OpenStreamRsp m;
-      ThrowIfError(OpenStreamRsp::Decode(payload, &m));
-      d["code"] = m.code;
-      d["message"] = py::bytes(m.message);
-      d["needed"] = m.needed;
-      d["credits"] = m.credits;
-      d["member_needed_files"] = m.member_needed_files;
-      d["member_needed_bytes"] = m.member_needed_bytes;
-      break;
-    }
-    case MessageType::kChunkReq: {
-      ChunkReq m;
-      ThrowIfError(ChunkReq::Decode(payload, &m));
-      d["file_index"] = m.file_index;
-      d["offset"] = m.offset;
-      d["data"] = py::bytes(m.data.data(), m.data.size());
-      break;
-    }
-    case MessageType::kCreditRsp: {
-      CreditRsp m;
-      ThrowIfError(CreditRsp::Decode(payload, &m));
-      d["credits"] = m.credits;
-      break;
-    }
-    case MessageType::kCommitReq: {
-      CommitReq m;
-      ThrowIfError(CommitReq::Decode(payload, &m));
-      break;
-    }
-    case MessageType::kCommitRsp: {
-      CommitRsp m;
-      ThrowIfError(CommitRsp::Decode(payload, &m));
-      d["code"] = m.code;
-      d["message"] = py::bytes(m.message);
-      break;
-    }
-    case MessageType::kAbortReq: {
-      AbortReq m;
-      ThrowIfError(AbortReq::Decode(payload, &m));
-      d["reason"] = py::bytes(m.reason);
-      break;
-    }
-    case MessageType::kHeartbeatReq: {
-      HeartbeatReq m;
-      ThrowIfError(HeartbeatReq::Decode(payload, &m));
-      d["nonce"] = m.nonce;
-      break;
-    }
-    case MessageType::kHeartbeatRsp: {
-      HeartbeatRsp m;
-      ThrowIfError(HeartbeatRsp::Decode(payload, &m));
-      d["nonce"] = m.nonce;
-      break;
-    }
-    case MessageType::kStoreQueryReq: {
-      StoreQueryReq m;
-      ThrowIfError(StoreQueryReq::Decode(payload, &m));
-      d["operator_id"] = py::bytes(m.operator_id);
-      d["instance"] = m.instance;
-      break;
-    }
-    case MessageType::kStoreQueryRsp: {
-      StoreQueryRsp m;
-      ThrowIfError(StoreQueryRsp::Decode(payload, &m));
-      d["code"] = m.code;
-      d["message"] = py::bytes(m.message);
-      d["checkpoints"] = m.checkpoints;
-      break;
-    }
-    case MessageType::kErrorRsp: {
-      ErrorRsp m;
-      ThrowIfError(ErrorRsp::Decode(payload, &m));
-      d["code"] = m.code;
-      d["message"] = py::bytes(m.message);
-      break;
-    }
-    case MessageType::kCoordReq: {
-      CoordReq m;
-      ThrowIfError(CoordReq::Decode(payload, &m));
-      d["method"] = m.method;  // [a-z_] only: always text
-      d["args"] = py::bytes(m.args);
-      break;
-    }
-    case MessageType::kCoordRsp: {
-      CoordRsp m;
-      ThrowIfError(CoordRsp::Decode(payload, &m));
-      d["code"] = m.code;
-      d["message"] = py::bytes(m.message);
-      d["result"] = py::bytes(m.result);
-      break;
-    }
-    default: {
-      // The state service's messages (protocol §7): decoded and re-encoded.
-      std::string again;
-      ThrowIfError(DecodeServiceMessage(type, payload, &again));
-      d["reencoded"] = py::bytes(again);
-      break;
-    }
-  }
-  return d;
-}
-
-}  // namespace
-
-void BindWorker(py::module_& m) {
-  m.attr("MAX_FRAME_BYTES") = kDefaultMaxFrameBytes;
-  m.attr("FRAME_HEADER_BYTES") = kFrameHeaderBytes;
-
+void BindWorkerClass(py::module_& m) {
   py::class_<PyWorker>(m, "Worker", R"doc(
 One host's Rhino runtime: its replica store and the data-plane server that
 takes part in replica chains (docs/protocol.md). start() binds and serves;
@@ -369,6 +210,11 @@ stop() aborts streams under way and closes connections; join() waits for stop.
              return MetricsDict(m);
            },
            "A snapshot of the worker's counters (bytes, streams, credits, checkpoint states, security).");
+}
+
+// The primary's side of chain replication (docs/protocol.md §4) and the
+// store query, as Python calls.
+void BindReplication(py::module_& m) {
 
   py::class_<PyReplication>(m, "ReplicationHandle", "A replication of one checkpoint down a chain, under way or done.")
       .def("progress", [](const PyReplication& r) { return ProgressDict(r.handle->Progress()); })
@@ -455,32 +301,15 @@ stop() aborts streams under way and closes connections; join() waits for stop.
         }, py::arg("address"), py::kw_only(), py::arg("secret"), py::arg("operator_id"), py::arg("instance"),
         py::arg("timeout_ms") = 5000, "Committed checkpoint ids of an instance in the worker's replica store.");
 
-  m.def("decode_frame", [](py::bytes data, uint32_t max_frame_bytes) {
-          std::string_view view = data;  // no copy: the bytes object outlives the call
-          FrameHeader h;
-          std::string_view payload;
-          ThrowIfError(DecodeFrame(view, max_frame_bytes, &h, &payload));
-          py::dict d;
-          d["type"] = MessageTypeName(h.type);
-          d["type_id"] = static_cast<int>(h.type);
-          d["stream_id"] = h.stream_id;
-          d["chain_version"] = h.chain_version;
-          d["length"] = h.length;
-          d["payload"] = py::bytes(payload.data(), payload.size());
-          d["message"] = MessageDict(h.type, payload, max_frame_bytes);
-          return d;
-        }, py::arg("data"), py::arg("max_frame_bytes") = kDefaultMaxFrameBytes,
-        "Decodes and validates one whole frame exactly as a worker does (protocol §1 steps 1-6, plus the "
-        "OpenStreamReq manifest checks). Raises CorruptionError / PathOutsideStoreError / ... on bad input.");
+}
 
-  m.def("encode_frame", [](int type, py::bytes payload, uint32_t stream_id, uint64_t chain_version) {
-          if (type < 0 || type > 255 || !IsKnownMessageType(static_cast<uint8_t>(type))) {
-            throw StatusError{Status::InvalidArgument("unknown message type " + std::to_string(type))};
-          }
-          std::string_view p = payload;
-          return py::bytes(EncodeFrame(static_cast<MessageType>(type), stream_id, chain_version, p));
-        }, py::arg("type"), py::arg("payload"), py::kw_only(), py::arg("stream_id") = 0, py::arg("chain_version") = 0,
-        "One frame (32-byte header + payload) as the C++ encoder writes it.");
+}  // namespace
+
+void BindWorker(py::module_& m) {
+  m.attr("MAX_FRAME_BYTES") = kDefaultMaxFrameBytes;
+  m.attr("FRAME_HEADER_BYTES") = kFrameHeaderBytes;
+  BindWorkerClass(m);
+  BindReplication(m);
 }
 
 }  // namespace rhino::py_bindings

@@ -8,6 +8,9 @@
 // "re-sealed" first (length and both checksums recomputed), so that mutations
 // get past the checksums into the payload decoders.
 //
+// An InstanceReq's JSON arguments are decoded too, as the arguments of its
+// action (rhino/service_messages.h DecodeInstanceArgs).
+//
 // Beyond "no crash, no sanitizer report", it checks two properties:
 // - a frame that decodes re-encodes to the same bytes;
 // - a message that decodes re-encodes to the same payload (the codec is
@@ -82,6 +85,13 @@ void DecodeMessage(MessageType type, std::string_view payload) {
     case MessageType::kStoreQueryReq: return RoundTrip<StoreQueryReq>(payload);
     case MessageType::kStoreQueryRsp: return RoundTrip<StoreQueryRsp>(payload);
     case MessageType::kErrorRsp: return RoundTrip<ErrorRsp>(payload);
+    case MessageType::kInstanceReq: {
+      InstanceReq m;
+      if (!InstanceReq::Decode(payload, &m).ok()) return;
+      Check(m.Encode() == payload);
+      DecodeInstanceArgsOf(static_cast<InstanceAction>(m.action), m.args);  // a Status, never a crash
+      return;
+    }
     default: {
       // The state service's messages (protocol §7), sessions included, and
       // the coordinator's (§8).

@@ -608,7 +608,7 @@ Status DecodeServiceMessage(MessageType type, std::string_view payload, std::str
     case MessageType::kSessionCommitRsp: return ReEncode<SessionCommitRsp>(payload, reencoded);
     case MessageType::kSessionAbortReq: return ReEncode<SessionAbortReq>(payload, reencoded);
     // The coordinator's (protocol §8): not the state service's, but decoded
-    // here so that the fuzz target and decode_frame cover them too.
+    // here so that the fuzz target covers them too.
     case MessageType::kCoordReq: return ReEncode<CoordReq>(payload, reencoded);
     case MessageType::kCoordRsp: return ReEncode<CoordRsp>(payload, reencoded);
     default: return Status::OK();

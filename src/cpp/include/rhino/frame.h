@@ -2,7 +2,7 @@
 // codec every message uses (§3).
 //
 // Everything here is a pure function of its input bytes: no I/O, no global
-// state. That is what lets the decoder be fuzzed (`_core.decode_frame`,
+// state. That is what lets the decoder be fuzzed (fuzz/frame_fuzzer.cc,
 // `make fuzz`). Every malformed input is a Status (Corruption), never UB.
 #pragma once
 

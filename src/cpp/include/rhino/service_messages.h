@@ -310,7 +310,7 @@ class ScanRspBuilder {
 std::string ServiceErrorPayload(MessageType rsp, const Status& s);
 
 // Decodes a payload of any type of this file, or of rhino/coord_messages.h,
-// and re-encodes it (for the fuzz target and the bindings' decode_frame):
+// and re-encodes it (for the fuzz target, fuzz/frame_fuzzer.cc):
 // *reencoded is empty if `type` is none of those.
 Status DecodeServiceMessage(MessageType type, std::string_view payload, std::string* reencoded);
 
