@@ -4,7 +4,8 @@
 # library's compression libraries, never the system ones; that every subpackage
 # (rhino.daemon, rhino.cli, rhino.client, rhino.coordinator, and rhino.spark, which
 # comes from spark_integration/) imports; that the wheel holds the library only (no
-# benchmark, demo, NEXMark or harness module: those are bench/rhino_bench's); and that
+# benchmark, demo, NEXMark or harness module: those are bench/rhino_bench's, and no
+# test-only binding in rhino._core); and that
 # the console scripts run.
 set -euo pipefail
 wheel=$(readlink -f "$1")
@@ -36,6 +37,9 @@ loaded = sorted(set(re.findall(r"/\S*lib(?:rocksdb|snappy|lz4|zstd)\S*", maps)))
 print("rhino", rhino.__version__, "from", rhino.__file__)
 print("rocksdb", _core.ROCKSDB_VERSION, "-", _core.ROCKSDB_BUILD)
 print("librocksdb and compression libraries loaded:", loaded)
+test_only = [n for n in ("MessageDict", "decode_frame", "encode_frame") if hasattr(_core, n)]
+if test_only:
+    sys.exit(f"FAIL: the extension ships test-only bindings: {test_only}")
 if not _core.ROCKSDB_BUILD.startswith("release build"):
     sys.exit("FAIL: the wheel was not built against the release RocksDB")
 if not any("librocksdb-rhino" in l for l in loaded):
