@@ -2,8 +2,9 @@
 
 Per micro-batch b (Spark's batch id; checkpoint id = b, design §5):
 
-1. ``begin_batch(b)`` at the coordinator: the barrier where due handovers run;
-   it returns the routing table and each instance's primary.
+1. ``begin_batch(b)`` at the coordinator (through the engine,
+   :class:`rhino.engine.BatchDriver`): the barrier where due handovers run; it
+   returns the routing table and each instance's primary.
 2. Route: a ``mapInArrow`` pass tags each row with its instance's shuffle token
    (``runtime/routing.py``), and ``repartition(P, token)`` makes partition i =
    instance i.
@@ -12,9 +13,12 @@ Per micro-batch b (Spark's batch id; checkpoint id = b, design §5):
 4. Run: ``mapInArrow(run_partition)``, one task per instance
    (``runtime/task.py``): one session, one prefetch, the processor per key,
    one barrier commit. Each task also returns one meta row (its stats).
-5. ``commit_batch(b, epoch=E)``: refused if a reconfiguration happened during
-   the batch; then the whole batch runs again (every instance rolls back to
-   b-1 first), which is what makes a host loss mid-batch exactly-once.
+5. The engine commits b at the coordinator with the epoch E the tasks committed
+   at: refused if a reconfiguration happened during the batch; then the whole
+   batch runs again (every instance rolls back to b-1 first), which is what
+   makes a host loss mid-batch exactly-once. A failed Spark job runs again only
+   if the engine's classification of the task's exception says so
+   (:func:`rhino.engine.classify_failure`); a real error is raised.
 6. The output (collected to the driver as Arrow) goes to the sink with the
    batch id; sinks must be idempotent by batch id, as ``foreachBatch`` sinks
    are.
@@ -25,6 +29,7 @@ Spark's) runs b again the same way: same state, same output.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -37,7 +42,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import pyarrow as pa
 
-from rhino.errors import InvalidArgumentError, RhinoError, StaleEpochError
+from rhino.engine import Action, Attempt, AttemptResult, BatchDriver, RerunBatch, classify, classify_failure
+from rhino.errors import InvalidArgumentError
 
 from .runtime.routing import PART_COLUMN, partition_tokens, tag_batches
 from .runtime.task import META_COLUMN, TaskSpec, meta_schema, run_partition
@@ -211,8 +217,6 @@ class TransformWithState:
             return self._process(df, int(batch_id))
 
     def _process(self, df: Any, b: int) -> pa.Table:
-        from pyspark.sql import DataFrame
-
         spark = df.sparkSession
         t0 = time.time()
         self._ensure_created()
@@ -222,87 +226,63 @@ class TransformWithState:
         for c in self.key_columns + ([self.event_time] if self.event_time else []):
             if c not in in_schema.names:
                 raise InvalidArgumentError(f"column {c!r} is not in the input ({in_schema.simpleString()})")
-        errors: list[str] = []
         shuffled: dict = {}  # the batch's routed, shuffled rows, kept across attempts (see _run_job)
-        for attempt in range(1, self.max_batch_attempts + 1):
-            tb = time.time()
-            try:
-                placement, replay = self._begin(b)
-            except RhinoError as e:
-                errors.append(f"attempt {attempt}: begin_batch: {type(e).__name__}: {e}")
-                time.sleep(0.5)
-                continue
-            epoch = int(placement["epoch"])
-            nparts = len(placement["instances"])
-            tj = time.time()
-            watch = self._watch(spark, epoch, placement, f"rhino-{self.operator_id}-{b}-{attempt}")
-            try:
-                with watch:
-                    table = self._run_job(spark, df, b, epoch, wm, placement, nparts, tz, shuffled, watch)
-            except Exception as e:  # a failed Spark job (task retries exhausted, an executor lost...)
-                text = str(e)
-                msg = _first_error_line(text) or type(e).__name__
-                if watch is not None and watch.cancelled:
-                    # the operator moved to a new epoch: this attempt could not commit (host_loss.py)
-                    errors.append(f"attempt {attempt}: cancelled: the operator moved to epoch {watch.new_epoch}"
-                                  + "".join(f"; {r['worker']} on {r['host']} reported lost" for r in watch.reported))
-                    self.watch_log.append(dict(watch.summary(), batch=b, attempt=attempt, failed_at=time.time()))
-                    continue
-                errors.append(f"attempt {attempt}: job: {type(e).__name__}: {msg}")
-                if not _transient(text):
-                    # the processor's own error, bad data...: running the batch again would fail again
-                    raise
-                log.warning("rhino.spark %s batch %d attempt %d failed: %s", self.operator_id, b, attempt, msg)
-                time.sleep(0.5)
-                continue
-            tc = time.time()
-            if watch is not None and watch.reported:
-                self.watch_log.append(dict(watch.summary(), batch=b, attempt=attempt))
-            data, tasks = _split_meta(table)
-            missing = sorted(set(range(nparts)) - {t["instance"] for t in tasks})
-            if missing:
-                errors.append(f"attempt {attempt}: no result from instances {missing}")
-                continue
-            epochs = {t["epoch"] for t in tasks}
-            load: dict[str, list[float]] = {}
-            for t in tasks:
-                for v, x in t.get("load", {}).items():
-                    load[v] = x
-            try:
-                if not replay:
-                    self.coordinator().commit_batch(
-                        self.operator_id, b, epoch=min(epochs),
-                        instances={str(t["instance"]): {"checkpoint_bytes": t.get("checkpoint_bytes", 0)}
-                                   for t in tasks}, load=load)
-            except (StaleEpochError, InvalidArgumentError) as e:
-                errors.append(f"attempt {attempt}: commit_batch: {type(e).__name__}: {e}")
-                continue
-            te = time.time()
-            mx = [t["max_event_ms"] for t in tasks if t.get("max_event_ms") is not None]
-            prev = [self._max_event[x] for x in self._max_event if x < b and self._max_event[x] is not None]
-            self._max_event[b] = max(mx + prev) if (mx or prev) else None
-            self._save_watermarks()
-            rep = BatchReport(batch=b, epoch=max(epochs), attempts=attempt, watermark_ms=wm, rows_out=data.num_rows,
-                              started=t0, ended=te, begin_s=tj - tb, job_s=tc - tj, commit_s=te - tc,
-                              tasks=sorted(tasks, key=lambda t: t["instance"]), errors=errors)
-            self.reports.append(rep)
-            self.last_output = data
-            return data
-        raise RhinoError(f"rhino.spark {self.operator_id}: batch {b} failed {self.max_batch_attempts} times: "
-                         + " | ".join(errors[-3:]))
+        driver = BatchDriver(self.coordinator(), self.operator_id, max_attempts=self.max_batch_attempts,
+                             retry_sleep=0.5, replay=True, name=f"rhino.spark {self.operator_id}")
+        done = driver.run(b, lambda a: self._attempt(spark, df, a, wm, tz, shuffled))
+        a = done.attempt
+        data, tasks = done.result.value
+        mx = [t["max_event_ms"] for t in tasks if t.get("max_event_ms") is not None]
+        prev = [self._max_event[x] for x in self._max_event if x < b and self._max_event[x] is not None]
+        self._max_event[b] = max(mx + prev) if (mx or prev) else None
+        self._save_watermarks()
+        rep = BatchReport(batch=b, epoch=max(t["epoch"] for t in tasks), attempts=a.number, watermark_ms=wm,
+                          rows_out=data.num_rows, started=t0, ended=done.committed_at,
+                          begin_s=a.started_at - a.begun_at, job_s=done.ran_at - a.started_at,
+                          commit_s=done.committed_at - done.ran_at, tasks=sorted(tasks, key=lambda t: t["instance"]),
+                          errors=done.errors)
+        self.reports.append(rep)
+        self.last_output = data
+        return data
 
-    def _begin(self, b: int) -> tuple[dict, bool]:
-        """The batch's placement, and whether b is a replay of the last committed batch."""
-        coord = self.coordinator()
+    def _attempt(self, spark: Any, df: Any, a: Attempt, wm: int, tz: str, shuffled: dict) -> AttemptResult:
+        """One attempt at the batch: the Spark job, one task per instance. A failed job is run
+        again if the engine's classification of its error says so (by the task's exception
+        class), else raised; the stats of the tasks go to the commit."""
+        b, placement = a.batch, a.placement
+        nparts = len(placement["instances"])
+        watch = self._watch(spark, a.epoch, placement, f"rhino-{self.operator_id}-{b}-{a.number}")
         try:
-            return coord.begin_batch(self.operator_id, b), False
-        except InvalidArgumentError:
-            # Spark replays the last batch after a driver restart: our commit of b landed, Spark's
-            # did not. Run b again (every instance rolls back to b-1): same state, same output.
-            p = coord.placement(self.operator_id)
-            if p.get("last_batch") == b:
-                return p, True
-            raise
+            with watch if watch is not None else contextlib.nullcontext():
+                table = self._run_job(spark, df, b, a.epoch, wm, placement, nparts, tz, shuffled, watch)
+        except Exception as e:  # a failed Spark job (task retries exhausted, an executor lost...)
+            text = str(e)
+            if watch is not None and watch.cancelled:
+                # the operator moved to a new epoch: this attempt could not commit (host_loss.py)
+                self.watch_log.append(dict(watch.summary(), batch=b, attempt=a.number, failed_at=time.time()))
+                raise RerunBatch(f"cancelled: the operator moved to epoch {watch.new_epoch}"
+                                 + "".join(f"; {r['worker']} on {r['host']} reported lost" for r in watch.reported),
+                                 sleep=False) from None
+            if _job_failure_action(e) is Action.RAISE:
+                # a real error: the processor's own, bad data, a corrupt or full store, a wrong
+                # secret...: running the batch again would fail again
+                raise
+            msg = _first_error_line(text) or type(e).__name__
+            log.warning("rhino.spark %s batch %d attempt %d failed: %s", self.operator_id, b, a.number, msg)
+            raise RerunBatch(f"job: {type(e).__name__}: {msg}") from None
+        if watch is not None and watch.reported:
+            self.watch_log.append(dict(watch.summary(), batch=b, attempt=a.number))
+        data, tasks = _split_meta(table)
+        missing = sorted(set(range(nparts)) - {t["instance"] for t in tasks})
+        if missing:
+            raise RerunBatch(f"no result from instances {missing}", sleep=False)
+        load: dict[str, list[float]] = {}
+        for t in tasks:
+            for v, x in t.get("load", {}).items():
+                load[v] = x
+        return AttemptResult(epoch=min(t["epoch"] for t in tasks), load=load, value=(data, tasks),
+                             instances={str(t["instance"]): {"checkpoint_bytes": t.get("checkpoint_bytes", 0)}
+                                        for t in tasks})
 
     def _watch(self, spark: Any, epoch: int, placement: dict, tag: str) -> Optional[Any]:
         """The attempt's :class:`~rhino.spark.scheduling.host_loss.BatchWatch` (None if
@@ -416,17 +396,16 @@ class TransformWithState:
             self._coord = None
 
 
-_TRANSIENT = ("StaleEpochError", "PeerDeadError", "RhinoIOError", "RhinoTimeoutError", "UnknownInstanceError",
-              "SessionBusyError", "ExecutorLostFailure", "FetchFailed", "executor lost", "Connection refused",
-              "Connection reset", "SparkException: Job aborted due to stage failure: Task", "TaskKilled")
+def _job_failure_action(e: Exception) -> Action:
+    """The engine's classification of a failed job: a failure Spark reports (the task's
+    exception travels as text) by the class named in its text, any other exception (the
+    driver's own) by its class."""
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
 
-
-def _transient(text: str) -> bool:
-    """Whether a failed job is worth running again: a Rhino reconfiguration or an
-    unreachable worker, a lost executor; not the processor's own exception."""
-    if any(m in text for m in ("ModuleNotFoundError", "UnsupportedFeatureError", "InvalidArgumentError")):
-        return False
-    return any(m in text for m in _TRANSIENT[:-2]) or "executor" in text.lower() and "lost" in text.lower()
+    if isinstance(e, (Py4JError, PySparkException)):
+        return classify_failure(str(e))
+    return classify(e)
 
 
 def _first_error_line(text: str) -> str:

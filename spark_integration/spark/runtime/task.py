@@ -11,11 +11,15 @@ The steps, one round trip each to the instance's primary worker (design §2, §5
 5. write back the changed records and timer buckets, and commit b in barrier
    mode: the batch counts only once checkpoint b is complete on the chain.
 
-A primary that cannot be reached is reported to the coordinator, which fails
-the instance over to a chain member (a takeover by hard links); the task then
-runs again there, at the new epoch, from b-1. The driver accepts the batch
-only if the epoch did not change meanwhile (``commit_batch(epoch=...)``), so a
-takeover during a batch reruns the whole batch: exactly-once either way.
+The session, and what a failure means, are the engine's
+(:class:`rhino.engine.InstanceRun`): a primary that cannot be reached is
+reported to the coordinator, which fails the instance over to a chain member
+(a takeover by hard links); the task then runs again there, at the new epoch,
+from b-1. The driver accepts the batch only if the epoch did not change
+meanwhile (the engine's commit carries the epoch), so a takeover during a batch
+reruns the whole batch: exactly-once either way. A real error (a corrupt
+checkpoint, a full disk, a wrong secret, the processor's own) is raised as
+itself.
 """
 
 from __future__ import annotations
@@ -31,9 +35,8 @@ import numpy as np
 import pyarrow as pa
 
 import rhino
-from rhino.client import connect
-from rhino.errors import (PeerDeadError, RhinoError, RhinoIOError, RhinoTimeoutError, SessionBusyError,
-                          StaleEpochError)
+from rhino.client.session import CommitResult, Session
+from rhino.engine import InstanceRun, WorkerClients, vnode_load
 
 from ..state.encoding import RECORD_PREFIX, KeyRecord, decode_key
 from .glue import concat_frames, group_rows
@@ -43,8 +46,8 @@ from ..state.timers import TimerIndex
 __all__ = ["TaskSpec", "run_partition", "META_COLUMN"]
 
 META_COLUMN = "_rhino_meta"
-_UNREACHABLE = (PeerDeadError, RhinoIOError, RhinoTimeoutError, ConnectionError, OSError)
-_CLIENTS: dict[str, Any] = {}  # per Python worker process: Spark reuses them across tasks
+# Per Python worker process: Spark reuses the process across tasks, and its clients with it.
+_CLIENTS: dict[bytes, WorkerClients] = {}  # by the cluster's secret
 _COORDS: dict[str, Any] = {}
 
 
@@ -89,21 +92,13 @@ def this_host() -> str:
         return "127.0.0.1"
 
 
-def _client(address: str, secret: bytes, timeout: float) -> Any:
-    c = _CLIENTS.get(address)
-    if c is None or not c.is_open:
-        c = connect(address, secret=secret, client_id=f"spark-task-{os.getpid()}", request_timeout=timeout)
-        _CLIENTS[address] = c
+def _clients(spec: TaskSpec) -> WorkerClients:
+    c = _CLIENTS.get(spec.secret)
+    if c is None:
+        c = WorkerClients(secret=spec.secret, client_id=f"spark-task-{os.getpid()}",
+                          request_timeout=spec.request_timeout)
+        _CLIENTS[spec.secret] = c
     return c
-
-
-def _drop_client(address: Optional[str]) -> None:
-    c = _CLIENTS.pop(address, None) if address else None
-    if c is not None:
-        try:
-            c.close()
-        except RhinoError:
-            pass
 
 
 def _coordinator(spec: TaskSpec) -> Any:
@@ -114,14 +109,6 @@ def _coordinator(spec: TaskSpec) -> Any:
         c = connect_coordinator(spec.coordinator, secret=spec.secret)
         _COORDS[spec.coordinator] = c
     return c
-
-
-def _address(info: dict, host: str) -> tuple[str, bool]:
-    """The address to reach a primary at, and whether it is local (the Unix socket on its host)."""
-    sock = info.get("unix_socket")
-    if sock and info.get("host") == host and os.path.exists(sock):
-        return sock, True
-    return info["address"], False
 
 
 # ---- Arrow <-> pandas, as Spark converts for transformWithStateInPandas ------------------
@@ -183,21 +170,14 @@ def _event_ms(col: pa.ChunkedArray) -> np.ndarray:
     return col.cast(pa.int64()).to_numpy(zero_copy_only=False)
 
 
-def run_partition(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    from pyspark import TaskContext
-
-    t_start = time.time()
-    ctx = TaskContext.get()
-    instance = ctx.partitionId() if ctx is not None else int(spec.extra.get("instance", 0))
-    attempt = ctx.attemptNumber() if ctx is not None else 0
-    in_schema = _schema(spec.input_schema_json)
-    out_schema = _schema(spec.output_schema_json)
+def _read_input(spec: TaskSpec, batches: Iterator[pa.RecordBatch], in_schema: Any
+                ) -> tuple[Optional[pa.Table], int, Optional[int], int]:
+    """The task's rows as one table, late rows dropped: (table, rows in, the newest
+    event time in ms, late rows)."""
     tables = [pa.Table.from_batches([b]) for b in batches]
     names = [f.name for f in in_schema.fields]
     table = pa.concat_tables(tables).select(names) if tables else None
     rows_in = table.num_rows if table is not None else 0
-    t_read = time.time()
-
     max_event = None
     if table is not None and rows_in and spec.event_time:
         ev = _event_ms(table.column(spec.event_time))
@@ -208,170 +188,165 @@ def run_partition(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator
             if not keep.all():
                 table = table.filter(pa.array(keep))
     late = rows_in - (table.num_rows if table is not None else 0)
+    return table, rows_in, max_event, late
+
+
+def run_partition(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    from pyspark import TaskContext
+
+    t_start = time.time()
+    ctx = TaskContext.get()
+    instance = ctx.partitionId() if ctx is not None else int(spec.extra.get("instance", 0))
+    attempt = ctx.attemptNumber() if ctx is not None else 0
+    in_schema = _schema(spec.input_schema_json)
+    out_schema = _schema(spec.output_schema_json)
+    table, rows_in, max_event, late = _read_input(spec, batches, in_schema)
+    t_read = time.time()
 
     host = this_host()
-    placement = spec.placement
-    epoch = spec.epoch
-    errors: list[str] = []
-    deadline = time.monotonic() + spec.failover_wait_s
-    while True:
-        info = placement["instances"][str(instance)]
-        address, local = _address(info, host)
-        try:
-            out, stats = _run_once(spec, instance, epoch, placement, table, in_schema, out_schema, address)
-            break
-        except StaleEpochError as e:
-            if not spec.wait_for_failover:
-                raise
-            errors.append(f"{type(e).__name__}: {e}")
-            placement, epoch = _newer_placement(spec, placement, epoch, instance, deadline)
-        except SessionBusyError as e:
-            # A task of an attempt the driver cancelled (a new epoch) may still hold the
-            # instance's session: the worker aborts it when that task's connection closes.
-            if time.monotonic() > deadline:
-                raise
-            msg = f"{type(e).__name__}: {e}"
-            if not errors or errors[-1] != msg:
-                errors.append(msg)
-            time.sleep(0.2)
-        except _UNREACHABLE as e:
-            # The primary, or a member of its chain (a barrier commit waits for the chain), is
-            # gone. Report the primary: if the coordinator cannot reach it either, it fails the
-            # instance over at once. A dead chain member is found by its missed heartbeats;
-            # either way the epoch moves on, and the task runs again at the new one.
-            errors.append(f"{type(e).__name__} at {address}: {e}")
-            _drop_client(address)
-            try:
-                _coordinator(spec).report_unreachable(spec.operator_id, instance, info.get("primary"))
-            except RhinoError as e2:
-                errors.append(f"report_unreachable: {e2}")
-            if not spec.wait_for_failover:
-                raise
-            placement, epoch = _newer_placement(spec, placement, epoch, instance, deadline)
+    run = InstanceRun(_clients(spec), lambda: _coordinator(spec), spec.operator_id, instance, batch=spec.batch,
+                      placement=spec.placement, epoch=spec.epoch, host=host,
+                      wait_for_failover=spec.wait_for_failover, failover_wait_s=spec.failover_wait_s)
+    done = run.run(lambda s, placement: _InstanceBatch(spec, instance, placement, table, in_schema).run(
+        s, run.started_at))
+    out, stats = done.finish(out_schema)
     t_end = time.time()
-    meta = {"instance": instance, "attempt": attempt, "host": host, "local": local, "primary": info.get("primary"),
-            "primary_host": info.get("host"), "epoch": epoch, "rows_in": rows_in, "late_rows": late,
+    info = run.info
+    meta = {"instance": instance, "attempt": attempt, "host": host, "local": run.local, "primary": info.get("primary"),
+            "primary_host": info.get("host"), "epoch": run.epoch, "rows_in": rows_in, "late_rows": late,
             "max_event_ms": max_event, "start": t_start, "read_s": t_read - t_start, "end": t_end,
-            "errors": errors, **stats}
+            "errors": run.errors, **stats}
     if out is not None:
         yield _with_meta(out, meta_schema(out_schema))
     yield _meta_batch(out_schema, meta)
 
 
-def _newer_placement(spec: TaskSpec, placement: dict, epoch: int, instance: int, deadline: float,
-                     grace_s: float = 10.0) -> tuple[dict, int]:
-    """Waits until the coordinator has moved on to a new epoch (a failover, a chain
-    repair) and returns the new placement; after ``grace_s`` without one (a passing
-    network error), the same placement again. Refuses a new placement whose routing
-    table changed: the rows were routed by the old one, so the driver must rerun the
-    batch."""
-    until = min(deadline, time.monotonic() + grace_s)
-    p = None
-    while True:
-        try:
-            p = _coordinator(spec).placement(spec.operator_id)
-        except RhinoError:
-            p = None
-        if p is not None and p["epoch"] > epoch and p["instances"][str(instance)].get("address"):
-            if list(p["assignment"]) != list(placement["assignment"]):
-                raise StaleEpochError(f"the routing table of {spec.operator_id} changed during batch "
-                                      f"{spec.batch} (epoch {epoch} -> {p['epoch']}): the batch runs again")
-            return p, int(p["epoch"])
-        if time.monotonic() > until:
-            if time.monotonic() > deadline:
-                raise RhinoTimeoutError(f"instance {instance} of {spec.operator_id}: no new placement after "
-                                        f"{spec.failover_wait_s:g} s (the coordinator is at epoch "
-                                        f"{p['epoch'] if p else '?'})")
-            return placement, epoch
-        time.sleep(0.1)
+class _InstanceBatch:
+    """One run of the processor over the batch in one session of the instance: the
+    steps of the module docstring, each a method, with their timings."""
 
+    def __init__(self, spec: TaskSpec, instance: int, placement: dict, table: Optional[pa.Table],
+                 in_schema: Any) -> None:
+        self.spec = spec
+        self.placement = placement
+        self.table = table
+        self.in_schema = in_schema
+        self.part = rhino.Partitioner(num_key_groups=placement["num_key_groups"],
+                                      num_vnodes=placement["num_vnodes"], seed=placement["seed"])
+        assignment = np.asarray(placement["assignment"], dtype=np.int64)
+        self.my_vnodes = np.flatnonzero(assignment == instance)
+        self.batch = _Batch()
+        self.handle = RhinoProcessorHandle(spec.time_mode)
+        self.handle._bind(self.batch.record)
+        self.handle.watermark_ms = spec.watermark_ms
+        self.index = TimerIndex(self.part, spec.bucket_ms) if spec.time_mode == "eventtime" else None
+        # per key: (record key bytes, the key tuple as the processor gets it, first row, end row)
+        self.groups: list[tuple[bytes, tuple, int, int]] = []
+        self.pdf: Any = None
+        self.expired: list[tuple[int, bytes]] = []
+        self.fired: list[tuple[int, bytes]] = []
+        self.outputs: list = []
+        self.fetched: list[Optional[bytes]] = []
+        self.puts = self.deletes = 0
+        self.t: dict[str, float] = {}
+        self.result: Optional[CommitResult] = None
+        self.rolled_back = False
 
-def _run_once(spec: TaskSpec, instance: int, epoch: int, placement: dict, table: Optional[pa.Table],
-              in_schema: Any, out_schema: Any, address: str) -> tuple[Optional[pa.RecordBatch], dict]:
-    from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo, TimerValues
+    def run(self, s: Session, t0: float) -> "_InstanceBatch":
+        """Steps 2-5 in the open session ``s`` (opened at ``t0``)."""
+        self.t["start"], self.t["open"] = t0, time.time()
+        self._group()
+        self.t["group"] = time.time()
+        if self.index is not None:  # design: after the data, as Spark's processTimers
+            self.expired = self.index.expired(s, self.my_vnodes, self.spec.watermark_ms)
+        self.t["timers"] = time.time()
+        self._prefetch(s)
+        self.t["fetch"] = time.time()
+        self._process()
+        self.t["process"] = time.time()
+        self._write_back(s)
+        self.t["write"] = time.time()
+        self.result = s.commit("barrier")
+        self.t["commit"] = time.time()
+        self.rolled_back = bool(s.rolled_back)
+        return self
 
-    t0 = time.time()
-    part = rhino.Partitioner(num_key_groups=placement["num_key_groups"], num_vnodes=placement["num_vnodes"],
-                             seed=placement["seed"])
-    assignment = np.asarray(placement["assignment"], dtype=np.int64)
-    my_vnodes = np.flatnonzero(assignment == instance)
-    client = _client(address, spec.secret, spec.request_timeout)
-    processor = spec.processor
-    handle = RhinoProcessorHandle(spec.time_mode)
-    batch = _Batch()
-    handle._bind(batch.record)
-    handle.watermark_ms = spec.watermark_ms
-    outputs: list = []
-    stats: dict[str, Any] = {}
-    with client.session(spec.operator_id, instance, batch=spec.batch, epoch=epoch) as s:
-        t_open = time.time()
-        # group the input by key: by the key's record bytes (as routing computed them), the key
-        # tuple as Spark's pandas conversion gives it (what handleInputRows gets)
-        groups: list[tuple[bytes, tuple, int, int]] = []
-        pdf = None
+    def _group(self) -> None:
+        # by the key's record bytes (as routing computed them), the key tuple as Spark's
+        # pandas conversion gives it (what handleInputRows gets)
+        table = self.table
         if table is not None and table.num_rows:
-            pdf, groups = group_rows(table, _to_pandas(table, in_schema, spec.timezone), spec.key_columns)
-        t_group = time.time()
-        # expired timers (design: after the data, as Spark's processTimers)
-        index = TimerIndex(part, spec.bucket_ms) if spec.time_mode == "eventtime" else None
-        expired = index.expired(s, my_vnodes, spec.watermark_ms) if index is not None else []
-        t_timers = time.time()
-        # one prefetch of every record the batch can touch
-        ekeys = sorted({g[0] for g in groups} | {ek for _, ek in expired})
-        values = s.get_batch(ekeys) if ekeys else []
-        for k, v in zip(ekeys, values):
-            batch.records[k] = KeyRecord(v)
-        for ek, kt, _, _ in groups:
-            batch.records[ek].key = kt
-        t_fetch = time.time()
+            self.pdf, self.groups = group_rows(table, _to_pandas(table, self.in_schema, self.spec.timezone),
+                                               self.spec.key_columns)
 
-        processor.init(handle)
+    def _prefetch(self, s: Session) -> None:
+        """One get_batch of every record the batch can touch."""
+        ekeys = sorted({g[0] for g in self.groups} | {ek for _, ek in self.expired})
+        self.fetched = s.get_batch(ekeys) if ekeys else []
+        for k, v in zip(ekeys, self.fetched):
+            self.batch.records[k] = KeyRecord(v)
+        for ek, kt, _, _ in self.groups:
+            self.batch.records[ek].key = kt
+
+    def _process(self) -> None:
+        from pyspark.sql.streaming.stateful_processor import TimerValues
+
+        spec, processor, batch = self.spec, self.spec.processor, self.batch
+        processor.init(self.handle)
         tv = TimerValues(currentProcessingTimeInMs=int(time.time() * 1000),
                          currentWatermarkInMs=spec.watermark_ms if spec.time_mode == "eventtime" else -1)
-        for ek, kt, a, b in groups:
+        for ek, kt, a, b in self.groups:
             batch.current = ek
-            rows = pdf.iloc[a:b]
+            rows = self.pdf.iloc[a:b]
             if spec.mode == "rows":
                 from pyspark.sql import Row
 
                 it = iter([Row(**r) for r in rows.to_dict("records")])
             else:
                 it = iter([rows])
-            _collect(processor.handleInputRows(kt, it, tv), outputs, spec.mode)
-        # timers that expire now: the stored ones, and ones registered just now at or before the watermark
-        fired: list[tuple[int, bytes]] = []
-        if index is not None:
-            due = set(expired)
-            for ek, r in batch.records.items():
-                for ts in r.timers - r.stored_timers:
-                    if ts <= spec.watermark_ms:
-                        due.add((ts, ek))
-            for ts, ek in sorted(due):
-                r = batch.records[ek]
-                if ts not in r.timers:  # deleted by the processor meanwhile
-                    continue
-                r.timers.discard(ts)
-                r.dirty = True
-                fired.append((ts, ek))
-                batch.current = ek
-                key = r.key if r.key is not None else decode_key(ek[len(RECORD_PREFIX):])
-                _collect(processor.handleExpiredTimer(key, tv, ExpiredTimerInfo(ts)), outputs, spec.mode)
+            _collect(processor.handleInputRows(kt, it, tv), self.outputs, spec.mode)
+        if self.index is not None:
+            self._fire_timers(tv)
         batch.current = None
         processor.close()
-        t_proc = time.time()
 
-        # write back: records, then the timer index by difference
+    def _fire_timers(self, tv: Any) -> None:
+        """The timers that expire now: the stored ones, and ones registered just now at or
+        before the watermark, in (time, key) order."""
+        from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo
+
+        batch, wm = self.batch, self.spec.watermark_ms
+        due = set(self.expired)
+        for ek, r in batch.records.items():
+            for ts in r.timers - r.stored_timers:
+                if ts <= wm:
+                    due.add((ts, ek))
+        for ts, ek in sorted(due):
+            r = batch.records[ek]
+            if ts not in r.timers:  # deleted by the processor meanwhile
+                continue
+            r.timers.discard(ts)
+            r.dirty = True
+            self.fired.append((ts, ek))
+            batch.current = ek
+            key = r.key if r.key is not None else decode_key(ek[len(RECORD_PREFIX):])
+            _collect(self.spec.processor.handleExpiredTimer(key, tv, ExpiredTimerInfo(ts)), self.outputs,
+                     self.spec.mode)
+
+    def _write_back(self, s: Session) -> None:
+        """The changed records, then the timer index by difference."""
+        index = self.index
         puts_k: list[bytes] = []
         puts_v: list[bytes] = []
         dels: list[bytes] = []
         changes: list[tuple[int, int, bytes, bool]] = []
-        dirty = [(ek, r) for ek, r in batch.records.items() if r.dirty]
+        dirty = [(ek, r) for ek, r in self.batch.records.items() if r.dirty]
         vn_of: dict[bytes, int] = {}
         if dirty:
-            vns = part.vnodes([ek for ek, _ in dirty])
+            vns = self.part.vnodes([ek for ek, _ in dirty])
             vn_of = {ek: int(v) for (ek, _), v in zip(dirty, vns)}
         fired_of: dict[bytes, set[int]] = {}
-        for ts, k in fired:
+        for ts, k in self.fired:
             fired_of.setdefault(k, set()).add(ts)
         for ek, r in dirty:
             if r.empty():
@@ -386,7 +361,7 @@ def _run_once(spec: TaskSpec, instance: int, epoch: int, placement: dict, table:
                 for ts in r.stored_timers - r.timers - fired_here:
                     changes.append((vn_of[ek], ts, ek, False))
         if index is not None:
-            index.remove_fired(fired, vn_of)
+            index.remove_fired(self.fired, vn_of)
             if changes:
                 index.update(s, changes)
             pk, pv, dk = index.writes()
@@ -397,24 +372,27 @@ def _run_once(spec: TaskSpec, instance: int, epoch: int, placement: dict, table:
             s.put_batch(puts_k, puts_v)
         if dels:
             s.delete_batch(dels)
-        t_write = time.time()
-        res = s.commit("barrier")
-        t_commit = time.time()
-    out = _to_arrow(outputs, out_schema, spec.timezone) if spec.mode == "pandas" else _rows_to_arrow(outputs, out_schema)
-    load: dict[str, list[float]] = {}
-    if groups:
-        kv = part.vnodes([g[0] for g in groups])
-        sizes = np.array([g[3] - g[2] for g in groups], dtype=np.float64)
-        ops = np.bincount(kv, weights=sizes, minlength=placement["num_vnodes"])
-        load = {str(int(v)): [float(ops[v]), 0.0] for v in np.flatnonzero(ops)}
-    stats.update(keys=len(groups), records_read=len(ekeys), records_found=sum(v is not None for v in values),
-                 puts=len(puts_k), deletes=len(dels), timers_fired=len(fired),
-                 output_rows=0 if out is None else out.num_rows, open_s=t_open - t0, group_s=t_group - t_open,
-                 timers_s=t_timers - t_group, fetch_s=t_fetch - t_timers, process_s=t_proc - t_fetch,
-                 write_s=t_write - t_proc, commit_s=t_commit - t_write, replicate_s=res.replicate_s,
-                 checkpoint_bytes=int(res.stats.get("checkpoint_bytes", 0)), rolled_back=bool(s.rolled_back),
-                 load=load)
-    return out, stats
+        self.puts, self.deletes = len(puts_k), len(dels)
+
+    def finish(self, out_schema: Any) -> tuple[Optional[pa.RecordBatch], dict]:
+        """The output as Arrow, and the task's stats (its meta row) with the batch's per-vnode load."""
+        spec, t, res = self.spec, self.t, self.result
+        assert res is not None
+        out = (_to_arrow(self.outputs, out_schema, spec.timezone) if spec.mode == "pandas"
+               else _rows_to_arrow(self.outputs, out_schema))
+        load: dict[str, list[float]] = {}
+        if self.groups:
+            load = vnode_load(self.part.vnodes([g[0] for g in self.groups]), self.placement["num_vnodes"],
+                              ops=[g[3] - g[2] for g in self.groups])
+        stats = dict(keys=len(self.groups), records_read=len(self.fetched),
+                     records_found=sum(v is not None for v in self.fetched), puts=self.puts, deletes=self.deletes,
+                     timers_fired=len(self.fired), output_rows=0 if out is None else out.num_rows,
+                     open_s=t["open"] - t["start"], group_s=t["group"] - t["open"], timers_s=t["timers"] - t["group"],
+                     fetch_s=t["fetch"] - t["timers"], process_s=t["process"] - t["fetch"],
+                     write_s=t["write"] - t["process"], commit_s=t["commit"] - t["write"],
+                     replicate_s=res.replicate_s, checkpoint_bytes=int(res.stats.get("checkpoint_bytes", 0)),
+                     rolled_back=self.rolled_back, load=load)
+        return out, stats
 
 
 def _collect(result: Any, outputs: list, mode: str) -> None:

@@ -1,0 +1,56 @@
+"""The clients of one process to the workers: one connection per worker address,
+kept across batches (a Spark task's Python worker keeps them across tasks), and
+dropped when the worker behind it is found unreachable."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from ..client.client import Client, connect
+from ..errors import RhinoError
+
+__all__ = ["WorkerClients", "primary_address"]
+
+
+class WorkerClients:
+    """A client cache: one open :class:`~rhino.client.Client` per worker address."""
+
+    def __init__(self, *, secret: Any, client_id: str, request_timeout: float = 120.0) -> None:
+        self._secret = secret
+        self.client_id = client_id
+        self.request_timeout = request_timeout
+        self._clients: dict[str, Client] = {}
+
+    def get(self, address: str) -> Client:
+        """The open client of ``address`` (a Unix socket path or ``host:port``), connected
+        on first use or again after its connection closed."""
+        c = self._clients.get(address)
+        if c is None or not c.is_open:
+            c = connect(address, secret=self._secret, client_id=self.client_id,
+                        request_timeout=self.request_timeout)
+            self._clients[address] = c
+        return c
+
+    def drop(self, address: Optional[str]) -> None:
+        """Closes and forgets the client of ``address`` (its worker was found unreachable)."""
+        c = self._clients.pop(address, None) if address else None
+        if c is not None:
+            try:
+                c.close()
+            except RhinoError:
+                pass
+
+    def close(self) -> None:
+        for address in list(self._clients):
+            self.drop(address)
+
+
+def primary_address(info: dict, host: Optional[str] = None) -> tuple[str, bool]:
+    """The address to reach an instance's primary at (``info`` is the instance's entry of
+    the placement), and whether it is local: its Unix socket when the primary runs on
+    ``host`` (this task's host) and the socket is there, else its TCP ``address``."""
+    sock = info.get("unix_socket")
+    if host is not None and sock and info.get("host") == host and os.path.exists(sock):
+        return sock, True
+    return info["address"], False

@@ -1,0 +1,158 @@
+"""The driver's side of a micro-batch (design §5): ``begin_batch`` at the
+coordinator (the barrier where due handovers run; it returns the placement), the
+batch's attempt, then the commit at the coordinator with the epoch the instances
+committed at. The coordinator refuses that commit if the operator moved to a new
+epoch meanwhile (a failover restores an instance to its last complete
+checkpoint, b-1, even if it had committed b), and the whole batch runs again:
+every instance rolls back to b-1, so state and output are those of one run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Optional, TypeVar
+
+from ..errors import InvalidArgumentError, RhinoError, StaleEpochError
+from .classify import Action, classify
+
+__all__ = ["BatchDriver", "Attempt", "AttemptResult", "BatchOutcome", "RerunBatch"]
+
+T = TypeVar("T")
+
+
+class RerunBatch(Exception):
+    """Raised by an attempt that cannot be committed (cancelled, incomplete): the
+    driver runs the batch again, after ``retry_sleep`` if ``sleep``."""
+
+    def __init__(self, reason: str, *, sleep: bool = True) -> None:
+        super().__init__(reason)
+        self.sleep = sleep
+
+
+@dataclass
+class Attempt:
+    """One attempt at a batch: the placement ``begin_batch`` gave it."""
+
+    batch: int
+    number: int  # 1-based
+    placement: dict
+    replay: bool  # b is the last committed batch run again (a Spark replay): no commit
+    errors: list[str]  # the batch's errors so far; an attempt may add its own notes
+    begun_at: float = 0.0  # time.time() before begin_batch
+    started_at: float = 0.0  # time.time() after it
+
+    @property
+    def epoch(self) -> int:
+        return int(self.placement["epoch"])
+
+
+@dataclass
+class AttemptResult(Generic[T]):
+    """What an attempt reports for the commit: the epoch every instance committed at
+    (the smallest seen), per instance its commit stats (``checkpoint_bytes``), the
+    per-vnode load, and the caller's own result."""
+
+    epoch: int
+    instances: dict = field(default_factory=dict)
+    load: dict = field(default_factory=dict)
+    value: Optional[T] = None
+
+
+@dataclass
+class BatchOutcome(Generic[T]):
+    """A batch the coordinator accepted: its last attempt, that attempt's result, and
+    the errors of the attempts before it."""
+
+    attempt: Attempt
+    result: AttemptResult[T]
+    errors: list[str]
+    ran_at: float  # time.time() when the attempt's work ended
+    committed_at: float  # time.time() after the commit
+
+
+class BatchDriver:
+    """Runs batches of one operator against the coordinator.
+
+    ``replay`` accepts a batch that is the operator's last committed one (Spark runs
+    the last batch again after a driver restart: our commit landed, Spark's did not):
+    it runs again, every instance rolling back to b-1, and is not committed again.
+    """
+
+    def __init__(self, coordinator: Any, operator_id: str, *, max_attempts: int = 20, retry_sleep: float = 0.25,
+                 replay: bool = False, name: Optional[str] = None) -> None:
+        self.coordinator = coordinator
+        self.operator_id = operator_id
+        self.max_attempts = max_attempts
+        self.retry_sleep = retry_sleep
+        self.replay = replay
+        self.name = name or operator_id
+
+    def begin(self, batch: int) -> dict:
+        """``begin_batch``: the placement to route batch ``batch`` with."""
+        return self.coordinator.begin_batch(self.operator_id, batch)
+
+    def begin_or_replay(self, batch: int) -> tuple[dict, bool]:
+        """The batch's placement, and whether b is a replay of the last committed batch."""
+        try:
+            return self.begin(batch), False
+        except InvalidArgumentError:
+            if not self.replay:
+                raise
+            p = self.coordinator.placement(self.operator_id)
+            if p.get("last_batch") == batch:
+                return p, True
+            raise
+
+    def commit(self, batch: int, *, epoch: int, instances: Optional[dict] = None,
+               load: Optional[dict] = None) -> dict:
+        """Reports batch ``batch`` done at ``epoch``: every instance committed it in barrier
+        mode. Raises StaleEpochError if the operator has moved to another epoch since
+        (run the batch again)."""
+        return self.coordinator.commit_batch(self.operator_id, batch, instances=instances or {}, load=load or {},
+                                             epoch=epoch)
+
+    def run(self, batch: int, attempt: Callable[[Attempt], AttemptResult[T]]) -> BatchOutcome[T]:
+        """Runs ``attempt`` until the coordinator accepts the batch's commit.
+
+        An attempt that raises :class:`RerunBatch`, or an error that :func:`classify`
+        does not call RAISE, is followed by another (a fresh ``begin_batch``: the
+        coordinator's current placement); a RAISE error propagates as itself. After
+        ``max_attempts`` a RhinoError names the last errors."""
+        errors: list[str] = []
+        for n in range(1, self.max_attempts + 1):
+            a = Attempt(batch=batch, number=n, placement={}, replay=False, errors=errors, begun_at=time.time())
+            try:
+                a.placement, a.replay = self.begin_or_replay(batch)
+            except RhinoError as e:
+                self._failed(e, f"attempt {n}: begin_batch: {type(e).__name__}: {e}", errors)
+                continue
+            a.started_at = time.time()
+            try:
+                res = attempt(a)
+            except RerunBatch as e:
+                errors.append(f"attempt {n}: {e}")
+                if e.sleep:
+                    time.sleep(self.retry_sleep)
+                continue
+            except Exception as e:  # noqa: BLE001 - classified, and raised again unless a rerun helps
+                self._failed(e, f"attempt {n}: {type(e).__name__}: {e}", errors)
+                continue
+            ran_at = time.time()
+            try:
+                if not a.replay:
+                    self.commit(batch, epoch=res.epoch, instances=res.instances, load=res.load)
+            except (StaleEpochError, InvalidArgumentError) as e:
+                # A reconfiguration during the batch (a failover may have restored an instance
+                # to b-1 after it committed b): run the whole batch again. InvalidArgument: an
+                # earlier commit of b landed (its answer was lost); begin_batch tells.
+                errors.append(f"attempt {n}: commit_batch: {type(e).__name__}: {e}")
+                continue
+            return BatchOutcome(attempt=a, result=res, errors=errors, ran_at=ran_at, committed_at=time.time())
+        raise RhinoError(f"{self.name}: batch {batch} failed {self.max_attempts} times: " + " | ".join(errors[-3:]))
+
+    def _failed(self, e: Exception, note: str, errors: list[str]) -> None:
+        if classify(e) is Action.RAISE:
+            raise e
+        errors.append(note)
+        time.sleep(self.retry_sleep)
