@@ -70,6 +70,7 @@ import numpy as np
 from rhino._machine import describe_machine, machine_summary
 from rhino._sizes import format_bytes, parse_size, parse_sizes
 from rhino.client.client import Client, connect
+from rhino.engine import BatchDriver
 from rhino.errors import RhinoError
 from .harness.workers import SECRET, WorkerProcess, write_secret
 from .common import exit_on_sigterm
@@ -500,7 +501,10 @@ _FALSE_DEATH = ("; the primary was declared dead by heartbeat timeout while it c
 
 
 def _commit(cc: Any, client: Client, batch: int, keys: np.ndarray, values: np.ndarray, epoch: int) -> Any:
-    pl = cc.begin_batch(OPERATOR, batch)
+    """One batch of the fill, through the engine's begin and commit, on the primary's Unix
+    socket; no rerun: a reconfiguration during the fill spoils the trial."""
+    driver = BatchDriver(cc, OPERATOR)
+    pl = driver.begin(batch)
     if pl["epoch"] != epoch:
         raise BenchError(f"the operator moved to epoch {pl['epoch']} while it was being filled" + _FALSE_DEATH)
     try:
@@ -512,7 +516,7 @@ def _commit(cc: Any, client: Client, batch: int, keys: np.ndarray, values: np.nd
         if any(e2["kind"] == "worker_dead" for e2 in st["events"]) or cc.placement(OPERATOR)["epoch"] != epoch:
             raise BenchError(f"batch {batch} failed ({type(e).__name__}: {e})" + _FALSE_DEATH) from None
         raise
-    cc.commit_batch(OPERATOR, batch, instances={"0": {"checkpoint_bytes": int(res.stats.get("checkpoint_bytes", 0))}})
+    driver.commit(batch, epoch=epoch, instances={"0": {"checkpoint_bytes": int(res.stats.get("checkpoint_bytes", 0))}})
     return res
 
 

@@ -1,15 +1,16 @@
-"""A minimal micro-batch engine over the coordinator and the workers' state
-service, driven as Spark's stateful operator will drive them (docs/design.md
-§5): for every batch, ask the coordinator for the routing table (the barrier
-where handovers run), route each key by its vnode to an instance, commit one
-session per instance on its primary in barrier mode, then report the batch
-done with its per-vnode load.
+"""A minimal in-process micro-batch engine over the coordinator and the workers'
+state service, driven as Spark's stateful operator drives them (docs/design.md
+§5), on :mod:`rhino.engine`: for every batch, ask the coordinator for the
+routing table (the barrier where handovers run), route each key by its vnode
+to an instance, commit one session per instance on its primary in barrier
+mode, then report the batch done with its per-vnode load and epoch.
 
-A failure (a dead primary, a stale epoch after a reconfiguration, a lost
-connection) aborts the attempt; the engine reports an unreachable primary to
-the coordinator and runs the **same batch again**, which is exactly-once by
-design §5: every instance rolls back to b-1 first. Used by the coordinator's
-model test and by the failover and handover benchmarks.
+A failure is classified by the engine (:func:`rhino.engine.classify`): an
+unreachable primary is reported to the coordinator and the **same batch** runs
+again, as after a stale epoch (a reconfiguration); that is exactly-once by
+design §5, since every instance rolls back to b-1 first. A real error
+(InvalidArgument, Corruption, NoSpace ...) is raised as itself. Used by the
+coordinator's model test and by the failover and handover benchmarks.
 """
 
 from __future__ import annotations
@@ -21,13 +22,9 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from rhino import _core
-from rhino.client.client import Client, connect
-from rhino.errors import (InvalidArgumentError, PeerDeadError, RhinoError, RhinoIOError, RhinoTimeoutError,
-                      StaleEpochError, UnknownInstanceError)
+from rhino.engine import Attempt, AttemptResult, BatchDriver, InstanceRun, WorkerClients, vnode_load
 
 __all__ = ["MicroBatchEngine", "BatchResult"]
-
-_UNREACHABLE = (PeerDeadError, RhinoIOError, RhinoTimeoutError, ConnectionError)
 
 
 @dataclass
@@ -41,35 +38,23 @@ class BatchResult:
 
 
 class MicroBatchEngine:
-    """Runs batches of puts and deletes of int64 keys for one operator."""
+    """Runs batches of puts and deletes of int64 keys for one operator.
+
+    ``coord`` (the coordinator client) may be replaced between batches (a test
+    reconnects to a restarted coordinator)."""
 
     def __init__(self, coordinator: Any, operator_id: str, *, secret: Any, max_attempts: int = 20,
                  retry_sleep: float = 0.25, request_timeout: float = 120.0) -> None:
         self.coord = coordinator
         self.op = operator_id
-        self.secret = secret
         self.max_attempts = max_attempts
         self.retry_sleep = retry_sleep
         self.request_timeout = request_timeout
-        self._clients: dict[str, Client] = {}
+        self._clients = WorkerClients(secret=secret, client_id="engine", request_timeout=request_timeout)
         self._part: Optional[_core.Partitioner] = None
 
     def close(self) -> None:
-        for c in self._clients.values():
-            c.close()
-        self._clients.clear()
-
-    def _client(self, address: str) -> Client:
-        c = self._clients.get(address)
-        if c is None or not c.is_open:
-            c = connect(address, secret=self.secret, client_id="engine", request_timeout=self.request_timeout)
-            self._clients[address] = c
-        return c
-
-    def _drop(self, address: Optional[str]) -> None:
-        c = self._clients.pop(address, None) if address else None
-        if c is not None:
-            c.close()
+        self._clients.close()
 
     def partitioner(self, placement: dict) -> _core.Partitioner:
         if self._part is None:
@@ -87,62 +72,43 @@ class MicroBatchEngine:
         values = [puts[int(k)] for k in keys]
         dels = np.asarray(list(deletes), dtype=np.int64)
         t0 = time.monotonic()
-        errors: list[str] = []
-        for attempt in range(1, self.max_attempts + 1):
-            placement = self.coord.begin_batch(self.op, batch)
-            epoch = placement["epoch"]
-            part = self.partitioner(placement)
-            inst_of_put = self.route(placement, keys) if len(keys) else np.array([], dtype=np.int64)
-            inst_of_del = self.route(placement, dels) if len(dels) else np.array([], dtype=np.int64)
-            vn_of_put = part.vnodes(keys) if len(keys) else np.array([], dtype=np.int32)
-            per: dict[int, dict] = {}
-            current: Optional[tuple[int, str]] = None
+        driver = BatchDriver(self.coord, self.op, max_attempts=self.max_attempts, retry_sleep=self.retry_sleep,
+                             name=self.op)
+        done = driver.run(batch, lambda a: self._attempt(a, keys, values, dels))
+        return BatchResult(batch=batch, epoch=done.result.epoch, attempts=done.attempt.number,
+                           seconds=time.monotonic() - t0, per_instance=done.result.value, errors=done.errors)
+
+    def _attempt(self, a: Attempt, keys: np.ndarray, values: list[bytes], dels: np.ndarray) -> AttemptResult:
+        """One session per instance, in instance order, on the primaries of ``a``'s placement.
+        An instance that fails ends the attempt (its primary reported if unreachable)."""
+        placement = a.placement
+        inst_of_put = self.route(placement, keys) if len(keys) else np.array([], dtype=np.int64)
+        inst_of_del = self.route(placement, dels) if len(dels) else np.array([], dtype=np.int64)
+        per: dict[int, dict] = {}
+        for name in sorted(placement["instances"], key=int):
+            i = int(name)
+            mine = inst_of_put == i
+
+            def work(s: Any, _p: dict, mine: np.ndarray = mine, i: int = i) -> dict:
+                k = keys[mine]
+                if len(k):
+                    s.put_batch(k, [values[j] for j in np.flatnonzero(mine)])
+                d = dels[inst_of_del == i]
+                if len(d):
+                    s.delete_batch(d)
+                r = s.commit("barrier")
+                return {"checkpoint_bytes": int(r.stats.get("checkpoint_bytes", 0)), "replicate_s": r.replicate_s,
+                        "keys": int(len(k))}
+
+            run = InstanceRun(self._clients, lambda: self.coord, self.op, i, batch=a.batch, placement=placement,
+                              wait_for_failover=False, failover_wait_s=self.request_timeout)
             try:
-                for name, info in sorted(placement["instances"].items(), key=lambda kv: int(kv[0])):
-                    i = int(name)
-                    current = (i, info["primary"])
-                    if info["address"] is None:
-                        raise UnknownInstanceError(f"instance {i} has no primary")
-                    cl = self._client(info["address"])
-                    mine = inst_of_put == i
-                    k = keys[mine]
-                    with cl.session(self.op, i, batch=batch, epoch=epoch) as s:
-                        if len(k):
-                            s.put_batch(k, [values[j] for j in np.flatnonzero(mine)])
-                        d = dels[inst_of_del == i]
-                        if len(d):
-                            s.delete_batch(d)
-                        r = s.commit("barrier")
-                    per[i] = {"checkpoint_bytes": int(r.stats.get("checkpoint_bytes", 0)),
-                              "replicate_s": r.replicate_s, "keys": int(len(k))}
-                current = None
-            except InvalidArgumentError:
-                raise
-            except RhinoError as e:
-                where = f" (instance {current[0]} on {current[1]})" if current else ""
-                errors.append(f"attempt {attempt}{where}: {type(e).__name__}: {e}")
-                if current is not None and isinstance(e, _UNREACHABLE):
-                    self._drop(placement["instances"][str(current[0])]["address"])
-                    try:
-                        self.coord.report_unreachable(self.op, current[0], current[1])
-                    except RhinoError as e2:
-                        errors.append(f"report_unreachable: {e2}")
-                time.sleep(self.retry_sleep)
-                continue
-            load: dict[str, list[float]] = {}
-            if len(keys):
-                vs, counts = np.unique(vn_of_put, return_counts=True)
-                sizes = np.bincount(vn_of_put, weights=[len(v) + 8 for v in values],
-                                    minlength=placement["num_vnodes"])
-                load = {str(int(v)): [float(c), float(sizes[v])] for v, c in zip(vs, counts)}
-            try:
-                self.coord.commit_batch(self.op, batch, instances={str(i): p for i, p in per.items()}, load=load,
-                                        epoch=epoch)
-            except StaleEpochError as e:
-                # A reconfiguration during the batch (a failover may have restored an
-                # instance to b-1 after it committed b): run the whole batch again.
-                errors.append(f"attempt {attempt}: commit_batch: {e}")
-                continue
-            return BatchResult(batch=batch, epoch=epoch, attempts=attempt, seconds=time.monotonic() - t0,
-                               per_instance=per, errors=errors)
-        raise RhinoError(f"batch {batch} of {self.op} failed {self.max_attempts} times: " + " | ".join(errors[-3:]))
+                per[i] = run.run(work)
+            finally:
+                a.errors.extend(f"attempt {a.number} (instance {i} on {run.info.get('primary')}): {m}"
+                                for m in run.errors)
+        load: dict[str, list[float]] = {}
+        if len(keys):
+            load = vnode_load(self.partitioner(placement).vnodes(keys), placement["num_vnodes"],
+                              nbytes=[len(v) + 8 for v in values])
+        return AttemptResult(epoch=a.epoch, instances={str(i): p for i, p in per.items()}, load=load, value=per)

@@ -325,7 +325,7 @@ def attribute(stats: pstats.Stats, nbatches: int) -> dict[str, float]:
     to_arrow = edge_cum(lambda f: f[2] == "convert" and "conversion" in f[0], named("runtime/task.py", "_to_arrow"))
     # the per-key frames handed to the processor: ``pdf.iloc[a:b]`` in the task's loop
     slices = edge_cum(lambda f: "pandas/core/indexing.py" in f[0] and f[2] == "__getitem__",
-                      named("runtime/task.py", "_run_once"))
+                      named("runtime/task.py", "_process"))
     vnodes = sum(v[2] for f, v in st.items() if f[0] == "~" and ("vnodes" in f[2] or "Partitioner" in f[2]))
     out = {
         "glue_group_rows": group, "glue_key_slices": slices, "glue_concat_frames": concat,
@@ -416,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import rhino.spark.runtime.task as task
     from rhino.coordinator.client import connect_coordinator
+    from rhino.engine import BatchDriver
     from rhino_bench.nexmark.queries import QUERIES
     from rhino.spark.runtime.glue import concat_frames, group_rows
     from rhino.spark.runtime.routing import record_keys
@@ -479,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
                 cap = None
                 for kind in order:
                     op = f"{qname}-{kind}"
-                    p = cc.begin_batch(op, bi)
+                    driver = BatchDriver(cc, op)
+                    p = driver.begin(bi)
                     spec = task.TaskSpec(
                         operator_id=op, batch=bi, epoch=p["epoch"], watermark_ms=wm, key_columns=q.key,
                         processor=q.processor_factory(**qparams), mode="pandas", time_mode="eventtime",
@@ -508,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
                     data = [r for r in res[:-1]]
                     outs[kind] = (pa.Table.from_batches(data).drop_columns([task.META_COLUMN]) if data
                                   else None)
-                    cc.commit_batch(op, bi, epoch=p["epoch"])
+                    driver.commit(bi, epoch=p["epoch"])
                 # the outputs must agree
                 ref = outs["after"]
                 for kind in kinds:
