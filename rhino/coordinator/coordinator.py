@@ -348,15 +348,14 @@ class Coordinator:
     # ---- the transport's entry point ----------------------------------------------------------
     def handle(self, method: str, args: dict) -> Any:
         """Dispatches one request of the coordinator protocol (docs/protocol.md §8.2)."""
-        fn = _METHODS.get(method)
-        if fn is None:
+        if method not in _METHODS:
             raise InvalidArgumentError(f"unknown coordinator method {method!r}")
         if self.rebuilding and method not in ("register", "heartbeat", "status"):
             raise BusyError("the coordinator is rebuilding its metadata from the workers; retry shortly")
         if not isinstance(args, dict):
             raise InvalidArgumentError("the arguments must be a JSON object")
         try:
-            return fn(self, **args)
+            return getattr(self, method)(**args)
         except TypeError as e:
             raise InvalidArgumentError(f"{method}: {e}") from None
 
@@ -373,17 +372,7 @@ def _uint(name: str, v: Any) -> None:
         raise InvalidArgumentError(f"{name} must be a non-negative int, got {v!r}")
 
 
-_METHODS: dict[str, Callable[..., Any]] = {
-    "register": lambda c, **a: c.register(**a),
-    "heartbeat": lambda c, **a: c.heartbeat(**a),
-    "create_operator": lambda c, **a: c.create_operator(**a),
-    "placement": lambda c, **a: c.placement(**a),
-    "begin_batch": lambda c, **a: c.begin_batch(**a),
-    "commit_batch": lambda c, **a: c.commit_batch(**a),
-    "report_unreachable": lambda c, **a: c.report_unreachable(**a),
-    "handover": lambda c, **a: c.handover(**a),
-    "rescale": lambda c, **a: c.rescale(**a),
-    "rebalance": lambda c, **a: c.rebalance(**a),
-    "status": lambda c, **a: c.status(**a),
-    "declare_dead": lambda c, **a: c.declare_dead(**a),
-}
+# The methods of the coordinator protocol (docs/protocol.md §8.2): each is the Coordinator's public
+# method of the same name, called with the request's arguments as keywords.
+_METHODS = frozenset({"register", "heartbeat", "create_operator", "placement", "begin_batch", "commit_batch",
+                      "report_unreachable", "handover", "rescale", "rebalance", "status", "declare_dead"})
