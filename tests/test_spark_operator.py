@@ -318,6 +318,12 @@ def test_grouped_pandas_form_equals_sparks_apply_in_pandas_with_state(cluster, s
         pd.DataFrame(rows).to_parquet(src / f"part-{b:03d}.parquet", coerce_timestamps="us")
     pd.DataFrame([{"k": 50, "ts": pd.Timestamp(t + 60_000, unit="ms")}]).to_parquet(
         src / "part-999.parquet", coerce_timestamps="us")
+    # Spark's file source takes files in modification-time order: files written within one
+    # clock tick could come in either order, and the last one (60 s ahead) taken early moves
+    # the watermark past the others (Spark's own run then failed: INVALID_TIMEOUT_TIMESTAMP).
+    base = time.time() - 100
+    for i, f in enumerate(sorted(src.iterdir())):
+        os.utime(f, (base + i, base + i))
     schema = "k long, ts timestamp"
     out_schema = "k long, n long, last long, why string"
 
