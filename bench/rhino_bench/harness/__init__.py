@@ -5,4 +5,11 @@
 - :mod:`rhino_bench.harness.spark_cluster`: a Spark standalone + Rhino cluster, one "host" per
   address (``rhino-bench cluster``);
 - :mod:`rhino_bench.harness.engine`: an in-process micro-batch writer on the library's engine.
+
+Not a public API (unlike ``pyspark.testing``): its shape follows what our tests and
+benchmarks need (process handles, SIGKILL and restart of hosts, /proc CPU readings, an
+independent RocksDB reader), and it starts whole Spark standalone clusters. A small
+public fixture for users to test their own processors on Rhino (a coordinator and a few
+workers beside a local SparkSession) is worth designing with the operator's next
+shape rather than freezing this one.
 """
