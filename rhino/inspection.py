@@ -4,7 +4,7 @@ A path is recognized as
   * live state: a RocksDB directory (has CURRENT), opened read-only, so this
     works while another process has the state open;
   * a replica store: has pool/ and checkpoints/;
-  * a directory holding both as live/ and store/ (what `rhino demo` creates).
+  * a directory holding both as live/ and store/ (what `rhino-bench demo --data-plane` creates).
 The result is a plain dict (printed as JSON with --json) and format_report()
 renders it as tables.
 """

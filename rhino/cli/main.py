@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="vnodes, key counts, sizes and checkpoints of a state dir or replica store",
                        description="PATH is a live state directory (RocksDB, has CURRENT; opened read-only), "
                                    "a replica store (has pool/ and checkpoints/), or a directory holding "
-                                   "live/ and store/ (what `rhino demo` creates).")
+                                   "live/ and store/ (what `rhino-bench demo --data-plane` creates).")
     p.add_argument("path", metavar="PATH")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--exact", action="store_true",
