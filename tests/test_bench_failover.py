@@ -35,6 +35,8 @@ def test_bench_failover_small(tmp_path: Path) -> None:
     assert setup["record"] == "setup" and setup["sizes"] == [size]
     res = {r["method"]: r for r in rows if r["record"] == "failover"}
     assert set(res) == {"rhino", "dfs"}
+    trials = [r for r in rows if r["record"] == "trial"]
+    assert [(r["method"], r["rep"]) for r in trials] == [("rhino", 0), ("dfs", 0)]  # the trial's number
     for m, r in res.items():
         assert all(k in r for k in FIELDS), sorted(set(FIELDS) - set(r))
         assert r["size_bytes"] == size and r["state_bytes"] >= 0.9 * size

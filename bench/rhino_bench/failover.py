@@ -62,6 +62,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -313,10 +314,20 @@ def _check_sample(client: Client, epoch: int, batch: int, sample: dict[int, byte
     return {"ok": bad == 0, "keys_checked": len(keys), "wrong": bad}
 
 
+@dataclass
+class _Filled:
+    """What the fill left: checkpoint ``checkpoint`` of A's instance, and a sample of what was written."""
+
+    checkpoint: int
+    n_total: int
+    sample: dict[int, bytes]
+    files_after_load: int
+    fill_s: float
+    settle_s: float
+
+
 def measure_size(size: int, args: argparse.Namespace, say: Callable[[str], None], rep: int = 0) -> list[dict]:
     """One trial at one size: a fresh cluster, filled, A killed, both recoveries measured."""
-    from rhino.cli.progress import Progress
-
     root = Path(args.dir) / f"size-{size}-{rep}"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -331,158 +342,12 @@ def measure_size(size: int, args: argparse.Namespace, say: Callable[[str], None]
         for w in (a, b, c, d):
             workers.append(w.start())
         control.join([a, b, c])  # D holds nothing and is not the coordinator's: the DFS baseline's reader
-        cc = control.client
-        cc.create_operator(OPERATOR, parallelism=1, num_vnodes=args.num_vnodes, replicas=2)
-        pl = cc.placement(OPERATOR)
-        inst = pl["instances"]["0"]
-        if inst["primary"] != a.id or sorted(inst["chain"]) != sorted([b.id, c.id]):
-            raise BenchError(f"unexpected placement: primary {inst['primary']}, chain {inst['chain']}")
-        epoch0 = pl["epoch"]
-        primary = connect(str(a.unix_socket), secret=SECRET, client_id="bench-writer", request_timeout=3600.0)
-        clients.append(primary)
-
-        # ---- 1. the state, through sessions, committed in barrier mode ----
-        v = args.value_bytes
-        n_total = max(1, size // v)
-        per = max(1, args.fill_batch_bytes // v)
-        gen = np.random.default_rng([args.seed, rep])
-        pick = np.random.default_rng([args.seed, rep, 1])
-        sample: dict[int, bytes] = {}
-        batch = 0
-        last: Any = None
-        t0 = time.monotonic()
-        with Progress(f"{format_bytes(size)}: filling A (r=2)", n_total * v, enabled=not args.quiet) as bar:
-            for first in range(0, n_total, per):
-                n = min(per, n_total - first)
-                keys = keys_for(first, n)
-                values = random_values(gen, n, v)
-                for j in pick.choice(n, size=min(n, SAMPLE_PER_BATCH), replace=False).tolist():
-                    sample[int(keys[j])] = values[j].tobytes()
-                last = _commit(cc, primary, batch, keys, values, epoch0)
-                batch += 1
-                bar.advance(n * v)
-                del keys, values
-        fill_s = time.monotonic() - t0
-        files_after_load = int(last.stats.get("files", 0))
-        # ---- settle: tiny batches until the checkpoint's file count stops falling ----
-        t1 = time.monotonic()
-        files = [files_after_load]
-        quiet = 0
-        while time.monotonic() - t1 < args.settle_timeout and quiet < 3:
-            time.sleep(1.0)
-            k = keys_for(n_total + batch, 1)
-            last = _commit(cc, primary, batch, k, random_values(gen, 1, v), epoch0)
-            batch += 1
-            files.append(int(last.stats.get("files", 0)))
-            quiet = quiet + 1 if files[-1] >= min(files[:-1]) - 1 else 0
-        settle_s = time.monotonic() - t1
-        checkpoint = batch - 1
-        st = cc.status()
-        alive = {w["id"] for w in st["workers"] if w["state"] == "alive"}
-        pl = cc.placement(OPERATOR)
-        if pl["epoch"] != epoch0 or pl["instances"]["0"]["primary"] != a.id or not {a.id, b.id, c.id} <= alive:
-            raise BenchError("the coordinator reconfigured the operator while it was being filled: epoch "
-                             f"{pl['epoch']}, workers alive {sorted(alive)}" + _FALSE_DEATH)
-        primary.close()
-        say(f"{format_bytes(size)}: {last.stats.get('checkpoint_bytes', 0) / 1e9:.2f} GB in checkpoint {checkpoint} "
-            f"({files[-1]} files; {files_after_load} right after the load), fill {fill_s:.0f} s, "
-            f"settle {settle_s:.0f} s")
-
-        # ---- quiesce: the fill's dirty pages written back, so they do not land on the failover's fsyncs ----
-        t2 = time.monotonic()
-        os.sync()
-        time.sleep(args.quiesce)
-        quiesce_s = time.monotonic() - t2
-        control.arm()
-        time.sleep(2 * args.heartbeat_timeout if control.mode != "none" else 0)
-        if any(w["state"] != "alive" for w in cc.status()["workers"]):
-            raise BenchError(f"a worker was declared dead before the kill: {cc.status()['workers']}")
-
-        # ---- 2 + 3. SIGKILL A; the coordinator fails over to B by hard links ----
-        cached = {w.id: _cached_fraction(w.dir) for w in (b, c)}
-        net0 = _received([b, c, d])
-        kill_unix = time.time()
-        a.kill()
-        fo = control.failover(a, kill_unix, timeout=args.heartbeat_timeout + 600)
-        net_rhino = _received([b, c, d]) - net0
-        tk = fo["takeover"]
-        rs = tk["restore"]
-        if tk["worker"] not in (b.id, c.id):
-            raise BenchError(f"the instance went to {tk['worker']}, not a chain member")
-        new_primary, survivor = (b, c) if tk["worker"] == b.id else (c, b)
-        detection = fo["dead_since"] - kill_unix if fo["detected"] else None
-        if "sent_unix" in tk:
-            scheduling = tk["sent_unix"] - fo["dead_since"]
-        else:  # an older coordinator: its whole failover less the takeover request
-            scheduling = fo["recovery_s"] - tk["request_s"]
-        pl = cc.placement(OPERATOR)
-        epoch = pl["epoch"]
-        chain_version = pl["instances"]["0"]["chain_version"]
-        cl_new = connect(new_primary.address, secret=SECRET, client_id="bench-check", request_timeout=600.0)
-        clients.append(cl_new)
-        check_rhino = _check_sample(cl_new, epoch, checkpoint + 1, sample)
-
-        # ---- 4. DFS-style: D pulls a full copy from a survivor, then opens it ----
-        d0 = _received([d])
-        cl_src = connect(survivor.address, secret=SECRET, client_id="bench-dfs", request_timeout=3600.0)
-        clients.append(cl_src)
-        tw = time.monotonic()
-        rep = cl_src.replicate(OPERATOR, 0, epoch=epoch, to=[d.address], chain_version=chain_version,
-                               checkpoint=checkpoint, timeout=3600.0)
-        copy_wall = time.monotonic() - tw
-        d_received = _received([d]) - d0
-        cl_d = connect(d.address, secret=SECRET, client_id="bench-dfs", request_timeout=3600.0)
-        clients.append(cl_d)
-        info_d = cl_d.takeover(OPERATOR, 0, epoch=epoch + 1, checkpoint=checkpoint, chain=[],
-                               chain_version=chain_version)
-        rd = info_d["restore"]
-        check_dfs = _check_sample(cl_d, epoch + 1, checkpoint + 1, sample)
-
-        common = {
-            "size_bytes": size, "state_bytes": int(rs["total_bytes"]), "checkpoint": checkpoint,
-            "keys": n_total, "value_bytes": v, "num_vnodes": args.num_vnodes, "replicas": 2,
-            "fill_batch_bytes": args.fill_batch_bytes, "fill_s": round(fill_s, 2), "settle_s": round(settle_s, 2),
-            "quiesce_s": round(quiesce_s, 2),
-            "files_after_load": files_after_load, "detection_mode": control.mode,
-            "heartbeat_timeout_s": args.heartbeat_timeout if control.mode != "none" else None,
-            "heartbeat_interval_s": args.heartbeat_interval if control.mode != "none" else None,
-            "coordinator": {"heartbeat": "served from the bench process (rhino.coordinator.server.CoordinatorServer)",
-                            "process": "a rhino coordinator process", "none": "in-process, told at once"}[control.mode],
-            "killed": f"{a.id} ({a.host})", "detection_s": None if detection is None else round(detection, 4),
-            "scheduling_s": round(scheduling, 4), "recovery_s": round(fo["recovery_s"], 4),
-        }
-        excl_r = scheduling + rs["build_s"] + rs["open_s"]
-        rhino_row = {
-            "record": "trial", "rep": rep, **common, "method": "rhino", "fetch_s": round(rs["build_s"], 4),
-            "load_s": round(rs["open_s"], 4),
-            "total_s": None if detection is None else round(detection + excl_r, 4),
-            "total_excl_detection_s": round(excl_r, 4), "worker": f"{new_primary.id} ({new_primary.host})",
-            "files": rs["files"], "linked_files": rs["linked_files"], "copied_files": rs["copied_files"],
-            "copied_bytes": rs["copied_bytes"], "network_bytes": net_rhino,
-            "takeover_request_s": round(tk["request_s"], 4), "restore_s": tk.get("restore_s"),
-            "store_cached_fraction": cached[new_primary.id],
-            "state_correct": check_rhino["ok"], "keys_checked": check_rhino["keys_checked"],
-        }
-        fetch_d = rep["seconds"] + rd["build_s"]
-        excl_d = scheduling + fetch_d + rd["open_s"]
-        dfs_row = {
-            "record": "trial", "rep": rep, **common, "method": "dfs", "fetch_s": round(fetch_d, 4),
-            "load_s": round(rd["open_s"], 4),
-            "total_s": None if detection is None else round(detection + excl_d, 4),
-            "total_excl_detection_s": round(excl_d, 4), "worker": f"{d.id} ({d.host})",
-            "source": f"{survivor.id} ({survivor.host})", "copy_s": round(rep["seconds"], 4),
-            "copy_wall_s": round(copy_wall, 4), "link_build_s": round(rd["build_s"], 4),
-            "copy_mb_s": round(rep["bytes_sent"] / rep["seconds"] / 1e6, 1) if rep["seconds"] > 0 else None,
-            "files": rd["files"], "linked_files": rd["linked_files"], "copied_files": rd["copied_files"],
-            "copied_bytes": rd["copied_bytes"], "network_bytes": int(rep["bytes_sent"]),
-            "received_bytes": d_received, "source_cached_fraction": cached[survivor.id],
-            "state_correct": check_dfs["ok"], "keys_checked": check_dfs["keys_checked"],
-        }
-        for r, chk in ((rhino_row, check_rhino), (dfs_row, check_dfs)):
-            if not chk["ok"]:
-                raise BenchError(f"{r['method']}: {chk['wrong']} of {chk['keys_checked']} sampled keys read back "
-                                 f"other values than were written")
-        return [rhino_row, dfs_row]
+        epoch0 = _place(control.client, a, b, c, args)
+        filled = _fill(control.client, a, b, c, size, args, rep, epoch0, clients, say)
+        quiesce_s = _quiesce(control, args)
+        rhino = _rhino_failover(control, a, b, c, d, args, filled, clients)
+        dfs = _dfs_fetch(d, rhino, filled, clients)
+        return _rows(size, args, rep, control, a, filled, quiesce_s, rhino, dfs)
     finally:
         for cl in clients:
             cl.close()
@@ -492,6 +357,186 @@ def measure_size(size: int, args: argparse.Namespace, say: Callable[[str], None]
             w.stop()
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _place(cc: Any, a: WorkerProcess, b: WorkerProcess, c: WorkerProcess, args: argparse.Namespace) -> int:
+    """Creates the operator (one instance, r=2): primary A, chain B and C. Returns its epoch."""
+    cc.create_operator(OPERATOR, parallelism=1, num_vnodes=args.num_vnodes, replicas=2)
+    pl = cc.placement(OPERATOR)
+    inst = pl["instances"]["0"]
+    if inst["primary"] != a.id or sorted(inst["chain"]) != sorted([b.id, c.id]):
+        raise BenchError(f"unexpected placement: primary {inst['primary']}, chain {inst['chain']}")
+    return int(pl["epoch"])
+
+
+def _fill(cc: Any, a: WorkerProcess, b: WorkerProcess, c: WorkerProcess, size: int, args: argparse.Namespace,
+          rep: int, epoch0: int, clients: list[Client], say: Callable[[str], None]) -> _Filled:
+    """1. The state, through sessions on A, committed in barrier mode (so replicated to B and C); then
+    tiny batches until the checkpoint's file count stops falling (compaction settled)."""
+    from rhino.cli.progress import Progress
+
+    primary = connect(str(a.unix_socket), secret=SECRET, client_id="bench-writer", request_timeout=3600.0)
+    clients.append(primary)
+    v = args.value_bytes
+    n_total = max(1, size // v)
+    per = max(1, args.fill_batch_bytes // v)
+    gen = np.random.default_rng([args.seed, rep])
+    pick = np.random.default_rng([args.seed, rep, 1])
+    sample: dict[int, bytes] = {}
+    batch = 0
+    last: Any = None
+    t0 = time.monotonic()
+    with Progress(f"{format_bytes(size)}: filling A (r=2)", n_total * v, enabled=not args.quiet) as bar:
+        for first in range(0, n_total, per):
+            n = min(per, n_total - first)
+            keys = keys_for(first, n)
+            values = random_values(gen, n, v)
+            for j in pick.choice(n, size=min(n, SAMPLE_PER_BATCH), replace=False).tolist():
+                sample[int(keys[j])] = values[j].tobytes()
+            last = _commit(cc, primary, batch, keys, values, epoch0)
+            batch += 1
+            bar.advance(n * v)
+            del keys, values
+    fill_s = time.monotonic() - t0
+    files_after_load = int(last.stats.get("files", 0))
+    t1 = time.monotonic()
+    files = [files_after_load]
+    quiet = 0
+    while time.monotonic() - t1 < args.settle_timeout and quiet < 3:
+        time.sleep(1.0)
+        k = keys_for(n_total + batch, 1)
+        last = _commit(cc, primary, batch, k, random_values(gen, 1, v), epoch0)
+        batch += 1
+        files.append(int(last.stats.get("files", 0)))
+        quiet = quiet + 1 if files[-1] >= min(files[:-1]) - 1 else 0
+    settle_s = time.monotonic() - t1
+    alive = {w["id"] for w in cc.status()["workers"] if w["state"] == "alive"}
+    pl = cc.placement(OPERATOR)
+    if pl["epoch"] != epoch0 or pl["instances"]["0"]["primary"] != a.id or not {a.id, b.id, c.id} <= alive:
+        raise BenchError("the coordinator reconfigured the operator while it was being filled: epoch "
+                         f"{pl['epoch']}, workers alive {sorted(alive)}" + _FALSE_DEATH)
+    primary.close()
+    say(f"{format_bytes(size)}: {last.stats.get('checkpoint_bytes', 0) / 1e9:.2f} GB in checkpoint {batch - 1} "
+        f"({files[-1]} files; {files_after_load} right after the load), fill {fill_s:.0f} s, "
+        f"settle {settle_s:.0f} s")
+    return _Filled(checkpoint=batch - 1, n_total=n_total, sample=sample, files_after_load=files_after_load,
+                   fill_s=fill_s, settle_s=settle_s)
+
+
+def _quiesce(control: Any, args: argparse.Namespace) -> float:
+    """The fill's dirty pages written back, so they do not land on the failover's fsyncs; then the
+    failure detector armed. Returns the seconds it took before arming."""
+    t2 = time.monotonic()
+    os.sync()
+    time.sleep(args.quiesce)
+    quiesce_s = time.monotonic() - t2
+    control.arm()
+    time.sleep(2 * args.heartbeat_timeout if control.mode != "none" else 0)
+    if any(w["state"] != "alive" for w in control.client.status()["workers"]):
+        raise BenchError(f"a worker was declared dead before the kill: {control.client.status()['workers']}")
+    return quiesce_s
+
+
+def _rhino_failover(control: Any, a: WorkerProcess, b: WorkerProcess, c: WorkerProcess, d: WorkerProcess,
+                    args: argparse.Namespace, filled: _Filled, clients: list[Client]) -> dict:
+    """2 + 3. SIGKILL A; the coordinator fails the instance over to a chain member by hard links."""
+    cc = control.client
+    cached = {w.id: _cached_fraction(w.dir) for w in (b, c)}
+    net0 = _received([b, c, d])
+    kill_unix = time.time()
+    a.kill()
+    fo = control.failover(a, kill_unix, timeout=args.heartbeat_timeout + 600)
+    network_bytes = _received([b, c, d]) - net0
+    tk = fo["takeover"]
+    if tk["worker"] not in (b.id, c.id):
+        raise BenchError(f"the instance went to {tk['worker']}, not a chain member")
+    new_primary, survivor = (b, c) if tk["worker"] == b.id else (c, b)
+    if "sent_unix" in tk:
+        scheduling = tk["sent_unix"] - fo["dead_since"]
+    else:  # an older coordinator: its whole failover less the takeover request
+        scheduling = fo["recovery_s"] - tk["request_s"]
+    pl = cc.placement(OPERATOR)
+    cl_new = connect(new_primary.address, secret=SECRET, client_id="bench-check", request_timeout=600.0)
+    clients.append(cl_new)
+    return {"fo": fo, "takeover": tk, "restore": tk["restore"], "cached": cached, "network_bytes": network_bytes,
+            "new_primary": new_primary, "survivor": survivor, "scheduling": scheduling,
+            "detection": fo["dead_since"] - kill_unix if fo["detected"] else None,
+            "epoch": pl["epoch"], "chain_version": pl["instances"]["0"]["chain_version"],
+            "check": _check_sample(cl_new, pl["epoch"], filled.checkpoint + 1, filled.sample)}
+
+
+def _dfs_fetch(d: WorkerProcess, rhino: dict, filled: _Filled, clients: list[Client]) -> dict:
+    """4. DFS-style: D pulls a full copy of the checkpoint from the survivor, then opens it."""
+    survivor, epoch = rhino["survivor"], rhino["epoch"]
+    d0 = _received([d])
+    cl_src = connect(survivor.address, secret=SECRET, client_id="bench-dfs", request_timeout=3600.0)
+    clients.append(cl_src)
+    tw = time.monotonic()
+    copy = cl_src.replicate(OPERATOR, 0, epoch=epoch, to=[d.address], chain_version=rhino["chain_version"],
+                            checkpoint=filled.checkpoint, timeout=3600.0)
+    copy_wall = time.monotonic() - tw
+    received = _received([d]) - d0
+    cl_d = connect(d.address, secret=SECRET, client_id="bench-dfs", request_timeout=3600.0)
+    clients.append(cl_d)
+    info_d = cl_d.takeover(OPERATOR, 0, epoch=epoch + 1, checkpoint=filled.checkpoint, chain=[],
+                           chain_version=rhino["chain_version"])
+    return {"copy": copy, "copy_wall": copy_wall, "received": received, "restore": info_d["restore"],
+            "worker": f"{d.id} ({d.host})",
+            "check": _check_sample(cl_d, epoch + 1, filled.checkpoint + 1, filled.sample)}
+
+
+def _rows(size: int, args: argparse.Namespace, rep: int, control: Any, a: WorkerProcess, filled: _Filled,
+          quiesce_s: float, rhino: dict, dfs: dict) -> list[dict]:
+    """The trial's two records (Rhino, DFS-style); raises if either read back other values."""
+    rs, rd, copy = rhino["restore"], dfs["restore"], dfs["copy"]
+    detection, scheduling = rhino["detection"], rhino["scheduling"]
+    new_primary, survivor = rhino["new_primary"], rhino["survivor"]
+    common = {
+        "size_bytes": size, "state_bytes": int(rs["total_bytes"]), "checkpoint": filled.checkpoint,
+        "keys": filled.n_total, "value_bytes": args.value_bytes, "num_vnodes": args.num_vnodes, "replicas": 2,
+        "fill_batch_bytes": args.fill_batch_bytes, "fill_s": round(filled.fill_s, 2),
+        "settle_s": round(filled.settle_s, 2), "quiesce_s": round(quiesce_s, 2),
+        "files_after_load": filled.files_after_load, "detection_mode": control.mode,
+        "heartbeat_timeout_s": args.heartbeat_timeout if control.mode != "none" else None,
+        "heartbeat_interval_s": args.heartbeat_interval if control.mode != "none" else None,
+        "coordinator": {"heartbeat": "served from the bench process (rhino.coordinator.server.CoordinatorServer)",
+                        "process": "a rhino coordinator process", "none": "in-process, told at once"}[control.mode],
+        "killed": f"{a.id} ({a.host})", "detection_s": None if detection is None else round(detection, 4),
+        "scheduling_s": round(scheduling, 4), "recovery_s": round(rhino["fo"]["recovery_s"], 4),
+    }
+    excl_r = scheduling + rs["build_s"] + rs["open_s"]
+    check_rhino, check_dfs = rhino["check"], dfs["check"]
+    rhino_row = {
+        "record": "trial", "rep": rep, **common, "method": "rhino", "fetch_s": round(rs["build_s"], 4),
+        "load_s": round(rs["open_s"], 4),
+        "total_s": None if detection is None else round(detection + excl_r, 4),
+        "total_excl_detection_s": round(excl_r, 4), "worker": f"{new_primary.id} ({new_primary.host})",
+        "files": rs["files"], "linked_files": rs["linked_files"], "copied_files": rs["copied_files"],
+        "copied_bytes": rs["copied_bytes"], "network_bytes": rhino["network_bytes"],
+        "takeover_request_s": round(rhino["takeover"]["request_s"], 4), "restore_s": rhino["takeover"].get("restore_s"),
+        "store_cached_fraction": rhino["cached"][new_primary.id],
+        "state_correct": check_rhino["ok"], "keys_checked": check_rhino["keys_checked"],
+    }
+    fetch_d = copy["seconds"] + rd["build_s"]
+    excl_d = scheduling + fetch_d + rd["open_s"]
+    dfs_row = {
+        "record": "trial", "rep": rep, **common, "method": "dfs", "fetch_s": round(fetch_d, 4),
+        "load_s": round(rd["open_s"], 4),
+        "total_s": None if detection is None else round(detection + excl_d, 4),
+        "total_excl_detection_s": round(excl_d, 4), "worker": dfs["worker"],
+        "source": f"{survivor.id} ({survivor.host})", "copy_s": round(copy["seconds"], 4),
+        "copy_wall_s": round(dfs["copy_wall"], 4), "link_build_s": round(rd["build_s"], 4),
+        "copy_mb_s": round(copy["bytes_sent"] / copy["seconds"] / 1e6, 1) if copy["seconds"] > 0 else None,
+        "files": rd["files"], "linked_files": rd["linked_files"], "copied_files": rd["copied_files"],
+        "copied_bytes": rd["copied_bytes"], "network_bytes": int(copy["bytes_sent"]),
+        "received_bytes": dfs["received"], "source_cached_fraction": rhino["cached"][survivor.id],
+        "state_correct": check_dfs["ok"], "keys_checked": check_dfs["keys_checked"],
+    }
+    for r, chk in ((rhino_row, check_rhino), (dfs_row, check_dfs)):
+        if not chk["ok"]:
+            raise BenchError(f"{r['method']}: {chk['wrong']} of {chk['keys_checked']} sampled keys read back "
+                             f"other values than were written")
+    return [rhino_row, dfs_row]
 
 
 _FALSE_DEATH = ("; the primary was declared dead by heartbeat timeout while it committed (a build before 5231c24 "
