@@ -217,8 +217,11 @@ class _DdlParser:
                 self.i += 1
                 if self.i >= len(self.toks) or self.toks[self.i][0] != "str":
                     raise self._fail("expected a quoted comment", name)
-                meta["comment"] = self.toks[self.i][1]
-                self.i += 1
+                text = ""
+                while self.i < len(self.toks) and self.toks[self.i][0] == "str":  # 'a' 'b' is 'ab', as in SQL
+                    text += self.toks[self.i][1]
+                    self.i += 1
+                meta["comment"] = text
         return StructField(name, dt, nullable, meta)
 
     def _int_args(self, name: str, most: int) -> list[int]:
