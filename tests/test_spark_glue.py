@@ -2,8 +2,8 @@
 
 - ``group_rows``: ``DataFrame.groupby(keys, sort=False)`` gives the groups in order of first
   appearance with their rows in input order; each group must be one contiguous slice of the
-  returned frame, its key tuple the group's name, its record key ``RECORD_PREFIX +
-  encode_key(key)`` (the bytes routing hashes).
+  returned frame, its key tuple the group's name, its routing bytes ``encode_key(key)`` (what routing
+  hashes, and the routing part of every state entry of the key).
 - ``concat_frames``: ``pd.concat(frames, ignore_index=True)`` of the non-empty frames, values
   and dtypes alike (Spark converts each output frame on its own, so the gathered frame must
   not change a column's type).
@@ -22,7 +22,7 @@ pd = pytest.importorskip("pandas")
 pa = pytest.importorskip("pyarrow")
 
 from rhino.spark.runtime.glue import concat_frames, group_rows  # noqa: E402
-from rhino.spark.state.encoding import RECORD_PREFIX, encode_key  # noqa: E402
+from rhino.spark.state.encoding import encode_key  # noqa: E402
 
 
 # ---- group_rows ---------------------------------------------------------------------------------
@@ -48,10 +48,10 @@ def check_groups(pdf: pd.DataFrame, key_columns: list[str], table: pa.Table | No
         end = b
         assert kt == tuple(_py(v) for v in name), f"key tuple {kt!r}, pandas' group {name!r}"
         assert all(not isinstance(v, np.generic) for v in kt), f"numpy scalars in the key tuple {kt!r}"
-        assert ek == RECORD_PREFIX + encode_key(kt), f"record key of {kt!r}"
+        assert ek == encode_key(kt), f"routing bytes of {kt!r}"
         pd.testing.assert_frame_equal(spdf.iloc[a:b].reset_index(drop=True), rows.reset_index(drop=True))
     assert end == len(pdf)
-    assert len({g[0] for g in groups}) == len(groups), "two groups share a record key"
+    assert len({g[0] for g in groups}) == len(groups), "two groups share routing bytes"
 
 
 def _mixed(n: int, nkeys: int, seed: int = 0) -> pd.DataFrame:

@@ -2,6 +2,7 @@
 
   rhino version
   rhino inspect PATH [--json] [--exact]
+  rhino inspect --operator OP --coordinator HOST:PORT --secret-file FILE [--batch N] [--json]
   rhino verify STORE [--operator OP [--instance N]] [--quick] [--json]
   rhino restore STORE TARGET --operator OP --instance N [--checkpoint ID] [--copy]
   rhino worker --id ID --dir DIR --listen 127.0.0.N:PORT --secret-file FILE [--coordinator HOST:PORT] ...
@@ -43,6 +44,17 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from ..errors import InvalidArgumentError
+
+    if (args.path is None) == (args.operator is None):
+        raise InvalidArgumentError("rhino inspect takes PATH or --operator OP, not both" if args.path is not None
+                                   else "rhino inspect needs PATH, or --operator OP (with --coordinator)")
+    if args.operator is not None:
+        from .state import format_state, inspect_operator
+
+        report = inspect_operator(args)
+        print(json.dumps(report, indent=2) if args.json else format_state(report))
+        return 0
     from ..inspection import format_report, inspect_path
 
     report = inspect_path(args.path, exact=args.exact)
@@ -107,11 +119,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("version", help="package version, the _core module, and the RocksDB it was built with")
     p.set_defaults(func=cmd_version)
 
-    p = sub.add_parser("inspect", help="vnodes, key counts, sizes and checkpoints of a state dir or replica store",
+    p = sub.add_parser("inspect", help="vnodes, key counts, sizes and checkpoints of a state dir or replica store; "
+                                       "an operator's state variables and entry counts",
                        description="PATH is a live state directory (RocksDB, has CURRENT; opened read-only), "
                                    "a replica store (has pool/ and checkpoints/), or a directory holding "
-                                   "live/ and store/ (what `rhino-bench demo --data-plane` creates).")
-    p.add_argument("path", metavar="PATH")
+                                   "live/ and store/ (what `rhino-bench demo --data-plane` creates). "
+                                   "With --operator OP (and --coordinator, --secret-file) instead: the state "
+                                   "variables of a rhino.spark operator (name, kind, id, schema, TTL, schema "
+                                   "version) from the coordinator, and their entry counts in a committed "
+                                   "checkpoint, read from the workers' replica stores (no query needs to run). "
+                                   "That form imports rhino.spark's state layout (rhino.spark.state.reader) "
+                                   "when it runs; it does not need PySpark.")
+    p.add_argument("path", metavar="PATH", nargs="?")
+    p.add_argument("--operator", metavar="OP", help="a rhino.spark operator: its state variables and entry counts")
+    p.add_argument("--coordinator", metavar="HOST:PORT",
+                   help="with --operator: the coordinator (default: $RHINO_COORDINATOR)")
+    p.add_argument("--secret-file", metavar="FILE",
+                   help="with --operator: the cluster's shared secret (default: $RHINO_SECRET_FILE)")
+    p.add_argument("--batch", type=uint64, metavar="N",
+                   help="with --operator: the committed batch whose checkpoint is counted (default: the last)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--exact", action="store_true",
                    help="count keys exactly by scanning every vnode (default: RocksDB estimates)")

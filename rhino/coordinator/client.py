@@ -38,8 +38,16 @@ class _Methods:
     def placement(self, operator_id: str) -> dict:
         return self.call("placement", operator_id=operator_id)
 
-    def begin_batch(self, operator_id: str, batch: int) -> dict:
-        return self.call("begin_batch", operator_id=operator_id, batch=batch)
+    def begin_batch(self, operator_id: str, batch: int, *, batch_time_ms: Optional[int] = None) -> dict:
+        if batch_time_ms is None:
+            return self.call("begin_batch", operator_id=operator_id, batch=batch)
+        return self.call("begin_batch", operator_id=operator_id, batch=batch, batch_time_ms=int(batch_time_ms))
+
+    def state_schema(self, operator_id: str) -> dict:
+        return self.call("state_schema", operator_id=operator_id)
+
+    def set_state_schema(self, operator_id: str, doc: dict, revision: int) -> dict:
+        return self.call("set_state_schema", operator_id=operator_id, doc=doc, revision=revision)
 
     def commit_batch(self, operator_id: str, batch: int, *, instances: Optional[dict] = None,
                      load: Optional[dict] = None, epoch: Optional[int] = None) -> dict:

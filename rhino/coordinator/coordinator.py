@@ -22,6 +22,7 @@ Vocabulary of the methods below:
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -218,14 +219,23 @@ class Coordinator:
                 "chain_version": r.chain_version, "last_complete": r.last_complete, "bytes": r.bytes}
         return {"operator_id": operator_id, "epoch": op.epoch, "num_vnodes": op.num_vnodes,
                 "num_key_groups": op.num_key_groups, "seed": op.seed, "replicas": op.replicas,
-                "last_batch": op.last_batch, "assignment": self.meta.assignment(operator_id), "instances": insts}
+                "last_batch": op.last_batch, "assignment": self.meta.assignment(operator_id), "instances": insts,
+                "batch_time": json.loads(self.meta.get_meta(f"batch_time:{operator_id}") or "null")}
 
-    def begin_batch(self, operator_id: str, batch: int) -> dict:
+    def begin_batch(self, operator_id: str, batch: int, *, batch_time_ms: Optional[int] = None) -> dict:
         """The barrier before ``batch``: runs the handover steps due after
         ``batch - 1`` (docs/design.md §4), then returns the placement to route
         the batch with. ``batch`` is the next batch, or the same one again (a
-        re-execution)."""
+        re-execution).
+
+        ``batch_time_ms``: the caller's clock at the batch's first begin. The
+        first value given for a batch is kept, and every begin of that batch
+        answers it as the placement's ``batch_time_ms`` (a batch that runs again
+        keeps its time: TTL and processing-time timers see the same time, design
+        §5). Never earlier than the previous batch's time."""
         _uint("batch", batch)
+        if batch_time_ms is not None and (not isinstance(batch_time_ms, int) or isinstance(batch_time_ms, bool)):
+            raise InvalidArgumentError(f"batch_time_ms must be an integer (ms), not {batch_time_ms!r}")
         with self.lock:
             op = self.meta.require_operator(operator_id)
             nxt = 0 if op.last_batch is None else op.last_batch + 1
@@ -234,7 +244,46 @@ class Coordinator:
                                            f"the next batch is {nxt}, not {batch}")
             if batch > 0:
                 self.hm.run_due(operator_id, batch - 1)
-            return self.placement(operator_id)
+            out = self.placement(operator_id)
+            if batch_time_ms is not None:
+                out["batch_time_ms"] = self._batch_time(operator_id, batch, batch_time_ms)
+            return out
+
+    def _batch_time(self, operator_id: str, batch: int, proposed_ms: int) -> int:
+        """The batch's time: the one stored for ``batch``, else ``proposed_ms`` (raised to
+        the previous batch's time, so batch time never goes back), stored."""
+        key = f"batch_time:{operator_id}"
+        got = self.meta.get_meta(key)
+        doc = json.loads(got) if got else None
+        if doc is not None and doc["batch"] == batch:
+            return int(doc["time_ms"])
+        t = max(int(proposed_ms), int(doc["time_ms"]) if doc is not None else proposed_ms)
+        with self.meta.tx() as c:
+            self.meta.set_meta(c, key, json.dumps({"batch": batch, "time_ms": t}))
+        return t
+
+    def state_schema(self, operator_id: str) -> dict:
+        """The operator's state schema document (its state variables, their ids and
+        schema versions; written by ``rhino.spark``), and its revision (0: none yet)."""
+        self.meta.require_operator(operator_id)
+        got = self.meta.get_meta(f"state_schema:{operator_id}")
+        return json.loads(got) if got else {"revision": 0, "doc": None}
+
+    def set_state_schema(self, operator_id: str, doc: dict, revision: int) -> dict:
+        """Replaces the state schema document if it is still at ``revision`` (a
+        compare-and-set: two drivers cannot both register a change); answers the new
+        revision. The coordinator stores the document; the caller checks compatibility."""
+        if not isinstance(doc, dict):
+            raise InvalidArgumentError("the state schema document must be a JSON object")
+        with self.lock:
+            cur = self.state_schema(operator_id)
+            if cur["revision"] != revision:
+                raise BusyError(f"operator {operator_id}: the state schema is at revision "
+                                      f"{cur['revision']}, not {revision} (another driver changed it): read it again")
+            new = {"revision": revision + 1, "doc": doc}
+            with self.meta.tx() as c:
+                self.meta.set_meta(c, f"state_schema:{operator_id}", json.dumps(new))
+            return {"revision": revision + 1}
 
     def commit_batch(self, operator_id: str, batch: int, *, instances: Optional[dict] = None,
                      load: Optional[dict] = None, epoch: Optional[int] = None) -> dict:
@@ -375,4 +424,5 @@ def _uint(name: str, v: Any) -> None:
 # The methods of the coordinator protocol (docs/protocol.md §8.2): each is the Coordinator's public
 # method of the same name, called with the request's arguments as keywords.
 _METHODS = frozenset({"register", "heartbeat", "create_operator", "placement", "begin_batch", "commit_batch",
-                      "report_unreachable", "handover", "rescale", "rebalance", "status", "declare_dead"})
+                      "report_unreachable", "handover", "rescale", "rebalance", "status", "declare_dead",
+                      "state_schema", "set_state_schema"})

@@ -80,7 +80,12 @@ class BatchDriver:
     """
 
     def __init__(self, coordinator: Any, operator_id: str, *, max_attempts: int = 20, retry_sleep: float = 0.25,
-                 replay: bool = False, name: Optional[str] = None) -> None:
+                 replay: bool = False, name: Optional[str] = None,
+                 clock: Optional[Callable[[], int]] = None) -> None:
+        #: ``clock()`` -> ms: when given, each batch gets a batch time at the coordinator
+        #: (the placement's ``batch_time_ms``), fixed at its first begin and the same
+        #: when it runs again or is replayed
+        self.clock = clock
         self.coordinator = coordinator
         self.operator_id = operator_id
         self.max_attempts = max_attempts
@@ -90,7 +95,9 @@ class BatchDriver:
 
     def begin(self, batch: int) -> dict:
         """``begin_batch``: the placement to route batch ``batch`` with."""
-        return self.coordinator.begin_batch(self.operator_id, batch)
+        if self.clock is None:
+            return self.coordinator.begin_batch(self.operator_id, batch)
+        return self.coordinator.begin_batch(self.operator_id, batch, batch_time_ms=int(self.clock()))
 
     def begin_or_replay(self, batch: int) -> tuple[dict, bool]:
         """The batch's placement, and whether b is a replay of the last committed batch."""
@@ -101,6 +108,9 @@ class BatchDriver:
                 raise
             p = self.coordinator.placement(self.operator_id)
             if p.get("last_batch") == batch:
+                bt = p.get("batch_time")
+                if self.clock is not None and bt and bt.get("batch") == batch:
+                    p["batch_time_ms"] = int(bt["time_ms"])
                 return p, True
             raise
 

@@ -109,7 +109,7 @@ class TransformWithState:
                  replicas: int = 2, num_vnodes: Optional[int] = None, time_mode: str = "None",
                  event_time: Optional[str] = None, watermark_delay: Any = 0, mode: str = "pandas",
                  checkpoint_location: Optional[str] = None, locality: bool = True, max_batch_attempts: int = 5,
-                 timer_bucket_ms: int = 1000, placement: str = "balanced", request_timeout: float = 120.0,
+                 placement: str = "balanced", request_timeout: float = 120.0,
                  failover_wait_s: float = 60.0, watch_hosts: bool = True) -> None:
         from pyspark.sql.types import StructType
 
@@ -152,7 +152,7 @@ class TransformWithState:
         self.mode = mode
         self.locality = locality
         self.max_batch_attempts = max_batch_attempts
-        self.timer_bucket_ms = timer_bucket_ms
+        self.state_doc: Optional[dict] = None  # the state schema document, read at the first batch
         self.placement_mode = placement
         self.request_timeout = request_timeout
         self.failover_wait_s = failover_wait_s
@@ -175,12 +175,38 @@ class TransformWithState:
             self._coord = connect_coordinator(self.coordinator_address, secret=self.secret)
         return self._coord
 
-    def _ensure_created(self) -> None:
+    def _ensure_created(self, in_schema: Any) -> None:
         if not self._created:
             self.coordinator().create_operator(self.operator_id, parallelism=self.parallelism,
                                                num_vnodes=self.num_vnodes, replicas=self.replicas,
                                                placement=self.placement_mode)
+            self.state_doc = self._register_state(in_schema)
             self._created = True
+
+    def _register_state(self, in_schema: Any) -> dict:
+        """The state variables ``init`` declares, registered at the coordinator (ids, schema
+        versions); an incompatible change is refused here, before any batch runs
+        (``state/variables.py``)."""
+        from rhino.errors import BusyError
+
+        from .state.variables import declared_variables, resolve_schema_doc
+
+        from pyspark.sql.types import StructType
+
+        declared = declared_variables(self.processor)
+        grouping = StructType([in_schema[c] for c in self.key_columns])
+        for _ in range(5):
+            cur = self.coordinator().state_schema(self.operator_id)
+            doc, changed = resolve_schema_doc(cur["doc"], declared, grouping_key=grouping)
+            if not changed:
+                return doc
+            try:
+                self.coordinator().set_state_schema(self.operator_id, doc, cur["revision"])
+                return doc
+            except BusyError:  # another driver changed it meanwhile: read it again
+                continue
+        raise InvalidArgumentError(f"operator {self.operator_id}: the state schema kept changing under this "
+                                   "driver (another driver of the same operator?)")
 
     # ---- the watermark (Spark's rule: from the max event time through b-1, minus the delay) ---
     def _wm_path(self) -> Optional[Path]:
@@ -219,16 +245,17 @@ class TransformWithState:
     def _process(self, df: Any, b: int) -> pa.Table:
         spark = df.sparkSession
         t0 = time.time()
-        self._ensure_created()
-        wm = self.watermark_for(b) if self.time_mode == "eventtime" else 0
         tz = spark.conf.get("spark.sql.session.timeZone")
         in_schema = df.schema
         for c in self.key_columns + ([self.event_time] if self.event_time else []):
             if c not in in_schema.names:
                 raise InvalidArgumentError(f"column {c!r} is not in the input ({in_schema.simpleString()})")
+        self._ensure_created(in_schema)
+        wm = self.watermark_for(b) if self.time_mode == "eventtime" else 0
         shuffled: dict = {}  # the batch's routed, shuffled rows, kept across attempts (see _run_job)
         driver = BatchDriver(self.coordinator(), self.operator_id, max_attempts=self.max_batch_attempts,
-                             retry_sleep=0.5, replay=True, name=f"rhino.spark {self.operator_id}")
+                             retry_sleep=0.5, replay=True, name=f"rhino.spark {self.operator_id}",
+                             clock=lambda: int(time.time() * 1000))
         done = driver.run(b, lambda a: self._attempt(spark, df, a, wm, tz, shuffled))
         a = done.attempt
         data, tasks = done.result.value
@@ -329,7 +356,9 @@ class TransformWithState:
                         time_mode=self.time_mode, event_time=self.event_time,
                         input_schema_json=df.schema.json(), output_schema_json=self.output_schema.json(),
                         timezone=tz, secret=self.secret, coordinator=self.coordinator_address,
-                        placement=placement, bucket_ms=self.timer_bucket_ms, request_timeout=self.request_timeout,
+                        placement=placement, state_doc=self.state_doc,
+                        batch_time_ms=int(placement.get("batch_time_ms") or time.time() * 1000),
+                        request_timeout=self.request_timeout,
                         failover_wait_s=self.failover_wait_s, wait_for_failover=not self.watch_hosts)
         from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -440,8 +469,9 @@ def transform_with_state(processor: Any, *, key: str | Sequence[str], output_sch
       the driver hosts); ``secret`` / ``secret_file``: the cluster's shared secret.
     - ``parallelism`` (instances), ``replicas`` (r, default 2), ``num_vnodes``.
     - ``time_mode``: ``"None"`` or ``"EventTime"`` (with ``event_time=<column>`` and
-      ``watermark_delay``, e.g. ``"10 seconds"``); processing-time timers and TTL are
-      not supported and are refused.
+      ``watermark_delay``, e.g. ``"10 seconds"``); processing-time timers are not
+      supported and are refused. State variables may have a TTL (``ttlDurationMs``),
+      measured in batch time (the coordinator fixes each batch's time at its first run).
     - ``checkpoint_location``: a directory for the operator's watermark (survives a
       driver restart; Spark's own checkpoint location is a good place).
     - ``watch_hosts`` (default True): while a batch runs, report a host whose executors

@@ -1,1 +1,1 @@
-"""NEXMark Q8 on Rhino against Spark's own operator: ``rhino-bench spark recovery|throughput|glue``."""
+"""NEXMark Q8 on Rhino against Spark's own operator: ``rhino-bench spark recovery|throughput``."""

@@ -16,16 +16,16 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .routing import record_keys
+from .routing import routing_keys
 
 __all__ = ["group_rows", "concat_frames"]
 
 
 def group_rows(table: pa.Table, pdf: pd.DataFrame, key_columns: list[str]
                ) -> tuple[pd.DataFrame, list[tuple[bytes, tuple, int, int]]]:
-    """The rows sorted by key, and per key: (record key bytes, the key tuple as the
-    processor gets it, first row, end row) in order of first appearance."""
-    rks = record_keys(table, key_columns)
+    """The rows sorted by key, and per key: (the key's routing bytes, the key tuple as
+    the processor gets it, first row, end row) in order of first appearance."""
+    rks = routing_keys(table, key_columns)
     codes, uniques = pd.factorize(pd.Series(rks, dtype=object), sort=False)
     order = np.argsort(codes, kind="stable")
     sorted_codes = codes[order]

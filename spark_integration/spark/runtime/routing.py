@@ -1,8 +1,9 @@
 """Routing a batch's rows to instances, in Spark: the ``_rhino_part`` column.
 
 A row goes to the instance that owns its key's vnode under the batch's routing
-table (design §1). The vnode is the one the worker files the key's record
-under, so it is computed on the same bytes: ``record_key(encode_key(key))``.
+table (design §1). The vnode is the one the worker files the key's entries
+under: the vnode of their routing part, the key's ``encode_key`` bytes
+(``state/layout.py``), so it is computed on the same bytes.
 
 Spark then shuffles with ``repartition(P, "_rhino_part")``, which puts a row in
 partition ``pmod(hash(_rhino_part), P)`` (Murmur3, seed 42). The column holds,
@@ -21,9 +22,9 @@ import pyarrow as pa
 
 import rhino
 
-from ..state.encoding import RECORD_PREFIX, encode_key
+from ..state.encoding import encode_key
 
-__all__ = ["PART_COLUMN", "partition_tokens", "tag_batches", "record_keys"]
+__all__ = ["PART_COLUMN", "partition_tokens", "tag_batches", "routing_keys"]
 
 PART_COLUMN = "_rhino_part"
 _TOKENS: dict[int, list[int]] = {}
@@ -44,22 +45,21 @@ def partition_tokens(spark: Any, partitions: int) -> list[int]:
     return _TOKENS[partitions]
 
 
-def record_keys(table: pa.Table | pa.RecordBatch, key_columns: list[str]) -> list[bytes]:
-    """The Rhino record key of every row: vectorized for one integer or string
-    key column, one Python call per row otherwise."""
+def routing_keys(table: pa.Table | pa.RecordBatch, key_columns: list[str]) -> list[bytes]:
+    """The routing part (``encode_key``) of every row's grouping key: vectorized for
+    one integer key column, one Python call per row otherwise."""
     if len(key_columns) == 1:
         col = table.column(key_columns[0])
         t = col.type
         if pa.types.is_integer(t) and col.null_count == 0:
             v = col.to_numpy(zero_copy_only=False).astype(">i8")
-            head = np.frombuffer(RECORD_PREFIX + b"i", dtype="S2")
-            # b"\x00" + b"i" + 8 big-endian bytes, as encode_key((int,)) writes it
-            raw = np.empty((len(v), 10), dtype=np.uint8)
-            raw[:, :2] = np.frombuffer(head.tobytes(), dtype=np.uint8)
-            raw[:, 2:] = v.view(np.uint8).reshape(-1, 8)
+            # b"i" + 8 big-endian bytes, as encode_key((int,)) writes it
+            raw = np.empty((len(v), 9), dtype=np.uint8)
+            raw[:, 0] = ord("i")
+            raw[:, 1:] = v.view(np.uint8).reshape(-1, 8)
             return [bytes(r) for r in raw]
     cols = [table.column(c).to_pylist() for c in key_columns]
-    return [RECORD_PREFIX + encode_key(tuple(k)) for k in zip(*cols)]
+    return [encode_key(tuple(k)) for k in zip(*cols)]
 
 
 def tag_batches(batches: Iterator[pa.RecordBatch], *, key_columns: list[str], num_key_groups: int,
@@ -71,6 +71,6 @@ def tag_batches(batches: Iterator[pa.RecordBatch], *, key_columns: list[str], nu
     for b in batches:
         if b.num_rows == 0:
             continue
-        vn = np.asarray(part.vnodes(record_keys(b, key_columns)))
+        vn = np.asarray(part.vnodes(routing_keys(b, key_columns)))
         col = pa.array(tok[inst_of_vnode[vn]], pa.int64())
         yield pa.RecordBatch.from_arrays(list(b.columns) + [col], names=list(b.schema.names) + [PART_COLUMN])

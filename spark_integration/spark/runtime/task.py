@@ -1,15 +1,20 @@
 """One task of a Rhino stateful operator: instance i, batch b, run inside a
 Spark executor's Python worker (from ``mapInArrow``; partition i = instance i).
 
-The steps, one round trip each to the instance's primary worker (design §2, §5):
+The steps, a constant number of round trips to the instance's primary worker
+whatever the number of keys and state variables (design §2, §5; the task's
+meta row reports them as ``round_trips``):
 1. open a session for (operator, i, b, epoch): it sees exactly version b-1;
-2. event time: scan the timer index for what expires at this batch's watermark;
-3. prefetch the key records of every key of the batch and of every expiring
-   timer in **one** ``get_batch``;
+2. event time: scan the timers due at this batch's watermark, one pipelined
+   scan over the instance's vnodes;
+3. prefetch the state of every key of the batch and of every due timer: one
+   ``get_batch`` of the values, one pipelined scan of the collections and timer
+   sets (``state/store.py``);
 4. run the processor per key locally (``handleInputRows``, then
    ``handleExpiredTimer`` in (time, key) order, as Spark does);
-5. write back the changed records and timer buckets, and commit b in barrier
-   mode: the batch counts only once checkpoint b is complete on the chain.
+5. write back the changed entries (``state/writeback.py``), and commit b in
+   barrier mode with the batch's time (the TTL clock): the batch counts only
+   once checkpoint b is complete on the chain.
 
 The session, and what a failure means, are the engine's
 (:class:`rhino.engine.InstanceRun`): a primary that cannot be reached is
@@ -38,10 +43,12 @@ import rhino
 from rhino.client.session import CommitResult, Session
 from rhino.engine import InstanceRun, WorkerClients, vnode_load
 
-from ..state.encoding import RECORD_PREFIX, KeyRecord, decode_key
-from .glue import concat_frames, group_rows
+from ..state.encoding import decode_key
 from ..state.handle import RhinoProcessorHandle
-from ..state.timers import TimerIndex
+from ..state.store import BatchState
+from ..state.variables import variables_of
+from ..state.writeback import write_back
+from .glue import concat_frames, group_rows
 
 __all__ = ["TaskSpec", "run_partition", "META_COLUMN"]
 
@@ -68,7 +75,9 @@ class TaskSpec:
     secret: bytes
     coordinator: str
     placement: dict
-    bucket_ms: int = 1000
+    state_doc: Optional[dict] = None  # the operator's state schema document (state/variables.py)
+    batch_time_ms: int = 0  # the batch's time (the coordinator's; the same when it runs again)
+    prefetch_entries: int = 64  # per collection and key: more is read on demand
     request_timeout: float = 120.0
     failover_wait_s: float = 60.0
     # False when the driver's batch watch runs (operator watch_hosts): it cancels the attempt
@@ -149,17 +158,6 @@ def _to_arrow(frames: list, schema: Any, timezone: str) -> Optional[pa.RecordBat
 # ---- the task -----------------------------------------------------------------------------
 
 
-class _Batch:
-    """The key records of one batch of one instance."""
-
-    def __init__(self) -> None:
-        self.records: dict[bytes, KeyRecord] = {}
-        self.current: Optional[bytes] = None
-
-    def record(self) -> KeyRecord:
-        return self.records[self.current]  # type: ignore[index]
-
-
 def _event_ms(col: pa.ChunkedArray) -> np.ndarray:
     """Event times in ms since the epoch (timestamps of any unit, or integers as ms)."""
     t = col.type
@@ -235,68 +233,70 @@ class _InstanceBatch:
                                       num_vnodes=placement["num_vnodes"], seed=placement["seed"])
         assignment = np.asarray(placement["assignment"], dtype=np.int64)
         self.my_vnodes = np.flatnonzero(assignment == instance)
-        self.batch = _Batch()
-        self.handle = RhinoProcessorHandle(spec.time_mode)
-        self.handle._bind(self.batch.record)
+        self.variables = variables_of(spec.state_doc)
+        self.handle = RhinoProcessorHandle(spec.time_mode, self.variables)
         self.handle.watermark_ms = spec.watermark_ms
-        self.index = TimerIndex(self.part, spec.bucket_ms) if spec.time_mode == "eventtime" else None
-        # per key: (record key bytes, the key tuple as the processor gets it, first row, end row)
+        self.st: Optional[BatchState] = None
+        # per key: (routing bytes, the key tuple as the processor gets it, first row, end row)
         self.groups: list[tuple[bytes, tuple, int, int]] = []
+        self.key_of: dict[bytes, tuple] = {}
         self.pdf: Any = None
-        self.expired: list[tuple[int, bytes]] = []
-        self.fired: list[tuple[int, bytes]] = []
+        self.due: list[tuple[int, bytes]] = []
         self.outputs: list = []
-        self.fetched: list[Optional[bytes]] = []
         self.puts = self.deletes = 0
         self.t: dict[str, float] = {}
         self.result: Optional[CommitResult] = None
         self.rolled_back = False
+        self.round_trips = 0
 
     def run(self, s: Session, t0: float) -> "_InstanceBatch":
         """Steps 2-5 in the open session ``s`` (opened at ``t0``)."""
+        spec = self.spec
         self.t["start"], self.t["open"] = t0, time.time()
+        rt0 = getattr(s, "round_trips", 0)
+        self.st = BatchState(s, self.part, self.variables, batch=spec.batch, now_ms=spec.batch_time_ms,
+                             timers=spec.time_mode == "eventtime", small=spec.prefetch_entries)
+        self.handle._bind(self.st)
         self._group()
         self.t["group"] = time.time()
-        if self.index is not None:  # design: after the data, as Spark's processTimers
-            self.expired = self.index.expired(s, self.my_vnodes, self.spec.watermark_ms)
+        if spec.time_mode == "eventtime":  # design: after the data, as Spark's processTimers
+            self.due = self.st.due_timers(self.my_vnodes, spec.watermark_ms)
         self.t["timers"] = time.time()
-        self._prefetch(s)
+        self.st.prefetch([g[0] for g in self.groups] + [g for _, g in self.due])
         self.t["fetch"] = time.time()
         self._process()
         self.t["process"] = time.time()
-        self._write_back(s)
+        self.puts, self.deletes = write_back(self.st)
         self.t["write"] = time.time()
-        self.result = s.commit("barrier")
+        self.result = s.commit("barrier", batch_time_ms=spec.batch_time_ms)
         self.t["commit"] = time.time()
+        self.round_trips = getattr(s, "round_trips", 0) - rt0
         self.rolled_back = bool(s.rolled_back)
         return self
 
     def _group(self) -> None:
-        # by the key's record bytes (as routing computed them), the key tuple as Spark's
+        # by the key's routing bytes (as routing computed them), the key tuple as Spark's
         # pandas conversion gives it (what handleInputRows gets)
         table = self.table
         if table is not None and table.num_rows:
             self.pdf, self.groups = group_rows(table, _to_pandas(table, self.in_schema, self.spec.timezone),
                                                self.spec.key_columns)
+            self.key_of = {g: kt for g, kt, _, _ in self.groups}
 
-    def _prefetch(self, s: Session) -> None:
-        """One get_batch of every record the batch can touch."""
-        ekeys = sorted({g[0] for g in self.groups} | {ek for _, ek in self.expired})
-        self.fetched = s.get_batch(ekeys) if ekeys else []
-        for k, v in zip(ekeys, self.fetched):
-            self.batch.records[k] = KeyRecord(v)
-        for ek, kt, _, _ in self.groups:
-            self.batch.records[ek].key = kt
-
-    def _process(self) -> None:
+    def _timer_values(self) -> Any:
         from pyspark.sql.streaming.stateful_processor import TimerValues
 
-        spec, processor, batch = self.spec, self.spec.processor, self.batch
+        spec = self.spec
+        return TimerValues(currentProcessingTimeInMs=spec.batch_time_ms,
+                           currentWatermarkInMs=spec.watermark_ms if spec.time_mode == "eventtime" else -1)
+
+    def _process(self) -> None:
+        spec, processor, st = self.spec, self.spec.processor, self.st
+        assert st is not None
         processor.init(self.handle)
-        tv = TimerValues(currentProcessingTimeInMs=int(time.time() * 1000),
-                         currentWatermarkInMs=spec.watermark_ms if spec.time_mode == "eventtime" else -1)
-        for ek, kt, a, b in self.groups:
-            batch.current = ek
+        tv = self._timer_values()
+        for g, kt, a, b in self.groups:
+            st.current = g
             rows = self.pdf.iloc[a:b]
             if spec.mode == "rows":
                 from pyspark.sql import Row
@@ -305,9 +305,9 @@ class _InstanceBatch:
             else:
                 it = iter([rows])
             _collect(processor.handleInputRows(kt, it, tv), self.outputs, spec.mode)
-        if self.index is not None:
+        if spec.time_mode == "eventtime":
             self._fire_timers(tv)
-        batch.current = None
+        st.current = None
         processor.close()
 
     def _fire_timers(self, tv: Any) -> None:
@@ -315,83 +315,44 @@ class _InstanceBatch:
         before the watermark, in (time, key) order."""
         from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo
 
-        batch, wm = self.batch, self.spec.watermark_ms
-        due = set(self.expired)
-        for ek, r in batch.records.items():
-            for ts in r.timers - r.stored_timers:
+        st, wm = self.st, self.spec.watermark_ms
+        assert st is not None
+        due = set(self.due)
+        for g, cell in st.timers.items():
+            for ts in cell.now - cell.stored:
                 if ts <= wm:
-                    due.add((ts, ek))
-        for ts, ek in sorted(due):
-            r = batch.records[ek]
-            if ts not in r.timers:  # deleted by the processor meanwhile
+                    due.add((ts, g))
+        for ts, g in sorted(due):
+            st.current = g
+            cell = st.timer_cell()
+            if ts not in cell.now:  # deleted by the processor meanwhile
                 continue
-            r.timers.discard(ts)
-            r.dirty = True
-            self.fired.append((ts, ek))
-            batch.current = ek
-            key = r.key if r.key is not None else decode_key(ek[len(RECORD_PREFIX):])
+            cell.now.discard(ts)
+            cell.stored.discard(ts)  # fired: deleted at the write-back, even if registered again
+            st.fired.append((ts, g))
+            key = self.key_of.get(g)
+            if key is None:
+                key = decode_key(g)
             _collect(self.spec.processor.handleExpiredTimer(key, tv, ExpiredTimerInfo(ts)), self.outputs,
                      self.spec.mode)
 
-    def _write_back(self, s: Session) -> None:
-        """The changed records, then the timer index by difference."""
-        index = self.index
-        puts_k: list[bytes] = []
-        puts_v: list[bytes] = []
-        dels: list[bytes] = []
-        changes: list[tuple[int, int, bytes, bool]] = []
-        dirty = [(ek, r) for ek, r in self.batch.records.items() if r.dirty]
-        vn_of: dict[bytes, int] = {}
-        if dirty:
-            vns = self.part.vnodes([ek for ek, _ in dirty])
-            vn_of = {ek: int(v) for (ek, _), v in zip(dirty, vns)}
-        fired_of: dict[bytes, set[int]] = {}
-        for ts, k in self.fired:
-            fired_of.setdefault(k, set()).add(ts)
-        for ek, r in dirty:
-            if r.empty():
-                dels.append(ek)
-            else:
-                puts_k.append(ek)
-                puts_v.append(r.encode())
-            if index is not None:
-                fired_here = fired_of.get(ek, set())
-                for ts in r.timers - r.stored_timers:
-                    changes.append((vn_of[ek], ts, ek, True))
-                for ts in r.stored_timers - r.timers - fired_here:
-                    changes.append((vn_of[ek], ts, ek, False))
-        if index is not None:
-            index.remove_fired(self.fired, vn_of)
-            if changes:
-                index.update(s, changes)
-            pk, pv, dk = index.writes()
-            puts_k += pk
-            puts_v += pv
-            dels += dk
-        if puts_k:
-            s.put_batch(puts_k, puts_v)
-        if dels:
-            s.delete_batch(dels)
-        self.puts, self.deletes = len(puts_k), len(dels)
-
     def finish(self, out_schema: Any) -> tuple[Optional[pa.RecordBatch], dict]:
         """The output as Arrow, and the task's stats (its meta row) with the batch's per-vnode load."""
-        spec, t, res = self.spec, self.t, self.result
-        assert res is not None
+        spec, t, res, st = self.spec, self.t, self.result, self.st
+        assert res is not None and st is not None
         out = (_to_arrow(self.outputs, out_schema, spec.timezone) if spec.mode == "pandas"
                else _rows_to_arrow(self.outputs, out_schema))
         load: dict[str, list[float]] = {}
         if self.groups:
             load = vnode_load(self.part.vnodes([g[0] for g in self.groups]), self.placement["num_vnodes"],
                               ops=[g[3] - g[2] for g in self.groups])
-        stats = dict(keys=len(self.groups), records_read=len(self.fetched),
-                     records_found=sum(v is not None for v in self.fetched), puts=self.puts, deletes=self.deletes,
-                     timers_fired=len(self.fired), output_rows=0 if out is None else out.num_rows,
+        stats = dict(keys=len(self.groups), puts=self.puts, deletes=self.deletes, timers_fired=len(st.fired),
+                     output_rows=0 if out is None else out.num_rows, round_trips=self.round_trips,
                      open_s=t["open"] - t["start"], group_s=t["group"] - t["open"], timers_s=t["timers"] - t["group"],
                      fetch_s=t["fetch"] - t["timers"], process_s=t["process"] - t["fetch"],
                      write_s=t["write"] - t["process"], commit_s=t["commit"] - t["write"],
                      replicate_s=res.replicate_s, checkpoint_bytes=int(res.stats.get("checkpoint_bytes", 0)),
-                     rolled_back=self.rolled_back, load=load)
+                     rolled_back=self.rolled_back, load=load, **st.stats)
         return out, stats
 
 

@@ -1,40 +1,24 @@
-"""How a processor's state is laid out in an instance's RocksDB.
-
-One grouping key = one Rhino key, whose value is a **key record**: every state
-variable of that key (ValueState, ListState, MapState) and its timers, in one
-value. A batch then reads the state of all its keys with one ``get_batch`` and
-writes it back with one ``put_batch`` / ``delete_batch`` before the commit
-(the issue's "batched state access"): per-key state calls never touch the
-worker. Spark's own store keeps one row per state variable (and per map entry);
-one record per key trades that granularity for one round trip per batch, and a
-key's state is read and rewritten whole when it is touched. Keys whose state is
-large and mostly cold would want the finer layout; NEXMark's do not.
-
-Rhino keys:
-- ``b"\\x00" + encode_key(grouping key)``: the key record;
-- ``b"\\x01T" + ...``: a timer-index bucket (``timers.py``).
-The prefix byte keeps the two apart under ``Session.scan(prefix=...)``.
+"""The canonical bytes of a grouping key: the **routing part** of every entry of
+that key (``layout.py``), and what a row is routed by (``runtime/routing.py``).
 
 ``encode_key`` must give the same bytes for the same key on every executor
 (the bytes are hashed to the key's vnode), so it is a fixed, typed encoding of
 the key's components, not ``pickle`` (which writes ``1`` and ``numpy.int64(1)``
-differently). Records are pickled (protocol 5): values are the processor's
-own tuples, read back by the same processor.
+differently). Each component is a type tag and a fixed-width or
+length-prefixed body, so an encoded key is never a proper prefix of another of
+the same columns: a prefix scan of ``head + encode_key(k)`` finds k's entries
+only.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import pickle
 import struct
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
-__all__ = ["encode_key", "decode_key", "record_key", "KeyRecord", "RECORD_PREFIX", "TIMER_PREFIX"]
-
-RECORD_PREFIX = b"\x00"
-TIMER_PREFIX = b"\x01T"
+__all__ = ["encode_key", "decode_key"]
 
 _I64 = struct.Struct(">q")
 _F64 = struct.Struct(">d")
@@ -121,40 +105,3 @@ def decode_key(data: bytes) -> tuple:
         else:
             raise ValueError(f"corrupt grouping key bytes {data!r} (tag {tag!r} at {i - 1})")
     return tuple(out)
-
-
-def record_key(encoded_key: bytes) -> bytes:
-    return RECORD_PREFIX + encoded_key
-
-
-class KeyRecord:
-    """The state of one grouping key, decoded lazily from its stored value.
-
-    ``values`` {state name: tuple}, ``lists`` {name: list of tuples}, ``maps``
-    {name: {key tuple: value tuple}}, ``timers`` (a set of expiry ms)."""
-
-    __slots__ = ("key", "values", "lists", "maps", "timers", "dirty", "stored_timers")
-
-    def __init__(self, data: Optional[bytes] = None) -> None:
-        #: the grouping key as the processor was given it (handleExpiredTimer gets the same tuple)
-        self.key: Optional[tuple] = None
-        if data is None:
-            self.values: dict[str, tuple] = {}
-            self.lists: dict[str, list] = {}
-            self.maps: dict[str, dict] = {}
-            self.timers: set[int] = set()
-        else:
-            try:
-                self.key, v, l, m, t = pickle.loads(data)
-            except Exception as e:  # a corrupt value must name itself, not crash the task obscurely
-                raise ValueError(f"corrupt rhino.spark key record ({len(data)} bytes): {e}") from e
-            self.values, self.lists, self.maps, self.timers = v, l, m, set(t)
-        #: the timers as stored, to update the timer index by difference
-        self.stored_timers: frozenset[int] = frozenset(self.timers)
-        self.dirty = False
-
-    def empty(self) -> bool:
-        return not (self.values or self.lists or self.maps or self.timers)
-
-    def encode(self) -> bytes:
-        return pickle.dumps((self.key, self.values, self.lists, self.maps, sorted(self.timers)), protocol=5)

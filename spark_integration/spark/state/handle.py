@@ -1,183 +1,233 @@
 """The ``StatefulProcessorHandle`` a processor gets in ``init`` when it runs on
 Rhino: the same methods as PySpark's (``getValueState``, ``getListState``,
 ``getMapState``, ``registerTimer``, ``deleteTimer``, ``listTimers``,
-``deleteIfExists``), served from the key records the task prefetched for the
-batch (``encoding.KeyRecord``), so no state call leaves the process.
+``deleteIfExists``), served from the batch's state (``store.BatchState``): one
+entry per value, list element, map entry and timer, prefetched for the batch.
 
 The state objects subclass PySpark's ``ValueState`` / ``ListState`` /
 ``MapState``, so a processor that checks types still works. They act on the
-record of the handle's current grouping key, which the task sets before each
-``handleInputRows`` / ``handleExpiredTimer`` call (as Spark's implicit key).
+grouping key the task sets before each ``handleInputRows`` /
+``handleExpiredTimer`` call (as Spark's implicit key). Values are the tuples
+of the declared schema, checked and encoded at the write-back (``codec.py``).
 
-Left out, and refused with an error rather than ignored: TTL
-(``ttlDurationMs``) and processing-time timers (time mode ``ProcessingTime``).
+Left out, and refused with an error rather than ignored: processing-time timers
+(time mode ``ProcessingTime``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 from pyspark.sql.streaming.stateful_processor import (ListState, MapState, StatefulProcessorHandle,
                                                       ValueState)
 
-from .encoding import KeyRecord
+from .schema import StateSchemaError
+from .store import BatchState
+from .variables import VarInfo
 
 __all__ = ["RhinoProcessorHandle", "UnsupportedFeatureError"]
 
 
 class UnsupportedFeatureError(NotImplementedError):
-    """A transformWithState feature that rhino.spark does not implement (TTL, processing-time timers)."""
+    """A transformWithState feature that rhino.spark does not implement (processing-time timers)."""
 
 
-def _no_ttl(name: str, ttl: Optional[int]) -> None:
-    if ttl is not None:
-        raise UnsupportedFeatureError(
-            f"state {name!r}: TTL (ttlDurationMs={ttl}) is not supported by rhino.spark; "
-            "clear state with a timer instead (see spark_integration/README.md)")
+def _row(name: str, v: Any) -> tuple:
+    if v is None:
+        raise ValueError(f"state {name!r}: a value of None; use clear() to remove it")
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+        raise StateSchemaError(f"state {name!r}: a value must be a tuple of the schema's fields, not "
+                               f"{type(v).__name__} {v!r}")
+    return tuple(v)
 
 
 class _RhinoState:
-    def __init__(self, handle: "RhinoProcessorHandle", name: str) -> None:
-        self._handle = handle
-        self._name = name
+    def __init__(self, st: "RhinoProcessorHandle", var: VarInfo) -> None:
+        self._h = st
+        self._var = var
+        self._name = var.name
 
-    def _rec(self) -> KeyRecord:
-        return self._handle._record()
-
-    def _touch(self) -> KeyRecord:
-        r = self._handle._record()
-        r.dirty = True
-        return r
+    @property
+    def _st(self) -> BatchState:
+        return self._h._state()
 
 
 class RhinoValueState(_RhinoState, ValueState):
     def exists(self) -> bool:
-        return self._name in self._rec().values
+        return self._st.value(self._var).value is not None
 
     def get(self) -> Optional[tuple]:
-        return self._rec().values.get(self._name)
+        return self._st.value(self._var).value
 
     def update(self, newValue: tuple) -> None:
-        if newValue is None:
-            raise ValueError(f"ValueState {self._name!r}: update(None); use clear() to remove the value")
-        self._touch().values[self._name] = tuple(newValue)
+        cell = self._st.value(self._var)
+        cell.value = _row(self._name, newValue)
+        cell.expiry = self._st.expiry_for(self._var)
+        cell.dirty = True
 
     def clear(self) -> None:
-        r = self._rec()
-        if self._name in r.values:
-            del self._touch().values[self._name]
+        cell = self._st.value(self._var)
+        if cell.value is not None:
+            cell.value, cell.expiry, cell.dirty = None, None, True
 
 
 class RhinoListState(_RhinoState, ListState):
+    def _items(self) -> Iterator[tuple]:
+        st = self._st
+        cell = st.list_cell(self._var)
+        if not cell.replaced:
+            if cell.complete:
+                yield from (v for _, v, _ in cell.stored)
+            else:
+                yield from st.stream_list(self._var, cell)
+        yield from (v for v, _ in cell.appended)
+
     def exists(self) -> bool:
-        return bool(self._rec().lists.get(self._name))
+        cell = self._st.list_cell(self._var)
+        if cell.appended or (not cell.replaced and cell.stored):
+            return True
+        return not cell.replaced and not cell.complete and next(self._items(), None) is not None
 
     def get(self) -> Iterator[tuple]:
-        return iter(list(self._rec().lists.get(self._name, ())))
+        return self._items()
 
     def put(self, newState: list) -> None:
-        self._touch().lists[self._name] = [tuple(v) for v in newState]
-        if not self._rec().lists[self._name]:
-            del self._rec().lists[self._name]
+        rows = [_row(self._name, v) for v in newState]
+        if not rows:
+            raise ValueError(f"ListState {self._name!r}: put([]) with an empty list; use clear() to remove "
+                             "the list (Spark refuses an empty put too)")
+        cell = self._st.list_cell(self._var)
+        e = self._st.expiry_for(self._var)
+        cell.replaced = True
+        cell.appended = [(r, e) for r in rows]
 
     def appendValue(self, newState: tuple) -> None:
-        self._touch().lists.setdefault(self._name, []).append(tuple(newState))
+        cell = self._st.list_cell(self._var)
+        cell.appended.append((_row(self._name, newState), self._st.expiry_for(self._var)))
 
     def appendList(self, newState: list) -> None:
-        if newState:
-            self._touch().lists.setdefault(self._name, []).extend(tuple(v) for v in newState)
+        rows = [_row(self._name, v) for v in newState]
+        if rows:
+            e = self._st.expiry_for(self._var)
+            self._st.list_cell(self._var).appended.extend((r, e) for r in rows)
 
     def clear(self) -> None:
-        r = self._rec()
-        if self._name in r.lists:
-            del self._touch().lists[self._name]
+        cell = self._st.list_cell(self._var)
+        cell.replaced = True
+        cell.appended = []
 
 
 class RhinoMapState(_RhinoState, MapState):
-    def _map(self) -> dict:
-        return self._rec().maps.get(self._name, {})
+    def _kb(self, key: Any) -> bytes:
+        return self._var.key_codec.encode([_row(self._name, key)])[0]
+
+    def _lookup(self, key: Any) -> Optional[tuple]:
+        """(user key, value, expiry) of one entry, or None."""
+        st = self._st
+        cell = st.map_cell(self._var)
+        kb = self._kb(key)
+        if kb in cell.changes:
+            return cell.changes[kb]
+        if cell.cleared:
+            return None
+        got = cell.stored.get(kb)
+        if got is not None or cell.complete:
+            return got
+        return st.map_get(self._var, cell, kb)
 
     def exists(self) -> bool:
-        return bool(self._map())
+        return next(self._entries(), None) is not None
 
     def getValue(self, key: tuple) -> Optional[tuple]:
-        return self._map().get(tuple(key))
+        got = self._lookup(key)
+        return got[1] if got is not None else None
 
     def containsKey(self, key: tuple) -> bool:
-        return tuple(key) in self._map()
+        return self._lookup(key) is not None
 
     def updateValue(self, key: tuple, value: tuple) -> None:
-        self._touch().maps.setdefault(self._name, {})[tuple(key)] = tuple(value)
+        k = _row(self._name, key)
+        kb = self._var.key_codec.encode([k])[0]
+        self._st.map_cell(self._var).changes[kb] = (k, _row(self._name, value), self._st.expiry_for(self._var))
+
+    def _entries(self) -> Iterator[tuple[tuple, tuple]]:
+        st = self._st
+        cell = st.map_cell(self._var)
+        if not cell.cleared:
+            stored = (((kb, uk, v) for kb, (uk, v, _) in cell.stored.items()) if cell.complete
+                      else st.stream_map(self._var))
+            for kb, uk, v in stored:
+                if kb not in cell.changes:
+                    yield uk, v
+        for ch in list(cell.changes.values()):
+            if ch is not None:
+                yield ch[0], ch[1]
 
     def iterator(self) -> Iterator[tuple[tuple, tuple]]:
-        return iter(list(self._map().items()))
+        return self._entries()
 
     def keys(self) -> Iterator[tuple]:
-        return iter(list(self._map().keys()))
+        return (k for k, _ in self._entries())
 
     def values(self) -> Iterator[tuple]:
-        return iter(list(self._map().values()))
+        return (v for _, v in self._entries())
 
     def removeKey(self, key: tuple) -> None:
-        m = self._map()
-        k = tuple(key)
-        if k in m:
-            del self._touch().maps[self._name][k]
-            if not self._rec().maps[self._name]:
-                del self._rec().maps[self._name]
+        kb = self._kb(key)
+        self._st.map_cell(self._var).changes[kb] = None
 
     def clear(self) -> None:
-        r = self._rec()
-        if self._name in r.maps:
-            del self._touch().maps[self._name]
+        cell = self._st.map_cell(self._var)
+        cell.cleared = True
+        cell.changes = {}
+
+
+_KINDS = {"value": ("ValueState", RhinoValueState), "list": ("ListState", RhinoListState),
+          "map": ("MapState", RhinoMapState)}
 
 
 class RhinoProcessorHandle(StatefulProcessorHandle):
-    """The handle of one processor instance in one task.
+    """The handle of one processor instance in one task. The task binds the batch's
+    :class:`~rhino.spark.state.store.BatchState` (``_bind``) before ``init``."""
 
-    ``_record`` is set by the task: a callable returning the current key's
-    ``KeyRecord`` (loaded by the batch's prefetch)."""
-
-    def __init__(self, time_mode: str) -> None:
+    def __init__(self, time_mode: str, variables: dict[str, VarInfo]) -> None:
         # PySpark's handle wraps an API client that talks to the JVM; there is none here.
         self._time_mode = time_mode.lower()
-        self._record_of: Optional[Callable[[], KeyRecord]] = None
-        self._states: dict[str, tuple[str, Any]] = {}
+        self._vars = variables
+        self._batch: Optional[BatchState] = None
+        self._states: dict[str, Any] = {}
         self.watermark_ms = 0
 
-    # ---- what the task sets --------------------------------------------------
-    def _bind(self, record_of: Callable[[], KeyRecord]) -> None:
-        self._record_of = record_of
+    def _bind(self, st: BatchState) -> None:
+        self._batch = st
 
-    def _record(self) -> KeyRecord:
-        if self._record_of is None:
-            raise RuntimeError("state used outside handleInputRows / handleExpiredTimer "
-                               "(rhino.spark sets the grouping key only for those calls)")
-        return self._record_of()
+    def _state(self) -> BatchState:
+        if self._batch is None:
+            raise RuntimeError("state used outside a batch")
+        return self._batch
 
-    def _state(self, kind: str, name: str, cls: type) -> Any:
-        got = self._states.get(name)
-        if got is not None:
-            if got[0] != kind:
-                raise ValueError(f"state {name!r} is already a {got[0]}, not a {kind}")
-            return got[1]
-        st = cls(self, name)
-        self._states[name] = (kind, st)
+    def _get(self, kind: str, name: str) -> Any:
+        var = self._vars.get(name)
+        if var is None:
+            raise StateSchemaError(f"state {name!r} was not declared when the operator started (rhino.spark "
+                                   "reads the declared state variables from init() on the driver)")
+        if var.kind != kind:
+            raise StateSchemaError(f"state {name!r} is a {_KINDS[var.kind][0]}, not a {_KINDS[kind][0]}")
+        st = self._states.get(name)
+        if st is None:
+            st = self._states[name] = _KINDS[kind][1](self, var)
         return st
 
     # ---- PySpark's StatefulProcessorHandle ------------------------------------
     def getValueState(self, stateName: str, schema: Any, ttlDurationMs: Optional[int] = None) -> ValueState:
-        _no_ttl(stateName, ttlDurationMs)
-        return self._state("ValueState", stateName, RhinoValueState)
+        return self._get("value", stateName)
 
     def getListState(self, stateName: str, schema: Any, ttlDurationMs: Optional[int] = None) -> ListState:
-        _no_ttl(stateName, ttlDurationMs)
-        return self._state("ListState", stateName, RhinoListState)
+        return self._get("list", stateName)
 
     def getMapState(self, stateName: str, userKeySchema: Any, valueSchema: Any,
                     ttlDurationMs: Optional[int] = None) -> MapState:
-        _no_ttl(stateName, ttlDurationMs)
-        return self._state("MapState", stateName, RhinoMapState)
+        return self._get("map", stateName)
 
     def _check_timers(self) -> None:
         if self._time_mode != "eventtime":
@@ -187,27 +237,21 @@ class RhinoProcessorHandle(StatefulProcessorHandle):
 
     def registerTimer(self, expiryTimestampMs: int) -> None:
         self._check_timers()
-        r = self._record()
-        ts = int(expiryTimestampMs)
-        if ts not in r.timers:
-            r.timers.add(ts)
-            r.dirty = True
+        self._state().timer_cell().now.add(int(expiryTimestampMs))
 
     def deleteTimer(self, expiryTimestampMs: int) -> None:
         self._check_timers()
-        r = self._record()
-        ts = int(expiryTimestampMs)
-        if ts in r.timers:
-            r.timers.discard(ts)
-            r.dirty = True
+        self._state().timer_cell().now.discard(int(expiryTimestampMs))
 
     def listTimers(self) -> Iterator[int]:
         self._check_timers()
-        return iter(sorted(self._record().timers))
+        return iter(sorted(self._state().timer_cell().now))
 
     def deleteIfExists(self, stateName: str) -> None:
-        r = self._record()
-        for d in (r.values, r.lists, r.maps):
-            if stateName in d:
-                del d[stateName]
-                r.dirty = True
+        var = self._vars.get(stateName)
+        if var is None:
+            return
+        st = self._state()
+        if st.current is None:
+            return  # in init(): nothing to delete per key here (see docs/spark.md)
+        self._get(var.kind, stateName).clear()
