@@ -38,13 +38,70 @@ py::array_t<int32_t> MapKeys(const Partitioner& p, py::handle keys, bool vnodes)
   int32_t* o = out.mutable_data();
   {
     py::gil_scoped_release release;
+    // Each key by its routing part (partitioner.h), as the state backend routes it.
     const auto& v = views.views();
-    for (size_t i = 0; i < v.size(); ++i) {
-      uint32_t kg = p.KeyGroupOfHash(p.HashBytes(v[i]));
-      o[i] = static_cast<int32_t>(vnodes ? p.VnodeOfKeyGroup(kg) : kg);
-    }
+    if (vnodes) p.VnodesBytes(v.data(), v.size(), o);
+    else p.KeyGroupsBytes(v.data(), v.size(), o);
   }
   return out;
+}
+
+// ---- routed keys (partitioner.h; docs/protocol.md §7.8) ----
+
+uint8_t RoutedFlags(bool ttl) { return ttl ? kRoutedFlagTtl : 0; }
+
+py::bytes RoutedKey(py::handle head, py::handle routing, py::handle tail, bool ttl) {
+  std::string out;
+  ThrowIfError(MakeRoutedKey(KeyBytes(head), KeyBytes(routing), KeyBytes(tail), RoutedFlags(ttl), &out));
+  return py::bytes(out);
+}
+
+// One part of routed_keys: a bytes-like (or str) object is the same part for
+// every key; anything else is a collection of parts, one per key.
+struct Parts {
+  std::string one;
+  bool shared = false;
+  ByteViews many;
+  void Load(py::handle obj) {
+    PyObject* o = obj.ptr();
+    shared = PyBytes_Check(o) || PyByteArray_Check(o) || PyMemoryView_Check(o) || PyUnicode_Check(o);
+    if (shared) one = KeyBytes(obj);
+    else many.LoadKeys(obj);
+  }
+  std::string_view at(size_t i) const { return shared ? std::string_view(one) : many.views()[i]; }
+};
+
+py::list RoutedKeys(py::handle heads, py::handle routings, py::handle tails, bool ttl) {
+  Parts h, r, t;
+  h.Load(heads);
+  r.Load(routings);
+  t.Load(tails);
+  if (r.shared) throw StatusError{Status::InvalidArgument("routings must be a collection, one routing part per key")};
+  const size_t n = r.many.size();
+  for (const auto& [parts, name] : {std::pair<const Parts*, const char*>{&h, "heads"}, {&t, "tails"}}) {
+    if (!parts->shared && parts->many.size() != n) {
+      throw StatusError{Status::InvalidArgument(std::string(name) + " has " + std::to_string(parts->many.size()) +
+                                                " items for " + std::to_string(n) + " routing parts")};
+    }
+  }
+  py::list out(n);
+  std::string key;
+  for (size_t i = 0; i < n; ++i) {
+    Status s = MakeRoutedKey(h.at(i), r.at(i), t.at(i), RoutedFlags(ttl), &key);
+    if (!s.ok()) throw StatusError{Status::InvalidArgument("key " + std::to_string(i) + ": " + s.message())};
+    PyObject* b = PyBytes_FromStringAndSize(key.data(), static_cast<Py_ssize_t>(key.size()));
+    if (b == nullptr) throw py::error_already_set();
+    PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), b);
+  }
+  return out;
+}
+
+py::object SplitKey(py::handle key) {
+  const std::string k = KeyBytes(key);
+  RoutedKeyParts p;
+  if (!SplitRoutedKey(k, &p)) return py::none();
+  return py::make_tuple(py::bytes(std::string(p.head)), py::bytes(std::string(p.routing)),
+                        py::bytes(std::string(p.tail)), p.flags);
 }
 
 RoutingTable MakeTable(py::handle assignment, uint32_t num_instances, uint64_t epoch) {
@@ -62,8 +119,10 @@ static void BindPartitioner(py::module_& m) {
   py::class_<Partitioner>(m, "Partitioner", R"doc(
 Maps keys to key groups and vnodes (docs/design.md §1).
 
-key group = top log2(K) bits of XXH3_64(key bytes, seed); vnode = floor(kg * V / K).
+key group = top log2(K) bits of XXH3_64(routing part, seed); vnode = floor(kg * V / K).
 An int key is hashed as its 8 little-endian bytes; a str key as its UTF-8 bytes.
+The routing part of a plain key is the whole key; of a routed key (rhino.routed_key),
+the part it was built with, so it lands in the vnode of that plain key.
 )doc")
       .def(py::init([](int64_t num_key_groups, int64_t num_vnodes, uint64_t seed) {
              // Taken as int64 so that K = 2^32 or V = -1 is an InvalidArgumentError like
@@ -85,9 +144,10 @@ An int key is hashed as its 8 little-endian bytes; a str key as its UTF-8 bytes.
       .def_property_readonly("num_vnodes", &Partitioner::num_vnodes)
       .def_property_readonly("seed", &Partitioner::seed)
       .def("hash", [](const Partitioner& p, py::handle key) { return p.HashBytes(KeyBytes(key)); }, py::arg("key"),
-           "XXH3_64 of the key's bytes with this partitioner's seed.")
-      .def("key_group", [](const Partitioner& p, py::handle key) { return p.KeyGroupOfHash(p.HashBytes(KeyBytes(key))); },
-           py::arg("key"))
+           "XXH3_64 of the key's bytes with this partitioner's seed (all of them: a routed key's key group "
+           "is that of its routing part).")
+      .def("key_group", [](const Partitioner& p, py::handle key) { return p.KeyGroupOfBytes(KeyBytes(key)); },
+           py::arg("key"), "The key group of the key's routing part (the whole key unless it is routed).")
       .def("vnode", [](const Partitioner& p, py::handle key) { return p.VnodeOfBytes(KeyBytes(key)); }, py::arg("key"))
       .def("key_groups", [](const Partitioner& p, py::handle keys) { return MapKeys(p, keys, false); },
            py::arg("keys"), "Key groups of many keys, as an int32 array (GIL released for int64 arrays).")
@@ -184,9 +244,29 @@ the table changes only through reassign() (a handover), which bumps the epoch.
       });
 }
 
+static void BindRoutedKeys(py::module_& m) {
+  m.def("routed_key", &RoutedKey, py::arg("head"), py::arg("routing"), py::arg("tail") = py::bytes(""),
+        py::kw_only(), py::arg("ttl") = false, R"doc(
+head | routing | tail | trailer: a key that lives in the vnode of the plain key `routing`.
+
+The trailer is 6 bytes: u16be len(head), u16be len(routing), flags (0x01 if `ttl`:
+the value starts with an 8-byte big-endian expiry in ms), 0xF5. Each part is
+bytes-like (a str or int is taken as the key bytes it stands for). len(head)
+and len(routing) are at most 65535 (InvalidArgumentError otherwise).
+)doc");
+  m.def("routed_keys", &RoutedKeys, py::arg("heads"), py::arg("routings"), py::arg("tails") = py::bytes(""),
+        py::kw_only(), py::arg("ttl") = false,
+        "routed_key for many keys: `routings` is a collection (sequence, int64 array, pyarrow array); `heads` "
+        "and `tails` are collections of the same length, or one bytes object for every key.");
+  m.def("split_routed_key", &SplitKey, py::arg("key"),
+        "(head, routing, tail, flags) of a routed key; None for a plain key (one that does not end in a valid "
+        "trailer).");
+}
+
 void BindRouting(py::module_& m) {
   BindPartitioner(m);
   BindRoutingTable(m);
+  BindRoutedKeys(m);
 }
 
 }  // namespace rhino::py_bindings

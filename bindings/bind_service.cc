@@ -175,6 +175,47 @@ static void DefSessionScanAndEnd(SessionClass& cls) {
       .def_property_readonly("batch", [](PySession& s) { return s.get().batch(); });
 }
 
+// Pipelined scans (one round trip for many (vnode, prefix) pages) and the
+// session's round-trip count.
+static void DefSessionScanMany(SessionClass& cls) {
+  cls.def("scan_many",
+          [](PySession& s, const std::vector<std::pair<std::optional<uint32_t>, py::bytes>>& items,
+             uint32_t max_items) {
+            std::vector<ScanReq> reqs(items.size());
+            for (size_t i = 0; i < items.size(); ++i) {
+              reqs[i].has_vnode = items[i].first.has_value();
+              reqs[i].vnode = items[i].first.value_or(0);
+              reqs[i].prefix = std::string(items[i].second);
+              reqs[i].max_items = max_items;
+            }
+            std::vector<ScanRsp> rsps;
+            std::vector<std::shared_ptr<std::string>> payloads;
+            Status st;
+            {
+              py::gil_scoped_release release;
+              std::lock_guard<std::mutex> l(s.mu);
+              st = s.session ? s.session->ScanMany(reqs, &rsps, &payloads) : Status::Aborted("the session is closed");
+            }
+            ThrowIfError(st);
+            py::list out(rsps.size());
+            for (size_t i = 0; i < rsps.size(); ++i) {
+              py::list entries(rsps[i].keys.size());
+              for (size_t j = 0; j < rsps[i].keys.size(); ++j) {
+                entries[j] = py::make_tuple(py::bytes(rsps[i].keys[j].data(), rsps[i].keys[j].size()),
+                                            py::bytes(rsps[i].values[j].data(), rsps[i].values[j].size()));
+              }
+              out[i] = py::make_tuple(entries, rsps[i].done);
+            }
+            return out;
+          },
+          py::arg("items"), py::arg("max_items"),
+          "One page of each (vnode, prefix) scan, all in one round trip: [(entries, done), ...].")
+      .def_property_readonly("round_trips", [](PySession& s) {
+        std::lock_guard<std::mutex> l(s.mu);
+        return s.session ? s.session->round_trips() : uint64_t{0};
+      });
+}
+
 static void BindStateClientClass(py::module_& m) {
   py::class_<PyClient, std::shared_ptr<PyClient>>(m, "StateClient",
                                                  "A connection to a worker's state service (rhino.connect).")
@@ -327,6 +368,7 @@ static void BindClientSession(py::module_& m) {
            py::arg("keys"), py::kw_only(), py::arg("large") = py::none());
   DefSessionWrites(cls);
   DefSessionScanAndEnd(cls);
+  DefSessionScanMany(cls);
 }
 
 void BindService(py::module_& m) {

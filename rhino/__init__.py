@@ -2,7 +2,9 @@
 
 The public API:
 
-- :class:`Partitioner` maps keys to key groups and vnodes (XXH3, docs/design.md §1).
+- :class:`Partitioner` maps keys to key groups and vnodes (XXH3, docs/design.md §1);
+  :func:`routed_key` builds a key that lives in the vnode of its routing part
+  (docs/protocol.md §7.8), :func:`split_routed_key` takes one apart.
 - :class:`RoutingTable` maps vnodes to instances, versioned by an epoch.
 - :class:`StateBackend` is one instance's state: RocksDB, a column family per vnode.
 - :class:`ReplicaStore` holds checkpoints: a content-addressed file pool plus
@@ -32,6 +34,9 @@ from ._core import (
     VerifyReport,
     WriteBatch,
     __version__,
+    routed_key,
+    routed_keys,
+    split_routed_key,
 )
 from ._secret import Worker
 from .errors import (
@@ -61,6 +66,9 @@ from .client import Client, Session, connect
 __all__ = [
     "__version__",
     "Partitioner",
+    "routed_key",
+    "routed_keys",
+    "split_routed_key",
     "RoutingTable",
     "StateBackend",
     "WriteBatch",

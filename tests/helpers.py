@@ -28,13 +28,29 @@ def key_bytes(key: int | bytes | str) -> bytes:
 
 
 def oracle_hash(key: int | bytes | str, seed: int = 0) -> int:
+    """XXH3-64 of all of the key's bytes (Partitioner.hash)."""
     return xxhash.xxh3_64_intdigest(key_bytes(key), seed=seed)
+
+
+def oracle_routing_part(key: int | bytes | str) -> bytes:
+    """What a key is routed by (docs/protocol.md §7.8): of a routed key
+    ``head | routing | tail | u16be len(head) | u16be len(routing) | flags | 0xF5``
+    the routing part, of any other key the whole key."""
+    kb = key_bytes(key)
+    if len(kb) < 6 or kb[-1] != 0xF5:
+        return kb
+    head = int.from_bytes(kb[-6:-4], "big")
+    routing = int.from_bytes(kb[-4:-2], "big")
+    if head + routing + 6 > len(kb):
+        return kb
+    return kb[head:head + routing]
 
 
 def oracle_key_group(key: int | bytes | str, num_key_groups: int, seed: int = 0) -> int:
     bits = num_key_groups.bit_length() - 1
     assert 1 << bits == num_key_groups, "K must be a power of two"
-    return oracle_hash(key, seed) >> (64 - bits) if bits else 0
+    h = xxhash.xxh3_64_intdigest(oracle_routing_part(key), seed=seed)
+    return h >> (64 - bits) if bits else 0
 
 
 def oracle_vnode(key: int | bytes | str, num_key_groups: int, num_vnodes: int, seed: int = 0) -> int:

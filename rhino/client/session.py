@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 from .. import _core
 from ..errors import InvalidArgumentError
@@ -88,6 +88,31 @@ class Session:
             if done or not keys:
                 return
             after_vnode, after_key = last_vnode, keys[-1]
+
+    def scan_many(self, items: Sequence[tuple[Optional[int], bytes]], max_items: int
+                  ) -> list[tuple[list[tuple[bytes, bytes]], bool]]:
+        """The first ``max_items`` entries (0: as many as fit in one frame) of each
+        ``(vnode, prefix)`` scan, all in one round trip: one scan request per item,
+        sent back to back, then every answer read. Per item: its ``(key, value)``
+        pairs in key order, and ``done`` (True: nothing more under that prefix in
+        that vnode; a vnode of None scans every vnode of the instance)."""
+        if isinstance(max_items, bool) or not isinstance(max_items, int) or not 0 <= max_items < 1 << 32:
+            raise InvalidArgumentError(f"max_items must be an int in [0, 2**32), got {max_items!r}")
+        reqs = []
+        for vnode, prefix in items:
+            if isinstance(prefix, str):
+                prefix = prefix.encode()
+            reqs.append((vnode, bytes(prefix)))
+        return self._h.scan_many(reqs, max_items)
+
+    @property
+    def round_trips(self) -> int:
+        """Request/answer exchanges this session has waited for, its open included:
+        each get_batch, put_batch, delete_batch, scan page, scan_many and commit
+        counts one (a batch split into several frames sent back to back is still
+        one), plus one per further wave a get had to send after an answer came
+        (values that did not fit in one frame)."""
+        return self._h.round_trips
 
     # ---- writes --------------------------------------------------------------
     def put_batch(self, keys: Any, values: Any) -> None:

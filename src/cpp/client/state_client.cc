@@ -295,6 +295,7 @@ Status StateClient::OpenSession(const std::string& operator_id, uint32_t instanc
   session->batch_ = batch;
   session->open_ = true;
   session->frame_budget_ = impl_->options_.max_frame_bytes - kRequestOverhead;
+  session->round_trips_ = 1;  // the open
   *out = std::move(session);
   return Status::OK();
 }
@@ -324,12 +325,19 @@ Status ClientSession::Get(
   const uint32_t timeout = impl_->options_.request_timeout_ms;
   // Requests of at most one frame each, sent back to back; an answer that
   // could not hold every value covers a prefix, and the rest is asked again.
-  std::deque<std::pair<size_t, size_t>> pending;  // [begin, end) per request in flight
-  auto send = [&](size_t begin, size_t end) {
+  // [begin, end) per request in flight, and its wave: 0 for the requests
+  // sent up front, w + 1 for a re-ask sent on an answer of wave w.
+  struct InFlight {
+    size_t begin, end, wave;
+  };
+  std::deque<InFlight> pending;
+  size_t waves = 0;
+  auto send = [&](size_t begin, size_t end, size_t wave = 0) {
     GetReq req;
     req.keys.assign(keys.begin() + begin, keys.begin() + end);
     impl_->Send(MessageType::kGetReq, stream_id_, req.Encode());
-    pending.emplace_back(begin, end);
+    pending.push_back(InFlight{begin, end, wave});
+    waves = std::max(waves, wave + 1);
   };
   size_t begin = 0, bytes = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -345,12 +353,13 @@ Status ClientSession::Get(
   if (begin < keys.size()) send(begin, keys.size());
   Status first;
   while (!pending.empty()) {
-    auto [b, e] = pending.front();
+    const auto [b, e, wave] = pending.front();
     pending.pop_front();
     Inbox::Frame f;
     Status s = inbox->Next(MessageType::kGetRsp, timeout, &f);
     if (!s.ok()) {
       open_ = false;  // the stream is out of step: the session cannot go on
+      round_trips_ += waves;
       return s;
     }
     GetRsp rsp;
@@ -363,6 +372,7 @@ Status ClientSession::Get(
     const size_t answered = rsp.found.size();
     if (answered > e - b || (answered == 0 && e > b)) {
       open_ = false;
+      round_trips_ += waves;
       return Status::Corruption("the worker answered " + std::to_string(answered) + " of " + std::to_string(e - b) + " keys");
     }
     size_t v = 0;
@@ -370,8 +380,9 @@ Status ClientSession::Get(
       const bool found = rsp.found[j] != 0;
       fn(b + j, found, found ? rsp.values[v++] : std::string_view(), f.payload);
     }
-    if (b + answered < e && first.ok()) send(b + answered, e);
+    if (b + answered < e && first.ok()) send(b + answered, e, wave + 1);
   }
+  round_trips_ += waves;
   return first;
 }
 
@@ -407,6 +418,7 @@ Status ClientSession::Write(WriteOp op, const std::vector<std::string_view>& key
     bytes += cost;
   }
   if (begin < keys.size() || keys.empty()) send(begin, keys.size());
+  ++round_trips_;  // every frame was sent before the first answer is read
   Status first;
   for (size_t k = 0; k < frames; ++k) {
     Inbox::Frame f;
@@ -434,6 +446,7 @@ Status ClientSession::ScanPage(const ScanReq& req, ScanRsp* out, std::shared_ptr
   auto inbox = SessionInbox(impl_.get(), stream_id_);
   if (!inbox) return Status::Aborted("the session is no longer open");
   impl_->Send(MessageType::kScanReq, stream_id_, req.Encode());
+  ++round_trips_;
   Inbox::Frame f;
   Status s = inbox->Next(MessageType::kScanRsp, impl_->options_.request_timeout_ms, &f);
   if (!s.ok()) {
@@ -446,6 +459,35 @@ Status ClientSession::ScanPage(const ScanReq& req, ScanRsp* out, std::shared_ptr
   return ResponseStatus(out->code, out->message);
 }
 
+Status ClientSession::ScanMany(const std::vector<ScanReq>& reqs, std::vector<ScanRsp>* out,
+                               std::vector<std::shared_ptr<std::string>>* payloads) {
+  if (!open_) return Status::Aborted("the session is no longer open");
+  auto inbox = SessionInbox(impl_.get(), stream_id_);
+  if (!inbox) return Status::Aborted("the session is no longer open");
+  out->assign(reqs.size(), ScanRsp());
+  payloads->assign(reqs.size(), nullptr);
+  if (reqs.empty()) return Status::OK();
+  // All requests first: the worker handles a session's frames in order, so
+  // it answers them one after the other while the client waits once.
+  for (const ScanReq& r : reqs) impl_->Send(MessageType::kScanReq, stream_id_, r.Encode());
+  ++round_trips_;
+  Status first;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Inbox::Frame f;
+    Status s = inbox->Next(MessageType::kScanRsp, impl_->options_.request_timeout_ms, &f);
+    if (!s.ok()) {
+      open_ = false;  // answers are missing: the stream is out of step
+      return s;
+    }
+    (*payloads)[i] = f.payload;
+    s = ScanRsp::Decode(*f.payload, &(*out)[i]);
+    s = s.ok() ? ResponseStatus((*out)[i].code, (*out)[i].message)
+               : Status::Corruption("malformed ScanRsp: " + s.message());
+    if (!s.ok() && first.ok()) first = s;
+  }
+  return first;
+}
+
 Status ClientSession::Commit(CommitMode mode, SessionCommitRsp* out) {
   if (!open_) return Status::Aborted("the session is no longer open");
   auto inbox = SessionInbox(impl_.get(), stream_id_);
@@ -454,6 +496,7 @@ Status ClientSession::Commit(CommitMode mode, SessionCommitRsp* out) {
   SessionCommitReq req;
   req.mode = static_cast<uint8_t>(mode);
   impl_->Send(MessageType::kSessionCommitReq, stream_id_, req.Encode());
+  ++round_trips_;
   Inbox::Frame f;
   Status s = inbox->Next(MessageType::kSessionCommitRsp, impl_->options_.request_timeout_ms, &f);
   {
@@ -475,6 +518,7 @@ Status ClientSession::Abort(const std::string& reason) {
   SessionAbortReq req;
   req.reason = reason;
   impl_->Send(MessageType::kSessionAbortReq, stream_id_, req.Encode());
+  ++round_trips_;
   Inbox::Frame f;
   // The worker drops the session's writes whether or not this answer comes.
   Status s = inbox->Next(MessageType::kSessionRsp, std::min<uint32_t>(impl_->options_.request_timeout_ms, 10000), &f);

@@ -10,6 +10,27 @@
 
 namespace rhino {
 
+Status MakeRoutedKey(std::string_view head, std::string_view routing, std::string_view tail, uint8_t flags,
+                     std::string* out) {
+  if (head.size() > kMaxRoutedPartBytes) {
+    return Status::InvalidArgument("the head of a routed key has " + std::to_string(head.size()) +
+                                   " bytes, more than 65535");
+  }
+  if (routing.size() > kMaxRoutedPartBytes) {
+    return Status::InvalidArgument("the routing part of a routed key has " + std::to_string(routing.size()) +
+                                   " bytes, more than 65535");
+  }
+  out->clear();
+  out->reserve(head.size() + routing.size() + tail.size() + kRoutedTrailerBytes);
+  out->append(head).append(routing).append(tail);
+  const char trailer[kRoutedTrailerBytes] = {
+      static_cast<char>(head.size() >> 8),    static_cast<char>(head.size() & 0xff),
+      static_cast<char>(routing.size() >> 8), static_cast<char>(routing.size() & 0xff),
+      static_cast<char>(flags),               static_cast<char>(kRoutedKeyMarker)};
+  out->append(trailer, sizeof(trailer));
+  return Status::OK();
+}
+
 Status Partitioner::Create(const PartitionerOptions& options, Partitioner* out) {
   const uint32_t k = options.num_key_groups;
   if (k == 0 || (k & (k - 1)) != 0 || k > (1u << 30)) {
@@ -37,6 +58,18 @@ uint64_t Partitioner::HashInt64(int64_t key) const {
   return XXH3_64bits_withSeed(buf, sizeof(buf), options_.seed);
 }
 
+uint32_t Partitioner::KeyGroupOfInt64(int64_t key) const {
+  char buf[8];
+  EncodeInt64Key(key, buf);
+  // The common case stays one inline hash of 8 bytes; only keys whose top
+  // byte is 0xF5 can be routed (and few of those are).
+  if (static_cast<unsigned char>(buf[7]) != kRoutedKeyMarker) {
+    return KeyGroupOfHash(XXH3_64bits_withSeed(buf, sizeof(buf), options_.seed));
+  }
+  const std::string_view r = RoutingPart(std::string_view(buf, sizeof(buf)));
+  return KeyGroupOfHash(XXH3_64bits_withSeed(r.data(), r.size(), options_.seed));
+}
+
 void Partitioner::KeyGroupRange(uint32_t vnode, uint32_t* first, uint32_t* last) const {
   // Smallest kg with floor(kg * V / K) >= vnode is ceil(vnode * K / V).
   const uint64_t k = options_.num_key_groups, v = options_.num_vnodes;
@@ -45,11 +78,19 @@ void Partitioner::KeyGroupRange(uint32_t vnode, uint32_t* first, uint32_t* last)
 }
 
 void Partitioner::KeyGroupsInt64(const int64_t* keys, size_t n, int32_t* out) const {
-  for (size_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(KeyGroupOfHash(HashInt64(keys[i])));
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(KeyGroupOfInt64(keys[i]));
 }
 
 void Partitioner::VnodesInt64(const int64_t* keys, size_t n, int32_t* out) const {
   for (size_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(VnodeOfInt64(keys[i]));
+}
+
+void Partitioner::KeyGroupsBytes(const std::string_view* keys, size_t n, int32_t* out) const {
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(KeyGroupOfBytes(keys[i]));
+}
+
+void Partitioner::VnodesBytes(const std::string_view* keys, size_t n, int32_t* out) const {
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(VnodeOfBytes(keys[i]));
 }
 
 }  // namespace rhino

@@ -94,10 +94,22 @@ class ClientSession {
   Status Delete(const std::vector<std::string_view>& keys);
   // One page of a scan: entries after the request's cursor (§7.3).
   Status ScanPage(const ScanReq& req, ScanRsp* out, std::shared_ptr<std::string>* payload);
+  // One page of each of several scans in one round trip: every ScanReq is
+  // sent back to back, then every answer read, in order. (*out)[i] views
+  // (*payloads)[i]. Every answer is read even if one fails (the stream stays
+  // in step); the first failure is returned.
+  Status ScanMany(const std::vector<ScanReq>& reqs, std::vector<ScanRsp>* out,
+                  std::vector<std::shared_ptr<std::string>>* payloads);
   Status Commit(CommitMode mode, SessionCommitRsp* out);
   Status Abort(const std::string& reason);
   bool open() const { return open_; }
   uint64_t batch() const { return batch_; }
+  // The request/answer exchanges this session has waited for, its open
+  // included: requests sent back to back and then answered count once (a
+  // batch split into frames, ScanMany), and so does each further wave a call
+  // had to send after an answer arrived (a get's re-ask for the values that
+  // did not fit in one frame).
+  uint64_t round_trips() const { return round_trips_; }
 
  private:
   friend class StateClient;
@@ -108,6 +120,7 @@ class ClientSession {
   uint64_t batch_ = 0;
   bool open_ = false;
   uint32_t frame_budget_ = 0;  // payload bytes per request frame
+  uint64_t round_trips_ = 0;
 };
 
 }  // namespace rhino
