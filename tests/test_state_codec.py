@@ -275,6 +275,24 @@ def test_naive_timestamps_are_local_time_as_in_pyspark(monkeypatch: pytest.Monke
         time.tzset()
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.datetimes(**_TIMES) | st.datetimes(**_TIMES, timezones=st.just(dt.timezone(dt.timedelta(hours=5)))),
+                min_size=1, max_size=40))
+def test_timestamps_in_a_zone_with_dst_match_pyspark(values: list[dt.datetime]) -> None:
+    os.environ["TZ"] = "Europe/Berlin"
+    time.tzset()
+    try:
+        codec = RowCodec("t timestamp", var="v", version=None)
+        want = [TimestampType().toInternal(v) for v in values]
+        rows = [(v,) for v in values]
+        for blobs in ([codec.encode_one(r) for r in rows], codec.encode(rows * VEC)[:len(rows)]):
+            assert [int.from_bytes(b[1:], "little", signed=True) for b in blobs] == want
+            assert [r[0] for r in codec.decode(blobs)] == [TimestampType().fromInternal(us) for us in want]
+    finally:
+        os.environ["TZ"] = "UTC"
+        time.tzset()
+
+
 # ---- the values a processor writes -----------------------------------------------------------------------
 def test_numpy_and_pandas_scalars_are_converted_as_spark_converts_them() -> None:
     codec = RowCodec("i int, l long, f float, d double, b boolean, s string, y binary, day date, "
