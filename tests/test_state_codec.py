@@ -335,6 +335,16 @@ _GOOD = {"byte": 1, "short": 1, "int": 1, "long": 1, "float": 1.0, "double": 1.0
          "timestamp_ntz": dt.datetime(2024, 1, 1), "decimal": Decimal(1)}
 
 
+def test_batches_may_be_iterables_and_blobs_any_bytes_like() -> None:
+    codec = RowCodec("a long, s string", var="v", version=1)
+    rows = [(i, str(i)) for i in range(3 * VEC)]
+    blobs = codec.encode(r for r in rows)
+    assert blobs == codec.encode(rows) and codec.encode([]) == [] and codec.decode([]) == []
+    for n in (1, len(rows)):
+        assert codec.decode(memoryview(b) for b in blobs[:n]) == rows[:n]
+        assert codec.decode([bytearray(b) for b in blobs[:n]]) == rows[:n]
+
+
 def _error(codec: RowCodec, rows: list[Any]) -> StateSchemaError:
     """The error of encoding ``rows`` on both paths (one row; a vectorized batch): the same one."""
     with pytest.raises(StateValueError) as one:
