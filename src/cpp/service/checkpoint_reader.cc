@@ -37,8 +37,14 @@ Status CheckpointView::Open(const ReaderEnv& env, const std::string& op, uint32_
                             " (it holds " + std::to_string(ids.size()) + ", " + std::to_string(ids.front()) + " to " +
                             std::to_string(ids.back()) + ")");
   }
+  auto fail = [&](const Status& s) {
+    return Status::FromCode(WireCode(s), "cannot read checkpoint " + std::to_string(id) + " of " +
+                                             Describe(op, instance) + " on worker " + env.worker_id + ": " +
+                                             s.message());
+  };
   Manifest m;
-  RHINO_RETURN_IF_ERROR(env.store->ReadManifest(op, instance, id, &m));
+  Status s = env.store->ReadManifest(op, instance, id, &m);
+  if (!s.ok()) return fail(s);
   StateOptions o;
   o.partitioner = m.partitioner;
   o.operator_id = op;
@@ -52,12 +58,10 @@ Status CheckpointView::Open(const ReaderEnv& env, const std::string& op, uint32_
   // The restore of takeover and rollback: hard links, checked by size (not
   // by re-hashing every byte, O(bytes)); RocksDB's block checksums catch a
   // damaged block when it is read. A failed restore leaves no directory.
-  Status s = StateBackend::Restore(*env.store, op, instance, id, v->dir_, RestoreOptions(), o, &v->db_, &stats);
+  s = StateBackend::Restore(*env.store, op, instance, id, v->dir_, RestoreOptions(), o, &v->db_, &stats);
   if (!s.ok()) {
     v->dir_.clear();
-    return Status::FromCode(WireCode(s), "cannot read checkpoint " + std::to_string(id) + " of " +
-                                             Describe(op, instance) + " on worker " + env.worker_id + ": " +
-                                             s.message());
+    return fail(s);
   }
   v->reads_ = std::make_unique<SessionBatch>(v->db_.get());
   *out = std::move(v);
@@ -211,8 +215,13 @@ void ReaderStream::Handle(const FrameHeader& h, const std::string& payload) {
       return Reply(MessageType::kSessionRsp,
                    Status::InvalidArgument("a checkpoint reader is read-only: it takes no writes"));
     case MessageType::kSessionCommitReq:
-      return Reply(MessageType::kSessionCommitRsp,
-                   Status::InvalidArgument("a checkpoint reader is read-only: there is nothing to commit"));
+      // A commit ends a session whatever its outcome (the client stops
+      // listening on the stream): refused, and the reader ends with it.
+      End("ended with a commit, which a reader refuses");
+      Reply(MessageType::kSessionCommitRsp,
+            Status::InvalidArgument("a checkpoint reader is read-only: there is nothing to commit"));
+      if (auto c = conn_.lock()) c->Detach(stream_id_);
+      return;
     default:
       return Reply(MessageType::kSessionRsp, Status::InvalidArgument(std::string("unexpected ") +
                                                                      MessageTypeName(h.type) + " on a reader stream"));
