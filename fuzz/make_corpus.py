@@ -79,7 +79,7 @@ def main() -> None:
         30: enc_bytes(b"report_batch") + enc_bytes(b'{"operator_id":"op","batch":42}'),
         31: u32(0) + enc_bytes(b"") + enc_bytes(b'{"epoch":7,"chain":["127.0.0.2:7000"]}'),
     }
-    # Other forms of a type: a checkpoint reader's SessionOpenReq and its answer (§7.8).
+    # Other forms of a type: a checkpoint reader's SessionOpenReq and its answer (§7.9).
     variants = {
         "type19-reader": (19, enc_bytes(b"op") + u32(1) + u64(0) + u64(0) + b"\x01\x01" + u64(9)),
         "type20-reader": (20, u32(0) + enc_bytes(b"") + b"\x01" + u64(9) + b"\x00" + u64(9) + u32(2) + u32(0) + u32(1)),

@@ -307,7 +307,7 @@ class StateClient:
     def open_session(
         self, operator_id: str, instance: int, batch: int, epoch: int
     ) -> tuple[ClientSession, int | None, bool]: ...
-    # A checkpoint reader (docs/protocol.md §7.8): a ClientSession that takes no writes, the checkpoint
+    # A checkpoint reader (docs/protocol.md §7.9): a ClientSession that takes no writes, the checkpoint
     # id it reads (the newest of the worker's store for None) and its vnodes. Releases the GIL.
     def read_checkpoint(
         self, operator_id: str, instance: int, checkpoint: int | None

@@ -1,4 +1,4 @@
-"""Checkpoint readers (docs/protocol.md §7.8): a committed checkpoint of an
+"""Checkpoint readers (docs/protocol.md §7.9): a committed checkpoint of an
 instance read from one worker's own replica store, on a replica and on the
 primary while a session of the instance is open, with real worker processes.
 
@@ -111,6 +111,9 @@ def check_reader(r, model: dict[bytes, bytes], *, page_size: int = 97) -> None:
     assert dict(r.scan(prefix=b"b:", page_size=page_size)) == {k: v for k, v in model.items() if k.startswith(b"b:")}
     probe = sorted(model)[::3] + [b"absent", b"a:99999"]
     assert r.get_batch(probe) == [model.get(k) for k in probe]
+    pages = r.scan_many([(v, b"a:") for v in r.vnodes[:4]], 0)  # one round trip, as a session's
+    for v, (entries, done) in zip(r.vnodes[:4], pages):
+        assert done and entries == sorted((k, x) for k, x in by_vnode.get(v, {}).items() if k.startswith(b"a:"))
 
 
 # ---- reading ---------------------------------------------------------------------------

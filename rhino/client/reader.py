@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 from .. import _core
 from .session import Session
@@ -53,6 +53,12 @@ class CheckpointReader:
         of one vnode or of all (vnode by vnode, keys in order within each),
         fetched ``page_size`` at a time, as :meth:`rhino.client.Session.scan`."""
         return self._reads.scan(vnode=vnode, prefix=prefix, page_size=page_size)
+
+    def scan_many(self, items: Sequence[tuple[Optional[int], bytes]], max_items: int
+                  ) -> list[tuple[list[tuple[bytes, bytes]], bool]]:
+        """One page of each ``(vnode, prefix)`` scan of the checkpoint, all in one
+        round trip, as :meth:`rhino.client.Session.scan_many`."""
+        return self._reads.scan_many(items, max_items)
 
     def close(self) -> None:
         """Ends the reader: the worker closes the checkpoint and removes its directory."""

@@ -1,6 +1,6 @@
 // Checkpoint readers: reading a committed checkpoint of an instance from this
 // worker's own replica store, with no running query and without touching the
-// instance's live state or its sessions (docs/protocol.md §7.8).
+// instance's live state or its sessions (docs/protocol.md §7.9).
 //
 // A reader is a session opened with SessionOpenReq.read_checkpoint. The
 // worker restores the checkpoint by hard links (the restore of takeover and

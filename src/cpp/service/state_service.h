@@ -109,7 +109,7 @@ class StateService {
   Status RaiseEpoch(const std::string& op, uint32_t instance, uint64_t epoch);
   Status DiscardOnChain(const InstanceConfig& config, std::optional<uint64_t> after);
   void Reject(const std::shared_ptr<net::Connection>& conn, const FrameHeader& h, const Status& why);
-  // A SessionOpenReq with read_checkpoint: a reader of a committed checkpoint (§7.8).
+  // A SessionOpenReq with read_checkpoint: a reader of a committed checkpoint (§7.9).
   std::shared_ptr<net::StreamListener> OpenReader(const std::shared_ptr<net::Connection>& conn, const FrameHeader& h,
                                                   const SessionOpenReq& req);
   void SweepIdleSessions();  // the sweeper thread

@@ -71,7 +71,7 @@ struct SessionOpenReq {
   uint32_t instance = 0;
   uint64_t batch = 0;
   uint64_t epoch = 0;
-  // A checkpoint reader (protocol §7.8) instead of a session: read committed
+  // A checkpoint reader (protocol §7.9) instead of a session: read committed
   // checkpoint `checkpoint` (the newest unless has_checkpoint) of this
   // worker's own store; batch and epoch are not used. Encoded after the
   // fields above only when set, so a session's frame is as before.

@@ -63,7 +63,7 @@ class StateClient {
   // Opens a session for batch `batch` at `epoch` (§7.2).
   Status OpenSession(const std::string& operator_id, uint32_t instance, uint64_t batch, uint64_t epoch,
                      std::unique_ptr<ClientSession>* out, SessionOpenRsp* info);
-  // Opens a checkpoint reader (§7.8): a session that reads committed
+  // Opens a checkpoint reader (§7.9): a session that reads committed
   // checkpoint `checkpoint` (the newest if unset) of the worker's own replica
   // store, and takes no writes. info->checkpoint and ->vnodes say what it reads.
   Status ReadCheckpoint(const std::string& operator_id, uint32_t instance, std::optional<uint64_t> checkpoint,
