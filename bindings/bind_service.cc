@@ -74,7 +74,7 @@ void Fetch(PySession& s, py::handle keys, Received* r) {
   ThrowIfError(st);
 }
 
-// A checkpoint reader (docs/protocol.md §7.8): a ClientSession that takes no
+// A checkpoint reader (docs/protocol.md §7.9): a ClientSession that takes no
 // writes, with the checkpoint it reads and its vnodes.
 py::tuple ReadCheckpoint(PyClient& h, const std::string& op, uint32_t instance, std::optional<uint64_t> checkpoint) {
   auto c = h.get();
