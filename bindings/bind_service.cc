@@ -74,6 +74,22 @@ void Fetch(PySession& s, py::handle keys, Received* r) {
   ThrowIfError(st);
 }
 
+// A checkpoint reader (docs/protocol.md §7.9): a ClientSession that takes no
+// writes, with the checkpoint it reads and its vnodes.
+py::tuple ReadCheckpoint(PyClient& h, const std::string& op, uint32_t instance, std::optional<uint64_t> checkpoint) {
+  auto c = h.get();
+  auto ps = std::make_shared<PySession>();
+  ps->client = c;
+  SessionOpenRsp info;
+  Status s;
+  {
+    py::gil_scoped_release release;
+    s = c->ReadCheckpoint(op, instance, checkpoint, &ps->session, &info);
+  }
+  ThrowIfError(s);
+  return py::make_tuple(ps, info.checkpoint, info.vnodes);
+}
+
 }  // namespace
 
 using SessionClass = py::class_<PySession, std::shared_ptr<PySession>>;
@@ -292,6 +308,8 @@ static void BindStateClientClass(py::module_& m) {
            },
            py::arg("operator_id"), py::arg("instance"), py::arg("batch"), py::arg("epoch"),
            "Opens a session: (session, version it sees or None, whether the worker rolled back).")
+      .def("read_checkpoint", &ReadCheckpoint, py::arg("operator_id"), py::arg("instance"), py::arg("checkpoint"),
+           "Opens a checkpoint reader: (read-only session, checkpoint id, vnodes).")
       .def("close",
            [](PyClient& h) {
              std::shared_ptr<StateClient> c;

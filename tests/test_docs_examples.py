@@ -24,7 +24,7 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "python-api.md"
 # The page's sections with examples, and how many ```python blocks each holds.
 STATE, REPLICATION = "State, checkpoints and restores", "Replicating checkpoints to other workers"
 SERVICE, COORDINATOR = "The state service: sessions on a worker", "The coordinator: placement, failover, handovers"
-EXAMPLES = {STATE: 1, REPLICATION: 1, SERVICE: 1, COORDINATOR: 1}
+EXAMPLES = {STATE: 1, REPLICATION: 1, SERVICE: 2, COORDINATOR: 1}
 
 
 def _python_blocks(text: str) -> list[str]:
@@ -95,9 +95,10 @@ def test_state_and_replication_examples_run(tmp_path: Path, monkeypatch):
 
 
 def test_state_service_example_runs(tmp_path: Path, monkeypatch):
-    """The state service's example runs as written, against two real workers
-    (the page's socket path and replica address mapped)."""
-    (code,) = _section(SERVICE)
+    """The state service's examples (a session, then a checkpoint reader on the
+    replica) run as written, against two real workers (the page's socket path
+    and replica address mapped)."""
+    code = "\n".join(_section(SERVICE))
     root = tmp_path / "w"
     root.mkdir()
     workers = _workers(root, (2, 3))
@@ -110,6 +111,9 @@ def test_state_service_example_runs(tmp_path: Path, monkeypatch):
         exec(compile(code, "docs/python-api.md (state service)", "exec"), ns)
         assert ns["result"].replication == "complete" and ns["result"].version == 0
         assert ns["n"] > 0
+        assert ns["r"].checkpoint == 0 and len(ns["r"].vnodes) == 256 and not ns["r"].open
+        assert not list((workers[1].state_dir / "tmp").glob("read-*"))  # the reader's directory went with it
+        assert ns["first_vnode"] and all(v == bytes(16) for _, v in ns["first_vnode"])
         # The session of batch 1 was not committed: the worker is still at version 0.
         assert [i["version"] for i in ns["client"].instances()] == [0]
         assert rhino.ReplicaStore(str(workers[1].dir)).checkpoints("q8", 0) == [0]

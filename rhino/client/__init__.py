@@ -21,6 +21,7 @@ docs/design.md §2 and §5, and docs/protocol.md §7 for the wire contract.
 """
 
 from .client import Client, connect
+from .reader import CheckpointReader
 from .session import CommitResult, Session
 
-__all__ = ["connect", "Client", "Session", "CommitResult"]
+__all__ = ["connect", "Client", "Session", "CommitResult", "CheckpointReader"]

@@ -9,6 +9,7 @@ from typing import Any, Iterable, Optional, Sequence
 from .. import _core
 from .._secret import call_hiding_secret, secret_bytes
 from ..errors import InvalidArgumentError
+from .reader import CheckpointReader
 from .session import Session
 
 __all__ = ["connect", "Client"]
@@ -68,6 +69,21 @@ class Client:
         h, version, rolled_back = self._h.open_session(operator_id, instance, batch, epoch)
         return Session(h, operator_id=operator_id, instance=instance, batch=batch, epoch=epoch,
                        version=version, rolled_back=rolled_back)
+
+    def read_checkpoint(self, operator_id: str, instance: int, checkpoint: Optional[int] = None
+                        ) -> CheckpointReader:
+        """Reads committed checkpoint ``checkpoint`` (None: the newest) of an
+        instance from this worker's **own** replica store: a primary's or a
+        replica's, with no query running. The worker restores it by hard links
+        into a directory of its own, which goes when the reader is closed.
+        Several readers may be open at once, also while the instance has a
+        session. Raises :class:`rhino.NotFoundError` if the store does not hold
+        the checkpoint, :class:`rhino.CorruptionError` if it is damaged."""
+        _check_uint("instance", instance)
+        if checkpoint is not None:
+            _check_uint("checkpoint", checkpoint)
+        h, cid, vnodes = self._h.read_checkpoint(operator_id, instance, checkpoint)
+        return CheckpointReader(h, operator_id=operator_id, instance=instance, checkpoint=cid, vnodes=vnodes)
 
     # ---- instances (what the coordinator will call) ----------------------------
     def open_instance(self, operator_id: str, instance: int, *, epoch: int, num_vnodes: int = 256,

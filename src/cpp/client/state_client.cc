@@ -266,13 +266,34 @@ Status StateClient::Coord(const std::string& method, const std::string& args_jso
 
 Status StateClient::OpenSession(const std::string& operator_id, uint32_t instance, uint64_t batch, uint64_t epoch,
                                 std::unique_ptr<ClientSession>* out, SessionOpenRsp* info) {
-  uint32_t id = 0;
-  auto inbox = impl_->NewStream(&id);
   SessionOpenReq req;
   req.operator_id = operator_id;
   req.instance = instance;
   req.batch = batch;
   req.epoch = epoch;
+  return Open(req, out, info);
+}
+
+Status StateClient::ReadCheckpoint(const std::string& operator_id, uint32_t instance,
+                                   std::optional<uint64_t> checkpoint, std::unique_ptr<ClientSession>* out,
+                                   SessionOpenRsp* info) {
+  SessionOpenReq req;
+  req.operator_id = operator_id;
+  req.instance = instance;
+  req.read_checkpoint = true;
+  req.has_checkpoint = checkpoint.has_value();
+  req.checkpoint = checkpoint.value_or(0);
+  Status s = Open(req, out, info);
+  if (s.ok() && !info->reading) {
+    out->reset();  // aborts the session it opened
+    return Status::Corruption("the worker opened a session where a checkpoint reader was asked for");
+  }
+  return s;
+}
+
+Status StateClient::Open(const SessionOpenReq& req, std::unique_ptr<ClientSession>* out, SessionOpenRsp* info) {
+  uint32_t id = 0;
+  auto inbox = impl_->NewStream(&id);
   if (id != 0) impl_->Send(MessageType::kSessionOpenReq, id, req.Encode());
   Inbox::Frame f;
   Status s = inbox->Next(MessageType::kSessionOpenRsp, impl_->options_.request_timeout_ms, &f);
@@ -292,7 +313,7 @@ Status StateClient::OpenSession(const std::string& operator_id, uint32_t instanc
   std::unique_ptr<ClientSession> session(new ClientSession());
   session->impl_ = impl_;
   session->stream_id_ = id;
-  session->batch_ = batch;
+  session->batch_ = req.batch;
   session->open_ = true;
   session->frame_budget_ = impl_->options_.max_frame_bytes - kRequestOverhead;
   session->round_trips_ = 1;  // the open

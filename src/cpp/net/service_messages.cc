@@ -100,6 +100,11 @@ std::string SessionOpenReq::Encode() const {
   e.PutU32(instance);
   e.PutU64(batch);
   e.PutU64(epoch);
+  if (read_checkpoint) {
+    e.PutU8(1);
+    e.PutU8(has_checkpoint ? 1 : 0);
+    e.PutU64(checkpoint);
+  }
   return e.Finish();
 }
 
@@ -109,6 +114,14 @@ Status SessionOpenReq::Decode(std::string_view payload, SessionOpenReq* out) {
   RHINO_RETURN_IF_ERROR(d.GetU32(&out->instance));
   RHINO_RETURN_IF_ERROR(d.GetU64(&out->batch));
   RHINO_RETURN_IF_ERROR(d.GetU64(&out->epoch));
+  if (d.remaining() > 0) {
+    // The appended fields of a checkpoint reader: present only for one, so a
+    // frame decodes and re-encodes to the same bytes.
+    RHINO_RETURN_IF_ERROR(GetBool(&d, &out->read_checkpoint));
+    if (!out->read_checkpoint) return Status::Corruption("a SessionOpenReq carries reader fields with read = 0");
+    RHINO_RETURN_IF_ERROR(GetBool(&d, &out->has_checkpoint));
+    RHINO_RETURN_IF_ERROR(d.GetU64(&out->checkpoint));
+  }
   return d.Done();
 }
 
@@ -119,6 +132,10 @@ std::string SessionOpenRsp::Encode() const {
   e.PutU8(has_version ? 1 : 0);
   e.PutU64(version);
   e.PutU8(rolled_back ? 1 : 0);
+  if (reading) {
+    e.PutU64(checkpoint);
+    e.PutU32List(vnodes);
+  }
   return e.Finish();
 }
 
@@ -129,6 +146,11 @@ Status SessionOpenRsp::Decode(std::string_view payload, SessionOpenRsp* out) {
   RHINO_RETURN_IF_ERROR(GetBool(&d, &out->has_version));
   RHINO_RETURN_IF_ERROR(d.GetU64(&out->version));
   RHINO_RETURN_IF_ERROR(GetBool(&d, &out->rolled_back));
+  if (d.remaining() > 0) {  // a checkpoint reader's answer
+    out->reading = true;
+    RHINO_RETURN_IF_ERROR(d.GetU64(&out->checkpoint));
+    RHINO_RETURN_IF_ERROR(d.GetU32List(&out->vnodes));
+  }
   return d.Done();
 }
 

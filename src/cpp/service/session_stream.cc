@@ -82,16 +82,15 @@ void SessionStream::OnGet(const std::string& payload) {
   {
     std::lock_guard<std::mutex> l(inst_->mu());
     s = inst_->CheckSession(token_);
-    if (s.ok()) s = AnswerGet(req, &out);
+    if (s.ok()) s = AnswerGet(*inst_->session_batch(), env_->max_frame_bytes, req, &out);
   }
   if (!s.ok()) return Reply(MessageType::kGetRsp, s);
   Send(MessageType::kGetRsp, std::move(out));
 }
 
-Status SessionStream::AnswerGet(const GetReq& req, std::string* out) {
-  const size_t budget = env_->max_frame_bytes;
+Status SessionStream::AnswerGet(const SessionBatch& reads, size_t budget, const GetReq& req, std::string* out) {
   Status too_big;
-  Status s = inst_->session_batch()->MultiGetAll(
+  Status s = reads.MultiGetAll(
       req.keys, 0, [&](const std::vector<uint8_t>& found, const std::vector<std::string_view>& values) {
         // Answer the longest prefix that fits in one frame; the client asks again for the rest (§7.2).
         size_t size = 16, count = 0;
@@ -154,19 +153,18 @@ void SessionStream::OnScan(const std::string& payload) {
   {
     std::lock_guard<std::mutex> l(inst_->mu());
     s = inst_->CheckSession(token_);
-    if (s.ok()) s = AnswerScan(req, &out);
+    if (s.ok()) s = AnswerScan(*inst_->session_batch(), env_->max_frame_bytes, req, &out);
   }
   if (!s.ok()) return Reply(MessageType::kScanRsp, s);
   Send(MessageType::kScanRsp, std::move(out));
 }
 
-Status SessionStream::AnswerScan(const ScanReq& req, std::string* out) {
+Status SessionStream::AnswerScan(const SessionBatch& reads, size_t budget, const ScanReq& req, std::string* out) {
   ScanRspBuilder b;
-  const size_t budget = env_->max_frame_bytes;
   bool stopped = false;
   uint32_t last_vnode = req.after_vnode;
   Status too_big;
-  Status s = inst_->session_batch()->Scan(
+  Status s = reads.Scan(
       req.has_vnode ? std::optional<uint32_t>(req.vnode) : std::nullopt, req.prefix,
       req.has_after ? std::optional<uint32_t>(req.after_vnode) : std::nullopt,
       req.has_after ? std::optional<std::string_view>(req.after_key) : std::nullopt,

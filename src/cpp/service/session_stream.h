@@ -37,6 +37,12 @@ class SessionStream : public net::StreamListener, public std::enable_shared_from
   // so frames the client pipelines after the open queue up behind it).
   void Open(const SessionOpenReq& req);
 
+  // The answers to a GetReq and to a ScanReq from `reads`, at most `budget`
+  // bytes each (§7.2); a checkpoint reader (service/checkpoint_reader.h)
+  // answers with them too.
+  static Status AnswerGet(const SessionBatch& reads, size_t budget, const GetReq& req, std::string* out);
+  static Status AnswerScan(const SessionBatch& reads, size_t budget, const ScanReq& req, std::string* out);
+
  private:
   void Send(MessageType type, std::string payload);
   void Reply(MessageType rsp_type, const Status& s);
@@ -49,10 +55,6 @@ class SessionStream : public net::StreamListener, public std::enable_shared_from
   void OnScan(const std::string& payload);
   void OnCommit(const std::string& payload);
   void OnAbort(const std::string& payload);
-  // The GetRsp for `req`, at most one frame's worth (REQUIRES: mu held).
-  Status AnswerGet(const GetReq& req, std::string* out);
-  // One page of a scan (REQUIRES: mu held).
-  Status AnswerScan(const ScanReq& req, std::string* out);
   Status ApplyWrite(const WriteReq& req);  // REQUIRES: mu held
 
   const SessionEnv* const env_;

@@ -6,6 +6,7 @@
 #include "rhino/manifest.h"
 #include "rhino/state_client.h"
 #include "service/session_stream.h"
+#include "util/fs.h"
 
 namespace rhino {
 namespace {
@@ -36,6 +37,11 @@ StateService::StateService(ReplicaStore* store, net::ConnectionCounters* counter
   sessions_.max_session_bytes = options.max_session_bytes;
   sessions_.counters = counters;
   sessions_.check_epoch = [this](const std::string& op, uint32_t i, uint64_t epoch) { return CheckEpoch(op, i, epoch); };
+  reader_env_.worker_id = options.worker_id;
+  reader_env_.work_dir = fs::Join(options.state_dir, "tmp");  // what HostedInstance::PrepareStateDir empties
+  reader_env_.store = store;
+  reader_env_.max_frame_bytes = options.max_frame_bytes;
+  reader_env_.counters = counters;
 }
 
 StateService::~StateService() { Shutdown(); }
@@ -93,6 +99,7 @@ void StateService::SweepIdleSessions() {
         inst->ExpireIdleSession(idle);
       });
     }
+    for (auto& r : readers_->All()) r->ExpireIfIdle(idle);
     l.lock();
   }
 }
@@ -107,6 +114,7 @@ void StateService::Shutdown() {
   }
   sweep_cv_.notify_all();
   if (sweeper_.joinable()) sweeper_.join();
+  for (auto& r : readers_->All()) r->End("ended: worker " + options_.worker_id + " shut down");
   for (auto& [key, inst] : all) {
     std::lock_guard<std::mutex> l(inst->mu());
     inst->Close();
@@ -209,6 +217,7 @@ std::shared_ptr<net::StreamListener> StateService::OnUnclaimed(const std::shared
         Reject(conn, h, Status::Corruption("invalid SessionOpenReq: " + s.message()));
         return nullptr;
       }
+      if (req.read_checkpoint) return OpenReader(conn, h, req);
       std::shared_ptr<HostedInstance> inst = Find(req.operator_id, req.instance);
       if (!inst) {
         s = CheckEpoch(req.operator_id, req.instance, req.epoch);
@@ -242,6 +251,25 @@ std::shared_ptr<net::StreamListener> StateService::OnUnclaimed(const std::shared
       Reject(conn, h, Status::Corruption(std::string("unexpected ") + MessageTypeName(h.type) + " sent to a worker"));
       return nullptr;
   }
+}
+
+std::shared_ptr<net::StreamListener> StateService::OpenReader(const std::shared_ptr<net::Connection>& conn,
+                                                              const FrameHeader& h, const SessionOpenReq& req) {
+  const uint64_t token = next_token_.fetch_add(1);
+  auto reader = std::make_shared<ReaderStream>(&reader_env_, readers_, pool_, conn, h.stream_id, token);
+  {
+    // In the table before Shutdown can look, or refused: none is left open.
+    std::lock_guard<std::mutex> l(mu_);
+    if (stopped_) {
+      conn->Send(MessageType::kSessionOpenRsp, h.stream_id, 0,
+                 ServiceErrorPayload(MessageType::kSessionOpenRsp,
+                                     Status::Aborted("worker " + options_.worker_id + " is shutting down")));
+      return nullptr;
+    }
+    readers_->Add(token, reader);
+  }
+  reader->Open(req);
+  return reader;
 }
 
 void StateService::HandleInstanceReq(const std::shared_ptr<net::Connection>& conn, uint32_t stream_id,

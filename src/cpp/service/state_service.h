@@ -32,6 +32,7 @@
 #include "net/connection.h"
 #include "replication/fence_table.h"
 #include "rhino/service_messages.h"
+#include "service/checkpoint_reader.h"
 #include "service/hosted_instance.h"
 #include "service/session_stream.h"
 
@@ -108,6 +109,9 @@ class StateService {
   Status RaiseEpoch(const std::string& op, uint32_t instance, uint64_t epoch);
   Status DiscardOnChain(const InstanceConfig& config, std::optional<uint64_t> after);
   void Reject(const std::shared_ptr<net::Connection>& conn, const FrameHeader& h, const Status& why);
+  // A SessionOpenReq with read_checkpoint: a reader of a committed checkpoint (§7.9).
+  std::shared_ptr<net::StreamListener> OpenReader(const std::shared_ptr<net::Connection>& conn, const FrameHeader& h,
+                                                  const SessionOpenReq& req);
   void SweepIdleSessions();  // the sweeper thread
 
   ReplicaStore* const store_;
@@ -115,6 +119,8 @@ class StateService {
   const StateServiceOptions options_;
   InstanceEnv env_;
   SessionEnv sessions_;
+  ReaderEnv reader_env_;
+  const std::shared_ptr<ReaderTable> readers_ = std::make_shared<ReaderTable>();
   FenceTable epochs_;
   asio::thread_pool pool_;
   asio::strand<asio::thread_pool::executor_type> admin_;

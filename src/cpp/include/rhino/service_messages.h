@@ -71,6 +71,13 @@ struct SessionOpenReq {
   uint32_t instance = 0;
   uint64_t batch = 0;
   uint64_t epoch = 0;
+  // A checkpoint reader (protocol §7.9) instead of a session: read committed
+  // checkpoint `checkpoint` (the newest unless has_checkpoint) of this
+  // worker's own store; batch and epoch are not used. Encoded after the
+  // fields above only when set, so a session's frame is as before.
+  bool read_checkpoint = false;
+  bool has_checkpoint = false;
+  uint64_t checkpoint = 0;
   std::string Encode() const;
   static Status Decode(std::string_view payload, SessionOpenReq* out);
 };
@@ -82,6 +89,11 @@ struct SessionOpenRsp {
   bool has_version = false;  // the version the session sees (batch - 1), if any
   uint64_t version = 0;
   bool rolled_back = false;  // the live state was ahead and was restored to batch - 1
+  // The answer to a checkpoint reader's open, encoded after the fields above
+  // only then: the checkpoint it reads and its vnodes, ascending.
+  bool reading = false;
+  uint64_t checkpoint = 0;
+  std::vector<uint32_t> vnodes;
   std::string Encode() const;
   static Status Decode(std::string_view payload, SessionOpenRsp* out);
 };

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -62,6 +63,11 @@ class StateClient {
   // Opens a session for batch `batch` at `epoch` (§7.2).
   Status OpenSession(const std::string& operator_id, uint32_t instance, uint64_t batch, uint64_t epoch,
                      std::unique_ptr<ClientSession>* out, SessionOpenRsp* info);
+  // Opens a checkpoint reader (§7.9): a session that reads committed
+  // checkpoint `checkpoint` (the newest if unset) of the worker's own replica
+  // store, and takes no writes. info->checkpoint and ->vnodes say what it reads.
+  Status ReadCheckpoint(const std::string& operator_id, uint32_t instance, std::optional<uint64_t> checkpoint,
+                        std::unique_ptr<ClientSession>* out, SessionOpenRsp* info);
   void Close();
   bool is_open() const;
   const std::string& address() const { return address_; }
@@ -73,6 +79,7 @@ class StateClient {
  private:
   friend class ClientSession;
   StateClient() = default;
+  Status Open(const SessionOpenReq& req, std::unique_ptr<ClientSession>* out, SessionOpenRsp* info);
   std::string address_;
   bool unix_ = false;
   StateClientOptions options_;
