@@ -92,7 +92,7 @@ def test_batch_time_is_fixed_per_batch_and_never_goes_back(coordinator):
     assert cc.placement("op")["batch_time"] == {"batch": 0, "time_ms": 5000}  # a replay reads it here
     assert cc.begin_batch("op", 1, batch_time_ms=4000)["batch_time_ms"] == 5000  # a clock that went back
     with pytest.raises(InvalidArgumentError, match="batch_time_ms"):
-        cc.begin_batch("op", 1, batch_time_ms="soon")
+        cc.call("begin_batch", operator_id="op", batch=1, batch_time_ms="soon")  # past the client
     coord.close()
     again = LocalCoordinatorClient(Coordinator(str(tmp / "coord"), secret=SECRET, heartbeat_timeout=3600))
     assert again.begin_batch("op", 1, batch_time_ms=7000)["batch_time_ms"] == 5000  # survives a restart

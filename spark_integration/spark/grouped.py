@@ -4,7 +4,7 @@
 ``hasTimedOut``, ``setTimeoutTimestamp``, ``getCurrentWatermarkMs``).
 
 It runs as a StatefulProcessor on the same runtime: the group state is one
-ValueState, and an event-time timeout is an event-time timer. As in Spark, the
+ValueState of ``state_schema`` (Spark's ``stateStructType``), and an event-time timeout is an event-time timer. As in Spark, the
 timeout is cleared before every call and must be set again by the call that
 wants it; a key times out once the watermark passes its timeout timestamp,
 and ``fn`` is then called with no rows and ``state.hasTimedOut`` True.
@@ -96,13 +96,14 @@ class RhinoGroupState:
 class GroupedProcessor(StatefulProcessor):
     """A StatefulProcessor that calls a grouped-pandas ``fn``."""
 
-    def __init__(self, fn: Callable, timeout: str) -> None:
+    def __init__(self, fn: Callable, timeout: str, state_schema: Any) -> None:
         self.fn = fn
         self.event_time = timeout.lower() == "eventtimetimeout"
+        self.state_schema = state_schema
 
     def init(self, handle: Any) -> None:
         self.handle = handle
-        self.value = handle.getValueState("__group_state", "value binary")
+        self.value = handle.getValueState("__group_state", self.state_schema)
 
     def _call(self, key: Any, pdfs: Iterator[pd.DataFrame], wm: int, timed_out: bool) -> Iterator[pd.DataFrame]:
         if self.event_time:
@@ -126,9 +127,12 @@ class GroupedProcessor(StatefulProcessor):
         pass
 
 
-def apply_in_pandas_with_state(fn: Callable, *, key: str | Sequence[str], output_schema: Any, operator_id: str,
-                               coordinator: str, timeout: str = "NoTimeout", **kw: Any) -> Any:
+def apply_in_pandas_with_state(fn: Callable, *, key: str | Sequence[str], output_schema: Any, state_schema: Any,
+                               operator_id: str, coordinator: str, timeout: str = "NoTimeout", **kw: Any) -> Any:
     """The grouped-pandas operator: ``fn(key, pdf_iter, state)`` per key and batch.
+
+    ``state_schema``: the StructType or DDL string of the group state (Spark's
+    ``stateStructType``); ``state.update`` takes a tuple of its fields.
 
     ``timeout``: ``"NoTimeout"`` or ``"EventTimeTimeout"`` (then ``event_time=`` and
     ``watermark_delay=`` as for :func:`rhino.spark.transform_with_state`). Other
@@ -142,5 +146,5 @@ def apply_in_pandas_with_state(fn: Callable, *, key: str | Sequence[str], output
         raise InvalidArgumentError(f"timeout must be 'NoTimeout' or 'EventTimeTimeout', not {timeout!r}")
     if t == "eventtimetimeout":
         kw.setdefault("time_mode", "EventTime")
-    return TransformWithState(GroupedProcessor(fn, timeout), key=key, output_schema=output_schema,
+    return TransformWithState(GroupedProcessor(fn, timeout, state_schema), key=key, output_schema=output_schema,
                               operator_id=operator_id, coordinator=coordinator, **kw)
