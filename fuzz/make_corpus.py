@@ -79,12 +79,17 @@ def main() -> None:
         30: enc_bytes(b"report_batch") + enc_bytes(b'{"operator_id":"op","batch":42}'),
         31: u32(0) + enc_bytes(b"") + enc_bytes(b'{"epoch":7,"chain":["127.0.0.2:7000"]}'),
     }
-    for t, p in payloads.items():
+    # Later, optional forms of a message: a seed each, next to its type's.
+    extra = {
+        "type27-batch-time": (27, b"\x00" + u64(1_700_000_000_000)),  # SessionCommitReq with batch_time_ms
+    }
+    seeds = {f"type{t:02d}": (t, p) for t, p in payloads.items()} | extra
+    for name, (t, p) in seeds.items():
         frame = wire.frame(t, p, stream_id=1 if t not in (1, 2, 3, 4, 12, 13) else 0, chain_version=3)
         header, payload = wire.parse_frame(frame)  # every seed is a well-formed frame
         assert header["type"] == wire.NAMES[t] and payload == p
-        (out / f"type{t:02d}").write_bytes(b"\x00" + frame)
-    print(f"wrote {len(payloads)} seeds to {out}", file=sys.stderr)
+        (out / name).write_bytes(b"\x00" + frame)
+    print(f"wrote {len(seeds)} seeds to {out}", file=sys.stderr)
 
 
 if __name__ == "__main__":
