@@ -156,7 +156,7 @@ static void DefSessionScanAndEnd(SessionClass& cls) {
            },
            py::arg("vnode"), py::arg("prefix"), py::arg("after_vnode"), py::arg("after_key"), py::arg("max_items"))
       .def("commit",
-           [](PySession& s, const std::string& mode) {
+           [](PySession& s, const std::string& mode, std::optional<int64_t> batch_time_ms) {
              CommitMode m;
              if (mode == "barrier") {
                m = CommitMode::kBarrier;
@@ -170,12 +170,12 @@ static void DefSessionScanAndEnd(SessionClass& cls) {
              {
                py::gil_scoped_release release;
                std::lock_guard<std::mutex> l(s.mu);
-               st = s.session ? s.session->Commit(m, &rsp) : Status::Aborted("the session is closed");
+               st = s.session ? s.session->Commit(m, batch_time_ms, &rsp) : Status::Aborted("the session is closed");
              }
              ThrowIfError(st);
              return py::make_tuple(rsp.version, rsp.stats);
            },
-           py::arg("mode") = "barrier")
+           py::arg("mode") = "barrier", py::kw_only(), py::arg("batch_time_ms") = py::none())
       .def("abort",
            [](PySession& s, const std::string& reason) {
              py::gil_scoped_release release;

@@ -323,6 +323,30 @@ static void DefStateReads(StateClass& cls) {
            }, py::arg("vnode"), "Exact number of keys in one vnode (a scan).");
 }
 
+// TTL (docs/protocol.md §7.8): the clock and a full compaction through the filter.
+static void DefStateTtl(StateClass& cls) {
+  cls
+      .def("compact", [](PyState& st) {
+             auto db = st.use();
+             uint64_t before = 0, after = 0;
+             Status s;
+             {
+               py::gil_scoped_release release;
+               s = db->CompactVnodes(&before, &after);
+             }
+             ThrowIfError(s);
+             py::dict d;
+             d["bytes_before"] = before;
+             d["bytes_after"] = after;
+             return d;
+           },
+           "Compacts every vnode fully (the TTL filter drops the entries the TTL clock has expired); returns "
+           "bytes_before and bytes_after, the vnodes' live SST bytes. close() waits for it.")
+      .def("set_ttl_clock", [](PyState& st, int64_t ms) { ThrowIfError(st.use()->SetTtlClock(ms)); }, py::arg("ms"),
+           "Sets (and stores with the state) the TTL clock: compactions drop the routed keys with flag TTL whose "
+           "expiry, their value's first 8 bytes (int64 big-endian), is <= ms.");
+}
+
 static void DefStateAdmin(StateClass& cls) {
   cls
       .def("checkpoint", [](PyState& st, ReplicaStore& store, uint64_t checkpoint_id, uint64_t epoch) {
@@ -493,11 +517,14 @@ UnknownVnodeError, and nothing of its batch is written.
       .def_property_readonly("version", [](PyState& s) { return s.use()->version(); },
                              "The state version (micro-batch id) last written with version=..., or None.")
       .def_property_readonly("last_checkpoint", [](PyState& s) { return s.use()->last_checkpoint(); })
+      .def_property_readonly("ttl_clock", [](PyState& s) { return s.use()->ttl_clock(); },
+                             "The TTL clock (ms of batch time) compactions expire entries by, or None.")
       .def_property_readonly("restore_stats", [](PyState& s) { return s.restore_stats; },
                              "RestoreStats if this state was opened by ReplicaStore.restore(), else None.")
       .def_property_readonly("closed", [](PyState& s) { return !s.gate.open(); },
                              "True once close() has begun (calls then raise InvalidArgumentError).");
   DefStateWrites(cls);
+  DefStateTtl(cls);
   DefStateReads(cls);
   DefStateAdmin(cls);
 

@@ -79,10 +79,12 @@ def main() -> None:
         30: enc_bytes(b"report_batch") + enc_bytes(b'{"operator_id":"op","batch":42}'),
         31: u32(0) + enc_bytes(b"") + enc_bytes(b'{"epoch":7,"chain":["127.0.0.2:7000"]}'),
     }
-    # Other forms of a type: a checkpoint reader's SessionOpenReq and its answer (§7.9).
+    # Other, optional forms of a type: a seed each, next to its type's.
     variants = {
+        # a checkpoint reader's SessionOpenReq and its answer (§7.9)
         "type19-reader": (19, enc_bytes(b"op") + u32(1) + u64(0) + u64(0) + b"\x01\x01" + u64(9)),
         "type20-reader": (20, u32(0) + enc_bytes(b"") + b"\x01" + u64(9) + b"\x00" + u64(9) + u32(2) + u32(0) + u32(1)),
+        "type27-batch-time": (27, b"\x00" + u64(1_700_000_000_000)),  # SessionCommitReq with batch_time_ms
     }
     seeds = [(f"type{t:02d}", t, p) for t, p in payloads.items()] + [(n, t, p) for n, (t, p) in variants.items()]
     for name, t, p in seeds:

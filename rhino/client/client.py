@@ -144,6 +144,14 @@ class Client:
                           {"to": list(to), "chain_version": chain_version, "checkpoint": checkpoint,
                            "timeout_s": timeout})
 
+    def compact(self, operator_id: str, instance: int, *, epoch: int) -> dict:
+        """Compacts every vnode of a hosted instance fully, between batches (refused
+        with :class:`rhino.SessionBusyError` while a session is open), which drops
+        the TTL entries its clock has expired (docs/protocol.md §7.8). Returns
+        ``bytes_before`` and ``bytes_after`` (live SST bytes of its vnodes),
+        ``ttl_clock`` and ``seconds``."""
+        return self._call("compact", operator_id, instance, epoch, {})
+
     def fence(self, operator_id: str, instance: int, *, epoch: int) -> None:
         """Raises the instance's epoch on this worker: requests of older epochs are refused from now on."""
         self._call("fence", operator_id, instance, epoch, {})

@@ -122,12 +122,20 @@ class Session:
         self._h.delete_batch(keys)
 
     # ---- the end -------------------------------------------------------------
-    def commit(self, mode: str = "barrier") -> CommitResult:
+    def commit(self, mode: str = "barrier", *, batch_time_ms: Optional[int] = None) -> CommitResult:
         """Writes every update at version ``batch`` in one atomic write, takes
         checkpoint ``batch``, and replicates it down the instance's chain.
         ``barrier`` returns once the chain has committed it; ``async`` returns
-        after the local checkpoint, with the replication under way."""
-        version, stats_json = self._h.commit(mode)
+        after the local checkpoint, with the replication under way.
+
+        ``batch_time_ms`` (the batch's time, ms) becomes the instance's TTL
+        clock in the same write: compactions then drop the routed keys with
+        flag TTL whose expiry is at most it (docs/protocol.md §7.8). None keeps
+        the clock as it is."""
+        if batch_time_ms is not None and (isinstance(batch_time_ms, bool) or not isinstance(batch_time_ms, int)
+                                          or not -(1 << 63) < batch_time_ms < 1 << 63):
+            raise InvalidArgumentError(f"batch_time_ms must be an int64 above -2**63, got {batch_time_ms!r}")
+        version, stats_json = self._h.commit(mode, batch_time_ms=batch_time_ms)
         stats = json.loads(stats_json) if stats_json else {}
         return CommitResult(version=version, replication=stats.get("replication", "none"),
                             write_s=stats.get("write_s", 0.0), checkpoint_s=stats.get("checkpoint_s", 0.0),

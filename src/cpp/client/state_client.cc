@@ -509,13 +509,14 @@ Status ClientSession::ScanMany(const std::vector<ScanReq>& reqs, std::vector<Sca
   return first;
 }
 
-Status ClientSession::Commit(CommitMode mode, SessionCommitRsp* out) {
+Status ClientSession::Commit(CommitMode mode, std::optional<int64_t> batch_time_ms, SessionCommitRsp* out) {
   if (!open_) return Status::Aborted("the session is no longer open");
   auto inbox = SessionInbox(impl_.get(), stream_id_);
   open_ = false;
   if (!inbox) return Status::Aborted("the session is no longer open");
   SessionCommitReq req;
   req.mode = static_cast<uint8_t>(mode);
+  req.batch_time_ms = batch_time_ms;
   impl_->Send(MessageType::kSessionCommitReq, stream_id_, req.Encode());
   ++round_trips_;
   Inbox::Frame f;

@@ -44,6 +44,7 @@ constexpr std::pair<const char*, InstanceAction> kInstanceActions[] = {
     {"discard_after", InstanceAction::kDiscardAfter},
     {"reconfigure", InstanceAction::kReconfigure},
     {"replicate", InstanceAction::kReplicate},
+    {"compact", InstanceAction::kCompact},
 };
 
 }  // namespace
@@ -277,12 +278,19 @@ std::string ScanRsp::Encode() const {
 std::string SessionCommitReq::Encode() const {
   Encoder e;
   e.PutU8(mode);
+  if (batch_time_ms) e.PutU64(static_cast<uint64_t>(*batch_time_ms));
   return e.Finish();
 }
 
 Status SessionCommitReq::Decode(std::string_view payload, SessionCommitReq* out) {
   Decoder d(payload);
   RHINO_RETURN_IF_ERROR(d.GetU8(&out->mode));
+  out->batch_time_ms.reset();
+  if (d.remaining() > 0) {  // the optional trailing field (a payload of 2..8 bytes is Corruption)
+    uint64_t t = 0;
+    RHINO_RETURN_IF_ERROR(d.GetU64(&t));
+    out->batch_time_ms = static_cast<int64_t>(t);
+  }
   return d.Done();
 }
 

@@ -286,8 +286,30 @@ void HostedInstance::Close() {
   {
     CancelReplications("the instance was closed");
     session_.reset();
+    // A compaction runs off the lock on this DB (BeginCompaction): stop it,
+    // and wait (mu_ released meanwhile) until it no longer uses the DB.
+    // Every caller but the destructor holds mu_; the destructor never meets
+    // a compaction, which holds a reference to the instance.
+    while (compacting_) {
+      db_->AbortCompaction();
+      compacted_.wait(mu_);
+    }
     db = std::move(db_);
   }
+}
+
+Status HostedInstance::BeginCompaction(StateBackend** db) {
+  if (!db_) return Status::UnknownInstance(Describe(config_) + " is closed");
+  if (session_) return Status::SessionBusy(Describe(config_) + " has an open session: compact between batches");
+  if (compacting_) return Status::SessionBusy(Describe(config_) + " is being compacted already");
+  compacting_ = true;
+  *db = db_.get();
+  return Status::OK();
+}
+
+void HostedInstance::EndCompaction() {
+  compacting_ = false;
+  compacted_.notify_all();
 }
 
 Status HostedInstance::RollbackTo(std::optional<uint64_t> version) {
@@ -345,6 +367,7 @@ Status HostedInstance::OpenSession(uint64_t token, uint64_t batch, uint64_t epoc
     return Status::SessionBusy(Describe(config_) + " already has an open session (batch " +
                                std::to_string(session_->batch_id) + ")");
   }
+  if (compacting_) return Status::SessionBusy(Describe(config_) + " is being compacted (the compact action)");
   if (epoch != config_.epoch) {
     return Status::StaleEpoch("session at epoch " + std::to_string(epoch) + " for " + Describe(config_) +
                               ", which this worker hosts at epoch " + std::to_string(config_.epoch));
@@ -417,8 +440,8 @@ void HostedInstance::Abort(uint64_t token) {
   }
 }
 
-void HostedInstance::Commit(uint64_t token, CommitMode mode, const std::function<Status()>& check_epoch,
-                            CommitReply reply) {
+void HostedInstance::Commit(uint64_t token, CommitMode mode, std::optional<int64_t> batch_time_ms,
+                            const std::function<Status()>& check_epoch, CommitReply reply) {
   SessionCommitRsp rsp;
   auto fail = [&](const Status& s) {
     m_.commit_failures++;
@@ -439,7 +462,7 @@ void HostedInstance::Commit(uint64_t token, CommitMode mode, const std::function
   const std::optional<uint64_t> before = db_->version();
   const uint64_t keys = sess->writes->count(), bytes = sess->writes->bytes();
   const double t0 = Now();
-  s = sess->writes->Commit(b);
+  s = sess->writes->Commit(b, batch_time_ms);
   const double t1 = Now();
   if (!s.ok()) return fail(s);
   // A worker killed here has version b written but no checkpoint b: its

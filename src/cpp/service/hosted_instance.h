@@ -24,6 +24,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -141,7 +142,9 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   bool ExpireIdleSession(std::chrono::steady_clock::duration idle);
   SessionBatch* session_batch() { return session_->writes.get(); }
   // Commit: the reply is called once, on any thread (at once, or when the chain acks).
-  void Commit(uint64_t token, CommitMode mode, const std::function<Status()>& check_epoch, CommitReply reply);
+  // `batch_time_ms`, if set, becomes the TTL clock, written with the version.
+  void Commit(uint64_t token, CommitMode mode, std::optional<int64_t> batch_time_ms,
+              const std::function<Status()>& check_epoch, CommitReply reply);
   void Abort(uint64_t token);
 
   // ---- vnode moves (REQUIRES: mu held, no session) ----
@@ -157,11 +160,22 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   // complete on the chain (at once if the chain is empty).
   Status Reconfigure(uint64_t version, const std::vector<ReconfigOp>& ops, bool* replicating, CommitReply reply);
 
+  // ---- compaction (§7.1 compact) ----
+  // A full compaction runs off mu, so that status, metrics and retention
+  // never wait for it: BeginCompaction (REQUIRES mu held; SessionBusy with a
+  // session open) marks the instance busy and hands out its DB, which stays
+  // open until EndCompaction (REQUIRES mu held): a session open meanwhile is
+  // SessionBusy, and Close aborts the compaction and waits for its end.
+  Status BeginCompaction(StateBackend** db);
+  void EndCompaction();
+
   // ---- status ----
   InstanceMetrics Metrics();
   // "complete", "pending", "failed" (with *message) or "unknown".
   std::string ReplicationStateOf(uint64_t checkpoint_id, std::string* message);
   std::optional<uint64_t> version() const;
+  // The live state's TTL clock (state_backend.h), if it has one.
+  std::optional<int64_t> ttl_clock() const { return db_ ? db_->ttl_clock() : std::nullopt; }
   // The newest checkpoint the whole chain holds, if any (store/retention.h).
   std::optional<uint64_t> last_complete() const {
     return m_.has_complete ? std::optional<uint64_t>(m_.last_complete) : std::nullopt;
@@ -216,6 +230,8 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   std::mutex mu_;
   InstanceConfig config_;
   std::unique_ptr<StateBackend> db_;
+  bool compacting_ = false;                  // between BeginCompaction and EndCompaction
+  std::condition_variable_any compacted_;    // notified by EndCompaction; waits on mu_
   std::unique_ptr<Session> session_;
   std::map<uint64_t, std::string> expired_;  // token -> why, for sessions the worker ended
   std::vector<uint64_t> repl_queue_;          // committed checkpoints not yet sent down the chain

@@ -41,6 +41,8 @@ json InfoJson(HostedInstance& inst) {
          {"last_complete", m.has_complete ? json(m.last_complete) : json(nullptr)},
          {"replications_pending", m.replications_pending},
          {"db_name", c.db_name}};
+  const std::optional<int64_t> clock = inst.ttl_clock();
+  j["ttl_clock"] = clock ? json(*clock) : json(nullptr);
   return j;
 }
 
@@ -342,6 +344,41 @@ Status StateService::Reconfigure(const InstanceReq& req, std::string* result) {
   }
   out["replicated"] = replicating;
   return Answer(out, result);
+}
+
+// compact: a full compaction of the hosted instance's vnode column families,
+// between batches, which drops the TTL entries its clock has expired (§7.8).
+// It runs without the instance's lock (HostedInstance::BeginCompaction).
+Status StateService::CompactInstance(const InstanceReq& req, std::string* result) {
+  NoArgs a;
+  RHINO_RETURN_IF_ERROR(DecodeInstanceArgs(req.args, &a));
+  RHINO_RETURN_IF_ERROR(CheckEpoch(req.operator_id, req.instance, req.epoch));
+  std::shared_ptr<HostedInstance> inst;
+  RHINO_RETURN_IF_ERROR(FindHosted(req.operator_id, req.instance, &inst));
+  StateBackend* db = nullptr;
+  {
+    std::lock_guard<std::mutex> l(inst->mu());
+    if (inst->config().epoch != req.epoch) {
+      return Status::StaleEpoch("compact at epoch " + std::to_string(req.epoch) + " of " +
+                                Describe(req.operator_id, req.instance) + ", hosted here at epoch " +
+                                std::to_string(inst->config().epoch));
+    }
+    RHINO_RETURN_IF_ERROR(inst->BeginCompaction(&db));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  uint64_t before = 0, after = 0;
+  Status s = db->CompactVnodes(&before, &after);
+  const std::optional<int64_t> clock = db->ttl_clock();
+  {
+    std::lock_guard<std::mutex> l(inst->mu());
+    inst->EndCompaction();
+  }
+  RHINO_RETURN_IF_ERROR(s);
+  return Answer(json{{"bytes_before", before},
+                     {"bytes_after", after},
+                     {"ttl_clock", clock ? json(*clock) : json(nullptr)},
+                     {"seconds", SecondsSince(t0)}},
+                result);
 }
 
 // replicate: a bulk copy of a checkpoint of this store to other workers, as

@@ -203,7 +203,8 @@ void SessionStream::OnCommit(const std::string& payload) {
   const SessionEnv* env = env_;
   // The epoch is checked again just before the write (§7.5): a session
   // fenced while it ran commits nothing.
-  inst_->Commit(token_, static_cast<CommitMode>(req.mode), [env, op, i, epoch]() { return env->check_epoch(op, i, epoch); },
+  inst_->Commit(token_, static_cast<CommitMode>(req.mode), req.batch_time_ms,
+                [env, op, i, epoch]() { return env->check_epoch(op, i, epoch); },
                 [self](const SessionCommitRsp& rsp) {
                   self->Send(MessageType::kSessionCommitRsp, rsp.Encode());
                   self->End();

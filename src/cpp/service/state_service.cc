@@ -303,6 +303,7 @@ Status StateService::DoInstanceReq(const InstanceReq& req, std::string* result) 
     case InstanceAction::kDiscardAfter: return DiscardAfter(req, result);
     case InstanceAction::kReconfigure: return Reconfigure(req, result);
     case InstanceAction::kReplicate: return ReplicateTo(req, result);
+    case InstanceAction::kCompact: return CompactInstance(req, result);
   }
   return Status::InvalidArgument("unknown instance action " + std::to_string(req.action));
 }

@@ -96,6 +96,7 @@ class StateService {
   Status DiscardAfter(const InstanceReq& req, std::string* result);
   Status Reconfigure(const InstanceReq& req, std::string* result);
   Status ReplicateTo(const InstanceReq& req, std::string* result);
+  Status CompactInstance(const InstanceReq& req, std::string* result);
 
   std::shared_ptr<HostedInstance> Find(const std::string& op, uint32_t instance);
   // Find, or UnknownInstance naming this worker.

@@ -5,16 +5,18 @@
 
 #include <algorithm>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <shared_mutex>
 #include <unordered_map>
 
 #include "rhino/state_backend.h"
 #include "state/state_internal.h"
+#include "state/ttl_filter.h"
 
 namespace rhino {
 
-using namespace state_internal;  // FromRocks, EncodeU64, kVersionKey
+using namespace state_internal;  // FromRocks, EncodeU64, kVersionKey, kTtlClockKey
 
 namespace {
 
@@ -222,12 +224,21 @@ Status SessionBatch::Scan(std::optional<uint32_t> vnode, std::string_view prefix
   return Status::OK();
 }
 
-Status SessionBatch::Commit(uint64_t version) {
+Status SessionBatch::Commit(uint64_t version, std::optional<int64_t> batch_time_ms) {
   RHINO_RETURN_IF_ERROR(db_->CheckWritable());
+  if (batch_time_ms && *batch_time_ms == std::numeric_limits<int64_t>::min()) {
+    return Status::InvalidArgument("a batch time of INT64_MIN is not a TTL clock");
+  }
   std::shared_lock lock(db_->cf_mu_);
   rocksdb::Status s = rep_->batch.Put(db_->default_cf_, kVersionKey, EncodeU64(version));
+  // The clock goes with the version: a checkpoint of this version, and every
+  // restore of it, has the clock its compactions must use.
+  if (s.ok() && batch_time_ms) {
+    s = rep_->batch.Put(db_->default_cf_, kTtlClockKey, EncodeU64(static_cast<uint64_t>(*batch_time_ms)));
+  }
   if (!s.ok()) return FromRocks(s, "session version");
   RHINO_RETURN_IF_ERROR(db_->WriteResult(db_->db_->Write(rocksdb::WriteOptions(), &rep_->batch), "session commit"));
+  if (batch_time_ms) db_->ttl_filter_->set_clock(*batch_time_ms);
   rep_ = std::make_unique<Rep>();
   count_ = 0;
   bytes_ = 0;

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <thread>
 #include <nlohmann/json.hpp>
@@ -25,6 +26,7 @@
 #include <unordered_map>
 
 #include "state/state_internal.h"
+#include "state/ttl_filter.h"
 #include "util/fs.h"
 
 namespace rhino {
@@ -53,8 +55,12 @@ inline void SkipPerfCounters() { rocksdb::SetPerfLevel(rocksdb::PerfLevel::kDisa
 // and (through DBOptions) one write-buffer budget, so memory does not grow
 // with the number of vnodes. A bloom filter answers lookups of absent keys
 // (new keys, common in streaming state) without reading data blocks.
-rocksdb::ColumnFamilyOptions VnodeColumnFamilyOptions(const StateOptions& options, size_t vnodes_held) {
+rocksdb::ColumnFamilyOptions VnodeColumnFamilyOptions(const StateOptions& options, size_t vnodes_held,
+                                                      const rocksdb::CompactionFilter* ttl_filter) {
   rocksdb::ColumnFamilyOptions cfo;
+  // Every vnode column family, created, opened or imported, drops expired TTL
+  // entries when it compacts (state/ttl_filter.h).
+  cfo.compaction_filter = ttl_filter;
   // RocksDB 7.8 enforces the shared WriteBufferManager budget by flushing one
   // column family per write, which does not keep up with one column family
   // per vnode (a 384 MB load held ~330 MB of memtables at V = 256), and
@@ -252,8 +258,9 @@ Status StateBackend::Open(const std::string& dir, const StateOptions& options,
     RHINO_RETURN_IF_ERROR(NewColumnFamilyNames(options, &cf_names));
     RHINO_RETURN_IF_ERROR(fs::MakeDirs(fs::Parent(dir)));
   }
+  b->ttl_filter_ = std::make_shared<TtlCompactionFilter>();
   b->cf_options_ = std::make_shared<rocksdb::ColumnFamilyOptions>(
-      VnodeColumnFamilyOptions(options, cf_names.size() > 1 ? cf_names.size() - 1 : 1));
+      VnodeColumnFamilyOptions(options, cf_names.size() > 1 ? cf_names.size() - 1 : 1, b->ttl_filter_.get()));
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   RHINO_RETURN_IF_ERROR(b->OpenDb(dbo, options.read_only, exists, cf_names, &handles));
   // Until the metadata is validated, a failure must still close the handles.
@@ -330,6 +337,12 @@ Status StateBackend::LoadMetadata(const StateOptions& options, bool exists, rock
   } else {
     return rs.ok() ? Status::NotFound("no Rhino metadata in " + dir_)
                    : FromRocks(rs, "reading Rhino metadata of " + dir_);
+  }
+  // The TTL clock of the version this DB is at (a restored checkpoint's own).
+  std::string clock;
+  uint64_t raw = 0;
+  if (db_->Get(rocksdb::ReadOptions(), meta_cf, kTtlClockKey, &clock).ok() && DecodeU64(clock, &raw)) {
+    ttl_filter_->set_clock(static_cast<int64_t>(raw));
   }
   return Partitioner::Create(popts, &partitioner_);
 }
@@ -552,16 +565,24 @@ Status StateBackend::AddToBatch(WriteBatch* batch, const std::vector<std::string
   return Status::OK();
 }
 
-Status StateBackend::Write(WriteBatch* batch, std::optional<uint64_t> version) {
+Status StateBackend::Write(WriteBatch* batch, std::optional<uint64_t> version, std::optional<int64_t> batch_time_ms) {
   RHINO_RETURN_IF_ERROR(CheckWritable());
+  if (batch_time_ms && (!version || *batch_time_ms == std::numeric_limits<int64_t>::min())) {
+    return Status::InvalidArgument(version ? "a batch time of INT64_MIN is not a TTL clock"
+                                           : "a batch time is written with a version only");
+  }
   std::shared_lock lock(cf_mu_);
   if (version) {
     rocksdb::Status s = batch->rep_->batch.Put(default_cf_, kVersionKey, EncodeU64(*version));
+    if (s.ok() && batch_time_ms) {
+      s = batch->rep_->batch.Put(default_cf_, kTtlClockKey, EncodeU64(static_cast<uint64_t>(*batch_time_ms)));
+    }
     if (!s.ok()) return FromRocks(s, "batch version");
   }
   SkipPerfCounters();
   RHINO_RETURN_IF_ERROR(WriteResult(db_->Write(rocksdb::WriteOptions(), &batch->rep_->batch), "write batch"));
   batch->Clear();
+  if (version && batch_time_ms) ttl_filter_->set_clock(*batch_time_ms);
   return Status::OK();
 }
 
@@ -668,6 +689,53 @@ std::optional<uint64_t> StateBackend::ReadU64Meta(const std::string& key) const 
 
 std::optional<uint64_t> StateBackend::version() const { return ReadU64Meta(kVersionKey); }
 std::optional<uint64_t> StateBackend::last_checkpoint() const { return ReadU64Meta(kCheckpointKey); }
+
+// ---------------------------------------------------------------- TTL
+
+std::optional<int64_t> StateBackend::ttl_clock() const { return ttl_filter_->clock(); }
+
+Status StateBackend::SetTtlClock(int64_t ms) {
+  if (ms == std::numeric_limits<int64_t>::min()) {
+    return Status::InvalidArgument("INT64_MIN is not a TTL clock");
+  }
+  RHINO_RETURN_IF_ERROR(CheckWritable());
+  RHINO_RETURN_IF_ERROR(
+      WriteResult(db_->Put(rocksdb::WriteOptions(), default_cf_, kTtlClockKey, EncodeU64(static_cast<uint64_t>(ms))),
+                  "ttl clock"));
+  ttl_filter_->set_clock(ms);
+  return Status::OK();
+}
+
+uint64_t StateBackend::LiveVnodeBytes() const {
+  uint64_t total = 0;
+  for (auto* h : cf_by_vnode_) {
+    uint64_t v = 0;
+    if (h && db_->GetIntProperty(h, "rocksdb.live-sst-files-size", &v)) total += v;
+  }
+  return total;
+}
+
+Status StateBackend::CompactVnodes(uint64_t* bytes_before, uint64_t* bytes_after) {
+  RHINO_RETURN_IF_ERROR(CheckWritable());
+  std::shared_lock lock(cf_mu_);
+  *bytes_before = LiveVnodeBytes();
+  rocksdb::CompactRangeOptions o;
+  // Rewrite the bottommost level too, which holds most of the data: the
+  // point is to run every entry through the TTL filter. kForceOptimized
+  // skips the files this very compaction has just written there.
+  o.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForceOptimized;
+  o.canceled = &compaction_aborted_;
+  for (auto* h : cf_by_vnode_) {
+    if (!h) continue;
+    rocksdb::Status rs = db_->CompactRange(o, h, nullptr, nullptr);
+    if (compaction_aborted_.load()) return Status::Aborted("the compaction of " + dir_ + " was aborted");
+    RHINO_RETURN_IF_ERROR(WriteResult(rs, "compacting " + dir_));
+  }
+  *bytes_after = LiveVnodeBytes();
+  return Status::OK();
+}
+
+void StateBackend::AbortCompaction() { compaction_aborted_.store(true); }
 
 Status StateBackend::Stats(std::vector<VnodeStats>* out) const {
   std::shared_lock lock(cf_mu_);

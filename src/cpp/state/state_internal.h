@@ -18,6 +18,7 @@ using json = nlohmann::json;
 constexpr char kMetaKey[] = "rhino:meta";
 constexpr char kVersionKey[] = "rhino:version";
 constexpr char kCheckpointKey[] = "rhino:checkpoint";
+constexpr char kTtlClockKey[] = "rhino:ttl_clock";  // int64 as EncodeU64 (two's complement)
 constexpr char kExportManifest[] = "RHINO_EXPORT.json";
 
 inline Status FromRocks(const rocksdb::Status& s, const std::string& context) {

@@ -40,6 +40,7 @@ enum class InstanceAction : uint8_t {
   kDiscardAfter = 9, // drop this store's checkpoints of the instance newer than `after` (re-execution)
   kReconfigure = 10, // a handover's drops and imports at the barrier after batch `version` (design §4)
   kReplicate = 11,   // send a checkpoint of this store to other workers (a bulk copy: chain repair, scale-out)
+  kCompact = 12,     // a full compaction of the hosted instance's vnodes, through the TTL filter
 };
 // The action named `name` ("open", "move_vnodes", ...: the names of §7.1,
 // which the Python client uses); InvalidArgument for any other name.
@@ -169,6 +170,10 @@ enum class CommitMode : uint8_t { kBarrier = 0, kAsync = 1 };
 struct SessionCommitReq {
   static constexpr MessageType kType = MessageType::kSessionCommitReq;
   uint8_t mode = 0;
+  // The batch's time, the instance's new TTL clock (docs/protocol.md §7.2
+  // step 3). Encoded after `mode` only when set, so a payload of `mode` alone
+  // (every client before it) still decodes, as "keep the clock".
+  std::optional<int64_t> batch_time_ms;
   std::string Encode() const;
   static Status Decode(std::string_view payload, SessionCommitReq* out);
 };

@@ -66,9 +66,10 @@ class SessionBatch {
               std::optional<std::string_view> after_key,
               const std::function<bool(uint32_t, std::string_view, std::string_view)>& fn) const;
 
-  // Applies every write and the state version `version` in one atomic write.
+  // Applies every write and the state version `version` in one atomic write,
+  // with `batch_time_ms` as the new TTL clock if set (else the clock stays).
   // The batch is empty afterwards.
-  Status Commit(uint64_t version);
+  Status Commit(uint64_t version, std::optional<int64_t> batch_time_ms = std::nullopt);
 
   size_t count() const { return count_; }     // puts and deletes so far
   uint64_t bytes() const { return bytes_; }   // key and value bytes so far

@@ -7,8 +7,16 @@
 // instance identity, the state version and the last checkpoint id.
 //
 // Keys are bytes; an int64 key is its 8 little-endian bytes (see partitioner.h).
-// Every key is routed to its vnode; a key whose vnode this instance does not
-// hold is rejected with UnknownVnode before anything of its batch is written.
+// Every key is routed to its vnode (by its routing part); a key whose vnode
+// this instance does not hold is rejected with UnknownVnode before anything
+// of its batch is written.
+//
+// TTL clock: every vnode column family has a compaction filter that drops
+// the routed keys with flag TTL whose expiry (their value's first 8 bytes) is
+// <= the clock (state/ttl_filter.h). The clock is part of the state, stored
+// with the metadata: set by a write with a batch time (in the same atomic
+// write as its version) or by SetTtlClock, and loaded on every open, so a
+// restored checkpoint comes back with the clock it was taken at.
 //
 // Thread-safety: reads and writes are thread-safe (RocksDB's guarantees);
 // Checkpoint, ExportVnodes, ImportVnodes and DropVnodes serialize on an
@@ -43,6 +51,8 @@ class Status;
 }  // namespace rocksdb
 
 namespace rhino {
+
+class TtlCompactionFilter;  // state/ttl_filter.h
 
 enum class CompactionStyle { kLevel, kUniversal };
 
@@ -171,8 +181,10 @@ class StateBackend {
   Status BatchDelete(WriteBatch* batch, const std::vector<std::string_view>& keys) const;
   // Applies `batch` atomically; if `version` is set, the state version is
   // written in the same RocksDB write batch, so state and version never
-  // disagree (docs/design.md §5). Clears `batch` on success.
-  Status Write(WriteBatch* batch, std::optional<uint64_t> version);
+  // disagree (docs/design.md §5), and so is `batch_time_ms`, the new TTL
+  // clock, if set. Clears `batch` on success.
+  Status Write(WriteBatch* batch, std::optional<uint64_t> version,
+               std::optional<int64_t> batch_time_ms = std::nullopt);
   // Looks up many keys on one consistent snapshot. The values stay pinned in
   // RocksDB's block cache (or memtable) until `out` is destroyed or reused, so
   // no value is copied here.
@@ -193,6 +205,20 @@ class StateBackend {
   std::optional<uint64_t> version() const;
   // The checkpoint this DB was last checkpointed as or restored from.
   std::optional<uint64_t> last_checkpoint() const;
+
+  // ---- TTL (see the top of this file) ----
+  // The TTL clock (ms of batch time); nullopt until one is set.
+  std::optional<int64_t> ttl_clock() const;
+  // Sets and persists the clock; the next compactions drop what it expires.
+  // InvalidArgument for INT64_MIN (which stands for "no clock").
+  Status SetTtlClock(int64_t ms);
+  // A full manual compaction of every vnode column family (through the TTL
+  // filter); *bytes_before / *bytes_after are their live SST bytes. Aborted
+  // once AbortCompaction has been called.
+  Status CompactVnodes(uint64_t* bytes_before, uint64_t* bytes_after);
+  // Before a close: a CompactVnodes under way returns soon (Aborted), and so
+  // does every later one (even one whose call has not reached RocksDB yet).
+  void AbortCompaction();
 
   // ---- checkpoints (docs/design.md §1, Rhino §4.2.2 phase 2 step 1) ----
   // Takes checkpoint `checkpoint_id` into `store`: a RocksDB
@@ -260,6 +286,8 @@ class StateBackend {
   // Requires cf_mu_ held (shared). UnknownVnode for the first key not held.
   Status OrderKeys(const std::vector<std::string_view>& keys, VnodeOrder* out) const;
   std::optional<uint64_t> ReadU64Meta(const std::string& key) const;
+  // The sum of the vnode column families' live SST bytes (REQUIRES: cf_mu_ held).
+  uint64_t LiveVnodeBytes() const;
   // Flushes every column family's memtable, the flushes running side by side
   // on the flush threads (state_backend.cc).
   Status FlushColumnFamilies();
@@ -272,6 +300,10 @@ class StateBackend {
   mutable std::atomic<bool> write_error_{false};  // a write failed with an I/O error; resume first
   Partitioner partitioner_;
   std::shared_ptr<rocksdb::WriteBufferManager> wbm_;
+  // The TTL filter every vnode's options point to (cf_options_ holds a raw
+  // pointer): declared before db_, so it outlives the DB.
+  std::shared_ptr<TtlCompactionFilter> ttl_filter_;
+  std::atomic<bool> compaction_aborted_{false};  // CompactRangeOptions::canceled of CompactVnodes
   std::shared_ptr<rocksdb::ColumnFamilyOptions> cf_options_;  // every vnode's (shared cache)
   std::unique_ptr<rocksdb::DB> db_;
   rocksdb::ColumnFamilyHandle* default_cf_ = nullptr;  // Rhino metadata

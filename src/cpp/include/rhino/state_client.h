@@ -107,7 +107,8 @@ class ClientSession {
   // in step); the first failure is returned.
   Status ScanMany(const std::vector<ScanReq>& reqs, std::vector<ScanRsp>* out,
                   std::vector<std::shared_ptr<std::string>>* payloads);
-  Status Commit(CommitMode mode, SessionCommitRsp* out);
+  // `batch_time_ms` (if set) becomes the instance's TTL clock with the commit.
+  Status Commit(CommitMode mode, std::optional<int64_t> batch_time_ms, SessionCommitRsp* out);
   Status Abort(const std::string& reason);
   bool open() const { return open_; }
   uint64_t batch() const { return batch_; }
