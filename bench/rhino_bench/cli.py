@@ -7,6 +7,7 @@
   rhino-bench handover [--strategies all-at-once,fluid,batched] [--state 256M] [--repeat 2] [--json] ...
   rhino-bench failover --sizes 1G,2G,4G [--json] [--out FILE] ...
   rhino-bench spark recovery|throughput ...         NEXMark Q8 on Rhino vs Spark's own operator
+  rhino-bench spark state-size [--entries 1k,100k,1M] [--kinds map,list] [--json] ...   one big key, both systems
   rhino-bench demo [--data-plane] [--dir D] [--size 256M]
   rhino-bench cluster up|down|status|kill-host|restart-host ...   the local 3-host Spark + Rhino cluster
 
@@ -37,6 +38,9 @@ _DELEGATED = {
                             "NEXMark Q8 host-loss recovery: Rhino vs Spark's RocksDB state store"),
     ("spark", "throughput"): ("rhino_bench.spark.throughput",
                               "NEXMark Q8 steady state: Rhino r=0, r=2 and Spark's RocksDB state store"),
+    ("spark", "state-size"): ("rhino_bench.spark.state_size",
+                              "one touch per batch of a key holding N MapState / ListState entries: Rhino vs "
+                              "Spark's RocksDB state store"),
     ("demo",): ("rhino_bench.demo:main", "NEXMark Q8 on a local 3-host Spark + Rhino cluster with a host killed "
                                          "mid-run (--data-plane: the single-host data-plane demonstration)"),
     ("cluster",): ("rhino_bench.harness.spark_cluster", "the local multi-host Spark + Rhino cluster"),
@@ -79,7 +83,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"rhino-bench: error: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
     if argv[0] == "spark":
-        print("rhino-bench spark: expected one of: recovery, throughput", file=sys.stderr)
+        print("rhino-bench spark: expected one of: recovery, throughput, state-size", file=sys.stderr)
     else:
         print(f"rhino-bench: unknown command {argv[0]!r}", file=sys.stderr)
     _usage(sys.stderr)

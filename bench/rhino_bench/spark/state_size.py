@@ -33,14 +33,18 @@ Measured per system, kind and N (one JSON line, ``record: "measurement"``):
   part spent inside ``foreachBatch`` (the operator's Spark job and the output's collect);
 * ``bytes_written``: the median, over the measured batches, of the bytes one batch adds
   to the state's durable checkpoint. Rhino: the instances' checkpoint delta (the
-  commit's ``delta_bytes``: the files new in checkpoint b, summed over the tasks' meta
-  rows; ``bytes_written_source`` says where it came from). Spark: the bytes of files new
+  commit's ``delta_bytes``: the files new in checkpoint b, summed over the instances, from
+  the tasks' meta rows, or read from checkpoint b's manifest in the primary's store when
+  the meta rows do not carry it; ``bytes_written_source`` says which). Spark: the bytes of
+  files new
   or grown in the query's checkpoint ``state/`` directory after the batch (what the
   RocksDB provider uploaded: new SST files, the zipped metadata).
   Also, per batch and median: Rhino's ``replicated_bytes`` (the checkpoint bytes the
-  primaries sent down their chains: x r copies), ``logical_bytes`` (key and value bytes of
-  the committed write batch), ``disk_write_bytes`` (``/proc/<pid>/io`` ``write_bytes`` of all
-  Rhino workers: WAL, flushes, compactions, checkpoints and replicas together); Spark's
+  primaries sent to the first member of their chains, the workers' metrics; each member
+  passes them on, so r copies land in all: it equals the delta when nothing was lost),
+  ``logical_bytes`` (key and value bytes of the committed write batches, the workers'
+  metrics), ``disk_write_bytes`` (``/proc/<pid>/io`` ``write_bytes`` of all Rhino workers:
+  WAL, flushes, compactions, checkpoints and replicas together); Spark's
   RocksDB metrics of the batch (``rocksdbBytesCopied``, ``rocksdbTotalBytesWritten``,
   ``...WrittenByFlush``, ``...WrittenByCompaction``), and the bytes new in its local
   RocksDB working directories (``local_new_bytes``: the live DB's SSTs and logs).
@@ -59,6 +63,7 @@ checkpointing) unless ``--spark-conf``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -215,7 +220,8 @@ def write_inputs(directory: Path, plan: list[Batch]) -> None:
 class DirBytes:
     """Bytes written under some directories between two snapshots: a file (by device and
     inode, so a hard link counts once) not seen before counts whole, a file seen before
-    counts its growth. A file created and deleted between two snapshots is missed."""
+    counts its growth. A file created and deleted between two snapshots is missed. ``match``:
+    only directories whose path below a root contains it."""
 
     def __init__(self, roots: Sequence[Path], match: Optional[str] = None) -> None:
         self.roots = [Path(r) for r in roots]
@@ -226,7 +232,7 @@ class DirBytes:
         out: dict[tuple[int, int], int] = {}
         for root in self.roots:
             for dirpath, _dirs, files in os.walk(root):
-                if self.match and self.match not in dirpath:
+                if self.match and self.match not in os.path.relpath(dirpath, root):
                     continue
                 for f in files:
                     try:
@@ -282,7 +288,7 @@ class RhinoProbe:
     def _read(self) -> dict[str, float]:
         io = [_proc_write_bytes(w.pid) for w in self.workers]
         return {"disk_write_bytes": float(sum(x for x in io if x is not None)),
-                "logical_bytes_m": self._metric_sum("rhino_session_bytes_written_total"),
+                "logical_bytes": self._metric_sum("rhino_session_bytes_written_total"),
                 "replicated_bytes": self._metric_sum("rhino_instance_replicated_bytes_total")}
 
     def step(self) -> dict[str, int]:
@@ -290,6 +296,25 @@ class RhinoProbe:
         d = {k: int(cur[k] - self.last[k]) for k in cur}
         self.last = cur
         return d
+
+
+def _manifest_delta(workers: list[Any], primary: Optional[str], operator_id: str, instance: int,
+                    batch: int) -> dict:
+    """The delta of checkpoint ``batch`` of an instance, read from the manifest in its
+    primary's store (``<worker dir>/checkpoints/<operator>/<instance>/<id:020d>.manifest``, a
+    JSON line and a checksum line): the bytes and number of its files new since the parent
+    checkpoint (what the commit's stats call ``delta_bytes``, ``delta_files``)."""
+    w = next((w for w in workers if w.id == primary), None)
+    if w is None:
+        return {}
+    path = Path(w.dir) / "checkpoints" / operator_id / str(instance) / f"{batch:020d}.manifest"
+    try:
+        m = json.loads(path.read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return {}
+    delta = [f for f in m.get("files", []) if f.get("in_delta")]
+    return {"delta_bytes": sum(int(f["size"]) for f in delta), "delta_files": len(delta),
+            "delta_from": "manifest"}
 
 
 # ---- one run: one system, one kind, one N --------------------------------------------------
@@ -320,7 +345,7 @@ def run_once(spark: Any, *, system: str, kind: str, n: int, input_dir: Path, wor
     proc = BigKeyProcessor(kind)
     op = None
     if system == "spark-rocksdb":
-        state_bytes = DirBytes([ck])  # the checkpoint's state/ appears at the first batch
+        state_bytes = DirBytes([ck / "state"])  # it appears at the first batch
         local_bytes = DirBytes([spark_local_dir], match="StateStore") if spark_local_dir else None
 
         def sink(df: Any, batch_id: int) -> None:
@@ -357,10 +382,14 @@ def run_once(spark: Any, *, system: str, kind: str, n: int, input_dir: Path, wor
             rec: dict[str, Any] = {"sink_s": t1 - t0, "op_s": rep.seconds, "attempts": rep.attempts,
                                    "begin_s": rep.begin_s, "job_s": rep.job_s, "commit_s": rep.commit_s}
             tasks = rep.tasks
-            for f in ("checkpoint_bytes", "delta_bytes", "delta_files", "bytes", "keys", "puts", "deletes",
-                      "round_trips"):
+            for t in tasks:
+                if t.get("delta_bytes") is None:
+                    t.update(_manifest_delta(cluster["workers"], t.get("primary"), operator_id, t["instance"],
+                                             int(batch_id)))
+            for f in ("checkpoint_bytes", "delta_bytes", "delta_files", "keys", "puts", "deletes", "round_trips"):
                 vals = [t.get(f) for t in tasks]
                 rec[f] = int(sum(v for v in vals if v is not None)) if any(v is not None for v in vals) else None
+            rec["delta_from"] = next((t.get("delta_from") for t in tasks if t.get("delta_from")), None)
             if tasks:
                 slow = max(tasks, key=lambda t: t["end"] - t["start"])
                 rec["critical_task_s"] = {f: slow.get(f) for f in _TASK_FIELDS}
@@ -451,21 +480,23 @@ def measurement(res: RunResult, plan: list[Batch], *, command: str, parameters: 
         "fill_s": sum(r["trigger_s"] or 0.0 for r in fill), "fill_batches": len(fill),
         "fill_batch_s": [r["trigger_s"] for r in fill],
         "run_s": res.seconds, "output_rows": rows, "output_digest": digest, "missing_batches": missing,
+        "batch_s_max": max(batch_s) if batch_s else None, "loadavg_1_5_15": _loadavg(),
     }
     rec.update(_check_values(res, plan))
     if res.system == "rhino":
         deltas = all_of("delta_bytes")
         if any(d is not None for d in deltas):
+            where = ("the primaries' checkpoint manifests" if any(r.get("delta_from") == "manifest" for r in meas)
+                     else "the commit stats in the tasks' meta rows")
             rec["bytes_written"], rec["bytes_written_source"] = med("delta_bytes"), \
-                "commit stats delta_bytes (files new in checkpoint b, summed over the instances)"
+                f"checkpoint delta: bytes of the files new in checkpoint b, summed over the instances (from {where})"
         else:
             rec["bytes_written"], rec["bytes_written_source"] = None, \
                 "missing: the tasks' meta rows carry no delta_bytes"
         rec["bytes_written_all"] = deltas
-        for k in ("replicated_bytes", "logical_bytes_m", "bytes", "disk_write_bytes", "checkpoint_bytes",
-                  "delta_files", "round_trips", "op_s", "job_s", "begin_s", "commit_s"):
-            rec[k if k != "logical_bytes_m" else "logical_bytes_metrics"] = med(k)
-        rec["logical_bytes"] = rec.pop("bytes")
+        for k in ("replicated_bytes", "logical_bytes", "disk_write_bytes", "checkpoint_bytes", "delta_files",
+                  "puts", "round_trips", "op_s", "job_s", "begin_s", "commit_s"):
+            rec[k] = med(k)
         rec["replicated_bytes_all"] = all_of("replicated_bytes")
         rec["disk_write_bytes_all"] = all_of("disk_write_bytes")
         crit = [r["critical_task_s"] for r in meas if r.get("critical_task_s")]
@@ -490,6 +521,13 @@ def measurement(res: RunResult, plan: list[Batch], *, command: str, parameters: 
     rec["command"] = command
     rec["parameters"] = parameters
     return _round(rec)
+
+
+def _loadavg() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
 
 
 def _round(x: Any) -> Any:
@@ -739,6 +777,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                     help="extra Spark conf (repeatable); default: Spark's defaults")
     ap.add_argument("--seed", type=int, default=7, help="which entries the touches pick (default 7)")
+    ap.add_argument("--from", dest="from_file", metavar="JSONL",
+                    help="run nothing: write --report/--plot (and print the summary) from the newest run in this "
+                         "file (by run_id)")
+    ap.add_argument("--no-warmup-run", dest="warmup_run", action="store_false",
+                    help="skip the discarded first run of each system and kind (N=100) that warms up the JVM, "
+                         "Spark's Python workers and the workers' connections")
     ap.add_argument("--timeout", type=positive_float, default=3600.0, help="per run, s (default 3600)")
     return ap
 
@@ -784,7 +828,7 @@ def _start(base: Path, args: argparse.Namespace, spark_conf: dict, stack: Any) -
     local_dir = base / "spark-local"
     local_dir.mkdir(parents=True, exist_ok=True)
     b = (SparkSession.builder.master(args.master).appName("rhino-bench-state-size")
-         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", str(args.partitions))
+         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", str(args.partitions))
          .config("spark.sql.session.timeZone", "UTC").config("spark.local.dir", str(local_dir))
          .config("spark.sql.streaming.numRecentProgressUpdates", "1000")
          .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER))
@@ -792,11 +836,76 @@ def _start(base: Path, args: argparse.Namespace, spark_conf: dict, stack: Any) -
         b = b.config(k, v)
     spark = b.getOrCreate()
     stack.callback(spark.stop)
+    # Spark's state server warns at every getValue of an absent map key (the small keys' first touch)
+    spark.sparkContext.setLogLevel("ERROR")
     return _Env(spark=spark, cluster=cluster, local_dir=local_dir)
 
 
+@contextlib.contextmanager
+def _stdout_for_json_only() -> Any:
+    """Spark's JVM, a child of this process, and its Python workers write to file descriptor 1
+    (Spark's TransformWithStateInPandas worker prints its progress there): meanwhile fd 1 is
+    stderr, and ``sys.stdout`` (the JSON lines) the real stdout."""
+    sys.stdout.flush()
+    real = os.dup(1)
+    saved = sys.stdout
+    os.dup2(2, 1)
+    sys.stdout = os.fdopen(os.dup(real), "w", buffering=1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stdout.close()
+        sys.stdout = saved
+        os.dup2(real, 1)
+        os.close(real)
+
+
+def _warm_up(env: _Env, args: argparse.Namespace, base: Path, run_id: str) -> None:
+    """One discarded run per system and kind on N=100: the first queries of a process pay for
+    the JIT, Spark's Python workers and the connections, which would count against whichever
+    configuration ran first."""
+    plan = plan_batches(100, fill_chunk=100, warmup=0, batches=2, small_keys=args.small_keys, seed=args.seed)
+    input_dir = base / "input-warmup"
+    write_inputs(input_dir, plan)
+    for kind in args.kinds:
+        for system in args.systems:
+            work = base / f"warmup-{system}-{kind}"
+            res = run_once(env.spark, system=system, kind=kind, n=100, input_dir=input_dir, work=work,
+                           cluster=env.cluster, parallelism=args.partitions, replicas=args.replicas,
+                           timeout_s=args.timeout, operator_id=f"ss-warmup-{kind}-{run_id}",
+                           spark_local_dir=env.local_dir)
+            say(f"warm-up run: {system}, {kind}, N=100: {len(res.batches)} batches in {res.seconds:.1f} s")
+            shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(input_dir, ignore_errors=True)
+
+
+def _from_file(args: argparse.Namespace) -> int:
+    """--from: the report and plot of the newest run recorded in a JSONL file."""
+    try:
+        recs = [json.loads(x) for x in Path(args.from_file).read_text().splitlines() if x.strip()]
+    except (OSError, ValueError) as e:
+        print(f"rhino-bench spark state-size: --from {args.from_file}: {e}", file=sys.stderr)
+        return 2
+    setups = [r for r in recs if r.get("record") == "setup"]
+    if not setups:
+        print(f"rhino-bench spark state-size: --from {args.from_file}: no setup record", file=sys.stderr)
+        return 2
+    setup = setups[-1]
+    run_id = setup["parameters"].get("run_id")
+    run = [r for r in recs if r.get("record") == "measurement" and r["parameters"].get("run_id") == run_id]
+    summ = next((r for r in recs[::-1] if r.get("record") == "summary"), None)
+    elapsed = summ.get("elapsed_s") if summ and recs.index(summ) > recs.index(setup) else None
+    records = [setup] + run
+    if args.plot:
+        plot(records, args.plot)
+    if args.report:
+        report(records, args.report, command=setup["command"], setup=setup, elapsed_s=elapsed)
+    print(json.dumps(summarize(records)))
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    import contextlib
 
     ap = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -807,6 +916,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error(str(e))
     if args.first_host + args.replicas > 254:
         ap.error("--first-host: the workers must fit 127.0.0.2..254")
+    if args.from_file:
+        return _from_file(args)
     install_signal_handlers()
     from rhino._machine import describe_machine
 
@@ -818,7 +929,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parameters = {"entries": args.entries, "kinds": args.kinds, "systems": args.systems, "batches": args.batches,
                   "warmup": args.warmup, "fill_chunk": args.fill_chunk, "small_keys": args.small_keys,
                   "partitions": args.partitions, "replicas": args.replicas, "master": args.master,
-                  "seed": args.seed, "run_id": run_id}
+                  "seed": args.seed, "warmup_run": args.warmup_run, "run_id": run_id}
     setup = {"record": "setup", "command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
              "machine": describe_machine(str(base)), "spark_conf": spark_conf, "parameters": parameters}
     em.emit(setup)
@@ -826,10 +937,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     elapsed: Optional[float] = None
     try:
         with contextlib.ExitStack() as stack:
+            stack.enter_context(_stdout_for_json_only())
             say(f"starting Spark ({args.master})" + (f", a coordinator and {args.replicas + 1} Rhino workers at "
                                                       f"127.0.0.{args.first_host}.." if "rhino" in args.systems
                                                       else ""))
             env = _start(base, args, spark_conf, stack)
+            if args.warmup_run:
+                _warm_up(env, args, base, run_id)
             for n in args.entries:
                 plan = plan_batches(n, fill_chunk=args.fill_chunk, warmup=args.warmup, batches=args.batches,
                                     small_keys=args.small_keys, seed=args.seed)
