@@ -523,6 +523,45 @@ def measurement(res: RunResult, plan: list[Batch], *, command: str, parameters: 
     return _round(rec)
 
 
+def source_state() -> dict:
+    """The code this run imports: the repository of the ``rhino`` package, its commit, and the
+    files that differ from it (an editable install runs the working tree as it is)."""
+    import subprocess
+
+    import rhino
+
+    repo = Path(rhino.__file__).resolve().parents[1]
+    out: dict[str, Any] = {"repo": str(repo)}
+    try:
+        git = ["git", "-C", str(repo)]
+        out["commit"] = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True,
+                                       check=True).stdout.strip()
+        st = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                            text=True, check=True).stdout
+        out["modified"] = sorted(line[3:] for line in st.splitlines() if line.strip())
+        diff = subprocess.run(git + ["diff", "HEAD"], capture_output=True, check=True).stdout
+        out["diff_sha256"] = hashlib.sha256(diff).hexdigest()[:16] if diff else None
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return out
+
+
+def changed_since(repo: str, t0: float) -> list[str]:
+    """Python files of the library (rhino/, spark_integration/) modified after ``t0``: code that
+    changed under a running benchmark (its Spark workers may have imported either version)."""
+    from rhino import _core
+
+    out = []
+    files = [p for sub in ("rhino", "spark_integration") for p in Path(repo, sub).rglob("*.py")]
+    for p in files + [Path(_core.__file__)]:  # and the extension (a rebuild replaces it)
+        try:
+            if p.stat().st_mtime > t0:
+                out.append(str(p.relative_to(repo)) if p.is_relative_to(repo) else str(p))
+        except OSError:
+            continue
+    return sorted(out)
+
+
 def _loadavg() -> list[float]:
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -629,8 +668,23 @@ def _fmt_bytes(x: Any) -> str:
     return str(x)
 
 
+def _source_line(src: dict, summ: Optional[dict]) -> str:
+    line = f"Code: commit {src.get('commit', '?')[:12]} of {src.get('repo', '?')}"
+    mod = [m for m in src.get("modified", []) if m.startswith(("rhino/", "spark_integration/"))]
+    line += (f", with uncommitted changes to {', '.join(mod)} (diff sha256 {src.get('diff_sha256')})" if mod
+             else " (no uncommitted change to the library)")
+    changed = (summ or {}).get("source_changed_during_run")
+    if changed:
+        line += f". Changed while the run ran: {', '.join(changed)}"
+    elif summ is not None and "source_changed_during_run" in summ:
+        line += "; nothing of the library changed while the run ran"
+    return line + "."
+
+
 def report(records: list[dict], path: str, *, command: str, setup: dict, elapsed_s: Optional[float]) -> None:
     from rhino._machine import machine_summary
+
+    summ_rec = next((r for r in records[::-1] if r.get("record") == "summary"), None)
 
     ms = sorted((r for r in records if r.get("record") == "measurement"),
                 key=lambda r: (r["kind"], r["entries"], r["system"]))
@@ -644,6 +698,7 @@ def report(records: list[dict], path: str, *, command: str, setup: dict, elapsed
          f"Run at {setup.get('started')} on {machine_summary(setup.get('machine', {}))}"
          + (f"; the whole run took {elapsed_s / 60:.1f} min." if elapsed_s else "."), "",
          "Parameters: " + ", ".join(f"{k}={v}" for k, v in setup.get("parameters", {}).items()), "",
+         _source_line(setup.get("source") or {}, summ_rec), "",
          "Spark settings: " + (", ".join(f"`{k}={v}`" for k, v in setup.get("spark_conf", {}).items())
                                or "Spark's defaults") + " (besides the RocksDB provider, the session's "
          "`spark.sql.shuffle.partitions` = Rhino's instances, UTC).", "",
@@ -896,7 +951,7 @@ def _from_file(args: argparse.Namespace) -> int:
     run = [r for r in recs if r.get("record") == "measurement" and r["parameters"].get("run_id") == run_id]
     summ = next((r for r in recs[::-1] if r.get("record") == "summary"), None)
     elapsed = summ.get("elapsed_s") if summ and recs.index(summ) > recs.index(setup) else None
-    records = [setup] + run
+    records = [setup] + run + ([summ] if summ is not None and elapsed is not None else [])
     if args.plot:
         plot(records, args.plot)
     if args.report:
@@ -931,9 +986,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   "partitions": args.partitions, "replicas": args.replicas, "master": args.master,
                   "seed": args.seed, "warmup_run": args.warmup_run, "run_id": run_id}
     setup = {"record": "setup", "command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-             "machine": describe_machine(str(base)), "spark_conf": spark_conf, "parameters": parameters}
+             "machine": describe_machine(str(base)), "spark_conf": spark_conf, "parameters": parameters,
+             "source": source_state()}
     em.emit(setup)
     t_start = time.monotonic()
+    t_wall = time.time()
     elapsed: Optional[float] = None
     try:
         with contextlib.ExitStack() as stack:
@@ -967,6 +1024,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elapsed = time.monotonic() - t_start
         summ = summarize(em.records)
         summ["elapsed_s"] = round(elapsed, 1)
+        summ["source_changed_during_run"] = changed_since(setup["source"]["repo"], t_wall)
+        summ["loadavg_1_5_15"] = _loadavg()
         em.emit(summ)
     finally:
         if args.plot:
