@@ -265,7 +265,7 @@ def test_bad_configuration_is_refused_clearly(cluster, spark):
     from rhino.errors import InvalidArgumentError
 
     with pytest.raises(InvalidArgumentError, match="ProcessingTime"):
-        _op(cluster, CountProcessor(), "bad1", "k long", time_mode="ProcessingTime")
+        _op(cluster, CountProcessor(), "bad1", "k long", time_mode="WallClock")
     with pytest.raises(InvalidArgumentError, match="event_time"):
         _op(cluster, CountProcessor(), "bad2", "k long", time_mode="EventTime")
     op = _op(cluster, CountProcessor(), "bad3", "k long, count long, seen_sum long, mod0 long")

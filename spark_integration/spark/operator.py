@@ -110,7 +110,8 @@ class TransformWithState:
                  event_time: Optional[str] = None, watermark_delay: Any = 0, mode: str = "pandas",
                  checkpoint_location: Optional[str] = None, locality: bool = True, max_batch_attempts: int = 5,
                  placement: str = "balanced", request_timeout: float = 120.0,
-                 failover_wait_s: float = 60.0, watch_hosts: bool = True) -> None:
+                 failover_wait_s: float = 60.0, watch_hosts: bool = True,
+                 clock: Optional[Callable[[], float]] = None) -> None:
         from pyspark.sql.types import StructType
 
         from rhino._secret import secret_bytes
@@ -121,11 +122,8 @@ class TransformWithState:
             raise InvalidArgumentError(f"mode must be 'pandas' (transformWithStateInPandas) or 'rows' "
                                        f"(transformWithState), not {mode!r}")
         tm = str(time_mode).lower()
-        if tm == "processingtime":
-            raise InvalidArgumentError("time_mode='ProcessingTime' is not supported by rhino.spark (processing-"
-                                       "time timers are left out; see spark_integration/README.md)")
-        if tm not in ("none", "eventtime"):
-            raise InvalidArgumentError(f"time_mode must be 'None' or 'EventTime', not {time_mode!r}")
+        if tm not in ("none", "eventtime", "processingtime"):
+            raise InvalidArgumentError(f"time_mode must be 'None', 'EventTime' or 'ProcessingTime', not {time_mode!r}")
         if tm == "eventtime" and not event_time:
             raise InvalidArgumentError("time_mode='EventTime' needs event_time=<the event-time column>")
         if int(parallelism) < 1 or int(replicas) < 0:
@@ -157,6 +155,8 @@ class TransformWithState:
         self.request_timeout = request_timeout
         self.failover_wait_s = failover_wait_s
         self.watch_hosts = bool(watch_hosts)
+        # the batch clock, in ms (a test's manual clock; the wall clock by default)
+        self.clock: Callable[[], float] = clock if clock is not None else (lambda: time.time() * 1000)
         self._known_hosts: Optional[set[str]] = None  # executor hosts seen last (host_loss.py)
         self.watch_log: list[dict] = []  # what the batch watches reported or cancelled
         self.checkpoint_location = Path(checkpoint_location) if checkpoint_location else None
@@ -194,6 +194,11 @@ class TransformWithState:
         from pyspark.sql.types import StructType
 
         declared = declared_variables(self.processor)
+        ttl = sorted(n for n, d in declared.items() if d.ttl_ms is not None)
+        if ttl and self.time_mode != "processingtime":
+            # Spark refuses the same (CANNOT_ASSIGN_TTL_IN_TIME_MODE): TTL runs on batch time
+            raise InvalidArgumentError(f"state {ttl[0]!r} has a TTL, which needs time_mode='ProcessingTime' "
+                                       f"(this operator runs with time mode {self.time_mode!r}), as in Spark")
         grouping = StructType([in_schema[c] for c in self.key_columns])
         for _ in range(5):
             cur = self.coordinator().state_schema(self.operator_id)
@@ -255,7 +260,7 @@ class TransformWithState:
         shuffled: dict = {}  # the batch's routed, shuffled rows, kept across attempts (see _run_job)
         driver = BatchDriver(self.coordinator(), self.operator_id, max_attempts=self.max_batch_attempts,
                              retry_sleep=0.5, replay=True, name=f"rhino.spark {self.operator_id}",
-                             clock=lambda: int(time.time() * 1000))
+                             clock=lambda: int(self.clock()))
         done = driver.run(b, lambda a: self._attempt(spark, df, a, wm, tz, shuffled))
         a = done.attempt
         data, tasks = done.result.value
@@ -357,7 +362,7 @@ class TransformWithState:
                         input_schema_json=df.schema.json(), output_schema_json=self.output_schema.json(),
                         timezone=tz, secret=self.secret, coordinator=self.coordinator_address,
                         placement=placement, state_doc=self.state_doc,
-                        batch_time_ms=int(placement.get("batch_time_ms") or time.time() * 1000),
+                        batch_time_ms=int(placement.get("batch_time_ms") or self.clock()),
                         request_timeout=self.request_timeout,
                         failover_wait_s=self.failover_wait_s, wait_for_failover=not self.watch_hosts)
         from pyspark.sql.pandas.types import from_arrow_schema
@@ -468,12 +473,15 @@ def transform_with_state(processor: Any, *, key: str | Sequence[str], output_sch
     - ``coordinator``: ``"host:port"`` of the coordinator (``rhino coordinator``, or one
       the driver hosts); ``secret`` / ``secret_file``: the cluster's shared secret.
     - ``parallelism`` (instances), ``replicas`` (r, default 2), ``num_vnodes``.
-    - ``time_mode``: ``"None"`` or ``"EventTime"`` (with ``event_time=<column>`` and
-      ``watermark_delay``, e.g. ``"10 seconds"``); processing-time timers are not
-      supported and are refused. State variables may have a TTL (``ttlDurationMs``),
-      measured in batch time (the coordinator fixes each batch's time at its first run).
+    - ``time_mode``: ``"None"``, ``"EventTime"`` (with ``event_time=<column>`` and
+      ``watermark_delay``, e.g. ``"10 seconds"``) or ``"ProcessingTime"``: timers
+      fire at the watermark or at the batch's time (fixed by the coordinator at the
+      batch's first run, the same when it runs again). With ``"ProcessingTime"``,
+      state variables may have a TTL (``ttlDurationMs``), measured in batch time.
     - ``checkpoint_location``: a directory for the operator's watermark (survives a
       driver restart; Spark's own checkpoint location is a good place).
+    - ``clock``: a function returning the time in ms that a batch's time is taken from
+      at its first run (default: the wall clock; tests pass a manual clock).
     - ``watch_hosts`` (default True): while a batch runs, report a host whose executors
       Spark's driver lost to the coordinator (failover in a fraction of a second instead of
       the heartbeat timeout), and cancel an attempt that can no longer commit

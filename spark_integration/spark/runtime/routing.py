@@ -23,6 +23,7 @@ import pyarrow as pa
 import rhino
 
 from ..state.encoding import encode_key
+from ..state.layout import vnodes_of
 
 __all__ = ["PART_COLUMN", "partition_tokens", "tag_batches", "routing_keys"]
 
@@ -71,6 +72,6 @@ def tag_batches(batches: Iterator[pa.RecordBatch], *, key_columns: list[str], nu
     for b in batches:
         if b.num_rows == 0:
             continue
-        vn = np.asarray(part.vnodes(routing_keys(b, key_columns)))
+        vn = np.asarray(vnodes_of(part, routing_keys(b, key_columns)))
         col = pa.array(tok[inst_of_vnode[vn]], pa.int64())
         yield pa.RecordBatch.from_arrays(list(b.columns) + [col], names=list(b.schema.names) + [PART_COLUMN])

@@ -45,6 +45,7 @@ from rhino.engine import InstanceRun, WorkerClients, vnode_load
 
 from ..state.encoding import decode_key
 from ..state.handle import RhinoProcessorHandle
+from ..state.layout import vnodes_of
 from ..state.store import BatchState
 from ..state.variables import variables_of
 from ..state.writeback import write_back
@@ -67,7 +68,7 @@ class TaskSpec:
     key_columns: list[str]
     processor: Any
     mode: str  # "pandas" | "rows"
-    time_mode: str  # "none" | "eventtime"
+    time_mode: str  # "none" | "eventtime" | "processingtime"
     event_time: Optional[str]
     input_schema_json: str
     output_schema_json: str
@@ -255,12 +256,12 @@ class _InstanceBatch:
         self.t["start"], self.t["open"] = t0, time.time()
         rt0 = getattr(s, "round_trips", 0)
         self.st = BatchState(s, self.part, self.variables, batch=spec.batch, now_ms=spec.batch_time_ms,
-                             timers=spec.time_mode == "eventtime", small=spec.prefetch_entries)
+                             timers=spec.time_mode != "none", small=spec.prefetch_entries)
         self.handle._bind(self.st)
         self._group()
         self.t["group"] = time.time()
-        if spec.time_mode == "eventtime":  # design: after the data, as Spark's processTimers
-            self.due = self.st.due_timers(self.my_vnodes, spec.watermark_ms)
+        if spec.time_mode != "none":  # design: after the data, as Spark's processTimers
+            self.due = self.st.due_timers(self.my_vnodes, _timer_time(spec))
         self.t["timers"] = time.time()
         self.st.prefetch([g[0] for g in self.groups] + [g for _, g in self.due])
         self.t["fetch"] = time.time()
@@ -287,7 +288,8 @@ class _InstanceBatch:
         from pyspark.sql.streaming.stateful_processor import TimerValues
 
         spec = self.spec
-        return TimerValues(currentProcessingTimeInMs=spec.batch_time_ms,
+        # Spark's: the batch's time unless the time mode is None, the watermark in event time
+        return TimerValues(currentProcessingTimeInMs=spec.batch_time_ms if spec.time_mode != "none" else -1,
                            currentWatermarkInMs=spec.watermark_ms if spec.time_mode == "eventtime" else -1)
 
     def _process(self) -> None:
@@ -305,7 +307,7 @@ class _InstanceBatch:
             else:
                 it = iter([rows])
             _collect(processor.handleInputRows(kt, it, tv), self.outputs, spec.mode)
-        if spec.time_mode == "eventtime":
+        if spec.time_mode != "none":
             self._fire_timers(tv)
         st.current = None
         processor.close()
@@ -315,7 +317,7 @@ class _InstanceBatch:
         before the watermark, in (time, key) order."""
         from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo
 
-        st, wm = self.st, self.spec.watermark_ms
+        st, wm = self.st, _timer_time(self.spec)
         assert st is not None
         due = set(self.due)
         for g, cell in st.timers.items():
@@ -344,7 +346,7 @@ class _InstanceBatch:
                else _rows_to_arrow(self.outputs, out_schema))
         load: dict[str, list[float]] = {}
         if self.groups:
-            load = vnode_load(self.part.vnodes([g[0] for g in self.groups]), self.placement["num_vnodes"],
+            load = vnode_load(vnodes_of(self.part, [g[0] for g in self.groups]), self.placement["num_vnodes"],
                               ops=[g[3] - g[2] for g in self.groups])
         stats = dict(keys=len(self.groups), puts=self.puts, deletes=self.deletes, timers_fired=len(st.fired),
                      output_rows=0 if out is None else out.num_rows, round_trips=self.round_trips,
@@ -354,6 +356,11 @@ class _InstanceBatch:
                      replicate_s=res.replicate_s, checkpoint_bytes=int(res.stats.get("checkpoint_bytes", 0)),
                      rolled_back=self.rolled_back, load=load, **st.stats)
         return out, stats
+
+
+def _timer_time(spec: TaskSpec) -> int:
+    """The time timers fire at: the watermark in event time, the batch's time in processing time."""
+    return spec.watermark_ms if spec.time_mode == "eventtime" else spec.batch_time_ms
 
 
 def _collect(result: Any, outputs: list, mode: str) -> None:

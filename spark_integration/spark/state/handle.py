@@ -10,8 +10,9 @@ grouping key the task sets before each ``handleInputRows`` /
 ``handleExpiredTimer`` call (as Spark's implicit key). Values are the tuples
 of the declared schema, checked and encoded at the write-back (``codec.py``).
 
-Left out, and refused with an error rather than ignored: processing-time timers
-(time mode ``ProcessingTime``).
+Timers need a time mode (``EventTime``: they fire at the watermark;
+``ProcessingTime``: at the batch's time); with ``None`` they are refused, as in
+Spark.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ __all__ = ["RhinoProcessorHandle", "UnsupportedFeatureError"]
 
 
 class UnsupportedFeatureError(NotImplementedError):
-    """A transformWithState feature that rhino.spark does not implement (processing-time timers)."""
+    """A transformWithState feature that rhino.spark does not implement, or not in this time mode."""
 
 
 def _row(name: str, v: Any) -> tuple:
@@ -230,10 +231,10 @@ class RhinoProcessorHandle(StatefulProcessorHandle):
         return self._get("map", stateName)
 
     def _check_timers(self) -> None:
-        if self._time_mode != "eventtime":
+        if self._time_mode == "none":
             raise UnsupportedFeatureError(
-                f"timers need time_mode='EventTime' (this operator runs with {self._time_mode!r}); "
-                "rhino.spark does not implement processing-time timers")
+                "timers need time_mode='EventTime' or 'ProcessingTime' (this operator runs with time mode "
+                "'None'), as in Spark")
 
     def registerTimer(self, expiryTimestampMs: int) -> None:
         self._check_timers()

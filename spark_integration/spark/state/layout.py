@@ -33,11 +33,11 @@ time in ms): the worker's compaction filter drops expired entries (no scan).
 from __future__ import annotations
 
 import struct
-from typing import Sequence
+from typing import Any, Sequence
 
 import rhino
 
-__all__ = ["Heads", "timer_key", "timer_keys", "time_ms_of_timer", "SEQ_BITS", "list_seq", "KIND_BYTES",
+__all__ = ["Heads", "vnodes_of", "timer_key", "timer_keys", "time_ms_of_timer", "SEQ_BITS", "list_seq", "KIND_BYTES",
            "TIME_INDEX", "KEY_TIMERS"]
 
 _U16 = struct.Struct(">H")
@@ -82,6 +82,13 @@ class Heads:
     def prefix(self, g: bytes) -> bytes:
         """The prefix of every entry of this variable for grouping key ``g``."""
         return self.head + g
+
+
+def vnodes_of(part: Any, gs: Sequence[bytes]) -> Any:
+    """The vnode of each grouping key's entries: of a routed key whose routing part is the
+    key's bytes. Not ``part.vnodes(gs)``: a key's bytes may themselves end like a trailer
+    (an int key ending in 0xF5 does), and would then be routed by the wrong part."""
+    return part.vnodes(rhino.routed_keys(b"", gs, b""))
 
 
 def timer_key(g: bytes, ts: int) -> bytes:

@@ -42,8 +42,8 @@ from rhino.errors import AuthFailedError, InvalidArgumentError, RhinoError
 from . import layout
 from .encoding import decode_key
 
-__all__ = ["StateReadError", "ReadPlan", "plan_read", "read_instance", "open_checkpoint", "count_entries",
-           "describe_variables", "schema_string", "TIMERS"]
+__all__ = ["StateReadError", "ReadPlan", "plan_read", "read_pages", "read_instance", "open_checkpoint",
+           "count_entries", "describe_variables", "schema_string", "TIMERS"]
 
 TIMERS = "timers"  # a ReadPlan's kind for the registered timers
 _TTL_FLAG = 0x01  # the TTL flag of a routed key (docs/protocol.md, "Keys")
@@ -78,7 +78,9 @@ class ReadPlan:
 
     @property
     def filters_expired(self) -> bool:
-        return self.kind != TIMERS and self.entry.get("ttl_ms") is not None and not self.include_expired  # type: ignore[union-attr]
+        if self.kind == TIMERS or self.include_expired:
+            return False
+        return (self.entry or {}).get("ttl_ms") is not None
 
 
 # ---- the plan ----------------------------------------------------------------------------------
@@ -276,14 +278,14 @@ class _Decoder:
         return [(self.keys(g), v, i) for g, v in zip(gs, values)]
 
 
-def read_instance(plan: ReadPlan, instance: int, secret: Any, *, page_size: int = 4096,
-                  request_timeout: float = 120.0) -> Iterator[tuple]:
-    """The rows of ``plan`` in one instance's checkpoint, as tuples in the data
-    source's column order: ``(key, value, partition_id)``, ``(key, list_element,
-    partition_id)``, ``(key, user_map_key, user_map_value, partition_id)`` or
-    ``(key, expiration_timestamp_ms, partition_id)``; key, value, element and map
-    key are tuples of their schema's fields. The entries of one grouping key come
-    together, a list's in list order."""
+def read_pages(plan: ReadPlan, instance: int, secret: Any, *, page_size: int = 4096,
+               request_timeout: float = 120.0) -> Iterator[list[tuple]]:
+    """The rows of ``plan`` in one instance's checkpoint, a page (list) at a time,
+    as tuples in the data source's column order: ``(key, value, partition_id)``,
+    ``(key, list_element, partition_id)``, ``(key, user_map_key, user_map_value,
+    partition_id)`` or ``(key, expiration_timestamp_ms, partition_id)``; key,
+    value, element and map key are tuples of their schema's fields. The entries of
+    one grouping key come together, a list's in list order."""
     if instance not in plan.instances:
         raise StateReadError(f"operator {plan.operator_id!r} has no instance {instance} "
                              f"(its instances: {sorted(plan.instances)})")
@@ -291,7 +293,15 @@ def read_instance(plan: ReadPlan, instance: int, secret: Any, *, page_size: int 
     with open_checkpoint(plan.instances[instance], secret, plan.operator_id, instance, plan.batch,
                          request_timeout=request_timeout) as r:
         for page in _chunks(r.scan(prefix=plan.prefix, page_size=page_size), page_size):
-            yield from dec.rows(page)
+            rows = dec.rows(page)
+            if rows:
+                yield rows
+
+
+def read_instance(plan: ReadPlan, instance: int, secret: Any, **kw: Any) -> Iterator[tuple]:
+    """The rows of :func:`read_pages`, one by one."""
+    for page in read_pages(plan, instance, secret, **kw):
+        yield from page
 
 
 # ---- rhino inspect: the variables and their entry counts -----------------------------------------

@@ -132,7 +132,7 @@ class BatchState:
     def _vnodes(self, gs: list[bytes]) -> None:
         need = [g for g in gs if g not in self.vnode_of]
         if need:
-            for g, v in zip(need, self.part.vnodes(need)):
+            for g, v in zip(need, layout.vnodes_of(self.part, need)):
                 self.vnode_of[g] = int(v)
 
     # ---- step 1: due timers -------------------------------------------------------------------

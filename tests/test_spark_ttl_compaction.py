@@ -1,0 +1,128 @@
+"""TTL state leaves the checkpoints by compaction, with no scan (issue 27's TTL
+must-show): a processor writes TTL'd values under a manual batch clock, the
+clock passes their expiry, each instance is compacted, and the next checkpoint
+read by rocksdict (an independent RocksDB reader, over the checkpoint's
+directory rebuilt from its manifest) holds no expired entry and fewer bytes.
+
+Real Spark (local[2]), real ``rhino worker`` processes and a real coordinator.
+That the processor stops seeing expired state at the same batches as Spark's
+own operator is ``test_spark_ttl.py``'s.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark")
+import pandas as pd  # noqa: E402
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor  # noqa: E402
+
+import rhino  # noqa: E402
+from rhino_bench.harness.workers import CoordinatorProcess, WorkerProcess, write_secret  # noqa: E402
+from test_ttl_compaction import checkpoint_dir, stored  # noqa: E402
+
+from pyspark import cloudpickle  # noqa: E402
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+TTL_MS = 10_000
+T0 = 1_000_000
+
+
+class ExpiringBlob(StatefulProcessor):
+    """Per key a 200-byte string in a ValueState with a TTL; emits whether the key had one."""
+
+    def init(self, handle):
+        self.blob = handle.getValueState("blob", "s string", ttlDurationMs=TTL_MS)
+        self.plain = handle.getValueState("plain", "n long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        had = self.blob.exists()
+        self.blob.update(("x" * 200,))
+        self.plain.update((1,))
+        yield pd.DataFrame({"k": [key[0]], "had": [had]})
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ttlcompact")
+    sf = write_secret(root)
+    coord = CoordinatorProcess(root, secret_file=sf, heartbeat_timeout=5.0).start()
+    workers = [WorkerProcess(root, f"w{n}", f"127.0.0.{n}", secret_file=sf, metrics=False,
+                             extra_args=["--coordinator", coord.address]).start() for n in (2, 3, 4)]
+    try:
+        from rhino.coordinator.client import connect_coordinator
+
+        with connect_coordinator(coord.address, secret=sf.read_bytes().strip()) as cc:
+            deadline = time.monotonic() + 20
+            while len(cc.status()["workers"]) < 3:
+                assert time.monotonic() < deadline, "workers did not register"
+                time.sleep(0.2)
+        yield {"root": root, "secret": sf.read_bytes().strip(), "coordinator": coord.address, "workers": workers}
+    finally:
+        for w in workers:
+            w.stop()
+        coord.stop()
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    s = (SparkSession.builder.master("local[2]").appName("rhino-test-ttl-compaction")
+         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    yield s
+    s.stop()
+
+
+def test_expired_entries_leave_the_checkpoint_after_a_compaction(cluster, spark, tmp_path):
+    from rhino.spark import transform_with_state
+
+    now = [T0]
+    op = transform_with_state(ExpiringBlob(), key="k", output_schema="k long, had boolean", operator_id="expiring",
+                              coordinator=cluster["coordinator"], secret=cluster["secret"], parallelism=2,
+                              replicas=1, locality=False, time_mode="ProcessingTime", clock=lambda: now[0])
+
+    def batch(b, keys):
+        out = op.process_batch(spark.createDataFrame(pd.DataFrame({"k": keys})), b).to_pandas()
+        return dict(zip(out.k, out.had))
+
+    n = 3000
+    assert not any(batch(0, list(range(n))).values())
+    now[0] = T0 + TTL_MS // 2
+    assert batch(1, [0, 1]) == {0: True, 1: True}  # alive: rewritten, expiry moves to T0 + 15 s
+    now[0] = T0 + TTL_MS + 1  # keys 2.. expired (T0 + 10 s), keys 0 and 1 not yet
+    assert batch(2, [2, n]) == {2: False, n: False}
+    before = {int(t["instance"]): t["checkpoint_bytes"] for t in op.reports[-1].tasks}
+    placement = op.coordinator().placement("expiring")
+    for i, info in placement["instances"].items():
+        with rhino.connect(info["address"], secret=cluster["secret"]) as c:
+            got = c.compact("expiring", int(i), epoch=placement["epoch"])
+            assert got["ttl_clock"] == T0 + TTL_MS + 1, got
+    now[0] += 1000
+    batch(3, [n + 1])  # checkpoint 3 holds the compacted files
+    after = {int(t["instance"]): t["checkpoint_bytes"] for t in op.reports[-1].tasks}
+    blob_head = b"v" + struct.pack(">H", op.state_doc["vars"]["blob"]["id"])
+    plain_head = b"v" + struct.pack(">H", op.state_doc["vars"]["plain"]["id"])
+    live_blobs = plain_values = 0
+    for i, info in placement["instances"].items():
+        w = next(w for w in cluster["workers"] if w.id == info["primary"])
+        entries, _ = stored(checkpoint_dir(w.dir, "expiring", int(i), 3, tmp_path / f"ck3-{i}"))
+        for k, v in entries.items():
+            head = rhino.split_routed_key(k)[0]
+            if head == blob_head:
+                expiry = struct.unpack(">q", v[:8])[0]
+                assert expiry > T0 + TTL_MS + 1, f"an expired entry (expiry {expiry}) is still in checkpoint 3"
+                live_blobs += 1
+            elif head == plain_head:
+                plain_values += 1
+        assert after[int(i)] < before[int(i)], f"instance {i}: checkpoint bytes {before[int(i)]} -> {after[int(i)]}"
+    assert live_blobs == 5  # keys 0 and 1 (rewritten at T0 + 5 s), 2 and n (T0 + 10 s), n + 1 (T0 + 11 s)
+    assert plain_values == n + 2
