@@ -17,7 +17,7 @@ import pytest
 SUBPACKAGES = ["rhino.daemon", "rhino.cli", "rhino.client", "rhino.coordinator", "rhino.spark",
                "rhino_bench", "rhino_bench.spark", "rhino_bench.harness", "rhino_bench.nexmark", "rhino_bench.demo"]
 MODULES = ["rhino.daemon.worker", "rhino.daemon.metrics", "rhino.cli.main", "rhino.cli.verify", "rhino.cli.restore",
-           "rhino.cli.progress", "rhino_bench.cli", "rhino_bench.restore", "rhino_bench.replicate",
+           "rhino.cli.progress", "rhino.cli.state", "rhino_bench.cli", "rhino_bench.restore", "rhino_bench.replicate",
            "rhino_bench.overhead", "rhino_bench.workload", "rhino_bench.common", "rhino_bench.harness.workers",
            "rhino_bench.demo.dataplane"]
 

@@ -1,9 +1,10 @@
 """``rhino.spark``: the PySpark layer of Rhino (docs/design.md §2).
 
-The operator API (run a keyed processor per micro-batch from ``foreachBatch`` /
-``mapPartitions``, with each task pinned to the host of its instance's primary),
-placement-aware scheduling and the NEXMark source and queries land with the Spark
-issue. This package is installed as ``rhino.spark`` from ``spark_integration/spark``
+The operator API (``transform_with_state``: an unmodified PySpark
+``StatefulProcessor`` per micro-batch from ``foreachBatch``, each task pinned to
+the host of its instance's primary; ``apply_in_pandas_with_state``), its state
+(``state/``), and the ``rhino-state`` data source that reads a committed
+checkpoint's state as a DataFrame (``register_state_source``). This package is installed as ``rhino.spark`` from ``spark_integration/spark``
 (pyproject.toml, ``[tool.scikit-build.wheel.packages]``); it uses the ``rhino`` API,
 never ``rhino._core``.
 
@@ -15,10 +16,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-__all__ = ["require_pyspark", "transform_with_state", "TransformWithState", "apply_in_pandas_with_state"]
+__all__ = ["require_pyspark", "transform_with_state", "TransformWithState", "apply_in_pandas_with_state",
+           "register_state_source"]
 
 _LAZY = {"transform_with_state": ".operator", "TransformWithState": ".operator",
-         "apply_in_pandas_with_state": ".grouped"}
+         "apply_in_pandas_with_state": ".grouped", "register_state_source": ".state_source"}
 
 
 def __getattr__(name: str):  # PEP 562: the operator API imports PySpark only when used
