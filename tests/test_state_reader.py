@@ -273,7 +273,8 @@ def ttl_ran(cluster, spark):
             pdf = pd.DataFrame({"k": [rng.randrange(8 if b < 2 else 3) for _ in range(10)],  # 3..7: expire
                                 "v": [rng.randrange(50) for _ in range(10)]})
             op.process_batch(spark.createDataFrame(pdf, "k long, v long"), b)
-            assert cc.placement("ttl-reader")["batch_time"] == {"batch": b, "time_ms": now}
+            bt = cc.placement("ttl-reader")["batch_time"]
+            assert (bt["batch"], bt["time_ms"]) == (b, now)
             model.apply(pdf, now)
             snaps.append(model.snapshot())
     op.close()
@@ -395,14 +396,13 @@ def _subsequence(a, b):
     return all(any(x == y for y in it) for x in a)
 
 
-def test_ttl_at_an_older_batch_needs_include_expired(ttl_ran, cluster, spark):
-    """The coordinator knows the latest batch's time only: an older batch of a TTL
-    variable is refused, unless includeExpired=true (every stored entry)."""
-    with pytest.raises(Exception, match=r"state 'top' has a TTL, and the time of batch 2 is unknown.*"
-                                        r"includeExpired=true"):
-        _read(spark, cluster, "ttl-reader", stateVarName="top", batchId=2).collect()
-    got = _ttl_rows(spark, cluster, "top", batchId=2, includeExpired=True)
+def test_ttl_at_an_older_batch_filters_with_that_batchs_time(ttl_ran, cluster, spark):
+    """The coordinator keeps the latest batches' times: an older checkpoint of a TTL
+    variable hides what was expired at its own batch's time; includeExpired=true gives
+    every stored entry."""
     snap = ttl_ran["snaps"][2]
+    assert _ttl_rows(spark, cluster, "top", batchId=2) == _live(snap, "top", TTL_TIMES[2])
+    got = _ttl_rows(spark, cluster, "top", batchId=2, includeExpired=True)
     assert _live(snap, "top", TTL_TIMES[2]).items() <= got.items() <= _live(snap, "top", None).items()
 
 
@@ -413,7 +413,17 @@ def test_an_earlier_batch_reads_its_own_checkpoint(ran, cluster, spark):
         rows = _read(spark, cluster, ran["op"], readRegisteredTimers=True, batchId=b).collect()
         assert sorted((_key(r), r["expiration_timestamp_ms"]) for r in rows) == \
             sorted((k, t) for k, ts in ran["snaps"][b]["timers"].items() for t in ts)
-    # the workers keep the newest checkpoints only (retention): an older one is gone, said clearly
+    # the workers keep the newest checkpoints only (retention, which runs after a commit in the
+    # background): once checkpoint 0 is gone from every store, reading it fails, said clearly
+    secret = cluster["secret_file"].read_bytes().strip()
+    with _coord(cluster) as cc:
+        pl = cc.placement(ran["op"])
+    addrs = {a for inst in pl["instances"].values() for a in [inst["address"]] + inst["chain_addresses"]}
+    deadline = time.monotonic() + 30
+    while any(0 in rhino.query_store(a, secret=secret, operator_id=ran["op"], instance=int(i))
+              for i, inst in pl["instances"].items() for a in [inst["address"]] + inst["chain_addresses"]):
+        assert time.monotonic() < deadline, f"checkpoint 0 still retained on {sorted(addrs)}"
+        time.sleep(0.2)
     with pytest.raises(Exception, match=r"checkpoint 0 of operator 'reader' instance \d could not be read from "
                                         r"any worker holding the instance .*NotFoundError"):
         _read(spark, cluster, ran["op"], stateVarName="total", batchId=0).collect()
@@ -492,9 +502,9 @@ def test_inspect_shows_the_variables_and_their_entry_counts(ran, ttl_ran, cluste
                                 sum(map(len, snap["recent"].values())))):
         assert by[var]["ttl_ms"] == TTL_MS and by[var]["live"] == n_live, var
         assert by[var]["live"] + by[var]["expired"] == by[var]["entries"] <= n_all, var
-    # an older batch (its time unknown): the counts, without live/expired
+    # an older batch: counted with its own time
     rep = json.loads(_inspect(cluster, "ttl-reader", "--json", "--batch", "2"))
-    assert rep["batch"] == 2 and rep["batch_time_ms"] is None and "live" not in rep["variables"][0]
+    assert rep["batch"] == 2 and rep["batch_time_ms"] == TTL_TIMES[2] and "live" in rep["variables"][0]
     # the table
     out = _inspect(cluster, "ttl-reader")
     assert "operator ttl-reader: checkpoint of batch 3" in out

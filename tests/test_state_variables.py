@@ -89,8 +89,9 @@ def test_batch_time_is_fixed_per_batch_and_never_goes_back(coordinator):
     assert cc.begin_batch("op", 0, batch_time_ms=5000)["batch_time_ms"] == 5000
     assert cc.begin_batch("op", 0, batch_time_ms=9000)["batch_time_ms"] == 5000  # run again: same time
     cc.commit_batch("op", 0)
-    assert cc.placement("op")["batch_time"] == {"batch": 0, "time_ms": 5000}  # a replay reads it here
+    assert cc.placement("op")["batch_time"] == {"batch": 0, "time_ms": 5000, "recent": {}}  # a replay reads it
     assert cc.begin_batch("op", 1, batch_time_ms=4000)["batch_time_ms"] == 5000  # a clock that went back
+    assert cc.placement("op")["batch_time"] == {"batch": 1, "time_ms": 5000, "recent": {"0": 5000}}
     with pytest.raises(InvalidArgumentError, match="batch_time_ms"):
         cc.call("begin_batch", operator_id="op", batch=1, batch_time_ms="soon")  # past the client
     coord.close()

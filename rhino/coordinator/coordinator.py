@@ -258,8 +258,14 @@ class Coordinator:
         if doc is not None and doc["batch"] == batch:
             return int(doc["time_ms"])
         t = max(int(proposed_ms), int(doc["time_ms"]) if doc is not None else proposed_ms)
+        # the times of the latest batches too: a state reader filters expired TTL entries of
+        # an older checkpoint with its batch's time
+        recent = dict((doc or {}).get("recent") or {})
+        if doc is not None:
+            recent[str(doc["batch"])] = int(doc["time_ms"])
+        recent = dict(sorted(recent.items(), key=lambda kv: int(kv[0]))[-_BATCH_TIMES_KEPT:])
         with self.meta.tx() as c:
-            self.meta.set_meta(c, key, json.dumps({"batch": batch, "time_ms": t}))
+            self.meta.set_meta(c, key, json.dumps({"batch": batch, "time_ms": t, "recent": recent}))
         return t
 
     def state_schema(self, operator_id: str) -> dict:
@@ -423,6 +429,8 @@ def _uint(name: str, v: Any) -> None:
 
 # The methods of the coordinator protocol (docs/protocol.md §8.2): each is the Coordinator's public
 # method of the same name, called with the request's arguments as keywords.
+_BATCH_TIMES_KEPT = 1024  # batch times kept besides the latest (checkpoints kept are far fewer)
+
 _METHODS = frozenset({"register", "heartbeat", "create_operator", "placement", "begin_batch", "commit_batch",
                       "report_unreachable", "handover", "rescale", "rebalance", "status", "declare_dead",
                       "state_schema", "set_state_schema"})

@@ -20,9 +20,9 @@ Options:
   for the registered timers.
 - ``batchId``: a committed batch (default: the operator's last committed one).
 - ``includeExpired`` (default false): with TTL, entries expired at the batch's
-  time are not returned; the coordinator knows the time of the operator's latest
-  batch only, so reading a TTL variable at an older batch is refused unless
-  ``includeExpired=true``, which returns every stored entry, expired ones included.
+  time are not returned (the coordinator keeps the times of the latest 1024
+  batches; an older batch of a TTL variable is refused); ``includeExpired=true``
+  returns every stored entry, expired ones included.
 - ``pageSize`` (default 4096): entries per scan request.
 
 Columns (Spark's ``statestore`` format for transformWithState):

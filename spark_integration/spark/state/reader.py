@@ -19,9 +19,9 @@ checkpoint is read from a worker whose replica store holds it
 
 TTL: an entry whose expiry is at or before the batch's time (``expiry <= time``)
 is not returned, as the processor would not see it (Spark's rule). The
-coordinator keeps the time of the operator's latest batch only (the placement's
-``batch_time``), so a TTL variable can be read at that batch; for an older batch
-the time is unknown and the read is refused, unless ``include_expired`` is set
+coordinator keeps the times of the operator's latest 1024 batches (the placement's
+``batch_time``), so a TTL variable can be read at those; for an older batch the
+time is unknown and the read is refused, unless ``include_expired`` is set
 (then every stored entry is returned, expired ones included: the worker's
 compaction filter drops expired entries only when it compacts).
 
@@ -95,6 +95,17 @@ def _doc_of(coord: Any, operator_id: str) -> dict:
     return doc
 
 
+def batch_time_of(bt: Optional[dict], batch: int) -> Optional[int]:
+    """The time of ``batch`` from the placement's ``batch_time`` (the latest batch's and
+    ``recent`` ones'), None if the coordinator does not know it."""
+    if not bt:
+        return None
+    if int(bt.get("batch", -1)) == batch:
+        return int(bt["time_ms"])
+    got = (bt.get("recent") or {}).get(str(batch))
+    return int(got) if got is not None else None
+
+
 def _committed_batch(operator_id: str, placement: dict, batch: Optional[int]) -> int:
     last = placement.get("last_batch")
     if batch is None:
@@ -141,7 +152,7 @@ def plan_read(coord: Any, operator_id: str, *, state_var: Optional[str] = None, 
     placement = coord.placement(operator_id)
     b = _committed_batch(operator_id, placement, batch)
     bt = placement.get("batch_time") or None
-    batch_time = int(bt["time_ms"]) if bt and int(bt.get("batch", -1)) == b else None
+    batch_time = batch_time_of(bt, b)
     entry = None if timers else doc["vars"][state_var]
     plan = ReadPlan(operator_id=operator_id, batch=b, kind=TIMERS if timers else entry["kind"],
                     var_name=None if timers else state_var, entry=entry, grouping_key=doc["grouping_key"],
@@ -152,7 +163,7 @@ def plan_read(coord: Any, operator_id: str, *, state_var: Optional[str] = None, 
         known_t = f" (it knows batch {bt['batch']}'s)" if bt else ""
         raise StateReadError(
             f"state {state_var!r} has a TTL, and the time of batch {b} is unknown: the coordinator keeps "
-            f"the time of the operator's latest batch only{known_t}, so expired entries cannot be told "
+            f"the times of the operator's latest batches only{known_t}, so expired entries cannot be told "
             "apart; read the latest batch, or pass includeExpired=true to read every stored entry, "
             "expired ones included")
     return plan
@@ -358,7 +369,7 @@ def count_entries(coord: Any, operator_id: str, secret: Any, *, batch: Optional[
     placement = coord.placement(operator_id)
     b = _committed_batch(operator_id, placement, batch)
     bt = placement.get("batch_time") or None
-    now = int(bt["time_ms"]) if bt and int(bt.get("batch", -1)) == b else None
+    now = batch_time_of(bt, b)
     variables = describe_variables(doc)
     for v in variables:
         v["entries"] = 0
