@@ -95,6 +95,8 @@ def test_a_failed_item_raises_and_the_session_goes_on(worker: WorkerProcess) -> 
             assert s.get_batch([g]) == [b"x"]
             with pytest.raises(rhino.InvalidArgumentError):
                 s.scan_many([(0, b"")], -1)
+            with pytest.raises(rhino.InvalidArgumentError):
+                s.scan_many([(-1, b"")], 1)
             s.commit()
 
 

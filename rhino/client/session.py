@@ -100,6 +100,9 @@ class Session:
             raise InvalidArgumentError(f"max_items must be an int in [0, 2**32), got {max_items!r}")
         reqs = []
         for vnode, prefix in items:
+            if vnode is not None and (isinstance(vnode, bool) or not isinstance(vnode, int)
+                                      or not 0 <= vnode < 1 << 32):
+                raise InvalidArgumentError(f"a vnode must be an int in [0, 2**32) or None, got {vnode!r}")
             if isinstance(prefix, str):
                 prefix = prefix.encode()
             reqs.append((vnode, bytes(prefix)))
