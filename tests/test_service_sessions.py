@@ -198,6 +198,16 @@ def test_batches_larger_than_a_frame(tmp_path: Path, secret_file: Path) -> None:
             assert dict(items) == model and len(items) == len(model)
             with pytest.raises(rhino.InvalidArgumentError, match="does not fit in a frame"):
                 s.put_batch([1], [b"x" * frame])
+            # an oversized entry after many that would fill frames of their own: refused before any
+            # frame is sent, so nothing of the batch is written and the session goes on in step
+            fresh = np.arange(10**6, 10**6 + 30_000, dtype=np.int64)
+            with pytest.raises(rhino.InvalidArgumentError, match="entry 30000 .*nothing of this batch"):
+                s.put_batch(list(fresh) + [7], [b"v" * 200] * len(fresh) + [b"x" * frame])
+            with pytest.raises(rhino.InvalidArgumentError, match="key 30000 .*nothing was read"):
+                s.get_batch([kb(k) for k in fresh] + [b"k" * frame])
+            assert s.get_batch(fresh) == [None] * len(fresh)
+            s.put_batch(fresh[:5], [b"ok"] * 5)
+            assert s.get_batch(fresh[:6]) == [b"ok"] * 5 + [None]
         with pytest.raises(rhino.InvalidArgumentError):
             rhino.connect(w.unix_socket, secret=SECRET, max_frame_bytes=1024)  # below every message's size
         c.close()

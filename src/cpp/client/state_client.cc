@@ -360,10 +360,17 @@ Status ClientSession::Get(
     pending.push_back(InFlight{begin, end, wave});
     waves = std::max(waves, wave + 1);
   };
+  // Checked before anything is sent: a refusal half-way would leave answers of the
+  // frames already sent unread, and the session's stream out of step.
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (4 + keys[i].size() > frame_budget_) {
+      return Status::InvalidArgument("key " + std::to_string(i) + " of " + std::to_string(keys[i].size()) +
+                                     " bytes does not fit in a frame; nothing was read");
+    }
+  }
   size_t begin = 0, bytes = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
     const size_t cost = 4 + keys[i].size();
-    if (cost > frame_budget_) return Status::InvalidArgument("a key of " + std::to_string(keys[i].size()) + " bytes does not fit in a frame");
     if (bytes + cost > frame_budget_ || i - begin == kKeysPerRequest) {
       send(begin, i);
       begin = i;
@@ -424,13 +431,21 @@ Status ClientSession::Write(WriteOp op, const std::vector<std::string_view>& key
     impl_->Send(MessageType::kWriteReq, stream_id_, req.Encode());
     ++frames;
   };
+  auto cost_of = [&](size_t i) { return 4 + keys[i].size() + (values ? 4 + (*values)[i].size() : 0); };
+  // Checked before anything is sent: a refusal half-way would leave some frames applied
+  // and their answers unread (the session's stream out of step).
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (cost_of(i) > frame_budget_) {
+      return Status::InvalidArgument("entry " + std::to_string(i) + " (a key of " + std::to_string(keys[i].size()) +
+                                     " bytes" + (values ? " and a value of " + std::to_string((*values)[i].size()) +
+                                                          " bytes" : std::string()) +
+                                     ") does not fit in a frame of " + std::to_string(frame_budget_) +
+                                     " bytes (max_frame_bytes); nothing of this batch was written");
+    }
+  }
   size_t begin = 0, bytes = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
-    const size_t cost = 4 + keys[i].size() + (values ? 4 + (*values)[i].size() : 0);
-    if (cost > frame_budget_) {
-      return Status::InvalidArgument("an entry of " + std::to_string(cost) + " bytes does not fit in a frame of " +
-                                     std::to_string(frame_budget_) + " bytes (max_frame_bytes)");
-    }
+    const size_t cost = cost_of(i);
     if (bytes + cost > frame_budget_ || i - begin == kKeysPerRequest) {
       send(begin, i);
       begin = i;
