@@ -11,8 +11,11 @@ own operator is ``test_spark_ttl.py``'s.
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import struct
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,6 +28,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor  # noqa: 
 
 import rhino  # noqa: E402
 from rhino_bench.harness.workers import CoordinatorProcess, WorkerProcess, write_secret  # noqa: E402
+from test_state_codec import INDEPENDENT_DECODER  # noqa: E402
 from test_ttl_compaction import checkpoint_dir, stored  # noqa: E402
 
 from pyspark import cloudpickle  # noqa: E402
@@ -112,6 +116,7 @@ def test_expired_entries_leave_the_checkpoint_after_a_compaction(cluster, spark,
     blob_head = b"v" + struct.pack(">H", op.state_doc["vars"]["blob"]["id"])
     plain_head = b"v" + struct.pack(">H", op.state_doc["vars"]["plain"]["id"])
     live_blobs = plain_values = 0
+    raw: dict[str, list[bytes]] = {"blob": [], "plain": []}
     for i, info in placement["instances"].items():
         w = next(w for w in cluster["workers"] if w.id == info["primary"])
         entries, _ = stored(checkpoint_dir(w.dir, "expiring", int(i), 3, tmp_path / f"ck3-{i}"))
@@ -121,8 +126,31 @@ def test_expired_entries_leave_the_checkpoint_after_a_compaction(cluster, spark,
                 expiry = struct.unpack(">q", v[:8])[0]
                 assert expiry > T0 + TTL_MS + 1, f"an expired entry (expiry {expiry}) is still in checkpoint 3"
                 live_blobs += 1
+                raw["blob"].append(v[8:])
             elif head == plain_head:
                 plain_values += 1
+                raw["plain"].append(v)
         assert after[int(i)] < before[int(i)], f"instance {i}: checkpoint bytes {before[int(i)]} -> {after[int(i)]}"
     assert live_blobs == 5  # keys 0 and 1 (rewritten at T0 + 5 s), 2 and n (T0 + 10 s), n + 1 (T0 + 11 s)
     assert plain_values == n + 2
+    # the stored values, as a batch wrote them, read by a decoder that imports only pyarrow
+    # (no pickle, pandas, numpy, rhino or pyspark), written from the format's description
+    got = independent_decode([{"fields": [{"name": "s", "type": "string"}], "version": 1, "blobs": raw["blob"]},
+                              {"fields": [{"name": "n", "type": "long"}], "version": 1, "blobs": raw["plain"]}])
+    assert got[0] == {"s": ["x" * 200] * 5} and got[1] == {"n": [1] * (n + 2)}
+
+
+def independent_decode(requests: list[dict]) -> list[dict]:
+    import pyarrow as pa
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    lines = "".join(json.dumps({**r, "blobs": [b.hex() for b in r["blobs"]]}) + "\n" for r in requests)
+    p = subprocess.run([sys.executable, "-I", "-c", INDEPENDENT_DECODER], input=lines, capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = []
+    for line in p.stdout.splitlines():
+        answer = json.loads(line)
+        assert answer["loaded"] == []
+        out.append(pa.ipc.open_stream(base64.b64decode(answer["ipc"])).read_all().to_pydict())
+    return out

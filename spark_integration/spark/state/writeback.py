@@ -10,11 +10,15 @@ wrong value is refused with the variable, the field and the grouping key named
 
 from __future__ import annotations
 
+import re
 from typing import Any, Optional
+
+import rhino
+from rhino.errors import InvalidArgumentError
 
 from . import layout
 from .encoding import decode_key
-from .schema import StateSchemaError
+from .schema import StateSchemaError, StateValueError
 from .store import BatchState
 from .variables import VarInfo
 
@@ -119,6 +123,21 @@ def _timers(st: BatchState, w: _Writes) -> None:
                 w.put_v.append(b"")
 
 
+def _too_large(st: BatchState, w: _Writes, e: Exception) -> Exception:
+    """A value larger than a frame, named by its variable and grouping key (the worker's
+    refusal names the entry's index only); nothing of the batch was written."""
+    m = re.search(r"entry (\d+) ", str(e))
+    if m is None or "does not fit in a frame" not in str(e):
+        return e
+    i = int(m.group(1))
+    head, g, _, _ = rhino.split_routed_key(w.put_k[i])
+    names = {v.heads.head: v.name for v in st.vars.values()}
+    return StateValueError(f"a value of {len(w.put_v[i])} bytes is larger than one state entry can hold (one "
+                           f"frame of the protocol, 4 MiB by default); keep large state in a ListState or "
+                           f"MapState, whose elements are entries of their own (grouping key {decode_key(g)!r})",
+                           var=names.get(head, repr(head)))
+
+
 def write_back(st: BatchState) -> tuple[int, int]:
     """Sends the batch's changes to the session; returns (entries put, entries deleted)."""
     w = _Writes()
@@ -131,7 +150,10 @@ def write_back(st: BatchState) -> tuple[int, int]:
     if w.dels:
         s.delete_batch(w.dels)
     if w.put_k:
-        s.put_batch(w.put_k, w.put_v)
+        try:
+            s.put_batch(w.put_k, w.put_v)
+        except InvalidArgumentError as e:
+            raise _too_large(st, w, e) from e
     st.stats["entries_written"] += len(w.put_k)
     st.stats["entries_deleted"] += len(w.dels)
     return len(w.put_k), len(w.dels)
