@@ -517,6 +517,9 @@ def measurement(res: RunResult, plan: list[Batch], *, command: str, parameters: 
         so = [r.get("spark_state_op") or {} for r in meas]
         rec["spark_state_op"] = {k: median([m[k] for m in so if m.get(k) is not None])
                                  for k in ("allUpdatesTimeMs", "commitTimeMs", "numRowsTotal", "memoryUsedBytes")}
+    bw = [x for x in rec.get("bytes_written_all") or [] if x is not None]
+    rec["bytes_written_mean"] = sum(bw) / len(bw) if bw else None  # with the compactions' batches
+    rec["bytes_written_max"] = max(bw) if bw else None
     rec["measure_overhead_s"] = med("measure_s")
     rec["command"] = command
     rec["parameters"] = parameters
@@ -637,6 +640,10 @@ def plot(records: list[dict], path: str) -> None:
         bw = [(r["entries"], r["bytes_written"]) for r in rr if r.get("bytes_written")]
         if bw:
             axs[1].plot([x for x, _ in bw], [y for _, y in bw], style, color=color, label=f"{system}, {kind}")
+        mean = [(r["entries"], _bw_stat(r, "mean")) for r in rr if _bw_stat(r, "mean")]
+        if mean:
+            axs[1].plot([x for x, _ in mean], [y for _, y in mean], ":", color=color, marker=style[-1],
+                        markerfacecolor="none", label=f"{system}, {kind}: mean (with compactions)")
     axs[0].set_xscale("log")
     axs[0].set_ylim(bottom=0)
     axs[0].set_xlabel("entries in the big key (N)")
@@ -646,15 +653,25 @@ def plot(records: list[dict], path: str) -> None:
     axs[1].set_xscale("log")
     axs[1].set_yscale("log")
     axs[1].set_xlabel("entries in the big key (N)")
-    axs[1].set_ylabel("bytes added to the checkpoint per batch (median)")
-    axs[1].set_title("Bytes written per batch")
-    axs[1].legend(fontsize=8)
+    axs[1].set_ylabel("bytes added to the checkpoint per batch")
+    axs[1].set_title("Bytes written per batch (median; dotted: mean)")
+    axs[1].legend(fontsize=7)
     for ax in axs:
         ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _bw_stat(r: dict, which: str) -> Optional[float]:
+    """The mean or max of a measurement's bytes_written_all (older lines lack the fields)."""
+    if r.get(f"bytes_written_{which}") is not None:
+        return r[f"bytes_written_{which}"]
+    bw = [x for x in r.get("bytes_written_all") or [] if x is not None]
+    if not bw:
+        return None
+    return sum(bw) / len(bw) if which == "mean" else max(bw)
 
 
 def _fmt_bytes(x: Any) -> str:
@@ -709,13 +726,14 @@ def report(records: list[dict], path: str, *, command: str, setup: dict, elapsed
          "small keys, each touched alike. `batch_s`: median of Spark's `triggerExecution` over the measured "
          "batches (the whole micro-batch, both systems). `bytes_written`: median bytes one batch adds to the "
          "durable checkpoint (Rhino: the commit's checkpoint delta on the primaries; Spark: files new in the "
-         "checkpoint's `state/` directory). `replicated` (Rhino): bytes the primaries sent down their chains. "
+         "checkpoint's `state/` directory); `mean` and `max` over the same batches show what the median leaves "
+         "out: the batches whose flush triggered a compaction of the big key's data. `replicated` (Rhino): bytes the primaries sent down their chains. "
          "`disk writes` (Rhino): `/proc/<pid>/io` write_bytes of all workers (WAL, flush, compaction, replicas). "
          "`local new` (Spark): bytes new in its local RocksDB working directories. Fill: the fill batches' total "
          "time (not judged).", "",
-         "| kind | N | system | batch_s median | p95 | vs Spark | bytes_written | replicated | disk writes "
-         "| local new | fill (s, batches) | outputs |",
-         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+         "| kind | N | system | batch_s median | p95 | vs Spark | bytes_written | mean | max | replicated "
+         "| disk writes | local new | fill (s, batches) | outputs |",
+         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in ms:
         sp = next((s for s in ms if s["system"] == "spark-rocksdb" and s["kind"] == r["kind"]
                    and s["entries"] == r["entries"]), None)
@@ -723,7 +741,8 @@ def report(records: list[dict], path: str, *, command: str, setup: dict, elapsed
         agree = summ["outputs_agree"].get(f"{r['kind']}/{r['entries']}")
         L.append(f"| {r['kind']} | {r['entries']:,} | {r['system']} | {f(r.get('batch_s'))} | "
                  f"{f(r.get('batch_s_p95'))} | {f(vs, 2) + 'x' if vs and r['system'] == 'rhino' else '-'} | "
-                 f"{_fmt_bytes(r.get('bytes_written'))} | {_fmt_bytes(r.get('replicated_bytes'))} | "
+                 f"{_fmt_bytes(r.get('bytes_written'))} | {_fmt_bytes(_bw_stat(r, 'mean'))} | "
+                 f"{_fmt_bytes(_bw_stat(r, 'max'))} | {_fmt_bytes(r.get('replicated_bytes'))} | "
                  f"{_fmt_bytes(r.get('disk_write_bytes'))} | {_fmt_bytes(r.get('local_new_bytes'))} | "
                  f"{f(r.get('fill_s'), 1)} ({r.get('fill_batches')}) | "
                  f"{'agree' if agree else ('DIFFER' if agree is False else '-')} |")
