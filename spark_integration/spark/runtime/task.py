@@ -354,6 +354,7 @@ class _InstanceBatch:
                      fetch_s=t["fetch"] - t["timers"], process_s=t["process"] - t["fetch"],
                      write_s=t["write"] - t["process"], commit_s=t["commit"] - t["write"],
                      replicate_s=res.replicate_s, checkpoint_bytes=int(res.stats.get("checkpoint_bytes", 0)),
+                     delta_bytes=int(res.stats.get("delta_bytes", 0)), delta_files=int(res.stats.get("delta_files", 0)),
                      rolled_back=self.rolled_back, load=load, **st.stats)
         return out, stats
 
