@@ -41,6 +41,7 @@ _DELEGATED = {
     ("spark", "state-size"): ("rhino_bench.spark.state_size",
                               "one touch per batch of a key holding N MapState / ListState entries: Rhino vs "
                               "Spark's RocksDB state store"),
+    ("spark", "big-key"): ("rhino_bench.spark.big_key", "one key with 1 GiB of MapState: written, read back, handed over"),
     ("demo",): ("rhino_bench.demo:main", "NEXMark Q8 on a local 3-host Spark + Rhino cluster with a host killed "
                                          "mid-run (--data-plane: the single-host data-plane demonstration)"),
     ("cluster",): ("rhino_bench.harness.spark_cluster", "the local multi-host Spark + Rhino cluster"),
