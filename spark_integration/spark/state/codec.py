@@ -58,6 +58,7 @@ from .schema import (CorruptValueError, StateSchemaError, StateValueError, Unkno
 __all__ = ["RowCodec"]
 
 _VECTOR_MIN = 32
+_SCATTER_BYTES_PER_ROW = 64  # at most this many string/binary bytes per row on average: one scatter
 _EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
 _EPOCH_NAIVE = _dt.datetime(1970, 1, 1)
 _EPOCH_UTC = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
@@ -555,13 +556,21 @@ class RowCodec:
             lens, blobs = data[j]
             _scatter(buf, pos, lens.astype("<u4").view(np.uint8).reshape(n, 4), sel)
             total = int(lens.sum())
-            if total:
+            if total and total <= _SCATTER_BYTES_PER_ROW * n:
+                # short values: one scatter, through an index of 8 bytes per byte of them
                 src = np.cumsum(lens) - lens
                 dest = np.repeat(pos + 4 - src, lens) + np.arange(total)
                 buf[dest] = np.frombuffer(b"".join(blobs), dtype=np.uint8)
+            elif total:
+                # long values: each copied in place; the index would cost 8x their bytes (a 128 MiB
+                # batch of 1 KiB values took 2 GiB more memory)
+                mv = memoryview(buf)
+                for at, ln, b in zip((pos + 4).tolist(), lens.tolist(), blobs):
+                    if ln:
+                        mv[at:at + ln] = b
             pos = pos + (4 + lens if sel is None else (4 + lens) * sel)
-        out = buf.tobytes()
-        return [out[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+        mv = memoryview(buf)  # the rows cut from the buffer itself: no whole copy of it first
+        return [bytes(mv[a:b]) for a, b in zip(starts.tolist(), ends.tolist())]
 
     def _encode_uniform(self, data: list[np.ndarray], n: int, width: int) -> list[bytes]:
         """No null and no string or binary field: every row has the same layout."""
