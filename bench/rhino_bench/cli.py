@@ -8,6 +8,7 @@
   rhino-bench failover --sizes 1G,2G,4G [--json] [--out FILE] ...
   rhino-bench spark recovery|throughput ...         NEXMark Q8 on Rhino vs Spark's own operator
   rhino-bench spark state-size [--entries 1k,100k,1M] [--kinds map,list] [--json] ...   one big key, both systems
+  rhino-bench spark big-key [--size 1G] [--json] ...   1 GiB of MapState: written, read, handed over
   rhino-bench demo [--data-plane] [--dir D] [--size 256M]
   rhino-bench cluster up|down|status|kill-host|restart-host ...   the local 3-host Spark + Rhino cluster
 
@@ -84,7 +85,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"rhino-bench: error: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
     if argv[0] == "spark":
-        print("rhino-bench spark: expected one of: recovery, throughput, state-size", file=sys.stderr)
+        print("rhino-bench spark: expected one of: recovery, throughput, state-size, big-key", file=sys.stderr)
     else:
         print(f"rhino-bench: unknown command {argv[0]!r}", file=sys.stderr)
     _usage(sys.stderr)
