@@ -7,10 +7,6 @@ RocksDB state store provider running the same processor class."""
 
 from __future__ import annotations
 
-import os
-import sys
-import time
-
 import pytest
 
 pyspark = pytest.importorskip("pyspark")
@@ -20,7 +16,7 @@ from rhino_bench.nexmark import oracle  # noqa: E402
 from rhino_bench.nexmark.generator import generate  # noqa: E402
 from rhino_bench.nexmark.pipeline import run_pipeline  # noqa: E402
 from rhino_bench.nexmark.source import config_from_options  # noqa: E402
-from rhino_bench.harness.workers import CoordinatorProcess, WorkerProcess, write_secret  # noqa: E402
+from spark_fixtures import local_spark, rhino_cluster  # noqa: E402
 
 EVENTS_PER_BATCH = 2500
 BATCHES = 6
@@ -30,36 +26,13 @@ PARAMS = {"q5": {"window_ms": 4000, "slide_ms": 2000}, "q8": {"window_ms": 5000}
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    root = tmp_path_factory.mktemp("nexmark-rhino")
-    sf = write_secret(root)
-    coord = CoordinatorProcess(root, secret_file=sf, heartbeat_timeout=2.0).start()
-    workers = []
-    try:
-        for n in (2, 3, 4):
-            workers.append(WorkerProcess(root, f"w{n}", f"127.0.0.{n}", secret_file=sf, metrics=False,
-                                         extra_args=["--coordinator", coord.address]).start())
-        from rhino.coordinator.client import connect_coordinator
-
-        deadline = time.monotonic() + 20
-        with connect_coordinator(coord.address, secret=sf.read_bytes().strip()) as cc:
-            while len(cc.status()["workers"]) < 3:
-                assert time.monotonic() < deadline, "workers did not register"
-                time.sleep(0.2)
-        yield {"secret_file": sf, "coordinator": coord.address}
-    finally:
-        for w in workers:
-            w.stop()
-        coord.stop()
+    with rhino_cluster(tmp_path_factory.mktemp("nexmark-rhino")) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
 def spark():
-    from pyspark.sql import SparkSession
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    s = (SparkSession.builder.master("local[2]").appName("rhino-test-nexmark")
-         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "3")
-         .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+    s = local_spark("rhino-test-nexmark")
     yield s
     s.stop()
 

@@ -59,7 +59,7 @@ pyspark = pytest.importorskip("pyspark")
 import pandas as pd  # noqa: E402
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor  # noqa: E402
 
-from rhino_bench.harness.workers import CoordinatorProcess, WorkerProcess, write_secret  # noqa: E402
+from spark_fixtures import local_spark, rhino_cluster  # noqa: E402
 
 # The processors below travel to Spark's Python workers by value (they cannot import this module).
 from pyspark import cloudpickle  # noqa: E402
@@ -201,40 +201,14 @@ def map_model(batches, times) -> list[list[tuple]]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sparkttl")
-    sf = write_secret(root)
-    coord = CoordinatorProcess(root, secret_file=sf, heartbeat_timeout=2.0).start()
-    workers = []
-    try:
-        for n in (2, 3, 4):
-            workers.append(WorkerProcess(root, f"w{n}", f"127.0.0.{n}", secret_file=sf, metrics=False,
-                                         extra_args=["--coordinator", coord.address]).start())
-        deadline = time.monotonic() + 20
-        from rhino.coordinator.client import connect_coordinator
-
-        with connect_coordinator(coord.address, secret=sf.read_bytes().strip()) as cc:
-            while len([w for w in cc.status()["workers"] if w.get("alive", True)]) < 3:
-                assert time.monotonic() < deadline, "workers did not register"
-                time.sleep(0.2)
-        yield {"root": root, "secret_file": sf, "coordinator": coord.address}
-    finally:
-        for w in workers:
-            w.stop()
-        coord.stop()
+    with rhino_cluster(tmp_path_factory.mktemp("sparkttl")) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
 def spark():
-    from pyspark.sql import SparkSession
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    s = (SparkSession.builder.master("local[2]").appName("rhino-test-ttl")
-         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "3")
-         .config("spark.sql.session.timeZone", "UTC")
-         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")  # see the module's doc
-         .config("spark.sql.streaming.stateStore.providerClass",
-                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
-         .getOrCreate())
+    # no empty batches between files (see the module's doc)
+    s = local_spark("rhino-test-ttl", rocksdb=True, **{"spark.sql.streaming.noDataMicroBatches.enabled": "false"})
     s.sparkContext.setLogLevel("ERROR")
     yield s
     s.stop()

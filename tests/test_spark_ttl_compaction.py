@@ -17,8 +17,6 @@ import os
 import struct
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
@@ -27,7 +25,7 @@ import pandas as pd  # noqa: E402
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor  # noqa: E402
 
 import rhino  # noqa: E402
-from rhino_bench.harness.workers import CoordinatorProcess, WorkerProcess, write_secret  # noqa: E402
+from spark_fixtures import local_spark, rhino_cluster  # noqa: E402
 from test_state_codec import INDEPENDENT_DECODER  # noqa: E402
 from test_ttl_compaction import checkpoint_dir, stored  # noqa: E402
 
@@ -55,33 +53,13 @@ class ExpiringBlob(StatefulProcessor):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ttlcompact")
-    sf = write_secret(root)
-    coord = CoordinatorProcess(root, secret_file=sf, heartbeat_timeout=5.0).start()
-    workers = [WorkerProcess(root, f"w{n}", f"127.0.0.{n}", secret_file=sf, metrics=False,
-                             extra_args=["--coordinator", coord.address]).start() for n in (2, 3, 4)]
-    try:
-        from rhino.coordinator.client import connect_coordinator
-
-        with connect_coordinator(coord.address, secret=sf.read_bytes().strip()) as cc:
-            deadline = time.monotonic() + 20
-            while len(cc.status()["workers"]) < 3:
-                assert time.monotonic() < deadline, "workers did not register"
-                time.sleep(0.2)
-        yield {"root": root, "secret": sf.read_bytes().strip(), "coordinator": coord.address, "workers": workers}
-    finally:
-        for w in workers:
-            w.stop()
-        coord.stop()
+    with rhino_cluster(tmp_path_factory.mktemp("ttlcompact"), heartbeat_timeout=5.0) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
 def spark():
-    from pyspark.sql import SparkSession
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    s = (SparkSession.builder.master("local[2]").appName("rhino-test-ttl-compaction")
-         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    s = local_spark("rhino-test-ttl-compaction", partitions=2)
     yield s
     s.stop()
 

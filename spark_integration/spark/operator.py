@@ -335,7 +335,6 @@ class TransformWithState:
                  tz: str, shuffled: dict, watch: Optional[Any] = None) -> pa.Table:
         from functools import partial
 
-        from pyspark.sql import DataFrame
         from pyspark.sql.types import LongType, StructField, StructType
 
         # A batch that runs again (a failover moved a primary: a new epoch, same routing table)

@@ -72,8 +72,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .common import Emitter, host_number, install_signal_handlers, median, non_negative_int, parse_conf, \
-    positive_float, positive_int, say
+from .common import (Emitter, host_number, install_signal_handlers, loadavg, median, non_negative_int, parse_conf,
+                     positive_float, positive_int, round_floats, say, stdout_for_json_only)
 
 __all__ = ["main", "RecordStoreProcessor", "Model", "payload", "plan_fill", "build_parser", "STEPS"]
 
@@ -432,10 +432,10 @@ class Run:
         rec.update(self.sampler.take())
         rec["rhino_dir_bytes"] = dir_bytes(self.cluster["root"])
         rec["disk_free_bytes"] = shutil.disk_usage(self.cluster["root"]).free
-        rec["loadavg_1_5_15"] = _loadavg()
+        rec["loadavg_1_5_15"] = loadavg()
         rec["command"] = self.command
         rec["parameters"] = self.parameters
-        self.em.emit(_round(rec))
+        self.em.emit(round_floats(rec))
         return rec
 
     # ---- step 1: fill ---------------------------------------------------------------------------
@@ -682,22 +682,6 @@ def _error(e: BaseException) -> dict:
     return {"type": type(e).__name__, "message": text[:8000], "traceback_tail": "".join(tb)[-6000:]}
 
 
-def _loadavg() -> list[float]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
-
-
-def _round(x: Any) -> Any:
-    if isinstance(x, float):
-        return round(x, 4)
-    if isinstance(x, dict):
-        return {k: _round(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_round(v) for v in x]
-    return x
-
 
 def _fmt(n: Optional[float]) -> str:
     if n is None:
@@ -798,24 +782,6 @@ def _start(base: Path, args: argparse.Namespace, spark_conf: dict, stack: Any) -
                    "coordinator_process": coord}
 
 
-@contextlib.contextmanager
-def _stdout_for_json_only() -> Any:
-    """Spark's JVM (a child of this process) and its Python workers may write to file
-    descriptor 1: meanwhile fd 1 is stderr, and ``sys.stdout`` (the JSON lines) the real stdout."""
-    sys.stdout.flush()
-    real = os.dup(1)
-    saved = sys.stdout
-    os.dup2(2, 1)
-    sys.stdout = os.fdopen(os.dup(real), "w", buffering=1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        sys.stdout.close()
-        sys.stdout = saved
-        os.dup2(real, 1)
-        os.close(real)
-
 
 def _source_state() -> dict:
     from .state_size import source_state
@@ -843,7 +809,7 @@ def summarize(records: list[dict], elapsed_s: Optional[float], checks: dict[str,
     out["handover_step_s"] = h.get("handover_step_s")
     out["handover_begin_s"] = h.get("begin_s")
     out["handover_bytes_copied"] = h.get("bytes_copied")
-    return _round(out)
+    return round_floats(out)
 
 
 # ---- the report ----------------------------------------------------------------------------------
@@ -1051,7 +1017,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     signal.alarm(int(args.timeout))
     try:
         with contextlib.ExitStack() as stack:
-            stack.enter_context(_stdout_for_json_only())
+            stack.enter_context(stdout_for_json_only())
             say(f"starting a coordinator, {args.partitions} Rhino workers at 127.0.0.{args.first_host}.. and Spark "
                 f"({args.master}) in {base}")
             spark, cluster = _start(base, args, spark_conf, stack)
@@ -1093,7 +1059,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         failed = run.failed if run is not None else "setup"
         summ = summarize(em.records, elapsed, checks, failed)
         summ["source_changed_during_run"] = changed_since(setup["source"]["repo"], t_wall)
-        summ["loadavg_1_5_15"] = _loadavg()
+        summ["loadavg_1_5_15"] = loadavg()
         em.emit(summ)
         say(f"done in {elapsed / 60:.1f} min: {'all checks passed' if summ['all_passed'] else 'NOT all checks passed'}"
             + (f" (stopped at {failed})" if failed else ""))

@@ -10,7 +10,9 @@ small statistics.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import math
 import signal
 import sys
@@ -159,4 +161,43 @@ def host_number(text: str) -> int:
     if not 2 <= v <= 250:
         raise argparse.ArgumentTypeError(f"{text!r}: the first host must be in 2..250 (127.0.0.N)")
     return v
+
+
+def loadavg() -> list[float]:
+    """The 1, 5 and 15 minute load averages (a run's records say how busy the machine was)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def round_floats(x: Any) -> Any:
+    """``x`` with every float in it (in dicts and lists too) rounded to 4 places, for JSON lines."""
+    if isinstance(x, float):
+        return round(x, 4)
+    if isinstance(x, dict):
+        return {k: round_floats(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [round_floats(v) for v in x]
+    return x
+
+
+@contextlib.contextmanager
+def stdout_for_json_only() -> Any:
+    """Spark's JVM, a child of this process, and its Python workers write to file descriptor 1
+    (Spark's TransformWithStateInPandas worker prints its progress there): meanwhile fd 1 is
+    stderr, and ``sys.stdout`` (the JSON lines) the real stdout."""
+    sys.stdout.flush()
+    real = os.dup(1)
+    saved = sys.stdout
+    os.dup2(2, 1)
+    sys.stdout = os.fdopen(os.dup(real), "w", buffering=1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stdout.close()
+        sys.stdout = saved
+        os.dup2(real, 1)
+        os.close(real)
 

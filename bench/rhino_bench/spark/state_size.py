@@ -76,8 +76,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .common import (Emitter, host_number, install_signal_handlers, median, non_negative_int, parse_conf, percentile,
-                     positive_float, positive_int, say)
+from .common import (Emitter, host_number, install_signal_handlers, loadavg, median, non_negative_int, parse_conf,
+                     percentile, positive_float, positive_int, round_floats, say, stdout_for_json_only)
 
 __all__ = ["main", "BigKeyProcessor", "plan_batches", "summarize", "SYSTEMS", "KINDS", "TARGET_FLAT",
            "DirBytes", "parse_entries"]
@@ -480,7 +480,7 @@ def measurement(res: RunResult, plan: list[Batch], *, command: str, parameters: 
         "fill_s": sum(r["trigger_s"] or 0.0 for r in fill), "fill_batches": len(fill),
         "fill_batch_s": [r["trigger_s"] for r in fill],
         "run_s": res.seconds, "output_rows": rows, "output_digest": digest, "missing_batches": missing,
-        "batch_s_max": max(batch_s) if batch_s else None, "loadavg_1_5_15": _loadavg(),
+        "batch_s_max": max(batch_s) if batch_s else None, "loadavg_1_5_15": loadavg(),
     }
     rec.update(_check_values(res, plan))
     if res.system == "rhino":
@@ -523,7 +523,7 @@ def measurement(res: RunResult, plan: list[Batch], *, command: str, parameters: 
     rec["measure_overhead_s"] = med("measure_s")
     rec["command"] = command
     rec["parameters"] = parameters
-    return _round(rec)
+    return round_floats(rec)
 
 
 def source_state() -> dict:
@@ -564,22 +564,6 @@ def changed_since(repo: str, t0: float) -> list[str]:
             continue
     return sorted(out)
 
-
-def _loadavg() -> list[float]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
-
-
-def _round(x: Any) -> Any:
-    if isinstance(x, float):
-        return round(x, 4)
-    if isinstance(x, dict):
-        return {k: _round(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_round(v) for v in x]
-    return x
 
 
 def summarize(records: list[dict]) -> dict:
@@ -915,25 +899,6 @@ def _start(base: Path, args: argparse.Namespace, spark_conf: dict, stack: Any) -
     return _Env(spark=spark, cluster=cluster, local_dir=local_dir)
 
 
-@contextlib.contextmanager
-def _stdout_for_json_only() -> Any:
-    """Spark's JVM, a child of this process, and its Python workers write to file descriptor 1
-    (Spark's TransformWithStateInPandas worker prints its progress there): meanwhile fd 1 is
-    stderr, and ``sys.stdout`` (the JSON lines) the real stdout."""
-    sys.stdout.flush()
-    real = os.dup(1)
-    saved = sys.stdout
-    os.dup2(2, 1)
-    sys.stdout = os.fdopen(os.dup(real), "w", buffering=1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        sys.stdout.close()
-        sys.stdout = saved
-        os.dup2(real, 1)
-        os.close(real)
-
 
 def _warm_up(env: _Env, args: argparse.Namespace, base: Path, run_id: str) -> None:
     """One discarded run per system and kind on N=100: the first queries of a process pay for
@@ -1013,7 +978,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     elapsed: Optional[float] = None
     try:
         with contextlib.ExitStack() as stack:
-            stack.enter_context(_stdout_for_json_only())
+            stack.enter_context(stdout_for_json_only())
             say(f"starting Spark ({args.master})" + (f", a coordinator and {args.replicas + 1} Rhino workers at "
                                                       f"127.0.0.{args.first_host}.." if "rhino" in args.systems
                                                       else ""))
@@ -1044,7 +1009,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         summ = summarize(em.records)
         summ["elapsed_s"] = round(elapsed, 1)
         summ["source_changed_during_run"] = changed_since(setup["source"]["repo"], t_wall)
-        summ["loadavg_1_5_15"] = _loadavg()
+        summ["loadavg_1_5_15"] = loadavg()
         em.emit(summ)
     finally:
         if args.plot:

@@ -142,7 +142,6 @@ def _to_pandas(table: pa.Table, schema: Any, timezone: str) -> Any:
 
 
 def _to_arrow(frames: list, schema: Any, timezone: str) -> Optional[pa.RecordBatch]:
-    import pandas as pd
     from pyspark.sql.conversion import PandasToArrowConversion
 
     pdf = concat_frames(frames)
