@@ -87,8 +87,9 @@ CompactionStyle CompactionArg(const std::string& name) {
 
 StateOptions MakeOptions(py::object partitioner, const std::string& operator_id, uint32_t instance,
                          py::object vnodes, uint64_t write_buffer_budget, bool read_only,
-                         const std::string& compaction, uint32_t flush_threads) {
+                         const std::string& compaction, uint32_t flush_threads, uint64_t checkpoint_wal_bytes) {
   StateOptions o;
+  o.checkpoint_wal_bytes = checkpoint_wal_bytes;
   o.compaction = CompactionArg(compaction);
   o.flush_threads = flush_threads;
   o.operator_id = operator_id;
@@ -489,9 +490,10 @@ UnknownVnodeError, and nothing of its batch is written.
 )doc")
       .def_static("open", [](const std::string& path, py::object partitioner, const std::string& operator_id,
                              uint32_t instance, py::object vnodes, uint64_t write_buffer_budget, bool read_only,
-                             bool create, const std::string& compaction, uint32_t flush_threads) {
+                             bool create, const std::string& compaction, uint32_t flush_threads,
+                             uint64_t checkpoint_wal_bytes) {
              StateOptions o = MakeOptions(partitioner, operator_id, instance, vnodes, write_buffer_budget, read_only,
-                                          compaction, flush_threads);
+                                          compaction, flush_threads, checkpoint_wal_bytes);
              o.error_if_missing = !create;
              auto st = std::make_shared<PyState>();
              Status s;
@@ -504,10 +506,12 @@ UnknownVnodeError, and nothing of its batch is written.
            }, py::arg("path"), py::kw_only(), py::arg("partitioner") = py::none(), py::arg("operator_id") = "op",
            py::arg("instance") = 0, py::arg("vnodes") = py::none(), py::arg("write_buffer_budget") = 256ull << 20,
            py::arg("read_only") = false, py::arg("create") = true, py::arg("compaction") = "level",
-           py::arg("flush_threads") = 1,
+           py::arg("flush_threads") = 1, py::arg("checkpoint_wal_bytes") = StateOptions().checkpoint_wal_bytes,
            "Opens or creates state at `path`. For a new DB, `vnodes` (default: all) become column families.\n"
            "`compaction` is each vnode's compaction style, 'level' or 'universal' (chosen at every open).\n"
-           "`flush_threads` (1..16) lets a checkpoint's vnode flushes overlap.")
+           "`flush_threads` (1..16) lets a checkpoint's vnode flushes overlap.\n"
+           "`checkpoint_wal_bytes`: a checkpoint whose write-ahead log holds less copies the log instead of\n"
+           "flushing every vnode's memtable (a restore replays it); 0 flushes at every checkpoint.")
       .def_property_readonly("path", [](PyState& s) { return s.use()->dir(); })
       .def_property_readonly("operator_id", [](PyState& s) { return s.use()->operator_id(); })
       .def_property_readonly("instance", [](PyState& s) { return s.use()->instance(); })
@@ -532,7 +536,7 @@ UnknownVnodeError, and nothing of its batch is written.
   store_cls.def("restore", [](const ReplicaStore& store, const std::string& op, uint32_t inst, uint64_t id,
                               const std::string& target, const std::string& mode, const std::string& verify,
                               uint64_t write_buffer_budget, const std::string& compaction,
-                              uint32_t flush_threads, const py::object& progress) {
+                              uint32_t flush_threads, uint64_t checkpoint_wal_bytes, const py::object& progress) {
         RestoreOptions ro = ParseRestoreOptions(mode, verify);
         SignalCheck signals;
         ro.keep_going = RestoreKeepGoing(signals, progress);
@@ -540,6 +544,7 @@ UnknownVnodeError, and nothing of its batch is written.
         so.write_buffer_budget = write_buffer_budget;
         so.compaction = CompactionArg(compaction);
         so.flush_threads = flush_threads;
+        so.checkpoint_wal_bytes = checkpoint_wal_bytes;
         auto st = std::make_shared<PyState>();
         RestoreStats stats;
         Status s;
@@ -553,7 +558,8 @@ UnknownVnodeError, and nothing of its batch is written.
         return st;
       }, py::arg("operator_id"), py::arg("instance"), py::arg("checkpoint_id"), py::arg("target"), py::kw_only(),
       py::arg("mode") = "link", py::arg("verify") = "size", py::arg("write_buffer_budget") = 256ull << 20,
-      py::arg("compaction") = "level", py::arg("flush_threads") = 1, py::arg("progress") = py::none(),
+      py::arg("compaction") = "level", py::arg("flush_threads") = 1,
+      py::arg("checkpoint_wal_bytes") = StateOptions().checkpoint_wal_bytes, py::arg("progress") = py::none(),
       R"doc(Restores a checkpoint into `target` (must not exist) and opens it.
 
 mode='link' hard-links immutable files from the pool (O(files)), falling back to

@@ -132,6 +132,7 @@ class ReplicaStore:
         write_buffer_budget: int = 268435456,
         compaction: Literal["level", "universal"] = "level",
         flush_threads: int = 1,
+        checkpoint_wal_bytes: int = 262144,
         progress: Callable[[str, int, int, int, int], object] | None = None,
     ) -> StateBackend: ...
     def restore_files(
@@ -177,6 +178,7 @@ class StateBackend:
         create: bool = True,
         compaction: Literal["level", "universal"] = "level",
         flush_threads: int = 1,
+        checkpoint_wal_bytes: int = 262144,
     ) -> StateBackend: ...
     @property
     def path(self) -> str: ...

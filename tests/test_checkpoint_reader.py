@@ -270,13 +270,15 @@ def test_a_killed_client_leaves_no_directory(chain: Chain, replica: str) -> None
 @pytest.fixture(scope="module")
 def lone(tmp_path_factory):
     """A worker that hosts nothing, whose store holds checkpoint 5 of instances 0-3 of
-    "lone" (written by an embedded StateBackend), with a short idle timeout."""
+    "lone" (written by an embedded StateBackend), with a short idle timeout. The
+    checkpoints of 0-2 carry their writes in the WAL; that of 3 flushed them to SSTs."""
     root = tmp_path_factory.mktemp("lone")
     store = rhino.ReplicaStore(str(root / "w5"))
     models = {}
     for i in range(4):
         with rhino.StateBackend.open(str(root / f"db{i}"), operator_id="lone", instance=i,
-                                     partitioner=rhino.Partitioner(num_vnodes=8)) as st:
+                                     partitioner=rhino.Partitioner(num_vnodes=8),
+                                     checkpoint_wal_bytes=0 if i == 3 else 1 << 20) as st:
             models[i] = {b"k%04d" % k: b"i%d-%d" % (i, k) * 8 for k in range(2000)}
             st.put_batch(list(models[i]), list(models[i].values()))
             st.checkpoint(store, 5)
@@ -288,9 +290,11 @@ def lone(tmp_path_factory):
         w.stop()
 
 
-def pooled_ssts(store: rhino.ReplicaStore, instance: int) -> list[str]:
+def pooled(store: rhino.ReplicaStore, instance: int, suffix: str) -> list[str]:
     m = store.manifest("lone", instance, 5)
-    return [store.pool_path(f.identity) for f in m.files if f.name.endswith(".sst")]
+    found = [store.pool_path(f.identity) for f in m.files if f.name.endswith(suffix)]
+    assert found, f"checkpoint 5 of lone/{instance} has no {suffix} file"
+    return found
 
 
 def test_a_damaged_checkpoint_is_corruption(lone) -> None:
@@ -299,8 +303,8 @@ def test_a_damaged_checkpoint_is_corruption(lone) -> None:
     w, store, models = lone
     manifest = Path(store.path) / "checkpoints" / "lone" / "1" / f"{5:020d}.manifest"
     manifest.write_bytes(manifest.read_bytes()[:-9] + b"garbage\n")
-    truncate_file(pooled_ssts(store, 2)[0], 100)
-    for p in pooled_ssts(store, 3):
+    truncate_file(pooled(store, 2, ".log")[0], 100)
+    for p in pooled(store, 3, ".sst"):
         flip_byte(p, 10)  # in the first data block: the size is right, the block checksum is not
     with rhino.connect(w.address, secret=SECRET) as c:
         for i in (1, 2, 3):

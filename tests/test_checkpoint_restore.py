@@ -3,6 +3,10 @@
 Facts are checked independently of Rhino: inodes with os.stat, contents with
 rocksdict (its own RocksDB build) against a Python dict model, manifests by
 parsing their JSON ourselves.
+
+These tests are about the SST files of a checkpoint, so their state flushes at
+every checkpoint (``checkpoint_wal_bytes=0``); checkpoints that carry the
+write-ahead log instead are tested in test_wal_checkpoints.py.
 """
 
 from __future__ import annotations
@@ -62,7 +66,8 @@ def _fill(db: rhino.StateBackend, model: dict[bytes, bytes], rng: np.random.Gene
 def _make_state(path: Path, n: int = 4000, seed: int = 0, vnodes=None, partitioner=None, instance: int = 0,
                 operator_id: str = OP):
     p = partitioner or _partitioner()
-    db = rhino.StateBackend.open(str(path), partitioner=p, operator_id=operator_id, instance=instance, vnodes=vnodes)
+    db = rhino.StateBackend.open(str(path), partitioner=p, operator_id=operator_id, instance=instance, vnodes=vnodes,
+                                 checkpoint_wal_bytes=0)
     model: dict[bytes, bytes] = {}
     _fill(db, model, np.random.default_rng(seed), n)
     return db, model
@@ -223,7 +228,7 @@ def test_incremental_delta_is_the_new_sst_bytes(tmp_path, store, read_rocksdb):
     live = tmp_path / "live"
     # A memtable budget well above the state, so that only checkpoints flush: then no column
     # family reaches RocksDB's L0 compaction trigger, and no compaction races our snapshots.
-    db = rhino.StateBackend.open(str(live), partitioner=p, write_buffer_budget=512 << 20)
+    db = rhino.StateBackend.open(str(live), partitioner=p, write_buffer_budget=512 << 20, checkpoint_wal_bytes=0)
     rng = np.random.default_rng(2024)
     keys = np.arange(n, dtype=np.int64)
     values = rng.integers(0, 256, size=(n, width), dtype=np.uint8)  # incompressible

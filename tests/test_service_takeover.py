@@ -40,10 +40,11 @@ def workers(tmp_path: Path):
             w.stop()
 
 
-def run_batch(client: rhino.Client, batch: int, epoch: int, model: dict[bytes, bytes], rng) -> None:
+def run_batch(client: rhino.Client, batch: int, epoch: int, model: dict[bytes, bytes], rng,
+              value_bytes: int = 40) -> None:
     keys = rng.choice(N, size=300, replace=False).astype(np.int64)
     gone = rng.choice(N, size=30, replace=False).astype(np.int64)
-    values = [rng.bytes(40) for _ in keys]
+    values = [rng.bytes(value_bytes) for _ in keys]
     with client.session(OP, 0, batch=batch, epoch=epoch) as s:
         assert s.version == (None if batch == 0 else batch - 1)
         s.put_batch(keys, values)
@@ -67,8 +68,10 @@ def test_takeover_after_sigkill(workers, tmp_path: Path) -> None:
     e = 3
     ca = rhino.connect(a.unix_socket, secret=SECRET)
     ca.open_instance(OP, 0, epoch=e, num_vnodes=32, chain=[b.address, c.address], chain_version=1)
+    # Batch 0 writes more than a checkpoint's WAL bound (256 KiB), so its
+    # checkpoint flushes SSTs; batches 1-3 are small and ride in the WAL.
     for batch in range(4):
-        run_batch(ca, batch, e, model, rng)
+        run_batch(ca, batch, e, model, rng, value_bytes=4096 if batch == 0 else 40)
     last = 3
     for w in (b, c):  # r = 2: both hold the last complete checkpoint in their own stores
         assert rhino.ReplicaStore(str(w.dir)).checkpoints(OP, 0)[-1] == last
@@ -80,12 +83,14 @@ def test_takeover_after_sigkill(workers, tmp_path: Path) -> None:
     info = cb.takeover(OP, 0, epoch=e + 1, chain=[c.address], chain_version=2)
     assert info["checkpoint"] == last and info["version"] == last and info["epoch"] == e + 1
     # Built by hard links to B's own pool: every SST of the checkpoint is a
-    # link; only RocksDB's small mutable files (MANIFEST, OPTIONS...) are copied.
+    # link; only RocksDB's small mutable files (MANIFEST, OPTIONS, the WAL of
+    # batches 1-3, replayed when the DB opens) are copied.
     manifest = rhino.ReplicaStore(str(b.dir)).manifest(OP, 0, last)
     ssts = [f for f in manifest.files if f.name.endswith(".sst")]
     rs = info["restore"]
     assert ssts and rs["linked_files"] == len(ssts) and rs["files"] == len(manifest.files)
     assert rs["copied_files"] == len(manifest.files) - len(ssts)  # MANIFEST, CURRENT, OPTIONS, WAL
+    assert any(f.name.endswith(".log") and f.size > 0 for f in manifest.files)
 
     # The next batch's session runs on B and sees the model's state at `last`.
     assert state_through(cb, last + 1, e + 1) == model

@@ -204,6 +204,11 @@ rocksdb::DBOptions DbOptions(const StateOptions& options, std::shared_ptr<rocksd
   // compactions keep their one thread either way (bench/README.md, "Flush
   // threads").
   dbo.max_background_flushes = static_cast<int>(options.flush_threads);
+  // A checkpoint's write-ahead log was copied whole, at a record boundary: a
+  // bad record is damage, and must fail the restore, not end the replay
+  // early (RocksDB's default for a crashed DB's own log), which would lose
+  // the writes after it without a word.
+  if (options.whole_wal) dbo.wal_recovery_mode = rocksdb::WALRecoveryMode::kAbsoluteConsistency;
   // RocksDB loads each column family's table readers on open with
   // max_file_opening_threads threads (default 16), creating them even for a
   // column family of one file: with one column family per vnode that was
@@ -255,6 +260,7 @@ Status StateBackend::Open(const std::string& dir, const StateOptions& options,
   std::unique_ptr<StateBackend> b(new StateBackend());
   b->dir_ = dir;
   b->read_only_ = options.read_only;
+  b->checkpoint_wal_bytes_ = options.checkpoint_wal_bytes;
   b->compaction_ = options.compaction;
   b->wbm_ = std::make_shared<rocksdb::WriteBufferManager>(options.write_buffer_budget);
   const rocksdb::DBOptions dbo = DbOptions(options, b->wbm_);
@@ -388,6 +394,7 @@ Status StateBackend::Restore(const ReplicaStore& store, const std::string& opera
   StateOptions o = options;
   o.check_partitioner = false;  // the checkpoint knows its partitioner
   o.error_if_missing = true;
+  o.whole_wal = true;
   Status s = Open(target_dir, o, out);
   if (!s.ok()) {
     // RocksDB refused the directory we just built (e.g. a corrupt SST that
@@ -725,6 +732,9 @@ uint64_t StateBackend::LiveVnodeBytes() const {
 
 Status StateBackend::CompactVnodes(uint64_t* bytes_before, uint64_t* bytes_after) {
   RHINO_RETURN_IF_ERROR(CheckWritable());
+  // Checkpoints may have left recent writes in the memtables (and the WAL):
+  // flushed first, they are counted in bytes_before and filtered like the rest.
+  RHINO_RETURN_IF_ERROR(FlushColumnFamilies());
   std::shared_lock lock(cf_mu_);
   *bytes_before = LiveVnodeBytes();
   rocksdb::CompactRangeOptions o;
