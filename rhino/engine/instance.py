@@ -68,10 +68,28 @@ class InstanceRun:
         self.errors: list[str] = []
 
     def run(self, work: Callable[[Session, dict], T]) -> T:
+        """``work(session, placement)`` in a session of the instance, run again as the failure
+        rules above say."""
+        return self._retrying(lambda: self._once(work))
+
+    def open(self) -> Session:
+        """The instance's session, opened under the same rules as :meth:`run`. What the caller
+        then does in it is not retried: on a failure it calls :meth:`failed` and raises (a
+        Spark task that already streamed output cannot run its work again)."""
+        return self._retrying(self._open_once)
+
+    def failed(self, e: BaseException) -> None:
+        """A failure in a session from :meth:`open`: a primary that cannot be reached is
+        reported to the coordinator (which fails it over); the caller raises ``e``."""
+        if isinstance(e, Exception) and classify(e) is Action.FAILOVER:
+            self.errors.append(f"{type(e).__name__} at {self.address}: {e}")
+            self.report_unreachable()
+
+    def _retrying(self, fn: Callable[[], T]) -> T:
         deadline = time.monotonic() + self.failover_wait_s
         while True:
             try:
-                return self._once(work)
+                return fn()
             except Exception as e:  # noqa: BLE001 - classified, and raised again unless handled
                 action = classify(e)
                 if action is Action.RAISE:
@@ -89,6 +107,10 @@ class InstanceRun:
                 self._newer_placement(deadline)
 
     def _once(self, work: Callable[[Session, dict], T]) -> T:
+        with self._open_once() as s:
+            return work(s, self.placement)
+
+    def _open_once(self) -> Session:
         self.info = self.placement["instances"][str(self.instance)]
         if not self.info.get("address") and not self.info.get("unix_socket"):
             raise UnknownInstanceError(f"instance {self.instance} of {self.operator_id} has no primary "
@@ -96,8 +118,7 @@ class InstanceRun:
         self.address, self.local = primary_address(self.info, self.host)
         self.started_at = time.time()
         client = self.clients.get(self.address)
-        with client.session(self.operator_id, self.instance, batch=self.batch, epoch=self.epoch) as s:
-            return work(s, self.placement)
+        return client.session(self.operator_id, self.instance, batch=self.batch, epoch=self.epoch)
 
     def _busy(self, e: Exception, deadline: float) -> None:
         # A task of an attempt the driver cancelled (a new epoch) may still hold the

@@ -19,9 +19,18 @@ Per micro-batch b (Spark's batch id; checkpoint id = b, design §5):
    makes a host loss mid-batch exactly-once. A failed Spark job runs again only
    if the engine's classification of the task's exception says so
    (:func:`rhino.engine.classify_failure`); a real error is raised.
-6. The output (collected to the driver as Arrow) goes to the sink with the
-   batch id; sinks must be idempotent by batch id, as ``foreachBatch`` sinks
-   are.
+6. The output stays on the executors: the stateful stage's output is
+   materialized once, in the executors' block managers (``localCheckpoint``), and
+   handed on as a distributed DataFrame (``transform``), to the sink with the
+   batch id (``for_each_batch``). Only each task's small meta row reaches the
+   driver (``runtime/meta.py``). Sinks must be idempotent by batch id, as
+   ``foreachBatch`` sinks are.
+
+The output DataFrame never runs the stateful tasks again: its lineage ends at the
+checkpoint. If an executor holding part of it is lost before the sink has read it,
+reading it fails (Spark's ``CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND``); ``for_each_batch``
+then runs the whole batch again (every instance rolls back to b-1, as below) and
+calls the sink again with the same batch id. Exactly-once either way.
 
 A Spark replay of the last batch (the driver died after our commit but before
 Spark's) runs b again the same way: same state, same output.
@@ -45,8 +54,9 @@ import pyarrow as pa
 from rhino.engine import Action, Attempt, AttemptResult, BatchDriver, RerunBatch, classify, classify_failure
 from rhino.errors import InvalidArgumentError
 
+from .runtime.meta import new_meta_accumulator, take
 from .runtime.routing import PART_COLUMN, partition_tokens, tag_batches
-from .runtime.task import META_COLUMN, TaskSpec, meta_schema, run_partition
+from .runtime.task import TaskSpec, output_arrow_schema, run_partition
 
 __all__ = ["TransformWithState", "transform_with_state", "BatchReport"]
 
@@ -111,7 +121,7 @@ class TransformWithState:
                  checkpoint_location: Optional[str] = None, locality: bool = True, max_batch_attempts: int = 5,
                  placement: str = "balanced", request_timeout: float = 120.0,
                  failover_wait_s: float = 60.0, watch_hosts: bool = True,
-                 clock: Optional[Callable[[], float]] = None) -> None:
+                 clock: Optional[Callable[[], float]] = None, task_window_rows: int = 100_000) -> None:
         from pyspark.sql.types import StructType
 
         from rhino._secret import secret_bytes
@@ -126,6 +136,8 @@ class TransformWithState:
             raise InvalidArgumentError(f"time_mode must be 'None', 'EventTime' or 'ProcessingTime', not {time_mode!r}")
         if tm == "eventtime" and not event_time:
             raise InvalidArgumentError("time_mode='EventTime' needs event_time=<the event-time column>")
+        if isinstance(task_window_rows, bool) or not isinstance(task_window_rows, int) or task_window_rows < 1:
+            raise InvalidArgumentError(f"task_window_rows must be a positive int, not {task_window_rows!r}")
         if int(parallelism) < 1 or int(replicas) < 0:
             raise InvalidArgumentError("parallelism must be >= 1 and replicas >= 0")
         if secret is None and secret_file is None:
@@ -150,6 +162,7 @@ class TransformWithState:
         self.mode = mode
         self.locality = locality
         self.max_batch_attempts = max_batch_attempts
+        self.task_window_rows = task_window_rows
         self.state_doc: Optional[dict] = None  # the state schema document, read at the first batch
         self.placement_mode = placement
         self.request_timeout = request_timeout
@@ -161,7 +174,10 @@ class TransformWithState:
         self.watch_log: list[dict] = []  # what the batch watches reported or cancelled
         self.checkpoint_location = Path(checkpoint_location) if checkpoint_location else None
         self.reports: list[BatchReport] = []
-        self.last_output: Optional[pa.Table] = None
+        # the last batch's output (a DataFrame on the executors), released when the next runs
+        self.last_output: Any = None
+        self._meta_acc: Any = None  # the tasks' meta rows (runtime/meta.py), one per operator
+        self.output_reruns: list[dict] = []  # batches run again because their output was lost
         self._coord: Any = None
         self._created = False
         self._lock = threading.Lock()
@@ -242,12 +258,37 @@ class TransformWithState:
         return max(0, m - self.delay_ms) if m is not None else 0
 
     # ---- one batch -----------------------------------------------------------------------------
-    def process_batch(self, df: Any, batch_id: int) -> pa.Table:
-        """Runs the operator on one micro-batch; returns its output as an Arrow table."""
-        with self._lock:
-            return self._process(df, int(batch_id))
+    def transform(self, df: Any, batch_id: int) -> Any:
+        """Runs the operator on one micro-batch and returns its output as a DataFrame whose
+        rows stay on the executors (for any ``foreachBatch`` function).
 
-    def _process(self, df: Any, b: int) -> pa.Table:
+        Call it once per batch, with Spark's batch id. The DataFrame is valid until the
+        next batch of this operator runs: its rows are then released."""
+        with self._lock:
+            self._release_output()
+            out = self._process(df, int(batch_id))
+            self.last_output = out
+            return out
+
+    def process_batch(self, df: Any, batch_id: int) -> pa.Table:
+        """:meth:`transform`, with the output collected to the driver as an Arrow table: for
+        tests and small outputs (it goes through the driver's memory)."""
+        return self.transform(df, batch_id).toArrow()
+
+    def _release_output(self) -> None:
+        """Frees the previous batch's output blocks on the executors."""
+        out, self.last_output = self.last_output, None
+        if out is None:
+            return
+        try:
+            # SparkContext.unpersistRDD drops the blocks as RDD.unpersist does, without its
+            # warning that a locally checkpointed RDD cannot be recomputed (we know).
+            rdd = out._jdf.queryExecution().logical().rdd()
+            out.sparkSession.sparkContext._jsc.sc().unpersistRDD(rdd.id(), False)
+        except Exception as e:  # noqa: BLE001 - a cleanup: Spark's ContextCleaner frees it later anyway
+            log.debug("rhino.spark %s: releasing the last output: %s", self.operator_id, e)
+
+    def _process(self, df: Any, b: int) -> Any:
         spark = df.sparkSession
         t0 = time.time()
         tz = spark.conf.get("spark.sql.session.timeZone")
@@ -269,12 +310,11 @@ class TransformWithState:
         self._max_event[b] = max(mx + prev) if (mx or prev) else None
         self._save_watermarks()
         rep = BatchReport(batch=b, epoch=max(t["epoch"] for t in tasks), attempts=a.number, watermark_ms=wm,
-                          rows_out=data.num_rows, started=t0, ended=done.committed_at,
-                          begin_s=a.started_at - a.begun_at, job_s=done.ran_at - a.started_at,
-                          commit_s=done.committed_at - done.ran_at, tasks=sorted(tasks, key=lambda t: t["instance"]),
-                          errors=done.errors)
+                          rows_out=sum(int(t.get("output_rows", 0)) for t in tasks), started=t0,
+                          ended=done.committed_at, begin_s=a.started_at - a.begun_at,
+                          job_s=done.ran_at - a.started_at, commit_s=done.committed_at - done.ran_at,
+                          tasks=sorted(tasks, key=lambda t: t["instance"]), errors=done.errors)
         self.reports.append(rep)
-        self.last_output = data
         return data
 
     def _attempt(self, spark: Any, df: Any, a: Attempt, wm: int, tz: str, shuffled: dict) -> AttemptResult:
@@ -286,7 +326,8 @@ class TransformWithState:
         watch = self._watch(spark, a.epoch, placement, f"rhino-{self.operator_id}-{b}-{a.number}")
         try:
             with watch if watch is not None else contextlib.nullcontext():
-                table = self._run_job(spark, df, b, a.epoch, wm, placement, nparts, tz, shuffled, watch)
+                data, tasks = self._run_job(spark, df, b, a.epoch, wm, placement, nparts, tz, shuffled, watch,
+                                            a.number)
         except Exception as e:  # a failed Spark job (task retries exhausted, an executor lost...)
             text = str(e)
             if watch is not None and watch.cancelled:
@@ -304,7 +345,6 @@ class TransformWithState:
             raise RerunBatch(f"job: {type(e).__name__}: {msg}") from None
         if watch is not None and watch.reported:
             self.watch_log.append(dict(watch.summary(), batch=b, attempt=a.number))
-        data, tasks = _split_meta(table)
         missing = sorted(set(range(nparts)) - {t["instance"] for t in tasks})
         if missing:
             raise RerunBatch(f"no result from instances {missing}", sleep=False)
@@ -332,7 +372,9 @@ class TransformWithState:
                           tag=tag)
 
     def _run_job(self, spark: Any, df: Any, b: int, epoch: int, wm: int, placement: dict, nparts: int,
-                 tz: str, shuffled: dict, watch: Optional[Any] = None) -> pa.Table:
+                 tz: str, shuffled: dict, watch: Optional[Any] = None, attempt: int = 1) -> tuple[Any, list[dict]]:
+        """The attempt's Spark job: the stateful stage runs once, its output materialized on
+        the executors. Returns (the output DataFrame, the tasks' meta rows)."""
         from functools import partial
 
         from pyspark.sql.types import LongType, StructField, StructType
@@ -349,7 +391,10 @@ class TransformWithState:
             tag = partial(tag_batches, key_columns=self.key_columns, num_key_groups=placement["num_key_groups"],
                           num_vnodes=placement["num_vnodes"], seed=placement["seed"],
                           assignment=list(placement["assignment"]), tokens=tokens)
-            routed = df.mapInArrow(tag, tagged_schema).repartition(nparts, PART_COLUMN)
+            # Each partition sorted by key (Spark's external sort, which spills), as Spark's own
+            # operator sorts: the task then streams it a window of whole keys at a time.
+            routed = (df.mapInArrow(tag, tagged_schema).repartition(nparts, PART_COLUMN)
+                      .sortWithinPartitions(*self.key_columns))
             # Spark's own RDD of InternalRows (the shuffle's output, no Python round trip)
             shuffled.clear()
             shuffled[route_key] = (routed._jdf.queryExecution().toRdd(), routed._jdf.schema())
@@ -363,21 +408,32 @@ class TransformWithState:
                         placement=placement, state_doc=self.state_doc,
                         batch_time_ms=int(placement.get("batch_time_ms") or self.clock()),
                         request_timeout=self.request_timeout,
-                        failover_wait_s=self.failover_wait_s, wait_for_failover=not self.watch_hosts)
+                        failover_wait_s=self.failover_wait_s, wait_for_failover=not self.watch_hosts,
+                        meta=self._meta_accumulator(spark), driver_attempt=attempt,
+                        window_rows=self.task_window_rows)
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        out_schema = from_arrow_schema(meta_schema(self.output_schema))
+        out_schema = from_arrow_schema(output_arrow_schema(self.output_schema))
         result = routed.mapInArrow(partial(run_partition, spec), out_schema)
-        if watch is None:
-            return result.toArrow()
         # The job tag is a property of this thread's jobs (Spark's streaming thread, when called
         # from foreachBatch): the watch cancels by it, and it goes before the next batch.
         sc = spark.sparkContext
-        sc.addJobTag(watch.tag)
+        if watch is not None:
+            sc.addJobTag(watch.tag)
         try:
-            return result.toArrow()
+            # Materialized once, on the executors (memory, spilling to disk): the job that runs
+            # the stateful tasks. The DataFrame's lineage ends here, so nothing the sink does
+            # can run them again.
+            data = result.localCheckpoint(eager=True)
         finally:
-            sc.removeJobTag(watch.tag)
+            if watch is not None:
+                sc.removeJobTag(watch.tag)
+        return data, take(spec.meta, b, attempt)
+
+    def _meta_accumulator(self, spark: Any) -> Any:
+        if self._meta_acc is None:
+            self._meta_acc = new_meta_accumulator(spark.sparkContext)
+        return self._meta_acc
 
     def _pin(self, spark: Any, jrdd: Any, jschema: Any, placement: dict, nparts: int) -> Any:
         """The routed rows as a DataFrame, partition i preferring the host of instance i's primary."""
@@ -411,15 +467,29 @@ class TransformWithState:
 
     # ---- foreachBatch -----------------------------------------------------------------------
     def for_each_batch(self, sink: Optional[Callable[[Any, int], None]] = None) -> Callable[[Any, int], None]:
-        """The function to pass to ``writeStream.foreachBatch``: runs the batch, then
-        calls ``sink(output_df, batch_id)`` (an idempotent sink, by batch id)."""
+        """The function to pass to ``writeStream.foreachBatch``: runs the batch, then calls
+        ``sink(output_df, batch_id)`` (an idempotent sink, by batch id). ``output_df`` is
+        :meth:`transform`'s DataFrame, on the executors.
+
+        If the sink fails because an executor holding part of the output was lost, the batch
+        runs again (rolled back to b-1 first) and the sink is called again with the same
+        batch id, up to ``max_batch_attempts`` times."""
 
         def fn(df: Any, batch_id: int) -> None:
-            out = self.process_batch(df, batch_id)
-            if sink is not None:
-                spark = df.sparkSession
-                sink(spark.createDataFrame(out, schema=self.output_schema) if out.num_rows else
-                     spark.createDataFrame([], schema=self.output_schema), batch_id)
+            for n in range(1, self.max_batch_attempts + 1):
+                out = self.transform(df, batch_id)
+                if sink is None:
+                    return
+                try:
+                    sink(out, batch_id)
+                    return
+                except Exception as e:  # noqa: BLE001 - only a lost output is handled
+                    if not _output_lost(e) or n == self.max_batch_attempts:
+                        raise
+                    log.warning("rhino.spark %s batch %d: part of the output was lost with an executor while "
+                                "the sink ran (%s); the batch runs again", self.operator_id, batch_id,
+                                _first_error_line(str(e)))
+                    self.output_reruns.append({"batch": int(batch_id), "attempt": n, "error": _first_error_line(str(e))})
 
         return fn
 
@@ -450,14 +520,11 @@ def _first_error_line(text: str) -> str:
     return lines[0][:400] if lines else ""
 
 
-def _split_meta(table: pa.Table) -> tuple[pa.Table, list[dict]]:
-    import pyarrow.compute as pc
-
-    meta = table.column(META_COLUMN)
-    is_meta = pc.is_valid(meta)
-    tasks = [json.loads(x) for x in pc.filter(meta, is_meta).to_pylist()]
-    data = table.filter(pc.invert(is_meta)).drop_columns([META_COLUMN])
-    return data, tasks
+def _output_lost(e: Exception) -> bool:
+    """True if a job failed because blocks of a checkpointed output were lost with their
+    executor (Spark's ``CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND``)."""
+    text = str(e)
+    return "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND" in text or ("Checkpoint block" in text and "not found" in text)
 
 
 def transform_with_state(processor: Any, *, key: str | Sequence[str], output_schema: Any, operator_id: str,
@@ -479,6 +546,9 @@ def transform_with_state(processor: Any, *, key: str | Sequence[str], output_sch
       state variables may have a TTL (``ttlDurationMs``), measured in batch time.
     - ``checkpoint_location``: a directory for the operator's watermark (survives a
       driver restart; Spark's own checkpoint location is a good place).
+    - ``task_window_rows`` (default 100,000): a task works through its partition (sorted by
+      key) this many input rows of whole keys at a time, and streams each window's output:
+      its memory is bounded by the window and the largest key, not by the partition.
     - ``clock``: a function returning the time in ms that a batch's time is taken from
       at its first run (default: the wall clock; tests pass a manual clock).
     - ``watch_hosts`` (default True): while a batch runs, report a host whose executors
@@ -486,7 +556,9 @@ def transform_with_state(processor: Any, *, key: str | Sequence[str], output_sch
       the heartbeat timeout), and cancel an attempt that can no longer commit
       (``scheduling/host_loss.py``).
 
-    Use: ``query = stream.writeStream.foreachBatch(op.for_each_batch(sink)).start()``.
+    Use: ``query = stream.writeStream.foreachBatch(op.for_each_batch(sink)).start()``, or
+    ``out = op.transform(df, batch_id)`` inside any ``foreachBatch`` function (the output
+    DataFrame, on the executors; two operators can be chained this way).
     """
     return TransformWithState(processor, key=key, output_schema=output_schema, operator_id=operator_id,
                               coordinator=coordinator, **kw)

@@ -1,30 +1,36 @@
 """One task of a Rhino stateful operator: instance i, batch b, run inside a
 Spark executor's Python worker (from ``mapInArrow``; partition i = instance i).
 
-The steps, a constant number of round trips to the instance's primary worker
-whatever the number of keys and state variables (design §2, §5; the task's
-meta row reports them as ``round_trips``):
-1. open a session for (operator, i, b, epoch): it sees exactly version b-1;
-2. event time: scan the timers due at this batch's watermark, one pipelined
-   scan over the instance's vnodes;
-3. prefetch the state of every key of the batch and of every due timer: one
-   ``get_batch`` of the values, one pipelined scan of the collections and timer
-   sets (``state/store.py``);
-4. run the processor per key locally (``handleInputRows``, then
-   ``handleExpiredTimer`` in (time, key) order, as Spark does);
-5. write back the changed entries (``state/writeback.py``), and commit b in
-   barrier mode with the batch's time (the TTL clock): the batch counts only
-   once checkpoint b is complete on the chain.
+The task streams: its rows arrive sorted by key (the driver sorts each partition,
+as Spark's own operator does), and it works through them a **window** of whole
+keys at a time: at most ``task_window_rows`` rows, or one key's rows if that key
+has more. Its memory is bounded by the window and the largest key, not by the
+partition. Per window, a constant number of round trips to the instance's
+primary worker, whatever the number of keys and state variables (design §2, §5;
+the meta row reports ``round_trips`` and ``windows``):
+1. open a session for (operator, i, b, epoch), once: it sees exactly version b-1;
+2. per window: prefetch the state of its keys (one ``get_batch`` of the
+   values, one pipelined scan of the collections and timer sets:
+   ``state/store.py``), run the processor per key (``handleInputRows``), write
+   the changes back into the session (``state/writeback.py``), and stream the
+   window's output to Spark as Arrow;
+3. then the timers due at this batch's time (the watermark in event time, the
+   batch's time in processing time): one pipelined scan over the instance's
+   vnodes (it sees what step 2 wrote, so timers registered in this batch are
+   among them), fired in (time, key) order, as Spark does, in windows of keys;
+4. commit b in barrier mode with the batch's time (the TTL clock): the batch
+   counts only once checkpoint b is complete on the chain.
 
 The session, and what a failure means, are the engine's
-(:class:`rhino.engine.InstanceRun`): a primary that cannot be reached is
-reported to the coordinator, which fails the instance over to a chain member
-(a takeover by hard links); the task then runs again there, at the new epoch,
-from b-1. The driver accepts the batch only if the epoch did not change
-meanwhile (the engine's commit carries the epoch), so a takeover during a batch
-reruns the whole batch: exactly-once either way. A real error (a corrupt
-checkpoint, a full disk, a wrong secret, the processor's own) is raised as
-itself.
+(:class:`rhino.engine.InstanceRun`): a primary that cannot be reached when the
+session opens is reported to the coordinator, which fails the instance over to a
+chain member (a takeover by hard links); the task then runs again there, at the
+new epoch, from b-1. A failure after the task began streaming output raises:
+Spark drops the failed attempt's output and runs the task again. The driver
+accepts the batch only if the epoch did not change meanwhile (the engine's commit
+carries the epoch), so a takeover during a batch reruns the whole batch:
+exactly-once either way. A real error (a corrupt checkpoint, a full disk, a wrong
+secret, the processor's own) is raised as itself.
 """
 
 from __future__ import annotations
@@ -51,9 +57,8 @@ from ..state.variables import variables_of
 from ..state.writeback import write_back
 from .glue import concat_frames, group_rows
 
-__all__ = ["TaskSpec", "run_partition", "META_COLUMN"]
+__all__ = ["TaskSpec", "run_partition", "output_arrow_schema"]
 
-META_COLUMN = "_rhino_meta"
 # Per Python worker process: Spark reuses the process across tasks, and its clients with it.
 _CLIENTS: dict[bytes, WorkerClients] = {}  # by the cluster's secret
 _COORDS: dict[str, Any] = {}
@@ -79,11 +84,15 @@ class TaskSpec:
     state_doc: Optional[dict] = None  # the operator's state schema document (state/variables.py)
     batch_time_ms: int = 0  # the batch's time (the coordinator's; the same when it runs again)
     prefetch_entries: int = 64  # per collection and key: more is read on demand
+    window_rows: int = 100_000  # input rows (whole keys) per window; due timers per window
     request_timeout: float = 120.0
     failover_wait_s: float = 60.0
     # False when the driver's batch watch runs (operator watch_hosts): it cancels the attempt
     # and runs the batch again at the new epoch, so a task need not wait for it itself
     wait_for_failover: bool = True
+    # the driver's accumulator of the tasks' meta rows (runtime/meta.py), and its attempt number
+    meta: Any = None
+    driver_attempt: int = 1
     extra: dict = field(default_factory=dict)
 
 
@@ -168,25 +177,48 @@ def _event_ms(col: pa.ChunkedArray) -> np.ndarray:
     return col.cast(pa.int64()).to_numpy(zero_copy_only=False)
 
 
-def _read_input(spec: TaskSpec, batches: Iterator[pa.RecordBatch], in_schema: Any
-                ) -> tuple[Optional[pa.Table], int, Optional[int], int]:
-    """The task's rows as one table, late rows dropped: (table, rows in, the newest
-    event time in ms, late rows)."""
-    tables = [pa.Table.from_batches([b]) for b in batches]
-    names = [f.name for f in in_schema.fields]
-    table = pa.concat_tables(tables).select(names) if tables else None
-    rows_in = table.num_rows if table is not None else 0
-    max_event = None
-    if table is not None and rows_in and spec.event_time:
-        ev = _event_ms(table.column(spec.event_time))
-        max_event = int(ev.max())
-        # Spark drops rows at or before the watermark as late (its late-event filter).
-        if spec.watermark_ms > 0:
-            keep = ev > spec.watermark_ms
-            if not keep.all():
-                table = table.filter(pa.array(keep))
-    late = rows_in - (table.num_rows if table is not None else 0)
-    return table, rows_in, max_event, late
+def _key_starts(table: pa.Table, key_columns: list[str]) -> np.ndarray:
+    """The rows (after the first) where a new key begins; the rows are sorted by key."""
+    import pyarrow.compute as pc
+
+    n = table.num_rows
+    changed = np.zeros(max(n - 1, 0), dtype=bool)
+    if n < 2:
+        return np.zeros(0, dtype=np.int64)
+    for c in key_columns:
+        col = table.column(c)
+        a, b = col.slice(1), col.slice(0, n - 1)
+        ne = pc.fill_null(pc.not_equal(a, b), True)  # a null next to a value differs...
+        both_null = pc.and_(pc.is_null(a), pc.is_null(b))  # ...two nulls are one key
+        ne = pc.and_(ne, pc.invert(both_null))
+        changed |= np.asarray(ne.to_numpy(zero_copy_only=False), dtype=bool)
+    return np.flatnonzero(changed) + 1
+
+
+def windows(batches: Iterator[pa.RecordBatch], names: list[str], key_columns: list[str],
+            window_rows: int) -> Iterator[pa.Table]:
+    """The task's rows (sorted by key) in tables of whole keys: at most ``window_rows`` rows
+    each, or one key's rows if that key has more."""
+    buf: Optional[pa.Table] = None
+    for rb in batches:
+        if not rb.num_rows:
+            continue
+        t = pa.Table.from_batches([rb]).select(names)
+        buf = t if buf is None else pa.concat_tables([buf, t])
+        while buf.num_rows > window_rows:
+            starts = _key_starts(buf, key_columns)
+            fit = starts[starts <= window_rows]
+            if len(fit):
+                cut = int(fit[-1])
+            else:  # the first key alone is larger than a window: it is one, once it ends
+                more = starts[starts > window_rows]
+                if not len(more):
+                    break
+                cut = int(more[0])
+            yield buf.slice(0, cut)
+            buf = buf.slice(cut)
+    if buf is not None and buf.num_rows:
+        yield buf
 
 
 def run_partition(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -198,37 +230,38 @@ def run_partition(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator
     attempt = ctx.attemptNumber() if ctx is not None else 0
     in_schema = _schema(spec.input_schema_json)
     out_schema = _schema(spec.output_schema_json)
-    table, rows_in, max_event, late = _read_input(spec, batches, in_schema)
-    t_read = time.time()
+    out_arrow = output_arrow_schema(out_schema)
 
     host = this_host()
     run = InstanceRun(_clients(spec), lambda: _coordinator(spec), spec.operator_id, instance, batch=spec.batch,
                       placement=spec.placement, epoch=spec.epoch, host=host,
                       wait_for_failover=spec.wait_for_failover, failover_wait_s=spec.failover_wait_s)
-    done = run.run(lambda s, placement: _InstanceBatch(spec, instance, placement, table, in_schema).run(
-        s, run.started_at))
-    out, stats = done.finish(out_schema)
-    t_end = time.time()
+    s = run.open()
+    ib = _InstanceBatch(spec, instance, run.placement, in_schema, out_schema)
+    try:
+        with s:
+            for rb in ib.run(s, run.started_at, batches):
+                yield pa.RecordBatch.from_arrays(rb.columns, schema=out_arrow)
+    except BaseException as e:
+        run.failed(e)
+        raise
     info = run.info
-    meta = {"instance": instance, "attempt": attempt, "host": host, "local": run.local, "primary": info.get("primary"),
-            "primary_host": info.get("host"), "epoch": run.epoch, "rows_in": rows_in, "late_rows": late,
-            "max_event_ms": max_event, "start": t_start, "read_s": t_read - t_start, "end": t_end,
-            "errors": run.errors, **stats}
-    if out is not None:
-        yield _with_meta(out, meta_schema(out_schema))
-    yield _meta_batch(out_schema, meta)
+    meta = {"batch": spec.batch, "driver_attempt": spec.driver_attempt, "instance": instance, "attempt": attempt,
+            "host": host, "local": run.local, "primary": info.get("primary"), "primary_host": info.get("host"),
+            "epoch": run.epoch, "start": t_start, "end": time.time(), "errors": run.errors, **ib.stats()}
+    if spec.meta is not None:  # to the driver with the task's completion (runtime/meta.py)
+        spec.meta.add([meta])
 
 
 class _InstanceBatch:
     """One run of the processor over the batch in one session of the instance: the
-    steps of the module docstring, each a method, with their timings."""
+    steps of the module docstring, window by window, with their timings."""
 
-    def __init__(self, spec: TaskSpec, instance: int, placement: dict, table: Optional[pa.Table],
-                 in_schema: Any) -> None:
+    def __init__(self, spec: TaskSpec, instance: int, placement: dict, in_schema: Any, out_schema: Any) -> None:
         self.spec = spec
         self.placement = placement
-        self.table = table
         self.in_schema = in_schema
+        self.out_schema = out_schema
         self.part = rhino.Partitioner(num_key_groups=placement["num_key_groups"],
                                       num_vnodes=placement["num_vnodes"], seed=placement["seed"])
         assignment = np.asarray(placement["assignment"], dtype=np.int64)
@@ -237,51 +270,126 @@ class _InstanceBatch:
         self.handle = RhinoProcessorHandle(spec.time_mode, self.variables)
         self.handle.watermark_ms = spec.watermark_ms
         self.st: Optional[BatchState] = None
-        # per key: (routing bytes, the key tuple as the processor gets it, first row, end row)
-        self.groups: list[tuple[bytes, tuple, int, int]] = []
         self.key_of: dict[bytes, tuple] = {}
-        self.pdf: Any = None
-        self.due: list[tuple[int, bytes]] = []
-        self.outputs: list = []
-        self.puts = self.deletes = 0
-        self.t: dict[str, float] = {}
         self.result: Optional[CommitResult] = None
         self.rolled_back = False
         self.round_trips = 0
+        self.t = dict.fromkeys(("read", "group", "timers", "fetch", "process", "write", "commit"), 0.0)
+        self.n = dict(rows_in=0, late_rows=0, keys=0, puts=0, deletes=0, timers_fired=0, output_rows=0, windows=0,
+                      max_window_rows=0)
+        self.store_stats: dict[str, int] = {}
+        self.max_event: Optional[int] = None
+        self.load_keys: list[bytes] = []
+        self.load_ops: list[int] = []
+        self.open_s = 0.0
 
-    def run(self, s: Session, t0: float) -> "_InstanceBatch":
-        """Steps 2-5 in the open session ``s`` (opened at ``t0``)."""
+    def _clock(self, phase: str, t0: float) -> float:
+        now = time.time()
+        self.t[phase] += now - t0
+        return now
+
+    def _state(self, s: Session) -> BatchState:
+        """A fresh BatchState for a window (what the last one held was written back)."""
+        if self.st is not None:
+            for k, v in self.st.stats.items():
+                self.store_stats[k] = self.store_stats.get(k, 0) + v
         spec = self.spec
-        self.t["start"], self.t["open"] = t0, time.time()
-        rt0 = getattr(s, "round_trips", 0)
         self.st = BatchState(s, self.part, self.variables, batch=spec.batch, now_ms=spec.batch_time_ms,
                              timers=spec.time_mode != "none", small=spec.prefetch_entries)
         self.handle._bind(self.st)
-        self._group()
-        self.t["group"] = time.time()
-        if spec.time_mode != "none":  # design: after the data, as Spark's processTimers
-            self.due = self.st.due_timers(self.my_vnodes, _timer_time(spec))
-        self.t["timers"] = time.time()
-        self.st.prefetch([g[0] for g in self.groups] + [g for _, g in self.due])
-        self.t["fetch"] = time.time()
-        self._process()
-        self.t["process"] = time.time()
-        self.puts, self.deletes = write_back(self.st)
-        self.t["write"] = time.time()
+        return self.st
+
+    def run(self, s: Session, t0: float, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Steps 2-4 in the open session ``s`` (opened at ``t0``): yields the output."""
+        spec = self.spec
+        self.open_s = time.time() - t0
+        rt0 = getattr(s, "round_trips", 0)
+        spec.processor.init(self.handle)
+        tv = self._timer_values()
+        names = [f.name for f in self.in_schema.fields]
+        t = time.time()
+        for window in windows(batches, names, spec.key_columns, max(1, spec.window_rows)):
+            t = self._clock("read", t)
+            out = self._input_window(s, window, tv)
+            if out is not None:
+                yield out
+            t = time.time()
+        self._clock("read", t)
+        if spec.time_mode != "none":
+            yield from self._timers(s, tv)
+        spec.processor.close()
+        t = time.time()
         self.result = s.commit("barrier", batch_time_ms=spec.batch_time_ms)
-        self.t["commit"] = time.time()
+        self._clock("commit", t)
+        self._state(s)  # folds the last window's store stats in
         self.round_trips = getattr(s, "round_trips", 0) - rt0
         self.rolled_back = bool(s.rolled_back)
-        return self
 
-    def _group(self) -> None:
-        # by the key's routing bytes (as routing computed them), the key tuple as Spark's
-        # pandas conversion gives it (what handleInputRows gets)
-        table = self.table
-        if table is not None and table.num_rows:
-            self.pdf, self.groups = group_rows(table, _to_pandas(table, self.in_schema, self.spec.timezone),
-                                               self.spec.key_columns)
-            self.key_of = {g: kt for g, kt, _, _ in self.groups}
+    def _input_window(self, s: Session, table: pa.Table, tv: Any) -> Optional[pa.RecordBatch]:
+        spec = self.spec
+        table = self._drop_late(table)
+        self.n["windows"] += 1
+        self.n["max_window_rows"] = max(self.n["max_window_rows"], table.num_rows)
+        if not table.num_rows:
+            return None
+        st = self._state(s)
+        t = time.time()
+        pdf, groups = group_rows(table, _to_pandas(table, self.in_schema, spec.timezone), spec.key_columns)
+        # the key tuples as handleInputRows gets them, for timers fired in this window (only its
+        # keys: memory stays bounded; timers of other keys get decode_key's tuples)
+        self.key_of = {g: kt for g, kt, _, _ in groups}
+        t = self._clock("group", t)
+        st.prefetch([g[0] for g in groups])
+        t = self._clock("fetch", t)
+        outputs: list = []
+        for g, kt, a, b in groups:
+            st.current = g
+            rows = pdf.iloc[a:b]
+            if spec.mode == "rows":
+                from pyspark.sql import Row
+
+                it = iter([Row(**r) for r in rows.to_dict("records")])
+            else:
+                it = iter([rows])
+            _collect(spec.processor.handleInputRows(kt, it, tv), outputs, spec.mode)
+        st.current = None
+        self.n["keys"] += len(groups)
+        self.load_keys += [g[0] for g in groups]
+        self.load_ops += [g[3] - g[2] for g in groups]
+        t = self._clock("process", t)
+        self._write_back(st, t)
+        return self._output(outputs)
+
+    def _drop_late(self, table: pa.Table) -> pa.Table:
+        """Counts the window's rows and event times; drops the rows at or before the
+        watermark, as Spark's late-event filter does."""
+        spec = self.spec
+        self.n["rows_in"] += table.num_rows
+        if not spec.event_time or not table.num_rows:
+            return table
+        ev = _event_ms(table.column(spec.event_time))
+        mx = int(ev.max())
+        self.max_event = mx if self.max_event is None else max(self.max_event, mx)
+        if spec.watermark_ms > 0:
+            keep = ev > spec.watermark_ms
+            if not keep.all():
+                self.n["late_rows"] += int((~keep).sum())
+                table = table.filter(pa.array(keep))
+        return table
+
+    def _write_back(self, st: BatchState, t: float) -> None:
+        puts, deletes = write_back(st)
+        self.n["puts"] += puts
+        self.n["deletes"] += deletes
+        self._clock("write", t)
+
+    def _output(self, outputs: list) -> Optional[pa.RecordBatch]:
+        spec = self.spec
+        out = (_to_arrow(outputs, self.out_schema, spec.timezone) if spec.mode == "pandas"
+               else _rows_to_arrow(outputs, self.out_schema))
+        if out is not None:
+            self.n["output_rows"] += out.num_rows
+        return out
 
     def _timer_values(self) -> Any:
         from pyspark.sql.streaming.stateful_processor import TimerValues
@@ -291,39 +399,32 @@ class _InstanceBatch:
         return TimerValues(currentProcessingTimeInMs=spec.batch_time_ms if spec.time_mode != "none" else -1,
                            currentWatermarkInMs=spec.watermark_ms if spec.time_mode == "eventtime" else -1)
 
-    def _process(self) -> None:
-        spec, processor, st = self.spec, self.spec.processor, self.st
-        assert st is not None
-        processor.init(self.handle)
-        tv = self._timer_values()
-        for g, kt, a, b in self.groups:
-            st.current = g
-            rows = self.pdf.iloc[a:b]
-            if spec.mode == "rows":
-                from pyspark.sql import Row
+    def _timers(self, s: Session, tv: Any) -> Iterator[pa.RecordBatch]:
+        """Step 3: the stored timers due now (those registered by this batch's input too, which
+        the session has), fired in (time, key) order, a window of them at a time."""
+        t = time.time()
+        due = self._state(s).due_timers(self.my_vnodes, _timer_time(self.spec))
+        t = self._clock("timers", t)
+        step = max(1, self.spec.window_rows)
+        for i in range(0, len(due), step):
+            chunk = due[i:i + step]
+            st = self._state(s) if i else self.st
+            assert st is not None
+            st.prefetch([g for _, g in chunk])
+            t = self._clock("fetch", t)
+            outputs: list = []
+            self._fire(st, chunk, tv, outputs)
+            t = self._clock("process", t)
+            self._write_back(st, t)
+            out = self._output(outputs)
+            if out is not None:
+                yield out
+            t = time.time()
 
-                it = iter([Row(**r) for r in rows.to_dict("records")])
-            else:
-                it = iter([rows])
-            _collect(processor.handleInputRows(kt, it, tv), self.outputs, spec.mode)
-        if spec.time_mode != "none":
-            self._fire_timers(tv)
-        st.current = None
-        processor.close()
-
-    def _fire_timers(self, tv: Any) -> None:
-        """The timers that expire now: the stored ones, and ones registered just now at or
-        before the watermark, in (time, key) order."""
+    def _fire(self, st: BatchState, due: list[tuple[int, bytes]], tv: Any, outputs: list) -> None:
         from pyspark.sql.streaming.stateful_processor import ExpiredTimerInfo
 
-        st, wm = self.st, _timer_time(self.spec)
-        assert st is not None
-        due = set(self.due)
-        for g, cell in st.timers.items():
-            for ts in cell.now - cell.stored:
-                if ts <= wm:
-                    due.add((ts, g))
-        for ts, g in sorted(due):
+        for ts, g in due:
             st.current = g
             cell = st.timer_cell()
             if ts not in cell.now:  # deleted by the processor meanwhile
@@ -331,31 +432,27 @@ class _InstanceBatch:
             cell.now.discard(ts)
             cell.stored.discard(ts)  # fired: deleted at the write-back, even if registered again
             st.fired.append((ts, g))
+            self.n["timers_fired"] += 1
             key = self.key_of.get(g)
             if key is None:
                 key = decode_key(g)
-            _collect(self.spec.processor.handleExpiredTimer(key, tv, ExpiredTimerInfo(ts)), self.outputs,
+            _collect(self.spec.processor.handleExpiredTimer(key, tv, ExpiredTimerInfo(ts)), outputs,
                      self.spec.mode)
+        st.current = None
 
-    def finish(self, out_schema: Any) -> tuple[Optional[pa.RecordBatch], dict]:
-        """The output as Arrow, and the task's stats (its meta row) with the batch's per-vnode load."""
-        spec, t, res, st = self.spec, self.t, self.result, self.st
-        assert res is not None and st is not None
-        out = (_to_arrow(self.outputs, out_schema, spec.timezone) if spec.mode == "pandas"
-               else _rows_to_arrow(self.outputs, out_schema))
+    def stats(self) -> dict:
+        """The task's stats (its meta row), with the batch's per-vnode load."""
+        t, res = self.t, self.result
+        assert res is not None
         load: dict[str, list[float]] = {}
-        if self.groups:
-            load = vnode_load(vnodes_of(self.part, [g[0] for g in self.groups]), self.placement["num_vnodes"],
-                              ops=[g[3] - g[2] for g in self.groups])
-        stats = dict(keys=len(self.groups), puts=self.puts, deletes=self.deletes, timers_fired=len(st.fired),
-                     output_rows=0 if out is None else out.num_rows, round_trips=self.round_trips,
-                     open_s=t["open"] - t["start"], group_s=t["group"] - t["open"], timers_s=t["timers"] - t["group"],
-                     fetch_s=t["fetch"] - t["timers"], process_s=t["process"] - t["fetch"],
-                     write_s=t["write"] - t["process"], commit_s=t["commit"] - t["write"],
-                     replicate_s=res.replicate_s, checkpoint_bytes=int(res.stats.get("checkpoint_bytes", 0)),
-                     delta_bytes=int(res.stats.get("delta_bytes", 0)), delta_files=int(res.stats.get("delta_files", 0)),
-                     rolled_back=self.rolled_back, load=load, **st.stats)
-        return out, stats
+        if self.load_keys:
+            load = vnode_load(vnodes_of(self.part, self.load_keys), self.placement["num_vnodes"], ops=self.load_ops)
+        return dict(self.n, max_event_ms=self.max_event, round_trips=self.round_trips, read_s=t["read"],
+                    open_s=self.open_s, group_s=t["group"], timers_s=t["timers"], fetch_s=t["fetch"],
+                    process_s=t["process"], write_s=t["write"], commit_s=t["commit"], replicate_s=res.replicate_s,
+                    checkpoint_bytes=int(res.stats.get("checkpoint_bytes", 0)),
+                    delta_bytes=int(res.stats.get("delta_bytes", 0)), delta_files=int(res.stats.get("delta_files", 0)),
+                    rolled_back=self.rolled_back, load=load, **self.store_stats)
 
 
 def _timer_time(spec: TaskSpec) -> int:
@@ -379,21 +476,8 @@ def _rows_to_arrow(rows: list, schema: Any) -> Optional[pa.RecordBatch]:
     return _to_arrow([pdf], schema, "UTC")
 
 
-def meta_schema(out_schema: Any) -> pa.Schema:
-    """The Arrow schema of the task's output: the operator's columns (nullable) and the meta column."""
+def output_arrow_schema(out_schema: Any) -> pa.Schema:
+    """The Arrow schema of the task's output: the operator's columns, nullable."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    base = to_arrow_schema(out_schema)
-    fields = [f.with_nullable(True) for f in base] + [pa.field(META_COLUMN, pa.string(), True)]
-    return pa.schema(fields)
-
-
-def _with_meta(rb: pa.RecordBatch, sch: pa.Schema) -> pa.RecordBatch:
-    cols = [rb.column(i) for i in range(rb.num_columns)] + [pa.nulls(rb.num_rows, pa.string())]
-    return pa.RecordBatch.from_arrays(cols, schema=sch)
-
-
-def _meta_batch(out_schema: Any, meta: dict) -> pa.RecordBatch:
-    sch = meta_schema(out_schema)
-    cols = [pa.nulls(1, f.type) for f in sch][:-1] + [pa.array([json.dumps(meta, default=str)], pa.string())]
-    return pa.RecordBatch.from_arrays(cols, schema=sch)
+    return pa.schema([f.with_nullable(True) for f in to_arrow_schema(out_schema)])
