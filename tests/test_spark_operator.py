@@ -178,9 +178,10 @@ def test_a_batch_run_again_reuses_its_shuffle_and_stays_exactly_once(cluster, sp
             .rename(columns={"sum": "seen_sum"}))
     pd.testing.assert_frame_equal(out[["k", "count", "seen_sum"]], want, check_dtype=False)
     # Both attempts' stateful stages ran (3 tasks each), but the shuffle's map stage ran once: the
-    # second attempt reused it (a stage that was not run again shows no completed tasks).
+    # second attempt reused it (a stage that was not run again shows no completed tasks). The
+    # last (3, 3) is process_batch's collect, which reads the checkpointed output.
     ran = sorted((n, done) for job in _stages(spark, "rhino-rerun-b1") for n, done in job if done > 0)
-    assert ran == [(2, 2), (3, 3), (3, 3)], ran
+    assert ran == [(2, 2), (3, 3), (3, 3), (3, 3)], ran
 
 
 def test_event_time_timers_equal_sparks_own_operator(cluster, spark, tmp_path):
@@ -198,6 +199,12 @@ def test_event_time_timers_equal_sparks_own_operator(cluster, spark, tmp_path):
         pd.DataFrame(rows).to_parquet(src / f"part-{b:03d}.parquet", coerce_timestamps="us")
     # a last file far in the future moves the watermark past every session
     pd.DataFrame([{"k": 99, "ts": pd.Timestamp(t + 60_000, unit="ms")}]).to_parquet(src / "part-999.parquet", coerce_timestamps="us")
+    # Spark's file source takes files in mtime order: written within one clock tick, a later file
+    # taken first would move the watermark past an earlier one's rows (dropped as late), on either
+    # system, differently
+    base = time.time() - 100
+    for i, f in enumerate(sorted(src.iterdir())):
+        os.utime(f, (base + i, base + i))
     schema = "k long, ts timestamp"
     out_schema = "k long, first long, last long, n long"
 
@@ -227,7 +234,7 @@ def test_event_time_timers_equal_sparks_own_operator(cluster, spark, tmp_path):
         df = pd.concat([f for f in frames if len(f)], ignore_index=True) if frames else pd.DataFrame()
         return df.sort_values(["k", "first"]).reset_index(drop=True).astype("int64")
 
-    s, r = norm(got_spark), norm(got_rhino + [op.last_output.to_pandas()])
+    s, r = norm(got_spark), norm(got_rhino + [op.last_output.toPandas()])
     assert len(s) > 8, s
     pd.testing.assert_frame_equal(r, s)
     assert sum(t["timers_fired"] for rep in op.reports for t in rep.tasks) == len(r)
@@ -366,3 +373,115 @@ def test_grouped_pandas_form_equals_sparks_apply_in_pandas_with_state(cluster, s
     s, r = norm(got_spark), norm(got_rhino)
     assert (s["why"] == "timeout").sum() >= 5, s
     pd.testing.assert_frame_equal(r, s)
+
+
+def _pt_timeout_fn(key, pdfs, state):
+    """Counts each key's rows; a key silent for 6 s times out: emitted with its count, removed."""
+    k = int(key[0])
+    if state.hasTimedOut:
+        (n,) = state.get
+        state.remove()
+        yield pd.DataFrame({"k": [k], "n": [n], "why": ["timeout"]})
+        return
+    n = (state.get[0] if state.exists else 0) + sum(len(p) for p in pdfs)
+    state.update((n,))
+    state.setTimeoutDuration(6000)
+    yield pd.DataFrame({"k": [k], "n": [n], "why": ["data"]})
+
+
+def test_grouped_processing_time_timeout_equals_sparks_apply_in_pandas_with_state(cluster, spark, tmp_path):
+    """Spark's own ``applyInPandasWithState(..., "ProcessingTimeTimeout")`` and Rhino's, as two
+    queries on one file stream that grows by a file a second (wall-clock batch times on both):
+    key 0 has a row in every file and never times out; keys 1-3 have rows only in the first file,
+    key 4 in the first two: each times out 6 s after its last rows, once, with its count. (The
+    gaps between batches stay well under 6 s even when both queries share two loaded cores.) (Spark also runs no-data batches for processing-time timeouts, Rhino only batches with
+    data; the ticking key 0 gives Rhino a batch every second, so both time out the same keys with
+    the same counts.)"""
+    import threading
+
+    from rhino.spark import apply_in_pandas_with_state
+
+    src = tmp_path / "src"
+    src.mkdir()
+    schema = "k long"
+    out_schema = "k long, n long, why string"
+
+    def write(i: int) -> None:
+        keys = [0] + ([1, 1, 2, 2, 3, 3, 4] if i == 0 else []) + ([4] if i == 1 else [])
+        tmp = tmp_path / f"tmp-{i}.parquet"
+        pd.DataFrame({"k": keys}).to_parquet(tmp)
+        os.replace(tmp, src / f"part-{i:03d}.parquet")
+
+    write(0)
+
+    def stream():
+        return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(src))
+
+    got_spark: list[pd.DataFrame] = []
+    qs = (stream().groupBy("k").applyInPandasWithState(_pt_timeout_fn, out_schema, "n long", "Update",
+                                                       "ProcessingTimeTimeout")
+          .writeStream.outputMode("update").foreachBatch(lambda df, b: got_spark.append(df.toPandas()))
+          .option("checkpointLocation", str(tmp_path / "ck-spark")).trigger(processingTime="500 milliseconds")
+          .start())
+    op = apply_in_pandas_with_state(_pt_timeout_fn, key="k", output_schema=out_schema, state_schema="n long",
+                                    operator_id="grouped-pt", coordinator=cluster["coordinator"],
+                                    secret_file=str(cluster["secret_file"]), parallelism=3, replicas=1,
+                                    locality=False, timeout="ProcessingTimeTimeout")
+    got_rhino: list[pd.DataFrame] = []
+    qr = (stream().writeStream.foreachBatch(op.for_each_batch(lambda df, b: got_rhino.append(df.toPandas())))
+          .option("checkpointLocation", str(tmp_path / "ck-rhino")).trigger(processingTime="500 milliseconds")
+          .start())
+    stop = threading.Event()
+    try:
+        for i in range(1, 15):  # a file a second for 14 s: keys 1-4 time out on the way
+            if stop.wait(1.0):
+                break
+            write(i)
+        time.sleep(2.0)
+    finally:
+        qs.stop()
+        qr.stop()
+
+    def norm(frames):
+        df = pd.concat([f for f in frames if len(f)], ignore_index=True)
+        return df.sort_values(["k", "why", "n"]).reset_index(drop=True).astype({"k": "int64", "n": "int64"})
+
+    s, r = norm(got_spark), norm(got_rhino)
+    timeouts = s[s["why"] == "timeout"].sort_values("k")
+    assert timeouts[["k", "n"]].values.tolist() == [[1, 2], [2, 2], [3, 2], [4, 2]], s
+    # Rhino may have run fewer batches than Spark by the end (a batch per new file): compare what
+    # both saw, the data rows of the files both processed, and every timeout
+    both = min(s[s["k"] == 0]["n"].max(), r[r["k"] == 0]["n"].max())
+    pd.testing.assert_frame_equal(r[(r["k"] != 0) | (r["n"] <= both)].reset_index(drop=True),
+                                  s[(s["k"] != 0) | (s["n"] <= both)].reset_index(drop=True))
+    assert both >= 10, (s, r)
+
+
+def test_grouped_timeout_calls_are_checked_as_in_spark(cluster, spark):
+    """setTimeoutDuration needs ProcessingTimeTimeout and a positive duration; setTimeoutTimestamp
+    needs EventTimeTimeout; getCurrentProcessingTimeMs is the batch's time (a manual clock here)."""
+    from rhino.errors import InvalidArgumentError
+    from rhino.spark import apply_in_pandas_with_state
+    from rhino.spark.grouped import RhinoGroupState
+
+    st = RhinoGroupState(None, None, 0, False, "notimeout", 1234)
+    with pytest.raises(InvalidArgumentError, match="ProcessingTimeTimeout"):
+        st.setTimeoutDuration(1000)
+    st = RhinoGroupState(None, None, 0, False, "processingtimetimeout", 1234)
+    with pytest.raises(InvalidArgumentError, match="EventTimeTimeout"):
+        st.setTimeoutTimestamp(5000)
+    with pytest.raises(InvalidArgumentError, match="positive"):
+        st.setTimeoutDuration(0)
+    st.setTimeoutDuration("2 seconds")
+    assert st.timeout_ms == 1234 + 2000 and st.getCurrentProcessingTimeMs() == 1234
+
+    def fn(key, pdfs, state):
+        yield pd.DataFrame({"k": [int(key[0])], "now": [state.getCurrentProcessingTimeMs()]})
+
+    clock = {"now": 42_000}
+    op = apply_in_pandas_with_state(fn, key="k", output_schema="k long, now long", state_schema="n long",
+                                    operator_id="grouped-now", coordinator=cluster["coordinator"],
+                                    secret_file=str(cluster["secret_file"]), parallelism=3, replicas=1,
+                                    locality=False, timeout="ProcessingTimeTimeout", clock=lambda: clock["now"])
+    out = op.process_batch(spark.createDataFrame(pd.DataFrame({"k": [1, 2, 3]})), 0).to_pandas()
+    assert sorted(out["now"]) == [42_000] * 3

@@ -1,15 +1,18 @@
 """The grouped-pandas form, like Spark's ``applyInPandasWithState``:
 ``fn(key, pdf_iter, state) -> iterator of DataFrames``, with a ``GroupState``-like
 ``state`` (``exists``, ``get``, ``getOption``, ``update``, ``remove``,
-``hasTimedOut``, ``setTimeoutTimestamp``, ``getCurrentWatermarkMs``).
+``hasTimedOut``, ``setTimeoutTimestamp``, ``setTimeoutDuration``,
+``getCurrentWatermarkMs``, ``getCurrentProcessingTimeMs``).
 
 It runs as a StatefulProcessor on the same runtime: the group state is one
-ValueState of ``state_schema`` (Spark's ``stateStructType``), and an event-time timeout is an event-time timer. As in Spark, the
-timeout is cleared before every call and must be set again by the call that
-wants it; a key times out once the watermark passes its timeout timestamp,
-and ``fn`` is then called with no rows and ``state.hasTimedOut`` True.
-``GroupStateTimeout.ProcessingTimeTimeout`` is not supported (no processing-time
-timers) and is refused.
+ValueState of ``state_schema`` (Spark's ``stateStructType``), and a timeout is a
+timer: an event-time one for ``EventTimeTimeout`` (``setTimeoutTimestamp``), a
+processing-time one for ``ProcessingTimeTimeout`` (``setTimeoutDuration``, from
+the batch's time). As in Spark, the timeout is cleared before every call and
+must be set again by the call that wants it; a key times out once the watermark
+(event time) or the batch's time (processing time) is past its timeout
+timestamp, and ``fn`` is then called with no rows and ``state.hasTimedOut``
+True. A key with new rows in a batch is called with its rows, not timed out.
 """
 
 from __future__ import annotations
@@ -28,12 +31,14 @@ class RhinoGroupState:
     """What ``fn`` gets as ``state``: PySpark's ``GroupState`` methods and properties
     (``exists``, ``get``, ``getOption`` and ``hasTimedOut`` are properties, as there)."""
 
-    def __init__(self, value: Any, timer: Any, watermark_ms: int, timed_out: bool, event_time: bool) -> None:
+    def __init__(self, value: Any, timer: Any, watermark_ms: int, timed_out: bool, timeout: str,
+                 now_ms: int) -> None:
         self._vs = value
         self._timer = timer
         self._wm = watermark_ms
         self._timed_out = timed_out
-        self._event_time = event_time
+        self._timeout = timeout  # "notimeout" | "eventtimetimeout" | "processingtimetimeout"
+        self._now = now_ms
         self.timeout_ms: Optional[int] = None
         self.removed = False
 
@@ -67,8 +72,9 @@ class RhinoGroupState:
         return self._timed_out
 
     def setTimeoutTimestamp(self, timestampMs: int) -> None:
-        if not self._event_time:
-            raise InvalidArgumentError("setTimeoutTimestamp needs timeout='EventTimeTimeout'")
+        if self._timeout != "eventtimetimeout":
+            raise InvalidArgumentError("setTimeoutTimestamp needs timeout='EventTimeTimeout' (Spark: cannot set "
+                                       "a timeout timestamp without enabling event time timeout)")
         import datetime
 
         if isinstance(timestampMs, datetime.datetime):
@@ -82,15 +88,24 @@ class RhinoGroupState:
         self.timeout_ms = int(timestampMs)
 
     def setTimeoutDuration(self, durationMs: Any) -> None:
-        raise InvalidArgumentError("processing-time timeouts are not supported by rhino.spark")
+        """The key times out once the batch's time is past this batch's time + ``durationMs``
+        (ms, or a duration string such as ``"10 seconds"``)."""
+        if self._timeout != "processingtimetimeout":
+            raise InvalidArgumentError("setTimeoutDuration needs timeout='ProcessingTimeTimeout' (Spark: cannot "
+                                       "set a timeout duration without enabling processing time timeout)")
+        from .operator import parse_delay_ms
+
+        ms = parse_delay_ms(durationMs)
+        if ms <= 0:
+            raise InvalidArgumentError(f"timeout duration must be positive, not {durationMs!r}")
+        self.timeout_ms = self._now + ms
 
     def getCurrentWatermarkMs(self) -> int:
         return self._wm
 
     def getCurrentProcessingTimeMs(self) -> int:
-        import time
-
-        return int(time.time() * 1000)
+        """The batch's time (the same for every key of the batch, and when it runs again), as Spark's."""
+        return self._now
 
 
 class GroupedProcessor(StatefulProcessor):
@@ -98,30 +113,32 @@ class GroupedProcessor(StatefulProcessor):
 
     def __init__(self, fn: Callable, timeout: str, state_schema: Any) -> None:
         self.fn = fn
-        self.event_time = timeout.lower() == "eventtimetimeout"
+        self.timeout = timeout.lower()
         self.state_schema = state_schema
 
     def init(self, handle: Any) -> None:
         self.handle = handle
         self.value = handle.getValueState("__group_state", self.state_schema)
 
-    def _call(self, key: Any, pdfs: Iterator[pd.DataFrame], wm: int, timed_out: bool) -> Iterator[pd.DataFrame]:
-        if self.event_time:
+    def _call(self, key: Any, pdfs: Iterator[pd.DataFrame], tv: Any, timed_out: bool) -> Iterator[pd.DataFrame]:
+        if self.timeout != "notimeout":
             for ts in list(self.handle.listTimers()):
                 self.handle.deleteTimer(ts)  # the timeout is set again by each call (Spark's rule)
-        st = RhinoGroupState(self.value, self.handle, wm, timed_out, self.event_time)
+        st = RhinoGroupState(self.value, self.handle, tv.getCurrentWatermarkInMs(), timed_out, self.timeout,
+                             tv.getCurrentProcessingTimeInMs())
         out = self.fn(key, pdfs, st)
         if out is not None:
             yield from out
         if st.timeout_ms is not None and not st.removed:
-            # Spark times a key out when the watermark is *past* its timestamp; a timer fires at <=.
+            # Spark times a key out when the watermark (or the batch's time) is *past* its timestamp;
+            # a timer fires at <=.
             self.handle.registerTimer(st.timeout_ms + 1)
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
-        return self._call(key, rows, timerValues.getCurrentWatermarkInMs(), False)
+        return self._call(key, rows, timerValues, False)
 
     def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
-        return self._call(key, iter([]), timerValues.getCurrentWatermarkInMs(), True)
+        return self._call(key, iter([]), timerValues, True)
 
     def close(self) -> None:
         pass
@@ -134,17 +151,20 @@ def apply_in_pandas_with_state(fn: Callable, *, key: str | Sequence[str], output
     ``state_schema``: the StructType or DDL string of the group state (Spark's
     ``stateStructType``); ``state.update`` takes a tuple of its fields.
 
-    ``timeout``: ``"NoTimeout"`` or ``"EventTimeTimeout"`` (then ``event_time=`` and
-    ``watermark_delay=`` as for :func:`rhino.spark.transform_with_state`). Other
-    arguments are :func:`transform_with_state`'s."""
+    ``timeout``: ``"NoTimeout"``, ``"EventTimeTimeout"`` (then ``event_time=`` and
+    ``watermark_delay=`` as for :func:`rhino.spark.transform_with_state`) or
+    ``"ProcessingTimeTimeout"`` (``state.setTimeoutDuration``; the batch's time is
+    the coordinator's, fixed at the batch's first run). Other arguments are
+    :func:`transform_with_state`'s."""
     from .operator import TransformWithState
 
     t = str(timeout).lower()
-    if t == "processingtimetimeout":
-        raise InvalidArgumentError("timeout='ProcessingTimeTimeout' is not supported by rhino.spark")
-    if t not in ("notimeout", "eventtimetimeout"):
-        raise InvalidArgumentError(f"timeout must be 'NoTimeout' or 'EventTimeTimeout', not {timeout!r}")
+    if t not in ("notimeout", "eventtimetimeout", "processingtimetimeout"):
+        raise InvalidArgumentError(f"timeout must be 'NoTimeout', 'EventTimeTimeout' or 'ProcessingTimeTimeout', "
+                                   f"not {timeout!r}")
     if t == "eventtimetimeout":
         kw.setdefault("time_mode", "EventTime")
+    if t == "processingtimetimeout":
+        kw.setdefault("time_mode", "ProcessingTime")
     return TransformWithState(GroupedProcessor(fn, timeout, state_schema), key=key, output_schema=output_schema,
                               operator_id=operator_id, coordinator=coordinator, **kw)
