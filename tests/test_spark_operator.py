@@ -485,3 +485,69 @@ def test_grouped_timeout_calls_are_checked_as_in_spark(cluster, spark):
                                     locality=False, timeout="ProcessingTimeTimeout", clock=lambda: clock["now"])
     out = op.process_batch(spark.createDataFrame(pd.DataFrame({"k": [1, 2, 3]})), 0).to_pandas()
     assert sorted(out["now"]) == [42_000] * 3
+
+
+class TimerValuesProbe(StatefulProcessor):
+    """Emits, per key and batch, what TimerValues says: whether a processing time is given
+    (-1 when the time mode gives none), whether it is one time for the whole batch (the
+    batch's), and the watermark."""
+
+    def init(self, handle):
+        pass
+
+    def handleInputRows(self, key, rows, timerValues):
+        for _ in rows:
+            pass
+        pt = timerValues.getCurrentProcessingTimeInMs()
+        yield pd.DataFrame({"k": [int(key[0])], "pt_given": [pt != -1], "pt": [pt],
+                            "wm": [timerValues.getCurrentWatermarkInMs()]})
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("time_mode", ["None", "ProcessingTime", "EventTime"])
+def test_timer_values_equal_sparks_own_operator(cluster, spark, tmp_path, time_mode):
+    src = tmp_path / "src"
+    src.mkdir()
+    base = time.time() - 100
+    t = 2_000_000
+    for b in range(3):
+        rows = [{"k": k, "ts": pd.Timestamp(t + 1000 * b + 10 * k, unit="ms")} for k in range(4)]
+        f = src / f"part-{b:03d}.parquet"
+        pd.DataFrame(rows).to_parquet(f, coerce_timestamps="us")
+        os.utime(f, (base + b, base + b))  # the file source's order (mtime)
+    schema = "k long, ts timestamp"
+    out_schema = "k long, pt_given boolean, pt long, wm long"
+
+    def stream():
+        s = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(src))
+        return s.withWatermark("ts", "500 milliseconds") if time_mode == "EventTime" else s
+
+    got_spark: list[pd.DataFrame] = []
+    mode = "Append" if time_mode == "EventTime" else "Update"
+    q = (stream().groupBy("k").transformWithStateInPandas(TimerValuesProbe(), outputStructType=out_schema,
+                                                          outputMode=mode, timeMode=time_mode)
+         .writeStream.outputMode(mode.lower())
+         .foreachBatch(lambda df, b: got_spark.append(df.toPandas().assign(batch=b)))
+         .option("checkpointLocation", str(tmp_path / "ck-spark")).trigger(availableNow=True).start())
+    q.awaitTermination(180)
+    kw = dict(event_time="ts", watermark_delay="500 ms") if time_mode == "EventTime" else {}
+    op = _op(cluster, TimerValuesProbe(), f"timervalues-{time_mode.lower()}", out_schema, time_mode=time_mode,
+             checkpoint_location=str(tmp_path / "ck-rhino"), **kw)
+    got_rhino: list[pd.DataFrame] = []
+    q = (stream().writeStream.foreachBatch(
+        op.for_each_batch(lambda df, b: got_rhino.append(df.toPandas().assign(batch=b))))
+         .option("checkpointLocation", str(tmp_path / "ck-rhino")).trigger(availableNow=True).start())
+    q.awaitTermination(180)
+
+    def view(frames):
+        df = pd.concat([f for f in frames if len(f)], ignore_index=True)
+        # one processing time per batch, whatever it is (the batch's, on both systems)
+        assert (df.groupby("batch")["pt"].nunique() == 1).all(), df
+        return (df[["batch", "k", "pt_given", "wm"]].sort_values(["batch", "k"]).reset_index(drop=True)
+                .astype({"batch": "int64", "k": "int64", "wm": "int64", "pt_given": bool}))
+
+    s, r = view(got_spark), view(got_rhino)
+    assert len(s) == 12, s
+    pd.testing.assert_frame_equal(r, s)

@@ -395,9 +395,11 @@ class _InstanceBatch:
         from pyspark.sql.streaming.stateful_processor import TimerValues
 
         spec = self.spec
-        # Spark's: the batch's time unless the time mode is None, the watermark in event time
-        return TimerValues(currentProcessingTimeInMs=spec.batch_time_ms if spec.time_mode != "none" else -1,
-                           currentWatermarkInMs=spec.watermark_ms if spec.time_mode == "eventtime" else -1)
+        # Spark's (PySpark's get_timestamps): -1 and -1 in time mode None; otherwise the batch's
+        # time and the watermark, which is 0 in processing time (no event-time watermark)
+        given = spec.time_mode != "none"
+        return TimerValues(currentProcessingTimeInMs=spec.batch_time_ms if given else -1,
+                           currentWatermarkInMs=spec.watermark_ms if given else -1)
 
     def _timers(self, s: Session, tv: Any) -> Iterator[pa.RecordBatch]:
         """Step 3: the stored timers due now (those registered by this batch's input too, which
