@@ -214,7 +214,11 @@ def run_one(*, system: str, size: int, workdir: Path, args: argparse.Namespace, 
                     running = False
                     for _ in range(20):
                         dur = _victim_task_seconds(ui, app_id, args.parallelism, victim.ip) or 1.0
-                        launched = _wait_victim_task(ui, app_id, args.parallelism, victim.ip, timeout=900.0)
+                        # a short task can run between two polls of Spark's UI: after a few
+                        # batches' time without seeing one, kill anyway (recorded below as
+                        # victim_task_running False) rather than let the run end unkilled
+                        launched = _wait_victim_task(ui, app_id, args.parallelism, victim.ip,
+                                                     timeout=max(15.0, 5 * st["steady_batch_s"]))
                         if launched is None:
                             break
                         time.sleep(max(0.0, launched + args.kill_at * dur - time.time()))
