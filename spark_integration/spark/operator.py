@@ -54,6 +54,7 @@ import pyarrow as pa
 from rhino.engine import Action, Attempt, AttemptResult, BatchDriver, RerunBatch, classify, classify_failure
 from rhino.errors import InvalidArgumentError
 
+from .runtime.initial import SIDE, initial_frame, with_initial_state
 from .runtime.meta import new_meta_accumulator, take
 from .runtime.routing import PART_COLUMN, partition_tokens, tag_batches
 from .runtime.task import TaskSpec, output_arrow_schema, run_partition
@@ -121,7 +122,8 @@ class TransformWithState:
                  checkpoint_location: Optional[str] = None, locality: bool = True, max_batch_attempts: int = 5,
                  placement: str = "balanced", request_timeout: float = 120.0,
                  failover_wait_s: float = 60.0, watch_hosts: bool = True,
-                 clock: Optional[Callable[[], float]] = None, task_window_rows: int = 100_000) -> None:
+                 clock: Optional[Callable[[], float]] = None, task_window_rows: int = 100_000,
+                 initial_state: Any = None) -> None:
         from pyspark.sql.types import StructType
 
         from rhino._secret import secret_bytes
@@ -163,6 +165,8 @@ class TransformWithState:
         self.locality = locality
         self.max_batch_attempts = max_batch_attempts
         self.task_window_rows = task_window_rows
+        # applied in batch 0 only (runtime/initial.py), as Spark applies it in the query's first
+        self.initial_state = None if initial_state is None else initial_frame(initial_state, self.key_columns)
         self.state_doc: Optional[dict] = None  # the state schema document, read at the first batch
         self.placement_mode = placement
         self.request_timeout = request_timeout
@@ -385,6 +389,13 @@ class TransformWithState:
         # those lost with a dead executor. Only the stateful stage runs again, pinned anew.
         route_key = (nparts, placement["num_key_groups"], placement["num_vnodes"], placement["seed"],
                      tuple(placement["assignment"]))
+        input_columns = initial_columns = None
+        sort = list(self.key_columns)
+        if b == 0 and self.initial_state is not None:
+            # the first batch carries the initial state: one DataFrame, a key's initial rows first
+            input_columns = list(df.columns)
+            df, initial_columns = with_initial_state(df, self.initial_state, self.key_columns)
+            sort.append(SIDE)
         if route_key not in shuffled:
             tokens = partition_tokens(spark, nparts)
             tagged_schema = StructType(list(df.schema.fields) + [StructField(PART_COLUMN, LongType(), False)])
@@ -394,7 +405,7 @@ class TransformWithState:
             # Each partition sorted by key (Spark's external sort, which spills), as Spark's own
             # operator sorts: the task then streams it a window of whole keys at a time.
             routed = (df.mapInArrow(tag, tagged_schema).repartition(nparts, PART_COLUMN)
-                      .sortWithinPartitions(*self.key_columns))
+                      .sortWithinPartitions(*sort))
             # Spark's own RDD of InternalRows (the shuffle's output, no Python round trip)
             shuffled.clear()
             shuffled[route_key] = (routed._jdf.queryExecution().toRdd(), routed._jdf.schema())
@@ -410,7 +421,8 @@ class TransformWithState:
                         request_timeout=self.request_timeout,
                         failover_wait_s=self.failover_wait_s, wait_for_failover=not self.watch_hosts,
                         meta=self._meta_accumulator(spark), driver_attempt=attempt,
-                        window_rows=self.task_window_rows)
+                        window_rows=self.task_window_rows, input_columns=input_columns,
+                        initial_columns=initial_columns)
         from pyspark.sql.pandas.types import from_arrow_schema
 
         out_schema = from_arrow_schema(output_arrow_schema(self.output_schema))
@@ -549,6 +561,11 @@ def transform_with_state(processor: Any, *, key: str | Sequence[str], output_sch
     - ``task_window_rows`` (default 100,000): a task works through its partition (sorted by
       key) this many input rows of whole keys at a time, and streams each window's output:
       its memory is bounded by the window and the largest key, not by the partition.
+    - ``initial_state``: a DataFrame (a table, e.g. ``spark.table(...)``) or ``df.groupBy(key)``,
+      as Spark's ``initialState``: in the operator's first batch (batch 0, and again if it
+      runs again, from empty state), ``handleInitialState(key, rows, timerValues)`` is
+      called for each key's initial rows (a pandas DataFrame, or one ``Row`` at a time in
+      row mode) before its input rows. The key columns must have the input's names and types.
     - ``clock``: a function returning the time in ms that a batch's time is taken from
       at its first run (default: the wall clock; tests pass a manual clock).
     - ``watch_hosts`` (default True): while a batch runs, report a host whose executors

@@ -11,7 +11,9 @@ the meta row reports ``round_trips`` and ``windows``):
 1. open a session for (operator, i, b, epoch), once: it sees exactly version b-1;
 2. per window: prefetch the state of its keys (one ``get_batch`` of the
    values, one pipelined scan of the collections and timer sets:
-   ``state/store.py``), run the processor per key (``handleInputRows``), write
+   ``state/store.py``), run the processor per key (``handleInitialState`` with
+   the key's initial-state rows in the first batch, ``runtime/initial.py``; then
+   ``handleInputRows``), write
    the changes back into the session (``state/writeback.py``), and stream the
    window's output to Spark as Arrow;
 3. then the timers due at this batch's time (the watermark in event time, the
@@ -56,6 +58,7 @@ from ..state.store import BatchState
 from ..state.variables import variables_of
 from ..state.writeback import write_back
 from .glue import concat_frames, group_rows
+from .initial import SIDE, split_sides
 
 __all__ = ["TaskSpec", "run_partition", "output_arrow_schema"]
 
@@ -93,6 +96,10 @@ class TaskSpec:
     # the driver's accumulator of the tasks' meta rows (runtime/meta.py), and its attempt number
     meta: Any = None
     driver_attempt: int = 1
+    # batch 0 with an initial state (runtime/initial.py): the input's own columns, and the
+    # initial state's (its rows carry them under INIT_PREFIX); None otherwise
+    input_columns: Optional[list[str]] = None
+    initial_columns: Optional[list[str]] = None
     extra: dict = field(default_factory=dict)
 
 
@@ -241,7 +248,9 @@ def run_partition(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator
     try:
         with s:
             for rb in ib.run(s, run.started_at, batches):
-                yield pa.RecordBatch.from_arrays(rb.columns, schema=out_arrow)
+                # nullable, and a timestamp's zone is UTC (an instant either way: Spark reads it so)
+                yield pa.RecordBatch.from_arrays([c if c.type == f.type else c.cast(f.type)
+                                                  for c, f in zip(rb.columns, out_arrow)], schema=out_arrow)
     except BaseException as e:
         run.failed(e)
         raise
@@ -305,6 +314,7 @@ class _InstanceBatch:
         self.open_s = time.time() - t0
         rt0 = getattr(s, "round_trips", 0)
         spec.processor.init(self.handle)
+        self._drop_variables(s)
         tv = self._timer_values()
         names = [f.name for f in self.in_schema.fields]
         t = time.time()
@@ -325,6 +335,23 @@ class _InstanceBatch:
         self.round_trips = getattr(s, "round_trips", 0) - rt0
         self.rolled_back = bool(s.rolled_back)
 
+    def _drop_variables(self, s: Session, page: int = 4096) -> None:
+        """The variables ``init`` dropped (``deleteIfExists``): every entry of theirs in the
+        instance's vnodes is deleted in the session, before the batch's rows. One paged scan
+        per variable (a round trip when it is already empty)."""
+        n = 0
+        for head in self.handle.heads_dropped():
+            keys: list[bytes] = []
+            for k, _ in s.scan(prefix=head, page_size=page):
+                keys.append(k)
+                if len(keys) >= page:
+                    s.delete_batch(keys)
+                    n, keys = n + len(keys), []
+            if keys:
+                s.delete_batch(keys)
+                n += len(keys)
+        self.n["dropped_entries"] = n
+
     def _input_window(self, s: Session, table: pa.Table, tv: Any) -> Optional[pa.RecordBatch]:
         spec = self.spec
         table = self._drop_late(table)
@@ -334,7 +361,10 @@ class _InstanceBatch:
             return None
         st = self._state(s)
         t = time.time()
-        pdf, groups = group_rows(table, _to_pandas(table, self.in_schema, spec.timezone), spec.key_columns)
+        if spec.mode == "rows":
+            pdf, groups = _row_groups(table, spec.key_columns)
+        else:
+            pdf, groups = group_rows(table, _to_pandas(table, self.in_schema, spec.timezone), spec.key_columns)
         # the key tuples as handleInputRows gets them, for timers fired in this window (only its
         # keys: memory stays bounded; timers of other keys get decode_key's tuples)
         self.key_of = {g: kt for g, kt, _, _ in groups}
@@ -342,15 +372,17 @@ class _InstanceBatch:
         st.prefetch([g[0] for g in groups])
         t = self._clock("fetch", t)
         outputs: list = []
+        names = spec.input_columns or [f.name for f in self.in_schema.fields]
         for g, kt, a, b in groups:
             st.current = g
-            rows = pdf.iloc[a:b]
-            if spec.mode == "rows":
-                from pyspark.sql import Row
-
-                it = iter([Row(**r) for r in rows.to_dict("records")])
-            else:
-                it = iter([rows])
+            init, rows = split_sides(pdf.iloc[a:b], spec.key_columns, names, spec.initial_columns)
+            if init is not None:
+                # what it returns is dropped, as Spark drops it (it has no output)
+                for one in (_rows_of(init) if spec.mode == "rows" else [init]):
+                    spec.processor.handleInitialState(kt, one, tv)
+            if not len(rows):
+                continue
+            it = iter(_rows_of(rows)) if spec.mode == "rows" else iter([rows])
             _collect(spec.processor.handleInputRows(kt, it, tv), outputs, spec.mode)
         st.current = None
         self.n["keys"] += len(groups)
@@ -364,14 +396,19 @@ class _InstanceBatch:
         """Counts the window's rows and event times; drops the rows at or before the
         watermark, as Spark's late-event filter does."""
         spec = self.spec
-        self.n["rows_in"] += table.num_rows
-        if not spec.event_time or not table.num_rows:
+        data = None  # with an initial state: which rows are input rows (the rest are kept)
+        if spec.initial_columns is not None and table.num_rows:
+            data = table.column(SIDE).to_numpy(zero_copy_only=False) == 1
+        self.n["rows_in"] += table.num_rows if data is None else int(data.sum())
+        if not spec.event_time or not table.num_rows or (data is not None and not data.any()):
             return table
         ev = _event_ms(table.column(spec.event_time))
-        mx = int(ev.max())
+        mx = int(ev.max() if data is None else ev[data].max())
         self.max_event = mx if self.max_event is None else max(self.max_event, mx)
         if spec.watermark_ms > 0:
             keep = ev > spec.watermark_ms
+            if data is not None:
+                keep = keep | ~data
             if not keep.all():
                 self.n["late_rows"] += int((~keep).sum())
                 table = table.filter(pa.array(keep))
@@ -469,17 +506,41 @@ def _collect(result: Any, outputs: list, mode: str) -> None:
         outputs.append(item)
 
 
-def _rows_to_arrow(rows: list, schema: Any) -> Optional[pa.RecordBatch]:
+def _row_groups(table: pa.Table, key_columns: list[str]) -> tuple[Any, list[tuple[bytes, tuple, int, int]]]:
+    """The row form's grouping: the rows sorted by key, as a frame of Python values (Arrow's
+    ``as_py``: None for a null, a datetime in the column's time zone for a timestamp), and
+    the groups (``glue.group_rows``), whose key tuples are Python values too. Spark's row
+    form converts a row the same way (PySpark's worker, ``transformWithStateInPySpark``)."""
     import pandas as pd
+
+    pdf = pd.DataFrame({c: pd.Series(table.column(c).to_pylist(), dtype=object) for c in table.column_names},
+                       index=pd.RangeIndex(table.num_rows))
+    return group_rows(table, pdf, key_columns)
+
+
+def _rows_of(pdf: Any) -> list:
+    """A frame of Python values (``_row_groups``) as ``Row`` objects, with its columns' names."""
+    from pyspark.sql import Row
+
+    make = Row(*pdf.columns)
+    return [make(*vals) for vals in pdf.itertuples(index=False, name=None)]
+
+
+def _rows_to_arrow(rows: list, schema: Any) -> Optional[pa.RecordBatch]:
+    """The row form's output, converted as Spark converts it (``pa.RecordBatch.from_pylist``
+    of ``row.asDict(True)``, in the output schema's Arrow types with time zone UTC)."""
+    from pyspark.sql.pandas.types import to_arrow_type
 
     if not rows:
         return None
-    pdf = pd.DataFrame([r.asDict() if hasattr(r, "asDict") else dict(r) for r in rows])
-    return _to_arrow([pdf], schema, "UTC")
+    arrow_type = to_arrow_type(schema, timezone="UTC", prefers_large_types=False)
+    return pa.RecordBatch.from_pylist([r.asDict(True) if hasattr(r, "asDict") else dict(r) for r in rows],
+                                      schema=pa.schema(list(arrow_type)))
 
 
 def output_arrow_schema(out_schema: Any) -> pa.Schema:
-    """The Arrow schema of the task's output: the operator's columns, nullable."""
+    """The Arrow schema of the task's output: the operator's columns, nullable, timestamps
+    in UTC (Spark's own Python runners send them so)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    return pa.schema([f.with_nullable(True) for f in to_arrow_schema(out_schema)])
+    return pa.schema([f.with_nullable(True) for f in to_arrow_schema(out_schema, timezone="UTC")])

@@ -198,6 +198,7 @@ class RhinoProcessorHandle(StatefulProcessorHandle):
         self._batch: Optional[BatchState] = None
         self._states: dict[str, Any] = {}
         self.watermark_ms = 0
+        self.dropped: set[str] = set()  # variables deleteIfExists dropped in init()
 
     def _bind(self, st: BatchState) -> None:
         self._batch = st
@@ -249,10 +250,17 @@ class RhinoProcessorHandle(StatefulProcessorHandle):
         return iter(sorted(self._state().timer_cell().now))
 
     def deleteIfExists(self, stateName: str) -> None:
+        """In ``init``: the variable is dropped, every key's entries (Spark drops its column
+        family); the task deletes them before the batch's rows (``dropped``). For one key
+        (from ``handleInputRows`` or a timer): that key's value, list or map."""
         var = self._vars.get(stateName)
         if var is None:
             return
-        st = self._state()
-        if st.current is None:
-            return  # in init(): nothing to delete per key here (see docs/spark.md)
+        if self._batch is None or self._batch.current is None:
+            self.dropped.add(stateName)
+            return
         self._get(var.kind, stateName).clear()
+
+    def heads_dropped(self) -> list[bytes]:
+        """The key heads of the variables ``init`` dropped (``layout.Heads``)."""
+        return [self._vars[n].heads.head for n in sorted(self.dropped)]
