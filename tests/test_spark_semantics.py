@@ -4,7 +4,8 @@ processor and micro-batches (a file stream, one file per batch):
 - the row form (``mode="rows"``, Spark's ``transformWithState`` with Rows): a null
   reaches the processor as None, a timestamp as a datetime in the session's time
   zone, and the output converts back as Spark's does;
-- ``deleteIfExists`` in ``init`` drops the state variable, for every key.
+- ``deleteIfExists`` in ``init`` drops the state variable, for every key;
+- the grouped form's ``state.oldTimeoutTimestamp``, with event-time timeouts.
 
 Real `rhino worker` processes on 127.0.0.2..4, as in test_spark_operator."""
 
@@ -199,3 +200,65 @@ def test_delete_if_exists_in_init_drops_the_variable_as_in_spark(cluster, spark,
     # Rhino deleted the entries batch 2 found (keys 1, 2, 3 had one each), then batch 3's (1, 2, 3)
     dropped = [sum(t.get("dropped_entries", 0) for t in rep.tasks) for rep in op.reports]
     assert dropped == [3, 3], dropped
+
+
+def _old_timeout_fn(key, pdfs, state):
+    """Event-time timeouts: keys other than 2 time out 5 s (event time) after their last row;
+    every call reports ``state.oldTimeoutTimestamp``."""
+    old = state.oldTimeoutTimestamp
+    if state.hasTimedOut:
+        state.remove()
+        yield pd.DataFrame({"k": [key[0]], "old": [old], "why": ["timeout"]})
+        return
+    mx = max(int(t.value // 1_000_000) for p in pdfs for t in p["ts"])
+    state.update((mx,))
+    if key[0] != 2:
+        state.setTimeoutTimestamp(mx + 5000)
+    yield pd.DataFrame({"k": [key[0]], "old": [old], "why": ["data"]})
+
+
+def test_grouped_old_timeout_timestamp_and_event_time_timeouts_equal_sparks(cluster, spark, tmp_path):
+    from rhino.spark import apply_in_pandas_with_state
+
+    src = tmp_path / "src"
+    src.mkdir()
+    base = time.time() - 100
+    t0 = 1_000_000
+    ts = lambda ms: pd.Timestamp(t0 + ms, unit="ms")  # noqa: E731
+    frames = [pd.DataFrame({"k": [1, 2], "ts": [ts(0), ts(100)]}), pd.DataFrame({"k": [1], "ts": [ts(2000)]}),
+              pd.DataFrame({"k": [3], "ts": [ts(20000)]}), pd.DataFrame({"k": [3], "ts": [ts(40000)]})]
+    for i, pdf in enumerate(frames):
+        f = src / f"part-{i:03d}.parquet"
+        pdf.to_parquet(f, coerce_timestamps="us")
+        os.utime(f, (base + i, base + i))
+    out = "k long, old long, why string"
+
+    def stream():
+        return (spark.readStream.schema("k long, ts timestamp").option("maxFilesPerTrigger", 1).parquet(str(src))
+                .withWatermark("ts", "1 second"))
+
+    got_s: list[pd.DataFrame] = []
+    q = (stream().groupBy("k").applyInPandasWithState(_old_timeout_fn, out, "m long", "Update", "EventTimeTimeout")
+         .writeStream.outputMode("update").foreachBatch(lambda df, b: got_s.append(df.toPandas().assign(batch=b)))
+         .option("checkpointLocation", str(tmp_path / "ck-spark")).trigger(availableNow=True).start())
+    q.awaitTermination(180)
+    op = apply_in_pandas_with_state(_old_timeout_fn, key="k", output_schema=out, state_schema="m long",
+                                    operator_id="grouped-old-timeout", coordinator=cluster["coordinator"],
+                                    secret_file=str(cluster["secret_file"]), parallelism=3, replicas=1,
+                                    locality=False, timeout="EventTimeTimeout", event_time="ts",
+                                    watermark_delay="1 second", checkpoint_location=str(tmp_path / "ck-rhino"))
+    got_r: list[pd.DataFrame] = []
+    q = (stream().writeStream.foreachBatch(op.for_each_batch(lambda df, b: got_r.append(df.toPandas().assign(batch=b))))
+         .option("checkpointLocation", str(tmp_path / "ck-rhino")).trigger(availableNow=True).start())
+    q.awaitTermination(180)
+
+    def norm(frames):
+        df = pd.concat(frames, ignore_index=True)
+        return df.sort_values(["batch", "k", "why"]).reset_index(drop=True).astype({"k": "int64", "old": "int64",
+                                                                                     "batch": "int64"})
+
+    s, r = norm(got_s), norm(got_r)
+    pd.testing.assert_frame_equal(r, s)
+    # key 1 times out in batch 3 (the watermark from batch 2's rows passed its timeout); key 2
+    # set none and never does
+    assert s[s["why"] == "timeout"][["batch", "k"]].values.tolist() == [[3, 1]], s

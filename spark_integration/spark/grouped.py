@@ -71,6 +71,14 @@ class RhinoGroupState:
     def hasTimedOut(self) -> bool:
         return self._timed_out
 
+    @property
+    def oldTimeoutTimestamp(self) -> int:
+        """PySpark's own property: -1 (``GroupState.NO_TIMESTAMP``) in every call, as Spark's
+        streaming group state gives it (its state starts each call without a timeout; a
+        previous call's timeout is not exposed). ``tests/test_spark_semantics.py`` checks
+        it against Spark's own ``applyInPandasWithState``."""
+        return -1
+
     def setTimeoutTimestamp(self, timestampMs: int) -> None:
         if self._timeout != "eventtimetimeout":
             raise InvalidArgumentError("setTimeoutTimestamp needs timeout='EventTimeTimeout' (Spark: cannot set "
