@@ -7,7 +7,7 @@ rows before ``handleInputRows`` for its input rows. Rhino does the same inside
 the one stateful stage it already has: batch 0's input and the initial state
 become one DataFrame (:func:`with_initial_state`), routed and sorted by key like
 any batch, with a side column that sorts a key's initial rows first. A task
-splits each key's rows by side (:func:`split_sides`).
+splits each key's rows by side (:class:`Sides`).
 
 Because the initial state is applied inside batch 0, it commits with batch 0:
 when batch 0 runs again (a failed attempt, a host lost, a Spark replay) every
@@ -19,9 +19,11 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+import numpy as np
+
 from rhino.errors import InvalidArgumentError
 
-__all__ = ["SIDE", "INIT_PREFIX", "with_initial_state", "initial_frame", "split_sides"]
+__all__ = ["SIDE", "INIT_PREFIX", "with_initial_state", "initial_frame", "Sides"]
 
 SIDE = "__rhino_side"  # 0: an initial-state row, 1: an input row (a key's initial rows sort first)
 INIT_PREFIX = "__rhino_init_"  # the initial state's own (non-key) columns, renamed apart
@@ -69,17 +71,26 @@ def with_initial_state(df: Any, initial: Any, key_columns: Sequence[str]) -> tup
     return rows.unionByName(inits), list(initial.columns)
 
 
-def split_sides(rows: Any, key_columns: Sequence[str], input_columns: list[str],
-                initial_columns: Optional[list[str]]) -> tuple[Any, Any]:
-    """One key's rows (pandas) as (its initial-state rows, with the initial state's own
-    columns, or None; its input rows, with the input's columns)."""
-    if initial_columns is None:
-        return None, rows
-    side = rows[SIDE].to_numpy()
-    init = rows[side == 0]
-    data = rows[side == 1][input_columns]
-    if not len(init):
-        return None, data
-    stored = [c if c in key_columns else INIT_PREFIX + c for c in initial_columns]
-    init = init[stored].set_axis(initial_columns, axis=1).reset_index(drop=True)
-    return init, data
+class Sides:
+    """A window's rows (pandas, sorted by key and side: ``glue.group_rows`` keeps the order
+    within a key) seen as the input's and the initial state's: per key, :meth:`split` gives
+    the key's initial rows, with the initial state's own columns, and where its input rows
+    begin. Columns are selected once per window, not per key."""
+
+    def __init__(self, pdf: Any, key_columns: Sequence[str], input_columns: list[str],
+                 initial_columns: Optional[list[str]]) -> None:
+        self.initial_columns = initial_columns
+        if initial_columns is None:
+            self.data, self.side, self.init = pdf, None, None
+            return
+        self.side = pdf[SIDE].to_numpy()
+        self.data = pdf[input_columns]
+        stored = [c if c in key_columns else INIT_PREFIX + c for c in initial_columns]
+        self.init = pdf[stored].set_axis(initial_columns, axis=1)
+
+    def split(self, a: int, b: int) -> tuple[Any, int]:
+        """(the initial rows of the key in rows [a, b), or None; the first of its input rows)."""
+        if self.side is None:
+            return None, a
+        n0 = int(np.count_nonzero(self.side[a:b] == 0))
+        return (self.init.iloc[a:a + n0] if n0 else None), a + n0

@@ -58,7 +58,7 @@ from ..state.store import BatchState
 from ..state.variables import variables_of
 from ..state.writeback import write_back
 from .glue import concat_frames, group_rows
-from .initial import SIDE, split_sides
+from .initial import SIDE, Sides
 
 __all__ = ["TaskSpec", "run_partition", "output_arrow_schema"]
 
@@ -372,16 +372,18 @@ class _InstanceBatch:
         st.prefetch([g[0] for g in groups])
         t = self._clock("fetch", t)
         outputs: list = []
-        names = spec.input_columns or [f.name for f in self.in_schema.fields]
+        sides = Sides(pdf, spec.key_columns, spec.input_columns or [f.name for f in self.in_schema.fields],
+                      spec.initial_columns)
         for g, kt, a, b in groups:
             st.current = g
-            init, rows = split_sides(pdf.iloc[a:b], spec.key_columns, names, spec.initial_columns)
+            init, a = sides.split(a, b)
             if init is not None:
                 # what it returns is dropped, as Spark drops it (it has no output)
                 for one in (_rows_of(init) if spec.mode == "rows" else [init]):
                     spec.processor.handleInitialState(kt, one, tv)
-            if not len(rows):
+            if a == b:
                 continue
+            rows = sides.data.iloc[a:b]
             it = iter(_rows_of(rows)) if spec.mode == "rows" else iter([rows])
             _collect(spec.processor.handleInputRows(kt, it, tv), outputs, spec.mode)
         st.current = None

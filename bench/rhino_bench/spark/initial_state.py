@@ -1,0 +1,316 @@
+"""``rhino-bench spark initial-state``: loading a large initial state (``--keys``, 10M by
+default) into a new stateful query, Rhino's ``transform_with_state(initial_state=...)``
+against Spark's own ``transformWithStateInPandas(initialState=...)`` with the RocksDB
+state store provider, in the same run, with the same processor object.
+
+    rhino-bench spark initial-state --keys 10M --json --out bench/results/initial_state.jsonl \\
+        --report bench/results/initial_state.md
+
+Workload: the initial state is a Parquet table of ``--keys`` rows (``k long, init long``,
+one row per key, written up front). The query's input is a file stream with two small
+files (``--probe-keys`` rows each; ``maxFilesPerTrigger=1``, ``Trigger.AvailableNow``):
+
+* **batch 0** carries the initial state: ``handleInitialState`` stores each key's ``init``
+  in a ValueState; batch 0's rows are keys absent from the initial state (new keys);
+* **batch 1** (the check, not timed) reads back keys of the initial state sampled at
+  random; the processor emits each one's value, which must equal the table's (a NumPy
+  lookup of the generated column: ``values_ok``), on both systems.
+
+Measured per system (one JSON line, ``record: "measurement"``): ``load_s``, Spark's
+``durationMs.triggerExecution`` of batch 0 (the whole micro-batch: reading the table, the
+shuffle, every ``handleInitialState`` call, the state commit; the same measure on both),
+``keys_per_s`` and ``wall_s`` (query start to batch 0's end). Rhino: the stateful tasks'
+``process_s`` / ``write_s`` / ``commit_s`` (the slowest task) and the replicas (``--replicas``).
+Ratio (same run): ``rhino_vs_spark`` = Spark's ``load_s`` / Rhino's (> 1: Rhino loads faster).
+
+Rhino loads the initial state through its sessions, in batch 0's one stateful stage
+(``rhino.spark.runtime.initial``): no SST ingestion. Setup: one local Spark
+(``local[2]``), ``--partitions`` shuffle partitions = Rhino instances, a ``rhino
+coordinator`` and ``--replicas + 1`` ``rhino worker`` processes on 127.0.0.N..
+(``--first-host``), reached over loopback TCP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from .common import Emitter, install_signal_handlers, positive_int, say
+
+__all__ = ["main"]
+
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+OUT = "k long, v long, why string"
+
+
+def _processor() -> Any:
+    import pandas as pd
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    class LoadProcessor(StatefulProcessor):
+        """The initial state's ``init`` into a ValueState; input rows emit the key's value."""
+
+        def init(self, handle):
+            self.v = handle.getValueState("v", "v long")
+
+        def handleInitialState(self, key, initialState, timerValues):
+            self.v.update((int(initialState["init"].iat[0]),))
+
+        def handleInputRows(self, key, rows, timerValues):
+            for _ in rows:
+                pass
+            got = self.v.get()
+            yield pd.DataFrame({"k": [key[0]], "v": [got[0] if got else -1], "why": ["probe"]})
+
+        def close(self):
+            pass
+
+    return LoadProcessor()
+
+
+def parse_count(text: str) -> int:
+    t = text.strip().lower().replace("_", "")
+    mult = {"k": 1_000, "m": 1_000_000}.get(t[-1:], 1)
+    try:
+        n = int(float(t[:-1] if mult > 1 else t) * mult)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: write a count such as 10M, 500k or 20000") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return n
+
+
+def init_value(k: Any) -> Any:
+    """The initial value of key k (the oracle: a formula, not the stored table)."""
+    return (k * 2654435761) % 1_000_003
+
+
+def write_initial(directory: Path, keys: int, files: int = 8) -> None:
+    """``keys`` rows (k = 0..keys-1, init = init_value(k)) in ``files`` Parquet files."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True, exist_ok=True)
+    step = -(-keys // files)
+    for i, lo in enumerate(range(0, keys, step)):
+        k = np.arange(lo, min(keys, lo + step), dtype=np.int64)
+        pq.write_table(pa.table({"k": k, "init": init_value(k)}), directory / f"part-{i:03d}.parquet")
+
+
+def write_input(directory: Path, keys: int, probe: int, seed: int) -> Any:
+    """Batch 0: ``probe`` new keys (not in the initial state); batch 1: ``probe`` sampled keys
+    of the initial state. Returns batch 1's keys."""
+    import numpy as np
+    import pandas as pd
+
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    sample = np.sort(rng.choice(keys, size=min(probe, keys), replace=False)).astype(np.int64)
+    base = time.time() - 100
+    for i, k in enumerate([np.arange(keys, keys + probe, dtype=np.int64), sample]):
+        f = directory / f"part-{i:03d}.parquet"
+        pd.DataFrame({"k": k}).to_parquet(f)
+        os.utime(f, (base + i, base + i))  # the file source takes files in mtime order
+    return sample
+
+
+def run_system(spark: Any, system: str, *, init_dir: Path, input_dir: Path, work: Path, cluster: Optional[dict],
+               partitions: int, replicas: int, timeout_s: float, operator_id: str) -> dict:
+    """One query on one system: batch 0 loads the initial state, batch 1 probes it."""
+    init = spark.read.parquet(str(init_dir))
+    stream = spark.readStream.schema("k long").option("maxFilesPerTrigger", 1).parquet(str(input_dir))
+    outputs: list[Any] = []
+    sink = lambda df, b: outputs.append(df.toPandas().assign(batch=b))  # noqa: E731
+    op = None
+    t0 = time.time()
+    if system == "spark":
+        q = (stream.groupBy("k").transformWithStateInPandas(_processor(), outputStructType=OUT,
+                                                            outputMode="Update", timeMode="None",
+                                                            initialState=init.groupBy("k"))
+             .writeStream.foreachBatch(sink).option("checkpointLocation", str(work / "ck")).trigger(availableNow=True)
+             .start())
+    else:
+        from rhino.spark import transform_with_state
+
+        assert cluster is not None
+        op = transform_with_state(_processor(), key="k", output_schema=OUT, operator_id=operator_id,
+                                  coordinator=cluster["coordinator"], secret_file=str(cluster["secret_file"]),
+                                  parallelism=partitions, replicas=replicas, locality=False, initial_state=init)
+        q = (stream.writeStream.foreachBatch(op.for_each_batch(sink)).option("checkpointLocation", str(work / "ck"))
+             .trigger(availableNow=True).start())
+    if not q.awaitTermination(timeout_s):
+        q.stop()
+        raise RuntimeError(f"{system}: the query did not finish in {timeout_s:.0f} s")
+    if q.exception() is not None:
+        raise RuntimeError(f"{system}: the query failed: {q.exception()}")
+    prog = sorted((p for p in q.recentProgress if p.get("batchId") is not None), key=lambda p: p["batchId"])
+    b0 = next(p for p in prog if p["batchId"] == 0)
+    load_s = b0["durationMs"]["triggerExecution"] / 1000
+    out = {"load_s": load_s, "wall_s": None, "outputs": outputs, "op": op}
+    ends = [p["timestamp"] for p in prog if p["batchId"] == 0]
+    if ends:
+        import pandas as pd
+
+        out["wall_s"] = round(pd.Timestamp(ends[0]).timestamp() + load_s - t0, 3)
+    return out
+
+
+def measurement(system: str, res: dict, *, keys: int, sample: Any, replicas: int, command: str,
+                parameters: dict) -> dict:
+    import pandas as pd
+
+    outs = [o for o in res["outputs"] if len(o)]
+    df = pd.concat(outs, ignore_index=True) if outs else pd.DataFrame(columns=["k", "v", "batch"])
+    probe = df[df["batch"] == 1].sort_values("k")
+    want = init_value(sample)
+    values_ok = (len(probe) == len(sample) and probe["k"].tolist() == sample.tolist()
+                 and probe["v"].astype("int64").tolist() == want.tolist())
+    new_ok = bool((df[df["batch"] == 0]["v"] == -1).all())  # batch 0's keys had no initial state
+    rec = {"record": "measurement", "system": "rhino" if system == "rhino" else "spark-rocksdb", "keys": keys,
+           "load_s": round(res["load_s"], 3), "keys_per_s": round(keys / res["load_s"]) if res["load_s"] else None,
+           "wall_s": res["wall_s"], "values_ok": bool(values_ok and new_ok), "probed": int(len(sample)),
+           "command": command, "parameters": parameters}
+    op = res.get("op")
+    if op is not None and op.reports:
+        r0 = op.reports[0]
+        slow = max(r0.tasks, key=lambda t: t.get("process_s", 0) + t.get("write_s", 0))
+        rec.update(replicas=replicas, attempts=r0.attempts, job_s=round(r0.job_s, 3),
+                   task_process_s=round(slow.get("process_s", 0), 3), task_write_s=round(slow.get("write_s", 0), 3),
+                   task_commit_s=round(slow.get("commit_s", 0), 3),
+                   checkpoint_bytes=sum(int(t.get("checkpoint_bytes", 0)) for t in r0.tasks))
+    return rec
+
+
+def report(records: list[dict], path: str, *, command: str, elapsed_s: float) -> None:
+    ms = {r["system"]: r for r in records if r.get("record") == "measurement"}
+    lines = ["# Initial state at scale: Rhino against Spark's own operator", "",
+             f"Command: `{command}`", "", f"Total run time: {elapsed_s:.0f} s.", "",
+             "| system | keys | batch 0 (load) s | keys/s | values checked |", "|---|---|---|---|---|"]
+    for name, r in ms.items():
+        lines.append(f"| {name} | {r['keys']:,} | {r['load_s']:.1f} | {r['keys_per_s']:,} | "
+                     f"{'ok' if r['values_ok'] else 'WRONG'} ({r['probed']} keys) |")
+    if "rhino" in ms and "spark-rocksdb" in ms:
+        ratio = ms["spark-rocksdb"]["load_s"] / ms["rhino"]["load_s"]
+        lines += ["", f"Rhino loads {ratio:.2f}x as fast as Spark's own (Spark's batch 0 time / Rhino's)."]
+    r = ms.get("rhino")
+    if r and "task_process_s" in r:
+        lines += ["", f"Rhino's slowest task: process {r['task_process_s']} s (handleInitialState and state "
+                      f"updates), write {r['task_write_s']} s, commit {r['task_commit_s']} s "
+                      f"(r={r.get('replicas')}); checkpoint {r['checkpoint_bytes'] / 2**20:.0f} MiB over "
+                      "the instances."]
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="rhino-bench spark initial-state", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--keys", type=parse_count, default=10_000_000, help="keys in the initial state (default 10M)")
+    ap.add_argument("--probe-keys", type=positive_int, default=2000, help="rows of each input batch (default 2000)")
+    ap.add_argument("--systems", default="spark,rhino", help="spark,rhino (default: both, Spark first)")
+    ap.add_argument("--partitions", type=positive_int, default=3, help="shuffle partitions = Rhino instances")
+    ap.add_argument("--replicas", type=int, default=2, help="Rhino's replicas per instance (default 2)")
+    ap.add_argument("--first-host", type=int, default=70, help="Rhino workers on 127.0.0.N.. (default 70)")
+    ap.add_argument("--timeout", type=float, default=7200.0, help="seconds per query (default 7200)")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--dir", help="work directory (default: a new temporary one, removed at the end)")
+    ap.add_argument("--json", action="store_true", help="JSON lines on stdout")
+    ap.add_argument("--out", help="append the JSON lines to this file")
+    ap.add_argument("--report", help="write a markdown report here")
+    return ap
+
+
+def _start(base: Path, args: argparse.Namespace, stack: Any) -> tuple[Any, Optional[dict]]:
+    from pyspark.sql import SparkSession
+
+    cluster = None
+    if "rhino" in args.systems:
+        from rhino.coordinator.client import connect_coordinator
+
+        from ..harness.workers import CoordinatorProcess, WorkerProcess, write_secret
+
+        root = base / "rhino"
+        root.mkdir(parents=True, exist_ok=True)
+        sf = write_secret(root)
+        coord = CoordinatorProcess(root, secret_file=sf, heartbeat_timeout=5.0).start()
+        stack.callback(coord.stop)
+        workers = []
+        for i in range(args.replicas + 1):
+            w = WorkerProcess(root, f"w{i}", f"127.0.0.{args.first_host + i}", secret_file=sf, metrics=False,
+                              extra_args=["--coordinator", coord.address]).start()
+            stack.callback(w.stop)
+            workers.append(w)
+        deadline = time.monotonic() + 30
+        with connect_coordinator(coord.address, secret=sf.read_bytes().strip()) as cc:
+            while len([w for w in cc.status()["workers"] if w.get("alive", True)]) < len(workers):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the Rhino workers did not register with the coordinator in 30 s")
+                time.sleep(0.2)
+        cluster = {"coordinator": coord.address, "secret_file": sf}
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    spark = (SparkSession.builder.master("local[2]").appName("rhino-bench-initial-state")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", str(args.partitions))
+             .config("spark.sql.session.timeZone", "UTC").config("spark.local.dir", str(base / "spark-local"))
+             .config("spark.driver.memory", "4g")
+             .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER).getOrCreate())
+    stack.callback(spark.stop)
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark, cluster
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = ap.parse_args(argv)
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if not args.systems or any(s not in ("spark", "rhino") for s in args.systems):
+        ap.error("--systems: choose from spark, rhino")
+    if args.replicas < 0 or args.first_host + args.replicas > 254:
+        ap.error("--replicas must be >= 0 and the workers must fit 127.0.0.2..254")
+    install_signal_handlers()
+    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="rhino-initial-state-"))
+    base.mkdir(parents=True, exist_ok=True)
+    em = Emitter(args.json, args.out)
+    command = "rhino-bench spark initial-state " + " ".join(argv)
+    parameters = {"keys": args.keys, "probe_keys": args.probe_keys, "systems": args.systems,
+                  "partitions": args.partitions, "replicas": args.replicas, "seed": args.seed}
+    em.emit({"record": "setup", "command": command, "parameters": parameters,
+             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    t_start = time.monotonic()
+    try:
+        say(f"writing the initial state: {args.keys:,} keys")
+        write_initial(base / "initial", args.keys)
+        sample = write_input(base / "input", args.keys, args.probe_keys, args.seed)
+        with contextlib.ExitStack() as stack:
+            spark, cluster = _start(base, args, stack)
+            for system in args.systems:
+                say(f"{system}: loading {args.keys:,} keys as initial state")
+                work = base / f"work-{system}"
+                res = run_system(spark, system, init_dir=base / "initial", input_dir=base / "input", work=work,
+                                 cluster=cluster, partitions=args.partitions, replicas=args.replicas,
+                                 timeout_s=args.timeout, operator_id=f"init-{int(time.time())}")
+                rec = measurement(system, res, keys=args.keys, sample=sample, replicas=args.replicas,
+                                  command=command, parameters=parameters)
+                em.emit(rec)
+                say(f"  {system}: batch 0 {rec['load_s']:.1f} s ({rec['keys_per_s']:,} keys/s), values "
+                    f"{'ok' if rec['values_ok'] else 'WRONG'}")
+                shutil.rmtree(work, ignore_errors=True)
+        elapsed = time.monotonic() - t_start
+        if args.report:
+            report(em.records, args.report, command=command, elapsed_s=elapsed)
+    finally:
+        if not args.dir:
+            shutil.rmtree(base, ignore_errors=True)
+    bad = [r for r in em.records if r.get("record") == "measurement" and not r["values_ok"]]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
