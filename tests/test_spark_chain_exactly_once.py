@@ -272,14 +272,19 @@ def test_two_chained_operators_with_a_killed_host_equal_the_failure_free_run(clu
         # thread, so that the output it reads has lost its blocks.
         delay = rng.uniform(0.0, AIM[step] * step_s[step])
         killed: dict = {}
+        # set when the next step begins: the kill comes then at the latest, so that it stays
+        # in this batch however fast the trial runs compared with the failure-free one
+        step_over = threading.Event()
 
         def kill() -> None:
-            time.sleep(delay)
+            step_over.wait(delay)
             killed["t"] = time.time()
             killed["pids"] = cl.kill_host(host)
 
         def on_step(b: int, at: str) -> None:
-            if b == kill_at and at == step and not killed:
+            if "thread" in killed:
+                step_over.set()
+            elif b == kill_at and at == step:
                 killed["thread"] = threading.Thread(target=kill, daemon=True)
                 killed["thread"].start()
                 if step == "sink":
