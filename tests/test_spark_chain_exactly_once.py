@@ -11,11 +11,10 @@ runs, while the second runs, or just before the sink reads the output.
 
 Recovery, as docs/spark.md describes it for ``transform``: a failover inside an operator
 runs its batch again; the sink finding the second operator's output lost reruns the chain
-in the foreachBatch function (as ``for_each_batch`` does for one operator); the second
-operator finding its input (the first's output) lost fails the query, which is restarted
-once from its checkpoint (Spark replays the batch; each operator runs it from b-1). That
-last case cannot be rerun in place: the second operator's engine retries it
-max_batch_attempts times and raises a RhinoError that no longer says the input was lost.
+in the foreachBatch function (as ``for_each_batch`` does for one operator); so does the
+second operator finding its input (the first's output) lost, which it raises at once as
+``rhino.spark.InputLostError`` (nothing committed; the first operator replays b from b-1).
+The query is never restarted.
 
 Oracles: the failure-free run equals an independent pandas computation of the two chained
 aggregations over the same files, batch by batch; every killed-host trial equals the
@@ -56,7 +55,7 @@ SCHEMA = "user long, seq long, v long"
 # the steps of a batch: the first operator runs, the second, the sink reads the output
 STEPS = ("running", "buckets", "sink")
 AIM = {"running": 0.6, "buckets": 0.3, "sink": 0.0}  # how far into a step a kill may land (its share)
-MAX_STARTS = 2  # a killed-host trial's query starts: one kill, at most one restart
+MAX_STARTS = 1  # a killed-host trial's query is never restarted: the chain reruns in place
 
 
 class RunningTotal(StatefulProcessor):
@@ -140,10 +139,11 @@ def canon(df: pd.DataFrame) -> pd.DataFrame:
 
 def output_lost(e: Exception) -> bool:
     """Blocks of a checkpointed output were lost with their executor (Spark's
-    CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND): what transform() leaves to the caller. Only when the
-    sink reads the second operator's output: when the second operator's own job reads the
-    first's lost output, its engine takes the failure for one a rerun fixes, fails
-    max_batch_attempts times and raises a RhinoError that no longer names it."""
+    CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND): what transform() leaves to the caller, when the sink
+    reads the second operator's output, or as rhino.spark.InputLostError when the second
+    operator's own job reads the first's lost output."""
+    if isinstance(e, rhino.spark.InputLostError):
+        return True
     text = str(e)
     return "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND" in text or ("Checkpoint block" in text and "not found" in text)
 
@@ -171,11 +171,9 @@ class ChainRun:
                     raise TimeoutError(f"{name}: the query did not finish in 600 s")
                 return
             except StreamingQueryException as e:
-                # transform()'s documented recovery (docs/spark.md, "One micro-batch"): the
-                # query is restarted from its checkpoint, Spark replays the batch it had not
-                # committed, and each operator runs it again from b-1. Needed when the second
-                # operator's input (the first's output) is lost: that failure does not reach
-                # body() as a lost output (see output_lost).
+                # transform()'s other documented recovery (docs/spark.md, "One micro-batch"):
+                # the query is restarted from its checkpoint, Spark replays the batch it had
+                # not committed, and each operator runs it again from b-1 (starts > 1 only).
                 if start == starts:
                     raise
                 self.restarts.append(_exception_line(str(e)))

@@ -54,6 +54,7 @@ import pyarrow as pa
 from rhino.engine import Action, Attempt, AttemptResult, BatchDriver, RerunBatch, classify, classify_failure
 from rhino.errors import InvalidArgumentError
 
+from .errors import InputLostError
 from .runtime.initial import SIDE, initial_frame, with_initial_state
 from .runtime.meta import new_meta_accumulator, take
 from .runtime.routing import PART_COLUMN, partition_tokens, tag_batches
@@ -340,6 +341,13 @@ class TransformWithState:
                 raise RerunBatch(f"cancelled: the operator moved to epoch {watch.new_epoch}"
                                  + "".join(f"; {r['worker']} on {r['host']} reported lost" for r in watch.reported),
                                  sleep=False) from None
+            if _output_lost(e):
+                # our input is another operator's output, partly lost with an executor:
+                # running this batch again would fail again (errors.py)
+                raise InputLostError(f"operator {self.operator_id} batch {b}: part of its input (another "
+                                     "operator's output) was lost with an executor (CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND):"
+                                     f" run the chain again from its first operator; {_first_error_line(text)}"
+                                     ) from None
             if _job_failure_action(e) is Action.RAISE:
                 # a real error: the processor's own, bad data, a corrupt or full store, a wrong
                 # secret...: running the batch again would fail again
@@ -534,7 +542,10 @@ def _first_error_line(text: str) -> str:
 
 def _output_lost(e: Exception) -> bool:
     """True if a job failed because blocks of a checkpointed output were lost with their
-    executor (Spark's ``CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND``)."""
+    executor (Spark's ``CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND``), or an operator downstream
+    reported its input lost so (:class:`~rhino.spark.errors.InputLostError`)."""
+    if isinstance(e, InputLostError):
+        return True
     text = str(e)
     return "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND" in text or ("Checkpoint block" in text and "not found" in text)
 

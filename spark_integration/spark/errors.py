@@ -1,0 +1,16 @@
+"""The Spark layer's own error (the library's are in :mod:`rhino.errors`)."""
+
+from __future__ import annotations
+
+from rhino.errors import RhinoError
+
+__all__ = ["InputLostError"]
+
+
+class InputLostError(RhinoError):
+    """An operator's input was the output of another operator (``transform``), and part of
+    it was lost with an executor (Spark's ``CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND``): its lineage
+    ends at its checkpoint, so Spark cannot compute it again and running this operator again
+    cannot help. Nothing was committed. Run the chain again from its first operator (each
+    runs the batch again from b-1, the one that had committed it as a replay): see
+    docs/spark.md, "One micro-batch"."""
