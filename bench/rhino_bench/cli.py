@@ -10,6 +10,7 @@
   rhino-bench spark state-size [--entries 1k,100k,1M] [--kinds map,list] [--json] ...   one big key, both systems
   rhino-bench spark big-key [--size 1G] [--json] ...   1 GiB of MapState: written, read, handed over
   rhino-bench spark output [--input-rows 2000000] [--json] ...   10 rows out per row in: rows/s, driver and worker RSS
+  rhino-bench spark initial-state [--keys 10M] [--json] ...   loading N keys as initial state, both systems
   rhino-bench demo [--data-plane] [--dir D] [--size 256M]
   rhino-bench cluster up|down|status|kill-host|restart-host ...   the local 3-host Spark + Rhino cluster
 
@@ -47,6 +48,8 @@ _DELEGATED = {
     ("spark", "output"): ("rhino_bench.spark.output",
                           "a stateful operator emitting 10 rows per input row: output rows/s, the driver's RSS and "
                           "the Python workers' peak RSS, Rhino vs Spark's RocksDB state store"),
+    ("spark", "initial-state"): ("rhino_bench.spark.initial_state",
+                                 "loading N keys as a new query's initial state: Rhino vs Spark's RocksDB state store"),
     ("demo",): ("rhino_bench.demo:main", "NEXMark Q8 on a local 3-host Spark + Rhino cluster with a host killed "
                                          "mid-run (--data-plane: the single-host data-plane demonstration)"),
     ("cluster",): ("rhino_bench.harness.spark_cluster", "the local multi-host Spark + Rhino cluster"),
@@ -89,7 +92,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"rhino-bench: error: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
     if argv[0] == "spark":
-        print("rhino-bench spark: expected one of: recovery, throughput, state-size, big-key, output", file=sys.stderr)
+        print("rhino-bench spark: expected one of: recovery, throughput, state-size, big-key, output, initial-state", file=sys.stderr)
     else:
         print(f"rhino-bench: unknown command {argv[0]!r}", file=sys.stderr)
     _usage(sys.stderr)
