@@ -57,3 +57,22 @@ def local_spark(app: str, *, partitions: int = 3, rocksdb: bool = False, **conf:
     for k, v in conf.items():
         b = b.config(k, v)
     return b.getOrCreate()
+
+
+class RefuseFirstCommit:
+    """A coordinator client, except that the first commit_batch of batch ``b`` is refused as
+    stale, as after a failover during the batch (docs/protocol.md §8.2): the batch runs again."""
+
+    def __init__(self, inner: Any, b: int) -> None:
+        self.inner, self.b, self.refused = inner, b, 0
+
+    def commit_batch(self, op: str, b: int, **kw: Any) -> Any:
+        if b == self.b and not self.refused:
+            from rhino.errors import StaleEpochError
+
+            self.refused += 1
+            raise StaleEpochError(f"injected: batch {b} ran at a stale epoch")
+        return self.inner.commit_batch(op, b, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

@@ -18,7 +18,7 @@ pyspark = pytest.importorskip("pyspark")
 import pandas as pd  # noqa: E402
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor  # noqa: E402
 
-from spark_fixtures import local_spark, rhino_cluster  # noqa: E402
+from spark_fixtures import RefuseFirstCommit, local_spark, rhino_cluster  # noqa: E402
 
 from pyspark import cloudpickle  # noqa: E402
 
@@ -80,25 +80,6 @@ def spark():
     s.stop()
 
 
-class _RefuseFirstCommit:
-    """The coordinator client, except that the first commit_batch of batch ``b`` is refused as
-    stale, as after a failover during the batch (docs/protocol.md §8.2)."""
-
-    def __init__(self, inner, b):
-        self.inner, self.b, self.refused = inner, b, 0
-
-    def commit_batch(self, op, b, **kw):
-        if b == self.b and not self.refused:
-            from rhino.errors import StaleEpochError
-
-            self.refused += 1
-            raise StaleEpochError(f"injected: batch {b} ran at a stale epoch")
-        return self.inner.commit_batch(op, b, **kw)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
 def _op(cluster, **kw):
     from rhino.spark import transform_with_state
 
@@ -136,7 +117,7 @@ def test_initial_state_equals_sparks_own_and_counts_once_when_batch_0_runs_again
 
     op = _op(cluster, op_id="initial", initial_state=init_df.groupBy("k"))
     op.coordinator()
-    op._coord = _RefuseFirstCommit(op._coord, 0)
+    op._coord = RefuseFirstCommit(op._coord, 0)
     got_r: list[pd.DataFrame] = []
     q = (stream().writeStream.foreachBatch(op.for_each_batch(lambda df, b: got_r.append(df.toPandas().assign(batch=b))))
          .option("checkpointLocation", str(tmp_path / "ck-rhino")).trigger(availableNow=True).start())

@@ -18,7 +18,7 @@ pyspark = pytest.importorskip("pyspark")
 import pandas as pd  # noqa: E402
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor  # noqa: E402
 
-from spark_fixtures import local_spark, rhino_cluster  # noqa: E402
+from spark_fixtures import RefuseFirstCommit, local_spark, rhino_cluster  # noqa: E402
 
 # The processors below travel to Spark's Python workers by value (they cannot import this module).
 from pyspark import cloudpickle  # noqa: E402
@@ -132,25 +132,6 @@ def test_value_list_map_state_across_batches_equal_a_pandas_replay(cluster, spar
     assert out[0]["count"] == len(seen[1]) + 1
 
 
-class _RefuseFirstCommit:
-    """The coordinator client, except that the first commit_batch of batch `b` is refused as
-    stale, as after a failover during the batch (docs/protocol.md §8.2)."""
-
-    def __init__(self, inner, b):
-        self.inner, self.b, self.refused = inner, b, 0
-
-    def commit_batch(self, op, b, **kw):
-        if b == self.b and not self.refused:
-            from rhino.errors import StaleEpochError
-
-            self.refused += 1
-            raise StaleEpochError(f"injected: batch {b} ran at a stale epoch")
-        return self.inner.commit_batch(op, b, **kw)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
 def _stages(spark, group):
     """(numTasks, numCompletedTasks) of every stage of the jobs of a job group, per job."""
     st = spark.sparkContext.statusTracker()
@@ -164,7 +145,7 @@ def test_a_batch_run_again_reuses_its_shuffle_and_stays_exactly_once(cluster, sp
     pdf0 = pd.DataFrame({"k": [i % 7 for i in range(50)], "v": list(range(50))})
     op.process_batch(spark.createDataFrame(pdf0), 0)
     op.coordinator()
-    op._coord = _RefuseFirstCommit(op._coord, 1)
+    op._coord = RefuseFirstCommit(op._coord, 1)
     pdf1 = pd.DataFrame({"k": [i % 5 for i in range(40)], "v": [1000 + i for i in range(40)]})
     spark.sparkContext.setJobGroup("rhino-rerun-b1", "batch 1 of the rerun test")
     try:
