@@ -118,13 +118,22 @@ def test_initial_state_equals_sparks_own_and_counts_once_when_batch_0_runs_again
     op = _op(cluster, op_id="initial", initial_state=init_df.groupBy("k"))
     op.coordinator()
     op._coord = RefuseFirstCommit(op._coord, 0)
-    got_r: list[pd.DataFrame] = []
-    q = (stream().writeStream.foreachBatch(op.for_each_batch(lambda df, b: got_r.append(df.toPandas().assign(batch=b))))
+    got_r: dict[int, pd.DataFrame] = {}  # an idempotent sink, by batch id
+    calls: list[int] = []
+
+    def sink(df, b):
+        calls.append(b)
+        got_r[b] = df.toPandas().assign(batch=b)
+
+    q = (stream().writeStream.foreachBatch(op.for_each_batch(sink))
          .option("checkpointLocation", str(tmp_path / "ck-rhino")).trigger(availableNow=True).start())
     q.awaitTermination(180)
     assert op._coord.refused == 1 and op.reports[0].attempts == 2
+    # the sink is fused with the stateful stage: it saw the refused attempt's output too,
+    # which the accepted attempt's replaced
+    assert calls.count(0) == 2 and len(calls) == len(got_r) + 1, calls
 
-    s, r = _norm(got_s), _norm(got_r)
+    s, r = _norm(got_s), _norm(list(got_r.values()))
     pd.testing.assert_frame_equal(r, s)
     # the independent expectation: batch 0 applies the initial state (sum, once), then the rows
     want0 = {(1, "data"): (101, 101, 2), (2, "data"): (31, 32, 3), (5, "data"): (2, 7, 2)}

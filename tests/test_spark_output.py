@@ -1,9 +1,11 @@
 """The operator's output stays on the executors (issue 28, Build 1 and 6).
 
-- ``transform(df, batch_id)`` returns a distributed DataFrame: with
-  ``spark.driver.maxResultSize`` at 1 MiB, a batch of ~10 MiB of output goes to a Parquet
-  sink that the executors write, while collecting the same DataFrame to the driver is
-  refused by Spark. Only the tasks' meta rows reach the driver.
+- ``for_each_batch(sink)`` hands the sink a distributed DataFrame, fused with the stateful
+  stage (the default) or materialized on the executors: with ``spark.driver.maxResultSize``
+  at 1 MiB, a batch of ~10 MiB of output goes to a Parquet sink that the executors write,
+  while collecting the same DataFrame to the driver is refused by Spark. Only the tasks'
+  meta rows reach the driver. A fused sink that reads only part of its output still
+  commits every instance's state.
 - Two Rhino operators chained in one ``foreachBatch`` function, each exactly-once.
 - An executor SIGKILLed while the sink reads the output: test_spark_output_lost.py.
 
@@ -109,26 +111,53 @@ def _op(cluster, processor, name, out_schema, key="k", **kw):
                                             parallelism=3, replicas=1, locality=False, **kw)
 
 
-def test_output_goes_from_the_executors_to_the_sink_not_through_the_driver(cluster, spark, tmp_path):
+@pytest.mark.parametrize("materialize", [False, True], ids=["fused", "materialized"])
+def test_output_goes_from_the_executors_to_the_sink_not_through_the_driver(cluster, spark, tmp_path, materialize):
     batches = batches_of(3, 40_000, 500)  # 400k output rows (~10 MiB) per batch
-    op = _op(cluster, Fanout(), "fanout", "k long, j long, n long")
+    op = _op(cluster, Fanout(), f"fanout-{materialize}", "k long, j long, n long")
     sink = tmp_path / "sink"
+    refused: list[int] = []
 
     def write(df, b):
+        if b == 2:
+            # The same DataFrame collected to the driver is more than Spark lets through. Fused,
+            # this action runs the stateful tasks too (and is aborted); the write below runs them
+            # again from b-1: the same output.
+            with pytest.raises(Exception, match="maxResultSize"):
+                df.toArrow()
+            refused.append(b)
         df.write.mode("overwrite").parquet(str(sink / f"batch={b}"))  # idempotent by batch id
 
-    fn = op.for_each_batch(write)
+    fn = op.for_each_batch(write, materialize=materialize)
     for b, pdf in enumerate(batches):
         fn(spark.createDataFrame(pdf), b)
+    assert refused == [2]
     for b, want in enumerate(fanout_oracle(batches)):
         got = pd.read_parquet(sink / f"batch={b}")
         pd.testing.assert_frame_equal(canon(got), canon(want))
         assert op.reports[b].rows_out == len(want)
-    # The same DataFrame collected to the driver is more than Spark lets through.
-    with pytest.raises(Exception, match="maxResultSize"):
-        op.last_output.toArrow()
     # every task's meta row reached the driver, none of the output
     assert [sorted(t["instance"] for t in r.tasks) for r in op.reports] == [[0, 1, 2]] * 3
+    assert [r.attempts for r in op.reports] == [1, 1, 1]
+
+
+def test_a_fused_sink_that_reads_part_of_the_output_still_commits_every_instance(cluster, spark):
+    batches = batches_of(3, 3_000, 100, seed=5)
+    op = _op(cluster, Fanout(), "fanout-partial", "k long, j long, n long")
+    heads: dict[int, int] = {}
+
+    def peek(df, b):
+        heads[b] = len(df.limit(5).collect())  # reads a few rows of one task's output
+
+    fn = op.for_each_batch(peek)
+    for b, pdf in enumerate(batches):
+        fn(spark.createDataFrame(pdf), b)
+    assert heads == {0: 5, 1: 5, 2: 5}
+    assert [sorted(t["instance"] for t in r.tasks) for r in op.reports] == [[0, 1, 2]] * 3
+    # every instance's state is the oracle's: the next batch's output equals it
+    got = op.process_batch(spark.createDataFrame(batches[1]), 3).to_pandas()
+    want = fanout_oracle(batches + [batches[1]])[3]
+    pd.testing.assert_frame_equal(canon(got), canon(want))
 
 
 def test_two_operators_chain_in_one_batch_each_exactly_once(cluster, spark):

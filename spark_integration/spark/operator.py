@@ -19,18 +19,26 @@ Per micro-batch b (Spark's batch id; checkpoint id = b, design §5):
    makes a host loss mid-batch exactly-once. A failed Spark job runs again only
    if the engine's classification of the task's exception says so
    (:func:`rhino.engine.classify_failure`); a real error is raised.
-6. The output stays on the executors: the stateful stage's output is
-   materialized once, in the executors' block managers (``localCheckpoint``), and
-   handed on as a distributed DataFrame (``transform``), to the sink with the
-   batch id (``for_each_batch``). Only each task's small meta row reaches the
-   driver (``runtime/meta.py``). Sinks must be idempotent by batch id, as
-   ``foreachBatch`` sinks are.
+6. The output stays on the executors; only each task's small meta row reaches the
+   driver (``runtime/meta.py``). ``for_each_batch(sink)`` fuses the sink with the
+   stateful stage, as Spark's own operator feeds its sink: the sink gets the
+   stateful stage's lazy output, its own job runs the tasks (step 4), and step 5
+   follows the sink. ``transform`` (and ``for_each_batch(sink, materialize=True)``)
+   materializes the output once, in the executors' block managers
+   (``localCheckpoint``), after step 5, and hands it on as a distributed DataFrame.
+   Sinks must be idempotent by batch id, as ``foreachBatch`` sinks are.
 
-The output DataFrame never runs the stateful tasks again: its lineage ends at the
-checkpoint. If an executor holding part of it is lost before the sink has read it,
-reading it fails (Spark's ``CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND``); ``for_each_batch``
-then runs the whole batch again (every instance rolls back to b-1, as below) and
-calls the sink again with the same batch id. Exactly-once either way.
+Fused, a task that Spark runs again (a lost executor, a second action of the sink)
+starts from b-1 in a session of the same epoch, with the batch's fixed time and
+watermark: the same output, as with Spark's own operator (for a deterministic
+processor). A host lost meanwhile moves the operator to a new epoch, so the commit
+is refused and the whole batch, sink included, runs again.
+
+Materialized, the output DataFrame never runs the stateful tasks again: its lineage
+ends at the checkpoint. If an executor holding part of it is lost before the sink has
+read it, reading it fails (Spark's ``CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND``);
+``for_each_batch`` then runs the whole batch again (every instance rolls back to b-1,
+as below) and calls the sink again with the same batch id. Exactly-once either way.
 
 A Spark replay of the last batch (the driver died after our commit but before
 Spark's) runs b again the same way: same state, same output.
@@ -56,7 +64,7 @@ from rhino.errors import InvalidArgumentError
 
 from .errors import InputLostError
 from .runtime.initial import SIDE, initial_frame, with_initial_state
-from .runtime.meta import new_meta_accumulator, take
+from .runtime.meta import new_meta_accumulator, seen, take
 from .runtime.routing import PART_COLUMN, partition_tokens, tag_batches
 from .runtime.task import TaskSpec, output_arrow_schema, run_partition
 
@@ -293,7 +301,7 @@ class TransformWithState:
         except Exception as e:  # noqa: BLE001 - a cleanup: Spark's ContextCleaner frees it later anyway
             log.debug("rhino.spark %s: releasing the last output: %s", self.operator_id, e)
 
-    def _process(self, df: Any, b: int) -> Any:
+    def _process(self, df: Any, b: int, sink: Optional[Callable[[Any, int], None]] = None) -> Any:
         spark = df.sparkSession
         t0 = time.time()
         tz = spark.conf.get("spark.sql.session.timeZone")
@@ -307,7 +315,7 @@ class TransformWithState:
         driver = BatchDriver(self.coordinator(), self.operator_id, max_attempts=self.max_batch_attempts,
                              retry_sleep=0.5, replay=True, name=f"rhino.spark {self.operator_id}",
                              clock=lambda: int(self.clock()))
-        done = driver.run(b, lambda a: self._attempt(spark, df, a, wm, tz, shuffled))
+        done = driver.run(b, lambda a: self._attempt(spark, df, a, wm, tz, shuffled, sink))
         a = done.attempt
         data, tasks = done.result.value
         mx = [t["max_event_ms"] for t in tasks if t.get("max_event_ms") is not None]
@@ -322,17 +330,19 @@ class TransformWithState:
         self.reports.append(rep)
         return data
 
-    def _attempt(self, spark: Any, df: Any, a: Attempt, wm: int, tz: str, shuffled: dict) -> AttemptResult:
-        """One attempt at the batch: the Spark job, one task per instance. A failed job is run
-        again if the engine's classification of its error says so (by the task's exception
-        class), else raised; the stats of the tasks go to the commit."""
+    def _attempt(self, spark: Any, df: Any, a: Attempt, wm: int, tz: str, shuffled: dict,
+                 sink: Optional[Callable[[Any, int], None]] = None) -> AttemptResult:
+        """One attempt at the batch: the Spark job, one task per instance (with ``sink``: the
+        sink's own jobs, see :meth:`_run_job`). A failed job is run again if the engine's
+        classification of its error says so (by the task's exception class), else raised; the
+        stats of the tasks go to the commit."""
         b, placement = a.batch, a.placement
         nparts = len(placement["instances"])
         watch = self._watch(spark, a.epoch, placement, f"rhino-{self.operator_id}-{b}-{a.number}")
         try:
             with watch if watch is not None else contextlib.nullcontext():
                 data, tasks = self._run_job(spark, df, b, a.epoch, wm, placement, nparts, tz, shuffled, watch,
-                                            a.number)
+                                            a.number, sink)
         except Exception as e:  # a failed Spark job (task retries exhausted, an executor lost...)
             text = str(e)
             if watch is not None and watch.cancelled:
@@ -384,9 +394,19 @@ class TransformWithState:
                           tag=tag)
 
     def _run_job(self, spark: Any, df: Any, b: int, epoch: int, wm: int, placement: dict, nparts: int,
-                 tz: str, shuffled: dict, watch: Optional[Any] = None, attempt: int = 1) -> tuple[Any, list[dict]]:
+                 tz: str, shuffled: dict, watch: Optional[Any] = None, attempt: int = 1,
+                 sink: Optional[Callable[[Any, int], None]] = None) -> tuple[Any, list[dict]]:
         """The attempt's Spark job: the stateful stage runs once, its output materialized on
-        the executors. Returns (the output DataFrame, the tasks' meta rows)."""
+        the executors. Returns (the output DataFrame, the tasks' meta rows).
+
+        With ``sink`` (``for_each_batch``'s fused form), nothing is materialized: the sink gets
+        the stateful stage's output as a lazy DataFrame, and its own jobs run the stateful
+        tasks, fused with its write, as Spark's own operator feeds its sink. Every run of a
+        task starts from b-1 in a session of this epoch, and the batch's time and watermark
+        are fixed, so a task Spark runs again (a lost executor, a second action of the sink)
+        gives the same output; the batch commits only after the sink returned, at the epoch
+        every task ran at. Instances whose task the sink did not run to its end (it read only
+        part of the output) are completed by one more job, whose output is dropped."""
         from functools import partial
 
         from pyspark.sql.types import LongType, StructField, StructType
@@ -441,10 +461,16 @@ class TransformWithState:
         if watch is not None:
             sc.addJobTag(watch.tag)
         try:
-            # Materialized once, on the executors (memory, spilling to disk): the job that runs
-            # the stateful tasks. The DataFrame's lineage ends here, so nothing the sink does
-            # can run them again.
-            data = result.localCheckpoint(eager=True)
+            if sink is not None:
+                sink(result, b)
+                if seen(spec.meta, b, attempt) != set(range(nparts)):
+                    result.write.format("noop").mode("overwrite").save()
+                data = None
+            else:
+                # Materialized once, on the executors (memory, spilling to disk): the job that
+                # runs the stateful tasks. The DataFrame's lineage ends here, so nothing the
+                # sink does can run them again.
+                data = result.localCheckpoint(eager=True)
         finally:
             if watch is not None:
                 sc.removeJobTag(watch.tag)
@@ -486,14 +512,31 @@ class TransformWithState:
         return DataFrame(jdf, spark)
 
     # ---- foreachBatch -----------------------------------------------------------------------
-    def for_each_batch(self, sink: Optional[Callable[[Any, int], None]] = None) -> Callable[[Any, int], None]:
-        """The function to pass to ``writeStream.foreachBatch``: runs the batch, then calls
-        ``sink(output_df, batch_id)`` (an idempotent sink, by batch id). ``output_df`` is
-        :meth:`transform`'s DataFrame, on the executors.
+    def for_each_batch(self, sink: Optional[Callable[[Any, int], None]] = None, *,
+                       materialize: bool = False) -> Callable[[Any, int], None]:
+        """The function to pass to ``writeStream.foreachBatch``: runs the batch and calls
+        ``sink(output_df, batch_id)`` (no sink: the output is dropped). Sinks must be idempotent by batch id, as ``foreachBatch``
+        sinks are: the sink may be called more than once for a batch.
 
-        If the sink fails because an executor holding part of the output was lost, the batch
-        runs again (rolled back to b-1 first) and the sink is called again with the same
-        batch id, up to ``max_batch_attempts`` times."""
+        By default the sink is fused with the stateful stage, as with Spark's own operator:
+        ``output_df`` is lazy, the sink's own job runs the stateful tasks and writes their
+        output as it comes (nothing is materialized), and the batch commits after the sink
+        returned. Like the DataFrame Spark's own ``foreachBatch`` gets, each action on it runs
+        the stateful stage again (the same output: every run starts from b-1 with the batch's
+        fixed time): a sink that reads it more than once should ``persist()`` it, or pass
+        ``materialize=True``. A failure during the sink (a host lost, a commit refused) runs the
+        whole batch again, sink included, with the same batch id.
+
+        With ``materialize=True``, the output is :meth:`transform`'s (checkpointed on the
+        executors, committed before the sink runs). If the sink fails because an executor
+        holding part of it was lost, the batch runs again (rolled back to b-1 first) and the
+        sink is called again with the same batch id, up to ``max_batch_attempts`` times."""
+
+        def fused(df: Any, batch_id: int) -> None:
+            with self._lock:
+                self._release_output()
+                # no sink: the job that completes the tasks (_run_job) runs them, output dropped
+                self._process(df, int(batch_id), sink=sink if sink is not None else _drop_output)
 
         def fn(df: Any, batch_id: int) -> None:
             for n in range(1, self.max_batch_attempts + 1):
@@ -511,12 +554,16 @@ class TransformWithState:
                                 _first_error_line(str(e)))
                     self.output_reruns.append({"batch": int(batch_id), "attempt": n, "error": _first_error_line(str(e))})
 
-        return fn
+        return fn if materialize else fused
 
     def close(self) -> None:
         if self._coord is not None:
             self._coord.close()
             self._coord = None
+
+
+def _drop_output(df: Any, batch_id: int) -> None:
+    """``for_each_batch()``'s sink: none."""
 
 
 def _job_failure_action(e: Exception) -> Action:

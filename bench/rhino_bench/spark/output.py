@@ -18,9 +18,11 @@ Workload (identical for both systems):
   rows per batch by default;
 * the driver runs with ``spark.driver.memory=1g`` and ``spark.driver.maxResultSize=64m`` (set
   before its JVM starts). The output never reaches the driver: inside ``foreachBatch`` it is
-  written with ``df.write.format("noop")``. Rhino: ``out = op.transform(df, batch_id)``
-  (``rhino.spark.transform_with_state``, ``task_window_rows=--window-rows``), then ``out``
-  written to noop; Spark: ``df.groupBy("k").transformWithStateInPandas(...)``, written to noop
+  written with ``df.write.format("noop")``. Rhino (``rhino.spark.transform_with_state``,
+  ``task_window_rows=--window-rows``): with ``--rhino-output fused`` (the default),
+  ``op.for_each_batch(sink)``, whose sink's noop write runs the stateful tasks (nothing
+  materialized); with ``--rhino-output checkpoint``, ``out = op.transform(df, batch_id)``
+  (materialized on the executors), then ``out`` written to noop; Spark: ``df.groupBy("k").transformWithStateInPandas(...)``, written to noop
   by ``foreachBatch``. Each write counts its rows with ``Dataset.observe`` (a metric
   aggregated on the executors: ``output_rows``, independent of either operator's own counts).
 
@@ -367,16 +369,29 @@ def run_system(spark: Any, cl: Any, *, system: str, args: argparse.Namespace, in
                                   parallelism=args.parallelism, replicas=args.replicas,
                                   task_window_rows=args.window_rows, checkpoint_location=str(work))
 
+        written: dict[int, int] = {}
+
+        def write(out: Any, batch_id: int) -> None:
+            # the fused sink: its job runs the stateful tasks (called again if the batch runs again)
+            written[int(batch_id)] = _write_noop(out, f"rhino-out-{batch_id}-{len(op.reports)}")
+
+        fused = op.for_each_batch(write)
+
         def fb(df: Any, batch_id: int) -> None:
             sampler.begin()
             w0 = time.time()
             t0 = time.perf_counter()
-            out = op.transform(df, batch_id)
-            t1 = time.perf_counter()
-            n = _write_noop(out, f"rhino-out-{batch_id}")
-            t2 = time.perf_counter()
+            if args.rhino_output == "fused":
+                fused(df, batch_id)
+                n = written[int(batch_id)]
+                t1 = t2 = time.perf_counter()
+            else:
+                out = op.transform(df, batch_id)
+                t1 = time.perf_counter()
+                n = _write_noop(out, f"rhino-out-{batch_id}")
+                t2 = time.perf_counter()
             rec = {"output_rows": n, "transform_s": t1 - t0, "noop_write_s": t2 - t1, "sink_s": t2 - t0,
-                   "_window": (w0, time.time())}
+                   "rhino_output": args.rhino_output, "_window": (w0, time.time())}
             rec.update(sampler.end())
             rec.update(_driver_heap(spark))
             rec.update(_rhino_breakdown(op.reports[-1]))
@@ -719,15 +734,18 @@ def report(records: list[dict], path: str) -> None:
         keys = list(rh["task_slowest_s"])
         L += ["", "Rhino, per task (mean of the steady batches, seconds; `replicate_s` is inside `commit_s`; "
               "`output_s` is the task's time outside its own parts, while Spark consumed its output: Arrow to the "
-              "JVM and into the block manager, `localCheckpoint`):", "",
+              "JVM, then the noop write (fused) or into the block manager (`localCheckpoint`)):", "",
               "| | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys),
               "| slowest task | " + " | ".join(f(rh["task_slowest_s"][k], 3) for k in keys) + " |",
               "| mean task | " + " | ".join(f(rh["task_mean_s"][k], 3) for k in keys) + " |", "",
-              f"Driver, per batch: `op.transform` {f(rh.get('transform_s'), 2)} s (begin "
-              f"{f(rh['rhino_driver_s']['begin_s'], 3)}, job {f(rh['rhino_driver_s']['job_s'], 2)}, commit "
-              f"{f(rh['rhino_driver_s']['commit_s'], 3)}), then the noop write of its output "
-              f"{f(rh.get('noop_write_s'), 2)} s. Largest task window: {f(rh.get('max_window_rows'))} rows; "
-              f"locality {f(rh.get('locality'), 2)}."]
+              (f"Driver, per batch: `op.transform` {f(rh.get('transform_s'), 2)} s (begin "
+               f"{f(rh['rhino_driver_s']['begin_s'], 3)}, job {f(rh['rhino_driver_s']['job_s'], 2)}, commit "
+               f"{f(rh['rhino_driver_s']['commit_s'], 3)}), then the noop write of its output "
+               f"{f(rh.get('noop_write_s'), 2)} s." if params.get("rhino_output", "checkpoint") == "checkpoint" else
+               f"Driver, per batch: `op.for_each_batch(sink)` {f(rh.get('transform_s'), 2)} s (begin "
+               f"{f(rh['rhino_driver_s']['begin_s'], 3)}, the sink's noop write, which ran the stateful tasks, "
+               f"{f(rh['rhino_driver_s']['job_s'], 2)}, commit {f(rh['rhino_driver_s']['commit_s'], 3)}).")
+              + f" Largest task window: {f(rh.get('max_window_rows'))} rows; locality {f(rh.get('locality'), 2)}."]
     last = {}
     for b in bs:
         if not b["warmup"] and b.get("stages"):
@@ -804,6 +822,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=non_negative_int, default=1, help="discarded batches per system (default 1)")
     ap.add_argument("--window-rows", type=positive_int, default=100_000,
                     help="Rhino's task_window_rows (default 100000, the library's default)")
+    ap.add_argument("--rhino-output", choices=("fused", "checkpoint"), default="fused",
+                    help="fused: op.for_each_batch(sink), the noop write runs the stateful tasks (default); "
+                         "checkpoint: out = op.transform(df, b) (materialized on the executors), then the write")
     ap.add_argument("--parallelism", type=positive_int, default=3, help="Rhino instances (default 3)")
     ap.add_argument("--replicas", type=non_negative_int, default=2, help="Rhino's r (default 2)")
     ap.add_argument("--hosts", type=positive_int, default=3,
@@ -882,7 +903,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     params = {"systems": args.systems, "input_rows": args.input_rows, "fanout": args.fanout, "keys": args.keys,
               "batches": args.batches, "warmup": args.warmup, "window_rows": args.window_rows,
               "parallelism": args.parallelism, "replicas": args.replicas, "hosts": args.hosts, "first_host": args.first_host,
-              "sample_interval": args.sample_interval, "seed": args.seed, "run_id": run_id}
+              "sample_interval": args.sample_interval, "seed": args.seed, "run_id": run_id,
+              "rhino_output": args.rhino_output}
     setup: dict[str, Any] = {"record": "setup", "command": command,
                              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                              "machine": describe_machine(str(base)), "spark_conf": conf, "parameters": params,

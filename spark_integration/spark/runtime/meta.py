@@ -16,7 +16,7 @@ from typing import Any
 
 from pyspark.accumulators import AccumulatorParam
 
-__all__ = ["TaskMetaParam", "new_meta_accumulator", "take"]
+__all__ = ["TaskMetaParam", "new_meta_accumulator", "seen", "take"]
 
 
 class TaskMetaParam(AccumulatorParam):
@@ -46,3 +46,9 @@ def take(acc: Any, batch: int, attempt: int) -> list[dict]:
         if cur is None or (r["epoch"], r.get("end", 0)) > (cur["epoch"], cur.get("end", 0)):
             best[r["instance"]] = r
     return [best[i] for i in sorted(best)]
+
+
+def seen(acc: Any, batch: int, attempt: int) -> set[int]:
+    """The instances whose task of (batch, attempt) ran to its end so far (the accumulator
+    is left as it is)."""
+    return {r["instance"] for r in acc.value if r.get("batch") == batch and r.get("driver_attempt") == attempt}
