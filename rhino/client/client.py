@@ -156,6 +156,19 @@ class Client:
         """Raises the instance's epoch on this worker: requests of older epochs are refused from now on."""
         self._call("fence", operator_id, instance, epoch, {})
 
+    def discard_after(self, operator_id: str, instance: int, *, epoch: int, after: Optional[int]) -> list[int]:
+        """Drops this worker's replica-store checkpoints of the instance newer
+        than ``after`` (every one when None), newest first; returns the ids
+        removed. Their files stay in the pool until its garbage collection.
+        It raises the worker's epoch of the instance to ``epoch`` (an older one
+        is refused with :class:`rhino.StaleEpochError`), and is refused with
+        :class:`rhino.InvalidArgumentError` where the instance is hosted: a
+        worker's own history is dropped only by its rollbacks and takeovers
+        (docs/protocol.md §7.1, §7.3)."""
+        if after is not None:
+            _check_uint("after", after)
+        return self._call("discard_after", operator_id, instance, epoch, {"after": after})["removed"]
+
     def import_vnodes(self, operator_id: str, instance: int, *, epoch: int, from_operator: str,
                       from_instance: int, checkpoint: int, vnodes: Iterable[int]) -> list[int]:
         """Imports ``vnodes`` into a hosted instance from checkpoint ``checkpoint``

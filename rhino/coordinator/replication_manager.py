@@ -113,22 +113,57 @@ class ReplicationManager:
 
     # ---- loss of a worker ----------------------------------------------------------------
     def recover_from_loss(self, dead_worker: str) -> dict:
-        out: dict[str, Any] = {"worker": dead_worker, "operators": {}}
+        """Moves every operator touching ``dead_worker`` to a new epoch (failover
+        and chain repair). Returns ``{"worker", "operators": {op: report},
+        "errors": {op: message}}``.
+
+        One operator's failure does not stop the others: it is logged, recorded
+        under ``errors`` (and as a ``reconfigure_failed`` event), and its
+        reconfiguration stays pending, to be decided again and carried out by
+        the next :meth:`repair_all` (a worker registers) or :meth:`resume` (the
+        coordinator restarts). Nothing is raised for it: the worker is already
+        declared dead, and the callers (the failure detector, a task's
+        ``report_unreachable``) need the other operators failed over."""
+        out: dict[str, Any] = {"worker": dead_worker, "operators": {}, "errors": {}}
         for op in self.meta.operators():
             rows = self.meta.instances(op.operator_id)
             if any(r.primary_worker == dead_worker or dead_worker in r.chain for r in rows):
-                out["operators"][op.operator_id] = self.reconfigure_operator(op.operator_id, f"{dead_worker} lost")
+                try:
+                    out["operators"][op.operator_id] = self.reconfigure_operator(op.operator_id,
+                                                                                 f"{dead_worker} lost")
+                except RhinoError as e:
+                    out["errors"][op.operator_id] = self._failed(op.operator_id, f"{dead_worker} lost", e)
         return out
 
-    def repair_all(self) -> None:
+    def repair_all(self) -> dict:
         """Fills chains that are short (a degraded replica group) now that
-        workers are available, and moves off dead workers."""
+        workers are available, and moves off dead workers; pending
+        reconfigurations (a repair that failed) are decided again here. Returns
+        ``{op: message}`` of the operators whose repair failed: each is logged,
+        stays pending and is tried again next time; the others go on."""
         alive = self.workers.alive_ids()
+        errors: dict[str, str] = {}
         for op in self.meta.operators():
             rows = self.meta.instances(op.operator_id)
-            if any(r.primary_worker not in alive or len(r.chain) < op.replicas or any(m not in alive for m in r.chain)
-                   for r in rows):
-                self.reconfigure_operator(op.operator_id, "chain repair")
+            if self.meta.pending_reconfiguration(op.operator_id) is not None or any(
+                    r.primary_worker not in alive or len(r.chain) < op.replicas or any(m not in alive for m in r.chain)
+                    for r in rows):
+                try:
+                    self.reconfigure_operator(op.operator_id, "chain repair")
+                except RhinoError as e:
+                    errors[op.operator_id] = self._failed(op.operator_id, "chain repair", e)
+        return errors
+
+    def _failed(self, operator_id: str, reason: str, e: RhinoError) -> str:
+        """Logs (and records as an event) a reconfiguration that failed; it stays pending."""
+        message = f"{type(e).__name__}: {e}"
+        self.log("reconfigure_failed", operator=operator_id, reason=reason, error=message)
+        try:
+            with self.meta.tx() as c:
+                self.meta.event(c, "reconfigure_failed", operator=operator_id, reason=reason, error=message)
+        except Exception as e2:  # the metadata's own trouble must not hide the first error
+            self.log("event_not_recorded", operator=operator_id, error=f"{type(e2).__name__}: {e2}")
+        return message
 
     def reconfigure_operator(self, operator_id: str, reason: str) -> dict:
         """Moves an operator to a new epoch with every instance on live workers:
@@ -233,6 +268,10 @@ class ReplicationManager:
         for s, r in zip(doc["steps"], new_rows):
             if s.get("lost") or not s.get("added") or r.last_complete is None:
                 continue
+            # What an added member still holds of the instance from an earlier
+            # stint is of another history if a batch ran again meanwhile: it
+            # would refuse the copy of last_complete. Dropped first.
+            self._drop_earlier_stints(operator_id, r.instance, s["added"], epoch)
             res = self.workers.client(r.primary_worker).replicate(
                 operator_id, r.instance, epoch=epoch, to=self.workers.addresses(s["added"]),
                 chain_version=r.chain_version, checkpoint=r.last_complete, timeout=self.workers.copy_timeout)
@@ -248,6 +287,30 @@ class ReplicationManager:
                             takeover_figures=report["takeovers"])
         self.log("reconfigured", operator=operator_id, epoch=epoch, reason=doc["reason"])
         return report
+
+    def _drop_earlier_stints(self, operator_id: str, instance: int, added: list[str], epoch: int) -> None:
+        """Drops what new chain members hold of an instance, before its bulk copy.
+
+        An added member may hold checkpoints of the instance from an earlier
+        stint in its chain (a worker that was lost and came back with its
+        store). Batches may have run again since: a re-executed batch commits
+        its checkpoint again with other files, and only the chain members of
+        the day are told to drop the old ones (docs/protocol.md §7.3). So what
+        the member holds is of another history: its checkpoint last_complete
+        would make the copy fail ("already committed here with different
+        files"), and an older one would be what a rollback restores after a
+        takeover there. It holds nothing the chain needs, so all of it goes
+        (``after`` None), not only last_complete on: the member then holds
+        exactly the primary's copy, as a fresh replacement does. Its pooled
+        files stay until the store's GC, so the copy still sends only what
+        the member lacks. Idempotent: a carry_out run again (a coordinator
+        killed meanwhile) drops the copy the first run made and makes it
+        again, from the same pooled files."""
+        for m in added:
+            removed = self.workers.client(m).discard_after(operator_id, instance, epoch=epoch, after=None)
+            if removed:
+                self.log("stale_checkpoints_dropped", operator=operator_id, instance=instance, worker=m,
+                         checkpoints=removed)
 
     def resume(self) -> None:
         for op in self.meta.operators():
@@ -287,6 +350,12 @@ class ReplicationManager:
         out = {}
         for op in self.meta.operators():
             if operator_id is not None and op.operator_id != operator_id:
+                continue
+            if self.meta.pending_reconfiguration(op.operator_id) is not None:
+                # A repair that failed is still to be carried out (repair_all,
+                # resume): it decides from the committed rows under a newer
+                # epoch. A rebalance written over it would drop that decision.
+                self.log("rebalance_skipped", operator=op.operator_id, reason="a reconfiguration is pending")
                 continue
             rows = self.meta.instances(op.operator_id)
             infos = [InstanceInfo(key=r.key, primary=r.primary_worker, bytes=r.bytes, chain=tuple(r.chain)) for r in rows]
