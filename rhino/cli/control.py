@@ -1,11 +1,15 @@
-"""``rhino status``, ``rhino handover``, ``rhino rebalance`` and ``rhino rescale``:
-an operator's view of a running coordinator, and the reconfigurations it can ask for.
+"""``rhino status``, ``rhino handover``, ``rhino rebalance``, ``rhino rescale`` and
+``rhino cancel-plan``: an operator's view of a running coordinator, and the
+reconfigurations it can ask for.
 
 Each talks to a ``rhino coordinator`` (``--coordinator HOST:PORT``, or the
 environment variable ``RHINO_COORDINATOR``) with the cluster's secret
 (``--secret-file``, or ``RHINO_SECRET_FILE``). Handovers, rescales and load
 rebalancing are *plans*: they run at the next batch barrier of the job (or
-``--after-batch``), one step per barrier; ``rhino status`` shows them in flight.
+``--after-batch``), one step per barrier. Plans are per operator: an operator
+has at most one open plan, and ``rhino status`` shows it under the operator.
+``rhino cancel-plan`` ends one between two of its steps (one left waiting by
+a stopped query, say).
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import sys
 import time
 from typing import Any, Optional
 
-__all__ = ["main_status", "main_handover", "main_rebalance", "main_rescale", "format_status"]
+from .._argtypes import uint64
+
+__all__ = ["main_status", "main_handover", "main_rebalance", "main_rescale", "main_cancel_plan", "format_status"]
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -92,15 +98,41 @@ def format_status(s: dict) -> str:
             lag = ",".join(f"{k}:{'?' if v is None else v}" for k, v in (i["replica_lag"] or {}).items())
             lines.append(f"  {i['instance']:>4} {i['primary']:<10} {','.join(i['chain']):<24} {i['chain_version']:>3} "
                          f"{str(i['last_complete']):>6} {i['vnodes']:>6} {i['bytes']:>12}  {lag}")
-    lines.append("PLANS IN FLIGHT" + ("" if s["plans_in_flight"] else ": none"))
-    for p in s["plans_in_flight"]:
-        lines.append(f"  #{p['id']} {p['operator_id']} {p['kind']} ({p['strategy']}) step {p['steps_done']}/{p['steps']}"
-                     f" after batch {p['after_batch']} {p['state']} {p['message']}")
+        plans = o.get("plans")
+        if plans is not None:  # a coordinator of before per-operator plans has no such field
+            if not plans:
+                lines.append("  open plan: none")
+            for p in plans:
+                lines.append(f"  open plan {_plan_line(p)}  (cancel: rhino cancel-plan {o['operator_id']} "
+                             f"--plan {p['id']})")
+    # Each operator's open plan is shown above, under the operator: here only which are open,
+    # unless the coordinator gave no per-operator plans (one of before they were per operator).
+    lines.append("PLANS IN FLIGHT: " + (", ".join(f"{p['operator_id']} #{p['id']}" for p in s["plans_in_flight"])
+                                        or "none"))
+    if not all("plans" in o for o in s["operators"]):
+        for p in s["plans_in_flight"]:
+            lines.append(f"  {p['operator_id']}: " + _plan_line(p))
     lines.append("RECENT EVENTS")
     for e in s["events"][-10:]:
         detail = {k: v for k, v in e.items() if k not in ("at", "kind")}
         lines.append(f"  {time.strftime('%H:%M:%S', time.localtime(e['at']))} {e['kind']} {json.dumps(detail)}")
     return "\n".join(lines)
+
+
+def _plan_line(p: dict) -> str:
+    age = "" if p.get("age_s") is None else f", age {_seconds(p['age_s'])}"
+    idle = "" if p.get("idle_s") is None or p["state"] != "running" else f", last step {_seconds(p['idle_s'])} ago"
+    msg = f" {p['message']}" if p.get("message") else ""
+    return (f"#{p['id']} {p['kind']} ({p['strategy']}) {p['state']}, step {p['steps_done']}/{p['steps']}, "
+            f"after batch {p['after_batch']}{age}{idle}{msg}")
+
+
+def _seconds(s: float) -> str:
+    if s < 120:
+        return f"{s:.1f}s"
+    if s < 7200:
+        return f"{s / 60:.1f}min"
+    return f"{s / 3600:.1f}h"
 
 
 def main_status(argv: Optional[list[str]] = None) -> int:
@@ -151,3 +183,17 @@ def main_rescale(argv: Optional[list[str]] = None) -> int:
                         "that hold the origins' replicas")
     return _run(p, argv, lambda c, a: c.rescale(a.operator, a.parallelism, strategy=a.strategy,
                                                 after_batch=a.after_batch, on=a.on.split(",") if a.on else None))
+
+
+def main_cancel_plan(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="rhino cancel-plan",
+        description="Cancel an operator's open plan (a handover, rescale or load rebalance), e.g. one left "
+                    "waiting by a stopped query. A plan is cancelled between two of its steps: the steps done "
+                    "stay done (every vnode keeps exactly one owner), the steps not run are dropped, and no "
+                    "worker is asked anything. `rhino status` lists the open plans.")
+    _common(p)
+    p.add_argument("operator", metavar="OPERATOR")
+    p.add_argument("--plan", type=uint64, default=None, metavar="ID",
+                   help="the plan's id (rhino status); default: the operator's open plan")
+    return _run(p, argv, lambda c, a: c.cancel_plan(a.operator, a.plan))

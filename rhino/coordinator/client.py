@@ -72,6 +72,13 @@ class _Methods:
         return self.call("rebalance", operator_id=operator_id, replicas=replicas, load=load, strategy=strategy,
                          after_batch=after_batch)
 
+    def cancel_plan(self, operator_id: str, plan_id: Optional[int] = None) -> dict:
+        """Cancels the operator's open plan (``plan_id``: that one) between two
+        of its steps: the steps done stay done, the rest are dropped. Answers
+        the cancelled plan (``state``: ``cancelled``, ``was``, ``steps_done``,
+        ``steps``, ``moves_dropped``)."""
+        return self.call("cancel_plan", operator_id=operator_id, plan_id=plan_id)
+
     def status(self) -> dict:
         return self.call("status")
 

@@ -30,8 +30,8 @@ from typing import Any, Callable, Optional
 
 from ..errors import BusyError, InvalidArgumentError, RhinoError, StaleEpochError, UnknownInstanceError
 from .gateway import WorkerGateway
-from .handover_manager import HandoverManager
-from .metadata import Metadata, WorkerRow
+from .handover_manager import HandoverManager, describe_plan
+from .metadata import Metadata, PlanRow, WorkerRow
 from .replication_manager import ReplicationManager
 
 __all__ = ["Coordinator"]
@@ -351,30 +351,59 @@ class Coordinator:
                  after_batch: Optional[int] = None, on: Optional[str] = None) -> dict:
         """Plans moving ``vnodes`` to instance ``to`` (a new instance number
         creates it, on worker ``on`` if given) at the barrier after
-        ``after_batch`` (default: the next barrier), in steps of ``strategy``."""
+        ``after_batch`` (default: the next barrier), in steps of ``strategy``.
+        Refused (InvalidArgumentError) while the operator has an open plan;
+        other operators' plans do not matter (plans are per operator)."""
         with self.lock:
             return self.hm.plan_handover(operator_id, vnodes, to, strategy=strategy, after_batch=after_batch, on=on)
 
     def rescale(self, operator_id: str, parallelism: int, *, strategy: str = "all-at-once",
                 after_batch: Optional[int] = None, on: Optional[list[str]] = None) -> dict:
         """Plans a new parallelism. New instances go to workers holding the
-        origins' replicas, or to the workers ``on`` (horizontal scaling)."""
+        origins' replicas, or to the workers ``on`` (horizontal scaling).
+        Refused while the operator has an open plan, as :meth:`handover`."""
         with self.lock:
             return self.hm.plan_rescale(operator_id, parallelism, strategy=strategy, after_batch=after_batch, on=on)
 
     def rebalance(self, operator_id: Optional[str] = None, *, replicas: bool = True, load: bool = True,
                   strategy: str = "batched", after_batch: Optional[int] = None) -> dict:
         """Rebalances replicas over the live workers (at once) and, driven by
-        the measured per-vnode load, vnodes over instances (a plan)."""
+        the measured per-vnode load, vnodes over instances (a plan per operator).
+
+        Load plans are per operator: one named operator with an open plan is
+        refused (InvalidArgumentError, before anything moves); over every
+        operator (``operator_id`` None), those with an open plan are skipped
+        and listed in ``skipped`` with their open plan, the others are planned."""
         with self.lock:
+            if load and operator_id:
+                self.meta.require_operator(operator_id)
+                self.hm.refuse_if_open(operator_id, "load rebalance")
             out: dict[str, Any] = {}
             if replicas:
                 out["replicas"] = self.rm.rebalance_replicas(operator_id)
             if load:
                 ops = [operator_id] if operator_id else [o.operator_id for o in self.meta.operators()]
-                out["plans"] = [p for p in (self.hm.plan_balance(o, strategy=strategy, after_batch=after_batch)
-                                            for o in ops) if p is not None]
+                out["plans"], out["skipped"] = [], []
+                for o in ops:
+                    busy = self.hm.open_plan(o)
+                    if busy is not None:
+                        out["skipped"].append({"operator_id": o, "open_plan": busy.id,
+                                               "why": f"it has an open plan, {describe_plan(busy)}"})
+                        continue
+                    p = self.hm.plan_balance(o, strategy=strategy, after_batch=after_batch)
+                    if p is not None:
+                        out["plans"].append(p)
             return out
+
+    def cancel_plan(self, operator_id: str, plan_id: Optional[int] = None) -> dict:
+        """Cancels the open plan ``plan_id`` of ``operator_id`` (None: its open
+        plan), between two steps: the steps done stay done, the rest are
+        dropped, no worker is asked anything (:meth:`.HandoverManager.cancel_plan`
+        says why that is safe). Errors: UnknownInstanceError (operator),
+        InvalidArgumentError (no open plan, an unknown plan, another
+        operator's, one already ended)."""
+        with self.lock:
+            return self.hm.cancel_plan(operator_id, plan_id)
 
     # ---- status -------------------------------------------------------------------------
     def status(self) -> dict:
@@ -394,10 +423,9 @@ class Coordinator:
                               "vnodes": sum(1 for x in self.meta.assignment(o.operator_id) if x == r.instance),
                               "replica_lag": self.rm.replica_lag(r, o.last_batch)})
             ops.append({"operator_id": o.operator_id, "epoch": o.epoch, "last_batch": o.last_batch,
-                        "replicas": o.replicas, "num_vnodes": o.num_vnodes, "instances": insts})
-        plans = [{"id": p.id, "operator_id": p.operator_id, "kind": p.kind, "strategy": p.strategy,
-                  "state": p.state, "steps": len(p.steps), "steps_done": p.steps_done, "after_batch": p.after_batch,
-                  "message": p.message} for p in self.meta.plans(open_only=True)]
+                        "replicas": o.replicas, "num_vnodes": o.num_vnodes, "instances": insts,
+                        "plans": [_plan_status(p) for p in self.meta.plans(o.operator_id, open_only=True)]})
+        plans = [_plan_status(p) for p in self.meta.plans(open_only=True)]
         return {"workers": workers, "operators": ops, "plans_in_flight": plans, "events": self.meta.events(20)}
 
     # ---- the transport's entry point ----------------------------------------------------------
@@ -422,6 +450,16 @@ class Coordinator:
             self.hm.resume()
 
 
+def _plan_status(p: PlanRow) -> dict:
+    """An open plan as ``status`` shows it: ``age_s`` since it was planned,
+    ``idle_s`` since its last change (its last step, or its planning)."""
+    now = time.time()
+    return {"id": p.id, "operator_id": p.operator_id, "kind": p.kind, "strategy": p.strategy, "state": p.state,
+            "steps": len(p.steps), "steps_done": p.steps_done, "after_batch": p.after_batch, "message": p.message,
+            "created_at": p.created_at, "age_s": round(max(0.0, now - p.created_at), 3),
+            "idle_s": round(max(0.0, now - p.updated_at), 3)}
+
+
 def _uint(name: str, v: Any) -> None:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise InvalidArgumentError(f"{name} must be a non-negative int, got {v!r}")
@@ -432,5 +470,5 @@ def _uint(name: str, v: Any) -> None:
 _BATCH_TIMES_KEPT = 1024  # batch times kept besides the latest (checkpoints kept are far fewer)
 
 _METHODS = frozenset({"register", "heartbeat", "create_operator", "placement", "begin_batch", "commit_batch",
-                      "report_unreachable", "handover", "rescale", "rebalance", "status", "declare_dead",
-                      "state_schema", "set_state_schema"})
+                      "report_unreachable", "handover", "rescale", "rebalance", "cancel_plan", "status",
+                      "declare_dead", "state_schema", "set_state_schema"})

@@ -26,6 +26,13 @@ receives a bulk copy of the origins' checkpoint b).
 A plan is split into steps by a migration strategy (Megaphone: all-at-once,
 fluid, batched; :mod:`.strategies`), one step per barrier, and may be
 scheduled for a future batch.
+
+Plans are per operator. An operator has at most one open plan (scheduled or
+running): a handover, rescale or load rebalance of an operator with one is
+refused, with the open plan's id, kind and state and how to cancel it, while
+any other operator plans freely. Its steps run at its own operator's barriers
+only, so a plan that waits (its query stopped) holds up nobody else's; it can
+be cancelled (:meth:`HandoverManager.cancel_plan`, ``rhino cancel-plan``).
 """
 
 from __future__ import annotations
@@ -33,13 +40,13 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional
 
-from ..errors import InvalidArgumentError, RhinoError, UnknownVnodeError
+from ..errors import BusyError, InvalidArgumentError, RhinoError, UnknownVnodeError
 from .gateway import WorkerGateway
 from .handover_step import HandoverStep, plan_step
 from .metadata import InstanceRow, Metadata, PlanRow
 from .strategies import STRATEGIES, balance_moves, plan_steps, rescale_moves
 
-__all__ = ["HandoverManager"]
+__all__ = ["HandoverManager", "describe_plan"]
 
 
 class HandoverManager:
@@ -53,6 +60,22 @@ class HandoverManager:
         self.log = log
 
     # ---- planning -------------------------------------------------------------------------
+    def open_plan(self, operator_id: str) -> Optional[PlanRow]:
+        """The operator's open plan (scheduled or running), if any; the oldest
+        if a database of an older coordinator holds several."""
+        plans = self.meta.plans(operator_id, open_only=True)
+        return plans[0] if plans else None
+
+    def refuse_if_open(self, operator_id: str, asked: str) -> None:
+        """One open plan per operator: InvalidArgumentError naming the open one
+        and how to end it, when ``operator_id`` has one (``asked``: what was asked for)."""
+        p = self.open_plan(operator_id)
+        if p is not None:
+            raise InvalidArgumentError(
+                f"cannot plan a {asked} of {operator_id}: it has an open plan, {describe_plan(p)}; an operator has "
+                f"one open plan at a time: wait for it to finish at its barriers (rhino status), or cancel it "
+                f"(rhino cancel-plan {operator_id} --plan {p.id})")
+
     def _next_barrier(self, operator_id: str, after_batch: Optional[int]) -> int:
         op = self.meta.require_operator(operator_id)
         done = -1 if op.last_batch is None else op.last_batch
@@ -88,6 +111,7 @@ class HandoverManager:
     def plan_handover(self, operator_id: str, vnodes: list[int], to: int, *, strategy: str,
                       after_batch: Optional[int], on: Optional[str] = None) -> dict:
         op = self.meta.require_operator(operator_id)
+        self.refuse_if_open(operator_id, "handover")
         if not isinstance(to, int) or to < 0:
             raise InvalidArgumentError(f"the target instance must be an int >= 0, got {to!r}")
         if not vnodes:
@@ -112,8 +136,7 @@ class HandoverManager:
         op = self.meta.require_operator(operator_id)
         if not isinstance(parallelism, int) or not 1 <= parallelism <= op.num_vnodes:
             raise InvalidArgumentError(f"parallelism must be in [1, {op.num_vnodes}], got {parallelism!r}")
-        if self.meta.plans(open_only=True):
-            raise InvalidArgumentError("a plan is in flight; wait for it (rhino status) before rescaling")
+        self.refuse_if_open(operator_id, "rescale")
         active = [r.instance for r in self.meta.instances(operator_id)]
         every = [r.instance for r in self.meta.instances(operator_id, active_only=False)]
         if parallelism >= len(active):
@@ -129,6 +152,10 @@ class HandoverManager:
                             self._next_barrier(operator_id, after_batch), placement)
 
     def plan_balance(self, operator_id: str, *, strategy: str, after_batch: Optional[int]) -> Optional[dict]:
+        """A load-balancing plan of ``operator_id`` from its measured per-vnode
+        load; None when there is no load measured or nothing to move."""
+        self.meta.require_operator(operator_id)
+        self.refuse_if_open(operator_id, "load rebalance")
         load = self.meta.vnode_load(operator_id)
         if not load:
             return None
@@ -140,9 +167,11 @@ class HandoverManager:
 
     # ---- execution at a barrier ---------------------------------------------------------------
     def run_due(self, operator_id: str, barrier: int) -> None:
-        """Runs one step of every plan due at the barrier after batch ``barrier``."""
-        for p in self.meta.plans(open_only=True):
-            if p.operator_id != operator_id or p.after_batch is None or p.after_batch > barrier:
+        """Runs the next step of the operator's open plan if it is due at the
+        barrier after batch ``barrier`` (other operators' plans wait for their
+        own barriers)."""
+        for p in self.meta.plans(operator_id, open_only=True):
+            if p.after_batch is None or p.after_batch > barrier:
                 continue
             self.run_step(p, barrier)
 
@@ -268,12 +297,94 @@ class HandoverManager:
             self.meta.event(c, "handover_aborted", plan=doc["plan"], epoch=epoch, why=why, undo_failures=failures)
         self.log("handover_aborted", plan=doc["plan"], epoch=epoch, why=why, undo_failures=failures)
 
+    # ---- cancelling ---------------------------------------------------------------------------
+    def cancel_plan(self, operator_id: str, plan_id: Optional[int] = None) -> dict:
+        """Cancels an open plan of ``operator_id``: ``plan_id``, or the
+        operator's open plan when None.
+
+        A plan is cancelled between two of its steps, never inside one. A step
+        runs from the begin of a batch to its commit (or its abort) under the
+        coordinator's lock, and so does this method: a cancel asked while a
+        step runs waits for it and comes after it. After each committed step
+        the routing table, the instance rows, the redo and the workers agree
+        (each vnode has one owner, hosted at the operator's epoch), so a cancel
+        asks no worker anything and changes no epoch: the steps done stay done
+        (with their redo, which a re-executed batch still needs), the steps
+        not run are dropped, and the plan ends ``cancelled``. A scheduled plan
+        (no step run yet) leaves nothing behind. A rescale cancelled half way
+        leaves a parallelism between the old and the new one: a new instance
+        made by a done step stays; an instance is retired only when a step
+        left it no vnode. Plan again to go on.
+
+        A step a failure left half done (recorded as under way, with no commit
+        nor abort: an unexpected exception in the coordinator) is first undone
+        exactly as a restarted coordinator undoes it (:meth:`abort`), then the
+        plan is cancelled.
+
+        Errors: UnknownInstanceError for an unknown operator;
+        InvalidArgumentError for an operator without an open plan, a plan id
+        that is not an int, an unknown plan, a plan of another operator, or a
+        plan no longer open (done, aborted, cancelled)."""
+        self.meta.require_operator(operator_id)
+        p = self._plan_to_cancel(operator_id, plan_id)
+        doc = self.meta.handover_in_flight(operator_id)
+        undone = ""
+        if doc is not None:
+            if doc.get("plan") != p.id:  # another plan's step: not ours to undo (never expected)
+                raise BusyError(f"a step of plan #{doc.get('plan')} of {operator_id} is recorded as under way; "
+                                "retry once it has ended (a restarted coordinator undoes it)")
+            self.abort(operator_id, doc, "cancelled (rhino cancel-plan) while this step was left half done")
+            undone = f"; its step {int(doc.get('step', p.steps_done)) + 1}, left half done, was undone first"
+        steps = len(p.steps)
+        dropped = sum(len(s) for s in p.steps[p.steps_done:])
+        why = (f"cancelled after step {p.steps_done}/{steps} (was {p.state}): {steps - p.steps_done} step(s), "
+               f"{dropped} vnode move(s) dropped{undone}")
+        op = self.meta.require_operator(operator_id)
+        with self.meta.tx() as c:
+            self.meta.cancel_plan(c, p.id, why)
+            self.meta.event(c, "plan_cancelled", plan=p.id, operator=operator_id, plan_kind=p.kind,
+                            was=p.state, steps_done=p.steps_done, steps=steps, moves_dropped=dropped,
+                            epoch=op.epoch, undone_step=bool(undone))
+        self.log("plan_cancelled", plan=p.id, operator=operator_id, was=p.state, steps_done=p.steps_done, steps=steps)
+        return {"plan": p.id, "operator_id": operator_id, "kind": p.kind, "strategy": p.strategy,
+                "state": "cancelled", "was": p.state, "steps_done": p.steps_done, "steps": steps,
+                "moves_dropped": dropped, "epoch": op.epoch, "message": why}
+
+    def _plan_to_cancel(self, operator_id: str, plan_id: Optional[int]) -> PlanRow:
+        """The open plan ``cancel_plan`` ends, or a clear InvalidArgumentError."""
+        if plan_id is None:
+            plans = self.meta.plans(operator_id, open_only=True)
+            if not plans:
+                raise InvalidArgumentError(f"operator {operator_id} has no open plan: nothing to cancel "
+                                           "(rhino status lists the open plans)")
+            if len(plans) > 1:
+                raise InvalidArgumentError(f"operator {operator_id} has {len(plans)} open plans "
+                                           f"({', '.join(f'#{x.id}' for x in plans)}): name one (--plan ID)")
+            return plans[0]
+        if isinstance(plan_id, bool) or not isinstance(plan_id, int) or not 0 <= plan_id < 1 << 63:
+            raise InvalidArgumentError(f"plan must be a plan id (an int >= 0), got {plan_id!r}")
+        p = self.meta.plan(plan_id)
+        if p is None:
+            raise InvalidArgumentError(f"no plan #{plan_id} (rhino status lists the open plans)")
+        if p.operator_id != operator_id:
+            raise InvalidArgumentError(f"plan #{plan_id} is a plan of operator {p.operator_id}, not of {operator_id}")
+        if not p.open:
+            raise InvalidArgumentError(f"plan #{plan_id} of {operator_id} is {p.state} ({p.message or 'no message'}):"
+                                       " only an open plan (scheduled or running) can be cancelled")
+        return p
+
     def resume(self) -> None:
         """A step a killed coordinator left without its commit is aborted."""
         for op in self.meta.operators():
             doc = self.meta.handover_in_flight(op.operator_id)
             if doc is not None:
                 self.abort(op.operator_id, doc, "the coordinator restarted during the step")
+
+
+def describe_plan(p: PlanRow) -> str:
+    """One line naming a plan: id, kind, strategy, state, steps done, its barrier."""
+    return (f"#{p.id} {p.kind} ({p.strategy}), {p.state}, step {p.steps_done}/{len(p.steps)}, "
+            f"due at the barrier after batch {p.after_batch}")
 
 
 def _undo(operator_id: str, instance: int, b: int, ops: list[dict]) -> list[dict]:

@@ -15,7 +15,10 @@ holds everything a restarted coordinator needs to resume where it stopped:
   complete checkpoint and state bytes, and the redo of a handover on top of a
   checkpoint (docs/protocol.md §7.4);
 - ``vnode_load``: measured per-vnode load, reported with each commit;
-- ``plans``: handover plans, scheduled or in flight, with the steps done;
+- ``plans``: handover plans, with the steps done: ``scheduled`` (no step
+  yet), ``running`` (between or inside steps), ``done``, ``aborted`` (a step
+  failed and was undone) or ``cancelled`` (``rhino cancel-plan``); at most one
+  open (scheduled or running) per operator;
 - ``events``: a log of every decision, for ``rhino status`` and post-mortems.
 
 Every decision is one transaction (:meth:`Metadata.tx`): a coordinator killed
@@ -36,9 +39,24 @@ from typing import Any, Iterator, Optional
 
 from ..errors import UnknownInstanceError
 
-__all__ = ["Metadata", "WorkerRow", "OperatorRow", "InstanceRow", "PlanRow", "SCHEMA_VERSION"]
+__all__ = ["Metadata", "WorkerRow", "OperatorRow", "InstanceRow", "PlanRow", "SCHEMA_VERSION", "OPEN_PLAN_STATES"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: a plan may be 'cancelled' (version 1 databases are migrated on open)
+
+# The plans table, apart: version 1's CHECK had no 'cancelled', and SQLite cannot
+# change a CHECK in place (:meth:`Metadata._migrate_v1` rebuilds the table).
+_PLANS_TABLE = """
+CREATE TABLE IF NOT EXISTS plans (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, operator_id TEXT NOT NULL, kind TEXT NOT NULL,
+  strategy TEXT NOT NULL, steps TEXT NOT NULL, steps_done INTEGER NOT NULL DEFAULT 0,
+  after_batch INTEGER, state TEXT NOT NULL
+    CHECK (state IN ('scheduled', 'running', 'done', 'aborted', 'cancelled')),
+  created_at REAL NOT NULL, updated_at REAL NOT NULL, message TEXT NOT NULL DEFAULT '',
+  bytes_moved INTEGER NOT NULL DEFAULT 0, seconds REAL NOT NULL DEFAULT 0,
+  placement TEXT NOT NULL DEFAULT '{}')"""
+_PLAN_COLUMNS = ("id, operator_id, kind, strategy, steps, steps_done, after_batch, state, created_at, updated_at,"
+                 " message, bytes_moved, seconds, placement")
+OPEN_PLAN_STATES = ("scheduled", "running")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -67,14 +85,6 @@ CREATE TABLE IF NOT EXISTS instances (
 CREATE TABLE IF NOT EXISTS vnode_load (
   operator_id TEXT NOT NULL, vnode INTEGER NOT NULL, ops REAL NOT NULL, bytes REAL NOT NULL,
   batch INTEGER NOT NULL, PRIMARY KEY (operator_id, vnode));
-CREATE TABLE IF NOT EXISTS plans (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, operator_id TEXT NOT NULL, kind TEXT NOT NULL,
-  strategy TEXT NOT NULL, steps TEXT NOT NULL, steps_done INTEGER NOT NULL DEFAULT 0,
-  after_batch INTEGER, state TEXT NOT NULL
-    CHECK (state IN ('scheduled', 'running', 'done', 'aborted')),
-  created_at REAL NOT NULL, updated_at REAL NOT NULL, message TEXT NOT NULL DEFAULT '',
-  bytes_moved INTEGER NOT NULL DEFAULT 0, seconds REAL NOT NULL DEFAULT 0,
-  placement TEXT NOT NULL DEFAULT '{}');
 CREATE TABLE IF NOT EXISTS events (
   id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, kind TEXT NOT NULL, detail TEXT NOT NULL);
 """
@@ -150,6 +160,11 @@ class PlanRow:
     seconds: float
     placement: dict = field(default_factory=dict)  # new instance -> the worker asked for (horizontal scaling)
 
+    @property
+    def open(self) -> bool:
+        """Scheduled or running: steps still to run."""
+        return self.state in OPEN_PLAN_STATES
+
 
 class Metadata:
     """The coordinator's SQLite database. Thread-safe: one connection, one lock."""
@@ -169,9 +184,23 @@ class Metadata:
                 self._db.execute(stmt)
         row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         if row is None:
+            self._db.execute(_PLANS_TABLE)
             self._db.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) == 1:
+            self._migrate_v1()
         elif int(row[0]) != SCHEMA_VERSION:
             raise RuntimeError(f"{self.path} has schema version {row[0]}, this coordinator reads {SCHEMA_VERSION}")
+
+    def _migrate_v1(self) -> None:
+        """Version 1 -> 2, in one transaction: the plans table is rebuilt with
+        'cancelled' in its CHECK; every plan keeps its id, and new ids go on
+        after the highest (AUTOINCREMENT counts the copied rows)."""
+        with self.tx() as c:
+            c.execute("ALTER TABLE plans RENAME TO plans_v1")
+            c.execute(_PLANS_TABLE)
+            c.execute(f"INSERT INTO plans ({_PLAN_COLUMNS}) SELECT {_PLAN_COLUMNS} FROM plans_v1")
+            c.execute("DROP TABLE plans_v1")
+            c.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
 
     def close(self) -> None:
         with self._lock:
@@ -347,9 +376,17 @@ class Metadata:
                   " batch=excluded.batch", (operator_id, vnode, ops, nbytes, batch))
 
     # ---- plans ------------------------------------------------------------------------
-    def plans(self, *, open_only: bool = False) -> list[PlanRow]:
-        sql = "SELECT * FROM plans" + (" WHERE state IN ('scheduled','running')" if open_only else "") + " ORDER BY id"
-        return [_plan(r) for r in self._q(sql)]
+    def plans(self, operator_id: Optional[str] = None, *, open_only: bool = False) -> list[PlanRow]:
+        """Plans in id order: of one operator (``operator_id``) or of all;
+        only the open ones (scheduled or running) with ``open_only``."""
+        cond, args = [], []
+        if operator_id is not None:
+            cond.append("operator_id=?")
+            args.append(operator_id)
+        if open_only:
+            cond.append("state IN ('scheduled','running')")
+        sql = "SELECT * FROM plans" + (" WHERE " + " AND ".join(cond) if cond else "") + " ORDER BY id"
+        return [_plan(r) for r in self._q(sql, tuple(args))]
 
     def plan(self, plan_id: int) -> Optional[PlanRow]:
         rows = self._q("SELECT * FROM plans WHERE id=?", (plan_id,))
@@ -381,6 +418,13 @@ class Metadata:
     @staticmethod
     def abort_plan(c: sqlite3.Connection, plan_id: int, message: str) -> None:
         c.execute("UPDATE plans SET state='aborted', message=?, updated_at=? WHERE id=?",
+                  (message, time.time(), plan_id))
+
+    @staticmethod
+    def cancel_plan(c: sqlite3.Connection, plan_id: int, message: str) -> None:
+        """Ends a plan as cancelled: its steps not yet run never will (the caller
+        checks it is between steps: :meth:`.HandoverManager.cancel_plan`)."""
+        c.execute("UPDATE plans SET state='cancelled', message=?, updated_at=? WHERE id=?",
                   (message, time.time(), plan_id))
 
     # ---- events -------------------------------------------------------------------------
