@@ -175,11 +175,8 @@ class StubGateway:
         return [f"{i}:1" for i in ids]
 
 
-def test_one_failing_operator_does_not_stop_the_others(tmp_path: Path) -> None:
-    meta = Metadata(str(tmp_path / "meta"))
-    gw = StubGateway(meta)
-    logged: list = []
-    rm = ReplicationManager(meta, gw, lambda event, **f: logged.append((event, f)))
+def _two_operators_w4_dead(meta: Metadata) -> None:
+    """Operators a and b, one instance each: primary w1, chain w2, w4; w4 dead."""
     now = time.time()
     with meta.tx() as c:
         for n in (1, 2, 3, 4):
@@ -195,6 +192,14 @@ def test_one_failing_operator_does_not_stop_the_others(tmp_path: Path) -> None:
                                              redo_version=None, redo=[]))
             meta.record_epoch(c, op_id, 1, "created")
         meta.mark_worker_dead(c, "w4")
+
+
+def test_one_failing_operator_does_not_stop_the_others(tmp_path: Path) -> None:
+    meta = Metadata(str(tmp_path / "meta"))
+    gw = StubGateway(meta)
+    logged: list = []
+    rm = ReplicationManager(meta, gw, lambda event, **f: logged.append((event, f)))
+    _two_operators_w4_dead(meta)
     assert [op.operator_id for op in meta.operators()] == ["a", "b"]  # the failing one comes first
     gw.failing = {"a"}
 
@@ -221,3 +226,36 @@ def test_one_failing_operator_does_not_stop_the_others(tmp_path: Path) -> None:
     assert meta.pending_reconfiguration("a") is None
     assert meta.instance("a", 0).chain == ["w2", "w3"] and meta.operator("a").epoch == 3  # past the pending 2
     meta.close()
+
+
+def test_the_failure_detector_retries_a_pending_reconfiguration(tmp_path: Path) -> None:
+    """A reconfiguration left pending is decided again by the detector's next pass (at most
+    once per heartbeat timeout), not only when a worker registers."""
+    from rhino.coordinator.coordinator import Coordinator
+
+    meta = Metadata(str(tmp_path / "meta"))
+    _two_operators_w4_dead(meta)
+    meta.close()
+    logged: list = []
+    coord = Coordinator(str(tmp_path / "meta"), secret=SECRET, heartbeat_timeout=60.0, detector_interval=3600.0,
+                        log=lambda event, **f: logged.append((event, f)))
+    try:
+        gw = StubGateway(coord.meta)
+        coord.rm = ReplicationManager(coord.meta, gw, coord.log)
+        gw.failing = {"a"}
+        coord.rm.recover_from_loss("w4")
+        assert coord.meta.pending_reconfiguration("a") is not None
+        t = time.monotonic() + 1000  # long after any earlier pass
+        coord._retry_pending(t)  # still failing: stays pending, logged again
+        assert coord.meta.pending_reconfiguration("a") is not None
+        assert sum(e == "reconfigure_failed" for e, _ in logged) == 2
+        gw.failing = set()
+        coord._retry_pending(t + 1)  # within the heartbeat timeout of the last pass: not yet
+        assert coord.meta.pending_reconfiguration("a") is not None
+        coord._retry_pending(t + 61)
+        assert coord.meta.pending_reconfiguration("a") is None
+        assert coord.meta.instance("a", 0).chain == ["w2", "w3"]
+        # b was done at the loss and is left alone by the retries (no new epoch)
+        assert coord.meta.operator("b").epoch == 2
+    finally:
+        coord.close()

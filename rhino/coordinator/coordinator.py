@@ -63,6 +63,7 @@ class Coordinator:
         self._log = log or (lambda event, **f: None)
         self.lock = threading.RLock()  # every decision, in order
         self._seen: dict[str, float] = {}  # worker id -> monotonic time of its last heartbeat
+        self._pending_retry_at = 0.0  # monotonic time the detector last retried pending reconfigurations
         self._stop = threading.Event()
         # --rebuild: until the metadata is rebuilt from the workers, only
         # registrations, heartbeats and status are served.
@@ -167,6 +168,34 @@ class Coordinator:
                         self.declare_dead(wid, f"no heartbeat for {age:.1f} s")
                 except Exception as e:  # never let the detector die
                     self.log("failover_failed", worker=wid, error=f"{type(e).__name__}: {e}")
+            self._retry_pending(now)
+
+    def _retry_pending(self, now: float) -> None:
+        """A reconfiguration left pending (one operator's failed while a worker's loss
+        was handled: replication_manager.py) is decided again, under a newer epoch, at
+        most once per heartbeat timeout: until then that operator's tasks are refused."""
+        if now - self._pending_retry_at < self.heartbeat_timeout:
+            return
+        self._pending_retry_at = now
+        try:
+            pending = [op.operator_id for op in self.meta.operators()
+                       if self.meta.pending_reconfiguration(op.operator_id) is not None]
+            for operator_id in pending:
+                with self.lock:
+                    doc = self.meta.pending_reconfiguration(operator_id)
+                    if doc is None:  # carried out meanwhile
+                        continue
+                    try:
+                        # only the pending ones: a chain merely short (too few workers) is not
+                        # touched, which would move its operator to a new epoch every time
+                        reason = str(doc.get("reason", "reconfiguration"))
+                        if not reason.endswith(" (retried)"):
+                            reason += " (retried)"
+                        self.rm.reconfigure_operator(operator_id, reason)
+                    except RhinoError as e:
+                        self.rm._failed(operator_id, "retry of a pending reconfiguration", e)
+        except Exception as e:  # never let the detector die
+            self.log("pending_reconfiguration_retry_failed", error=f"{type(e).__name__}: {e}")
 
     def declare_dead(self, worker_id: str, reason: str) -> dict:
         """Fences a worker off: it is marked dead, every operator with an
@@ -188,7 +217,7 @@ class Coordinator:
             out["recovery_s"] = time.monotonic() - t0
             with self.meta.tx() as c:
                 self.meta.event(c, "failover_done", worker=worker_id, recovery_s=round(out["recovery_s"], 4),
-                                operators=sorted(out["operators"]))
+                                operators=sorted(out["operators"]), errors=out.get("errors", {}))
             return out
 
     # ---- operators -------------------------------------------------------------------
