@@ -23,7 +23,8 @@ from typing import Any, Optional
 
 from .._argtypes import uint64
 
-__all__ = ["main_status", "main_handover", "main_rebalance", "main_rescale", "main_cancel_plan", "format_status"]
+__all__ = ["main_status", "main_handover", "main_rebalance", "main_rescale", "main_cancel_plan", "main_decommission",
+           "format_status"]
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -90,6 +91,10 @@ def format_status(s: dict) -> str:
         age = "-" if w["heartbeat_age_s"] is None else f"{w['heartbeat_age_s']:.1f}s ago"
         where = " ".join(x for x in (w.get("rack"), w.get("zone")) if x)
         lines.append(f"  {w['id']:<10} {w['state']:<6} {w['address']:<22} heartbeat {age:<10} {where}")
+        d = w.get("decommission")
+        if d:
+            lines.append("             decommissioned: " + ("drained, stop it" if d["drained"] else
+                                                           "draining, held by " + ", ".join(d["operators"])))
     for o in s["operators"]:
         lines.append(f"OPERATOR {o['operator_id']}  epoch {o['epoch']}  last batch {o['last_batch']}  "
                      f"r={o['replicas']}  vnodes {o['num_vnodes']}")
@@ -197,3 +202,40 @@ def main_cancel_plan(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--plan", type=uint64, default=None, metavar="ID",
                    help="the plan's id (rhino status); default: the operator's open plan")
     return _run(p, argv, lambda c, a: c.cancel_plan(a.operator, a.plan))
+
+
+def main_decommission(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="rhino decommission",
+        description="Move everything off a worker before taking its machine away: nothing new is placed on it, "
+                    "and each operator moves off it at its next batch barrier (its primaries taken over by chain "
+                    "members by hard links, its chains repaired from the primaries), so no batch fails. Then stop "
+                    "the worker. A worker that registers again is placed on again.")
+    _common(p)
+    p.add_argument("worker", metavar="WORKER", help="the worker's id (rhino status)")
+    p.add_argument("--force", action="store_true",
+                   help="move every operator now, not at its next barrier (a batch in flight runs again)")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="poll until the worker is drained, for at most this long (exit 3 if it is not)")
+    args = p.parse_args(argv)
+    from ..errors import RhinoError
+
+    try:
+        with _client(args) as c:
+            out = c.decommission(args.worker, force=args.force)
+            deadline = time.monotonic() + args.wait
+            while not out["drained"] and time.monotonic() < deadline:
+                time.sleep(0.5)
+                out = c.decommission(args.worker, force=args.force)
+    except RhinoError as e:
+        print(f"rhino: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(out, indent=2))
+    elif out["drained"]:
+        print(f"worker {out['worker']} is drained: nothing is placed on it; stop it now")
+    else:
+        print(f"worker {out['worker']} is draining: still held by {', '.join(out['operators'])}"
+              + (f" (waiting for the next batch barrier of {', '.join(out['waiting_for_barrier'])}; "
+                 "--force moves them now)" if out["waiting_for_barrier"] else ""))
+    return 0 if out["drained"] or args.wait <= 0 else 3

@@ -79,6 +79,14 @@ class _Methods:
         ``steps``, ``moves_dropped``)."""
         return self.call("cancel_plan", operator_id=operator_id, plan_id=plan_id)
 
+    def decommission(self, worker_id: str, *, force: bool = False) -> dict:
+        """Moves everything off a live worker before it is taken away: nothing new is placed
+        on it, and each operator moves off it at its next batch barrier (at once if it has
+        no batch in flight, or with ``force``). Answers ``drained`` (nothing holds the
+        worker any more: stop it), ``operators`` (those that still do) and
+        ``waiting_for_barrier``. Call it again to poll (docs/design.md §3)."""
+        return self.call("decommission", worker_id=worker_id, force=bool(force))
+
     def status(self) -> dict:
         return self.call("status")
 

@@ -64,6 +64,9 @@ class Coordinator:
         self.lock = threading.RLock()  # every decision, in order
         self._seen: dict[str, float] = {}  # worker id -> monotonic time of its last heartbeat
         self._pending_retry_at = 0.0  # monotonic time the detector last retried pending reconfigurations
+        # operator -> the batch begun and not yet committed (since this process started):
+        # a decommission moves such an operator off at its next barrier, any other at once
+        self._in_flight: dict[str, int] = {}
         self._stop = threading.Event()
         # --rebuild: until the metadata is rebuilt from the workers, only
         # registrations, heartbeats and status are served.
@@ -122,6 +125,10 @@ class Coordinator:
             self._seen[worker_id] = time.monotonic()
             self.workers.drop_client(worker_id)
             self.log("worker_registered", worker=worker_id, address=address)
+            if worker_id in self.workers.draining():
+                # back after (or during) its decommission: it may be placed on again
+                self._set_draining(self.workers.draining() - {worker_id})
+                self.log("decommission_ended", worker=worker_id, reason="the worker registered again")
             if not self.rebuilding:
                 try:
                     self.rm.reconcile_worker(row)
@@ -191,7 +198,7 @@ class Coordinator:
                         reason = str(doc.get("reason", "reconfiguration"))
                         if not reason.endswith(" (retried)"):
                             reason += " (retried)"
-                        self.rm.reconfigure_operator(operator_id, reason)
+                        self.rm.reconfigure_operator(operator_id, reason, leaving=self.rm._leaving(doc))
                     except RhinoError as e:
                         self.rm._failed(operator_id, "retry of a pending reconfiguration", e)
         except Exception as e:  # never let the detector die
@@ -273,6 +280,9 @@ class Coordinator:
                                            f"the next batch is {nxt}, not {batch}")
             if batch > 0:
                 self.hm.run_due(operator_id, batch - 1)
+            # the barrier before `batch`: off the workers being decommissioned
+            self._drain(operator_id, f"decommission (barrier before batch {batch})")
+            self._in_flight[operator_id] = batch
             out = self.placement(operator_id)
             if batch_time_ms is not None:
                 out["batch_time_ms"] = self._batch_time(operator_id, batch, batch_time_ms)
@@ -343,6 +353,7 @@ class Coordinator:
                                       f"but the operator is at epoch {op.epoch} now (a reconfiguration "
                                       "happened during the batch): run it again")
             stats = {int(k): v for k, v in (instances or {}).items()}
+            self._in_flight.pop(operator_id, None)
             with self.meta.tx() as c:
                 self.meta.set_last_batch(c, operator_id, batch)
                 for r in self.meta.instances(operator_id):
@@ -435,14 +446,99 @@ class Coordinator:
             return self.hm.cancel_plan(operator_id, plan_id)
 
     # ---- status -------------------------------------------------------------------------
+    # ---- decommission ------------------------------------------------------------------
+    def decommission(self, worker_id: str, *, force: bool = False) -> dict:
+        """Moves everything off a live worker before it is taken away (design §3): nothing new
+        is placed on it from now on, and each operator with a primary or a replica on it moves
+        off it at its next batch barrier (its next ``begin_batch``): its primaries are taken
+        over by chain members (hard links: at a barrier, the last complete checkpoint is the
+        primary's state) and its chains are repaired from the primaries, then its instances
+        there are closed. So no batch fails. An operator with no batch in flight moves at
+        once; ``force=True`` moves every operator at once (a batch in flight then runs again,
+        exactly-once). Call it again (or ``status``) to see what still holds the worker:
+        ``drained`` is true once nothing does; then stop the worker. A decommissioned worker
+        that registers again is placed on again."""
+        if not isinstance(worker_id, str) or not worker_id:
+            raise InvalidArgumentError("decommission needs a worker id")
+        with self.lock:
+            w = self.meta.worker(worker_id)
+            if w is None:
+                raise UnknownInstanceError(f"no worker {worker_id!r} is registered here")
+            if not w.alive:
+                raise InvalidArgumentError(f"worker {worker_id} is dead (since {w.dead_since}): its instances "
+                                           "have failed over already; nothing to drain")
+            leaving = self.workers.draining()
+            if worker_id not in leaving:
+                if not self.workers.workers_info() or {x.id for x in self.workers.workers_info()} == {worker_id}:
+                    raise InvalidArgumentError(f"worker {worker_id} is the only one left to place state on")
+                self._set_draining(leaving | {worker_id})
+                with self.meta.tx() as c:
+                    self.meta.event(c, "decommission_started", worker=worker_id, force=bool(force))
+                self.log("decommission_started", worker=worker_id, force=bool(force))
+            for op in self.meta.operators():
+                if op.operator_id in self._in_flight and not force:
+                    continue  # at its next barrier
+                self._drain(op.operator_id, "decommission" + (" (forced)" if force else " (no batch in flight)"))
+            return self._drain_status(worker_id)
+
+    def _drain_status(self, worker_id: str) -> dict:
+        holding = self._holding(worker_id)
+        drained = not holding
+        return {"worker": worker_id, "draining": worker_id in self.workers.draining(), "drained": drained,
+                "operators": holding,
+                "waiting_for_barrier": sorted(op for op in holding if op in self._in_flight)}
+
+    def _holding(self, worker_id: str) -> list[str]:
+        """The operators with a primary or a replica on the worker."""
+        return sorted({r.operator_id for op in self.meta.operators() for r in self.meta.instances(op.operator_id)
+                       if r.primary_worker == worker_id or worker_id in r.chain})
+
+    def _set_draining(self, ids: set[str]) -> None:
+        from .gateway import DRAINING_KEY
+
+        with self.meta.tx() as c:
+            self.meta.set_meta(c, DRAINING_KEY, json.dumps(sorted(ids)))
+
+    def _drain(self, operator_id: str, reason: str) -> None:
+        """Moves an operator off the workers being decommissioned (the caller holds the lock,
+        at a barrier of the operator's, or with no batch of it in flight)."""
+        leaving = self.workers.draining()
+        if not leaving:
+            return
+        rows = self.meta.instances(operator_id)
+        touching = {w for r in rows for w in [r.primary_worker, *r.chain] if w in leaving}
+        if not touching:
+            return
+        alive = self.workers.alive_ids()
+        try:
+            self.rm.reconfigure_operator(operator_id, f"{reason}: {', '.join(sorted(touching))}",
+                                         leaving=frozenset(touching))
+        except RhinoError as e:
+            # left pending (with what was leaving): retried by the detector, or at the next barrier
+            self.rm._failed(operator_id, reason, e)
+            return
+        for wid in sorted(touching & alive):
+            w = self.meta.worker(wid)
+            if w is not None:
+                # its instances of this operator are owned elsewhere now: fenced and closed
+                self.rm.reconcile_worker(w)
+            if not self._holding(wid):
+                with self.meta.tx() as c:
+                    self.meta.event(c, "decommission_drained", worker=wid)
+                self.log("decommission_drained", worker=wid)
+
     def status(self) -> dict:
         now = time.monotonic()
+        leaving = self.workers.draining()
         workers = []
         for w in self.meta.workers():
             seen = self._seen.get(w.id)
-            workers.append({"id": w.id, "address": w.address, "host": w.host, "rack": w.rack, "zone": w.zone,
-                            "state": w.state, "heartbeat_age_s": None if seen is None else round(now - seen, 3),
-                            "dead_since": w.dead_since})
+            entry = {"id": w.id, "address": w.address, "host": w.host, "rack": w.rack, "zone": w.zone,
+                     "state": w.state, "heartbeat_age_s": None if seen is None else round(now - seen, 3),
+                     "dead_since": w.dead_since}
+            if w.id in leaving:
+                entry["decommission"] = self._drain_status(w.id)
+            workers.append(entry)
         ops = []
         for o in self.meta.operators():
             insts = []
@@ -500,4 +596,4 @@ _BATCH_TIMES_KEPT = 1024  # batch times kept besides the latest (checkpoints kep
 
 _METHODS = frozenset({"register", "heartbeat", "create_operator", "placement", "begin_batch", "commit_batch",
                       "report_unreachable", "handover", "rescale", "rebalance", "cancel_plan", "status",
-                      "declare_dead", "state_schema", "set_state_schema"})
+                      "declare_dead", "decommission", "state_schema", "set_state_schema"})

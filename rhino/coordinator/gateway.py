@@ -10,6 +10,7 @@ one listens, and how long a request to one may take.
 
 from __future__ import annotations
 
+import json
 import threading
 
 from ..client.client import Client, connect
@@ -17,7 +18,9 @@ from ..errors import NotFoundError
 from .metadata import Metadata, WorkerRow
 from .placement import WorkerInfo
 
-__all__ = ["WorkerGateway"]
+__all__ = ["WorkerGateway", "DRAINING_KEY"]
+
+DRAINING_KEY = "draining_workers"  # the metadata's key/value entry: a JSON list of worker ids
 
 
 class WorkerGateway:
@@ -69,8 +72,15 @@ class WorkerGateway:
         return {w.id for w in self.alive_workers()}
 
     def workers_info(self) -> list[WorkerInfo]:
-        """The live workers with their failure domains, as placement decides over them."""
-        return [WorkerInfo(id=w.id, rack=w.rack, zone=w.zone) for w in self.alive_workers()]
+        """The live workers with their failure domains, as placement decides over them:
+        without the workers being decommissioned (nothing new is placed on them)."""
+        leaving = self.draining()
+        return [WorkerInfo(id=w.id, rack=w.rack, zone=w.zone) for w in self.alive_workers() if w.id not in leaving]
+
+    def draining(self) -> set[str]:
+        """The workers being decommissioned (``Coordinator.decommission``)."""
+        got = self.meta.get_meta(DRAINING_KEY)
+        return set(json.loads(got)) if got else set()
 
     def addresses(self, ids: list[str]) -> list[str]:
         """The data-plane addresses of workers, in order (a chain as the workers name it)."""

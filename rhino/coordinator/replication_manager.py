@@ -145,14 +145,23 @@ class ReplicationManager:
         errors: dict[str, str] = {}
         for op in self.meta.operators():
             rows = self.meta.instances(op.operator_id)
-            if self.meta.pending_reconfiguration(op.operator_id) is not None or any(
+            pending = self.meta.pending_reconfiguration(op.operator_id)
+            if pending is not None or any(
                     r.primary_worker not in alive or len(r.chain) < op.replicas or any(m not in alive for m in r.chain)
                     for r in rows):
                 try:
-                    self.reconfigure_operator(op.operator_id, "chain repair")
+                    self.reconfigure_operator(op.operator_id, "chain repair", leaving=self._leaving(pending))
                 except RhinoError as e:
                     errors[op.operator_id] = self._failed(op.operator_id, "chain repair", e)
         return errors
+
+    def _leaving(self, pending: Optional[dict]) -> frozenset[str]:
+        """The workers a pending reconfiguration was moving off (a decommission) that are
+        still leaving: its retry goes on moving off them."""
+        if not pending or not pending.get("leaving"):
+            return frozenset()
+        draining = getattr(self.workers, "draining", None)
+        return frozenset(pending["leaving"]) & frozenset(draining() if draining else ())
 
     def _failed(self, operator_id: str, reason: str, e: RhinoError) -> str:
         """Logs (and records as an event) a reconfiguration that failed; it stays pending."""
@@ -165,11 +174,17 @@ class ReplicationManager:
             self.log("event_not_recorded", operator=operator_id, error=f"{type(e2).__name__}: {e2}")
         return message
 
-    def reconfigure_operator(self, operator_id: str, reason: str) -> dict:
+    def reconfigure_operator(self, operator_id: str, reason: str, *, leaving: frozenset[str] = frozenset()) -> dict:
         """Moves an operator to a new epoch with every instance on live workers:
-        fail over dead primaries, repair chains, re-open the rest (fencing)."""
+        fail over dead primaries, repair chains, re-open the rest (fencing).
+
+        ``leaving``: live workers being decommissioned, moved off as if they were
+        lost, at a batch barrier (the caller's): their primaries are taken over by
+        a chain member, which holds the last complete checkpoint (the primary's
+        live state at a barrier), and the chains they are in are repaired from
+        the primaries. Their instances are closed afterwards (``drain``)."""
         op = self.meta.require_operator(operator_id)
-        alive = self.workers.alive_ids()
+        alive = self.workers.alive_ids() - set(leaving)
         workers = self.workers.workers_info()
         rows = self.meta.instances(operator_id)
         pending = self.meta.pending_reconfiguration(operator_id)
@@ -206,7 +221,7 @@ class ReplicationManager:
                 step["chain"], step["added"], step["copy_from"] = list(fix.chain), list(fix.added), fix.copy_from
             changed = step["chain"] != r.chain or step["primary"] != r.primary_worker
             step["chain_version"] = r.chain_version + (1 if changed else 0)
-        doc = {"epoch": epoch, "reason": reason, "steps": plan}
+        doc = {"epoch": epoch, "reason": reason, "steps": plan, "leaving": sorted(leaving)}
         with self.meta.tx() as c:
             self.meta.set_pending_reconfiguration(c, operator_id, doc)
             self.meta.event(c, "reconfigure_planned", operator=operator_id, epoch=epoch, reason=reason)
@@ -321,7 +336,8 @@ class ReplicationManager:
                 # The workers may have changed since: decide again from the
                 # committed rows under a newer epoch (the same decision when
                 # nothing changed), then carry it out.
-                self.reconfigure_operator(op.operator_id, pending["reason"] + " (resumed)")
+                self.reconfigure_operator(op.operator_id, pending["reason"] + " (resumed)",
+                                          leaving=self._leaving(pending))
             except RhinoError as e:
                 self.log("resume_failed", operator=op.operator_id, error=str(e))
 
