@@ -113,6 +113,8 @@ def test_decommission_of_an_idle_operator_is_at_once_and_bad_input_is_refused(cl
     job.run(2)
     assert job.state() == job.model
 
+    with pytest.raises(rhino.InvalidArgumentError, match="decommissioned"):
+        cc.rescale(OP, 3, on=[leaving])
     with pytest.raises(rhino.UnknownInstanceError):
         cc.decommission("w99")
     with pytest.raises(rhino.InvalidArgumentError):

@@ -103,9 +103,12 @@ class HandoverManager:
         if not on:
             return []
         alive = self.workers.alive_ids()
+        leaving = self.workers.draining()
         for w in on:
             if w not in alive:
                 raise InvalidArgumentError(f"worker {w!r} is not a live registered worker")
+            if w in leaving:
+                raise InvalidArgumentError(f"worker {w!r} is being decommissioned: nothing new is placed on it")
         return list(on)
 
     def plan_handover(self, operator_id: str, vnodes: list[int], to: int, *, strategy: str,
