@@ -8,7 +8,8 @@
 #   make chaos  - 500 trials of SIGKILLing a random replica-chain member mid-transfer, then 20 trials of
 #                 NEXMark Q8 on Spark with a host SIGKILLed mid-run, then 20 of two Rhino operators chained
 #                 in one foreachBatch query with a host SIGKILLed mid-run (each output identical to the
-#                 failure-free run)
+#                 failure-free run), then 20 trials of random reconfigurations of a running query
+#                 (rescales, handovers, rebalances, a host joining, decommissioned, SIGKILLed)
 #   make fuzz   - the frame-decoder fuzz target (libFuzzer under clang), for FUZZ_SECONDS (default 60)
 
 SHELL := /bin/bash
@@ -102,6 +103,7 @@ chaos: setup
 	RHINO_CHAOS_TRIALS=$${RHINO_CHAOS_TRIALS:-500} $(PY) -m pytest tests/test_chaos.py -q -s $(PYTEST_ARGS)
 	RHINO_EXACTLY_ONCE_TRIALS=$${RHINO_EXACTLY_ONCE_TRIALS:-20} $(PY) -m pytest tests/test_spark_exactly_once.py -q $(PYTEST_ARGS)
 	RHINO_CHAIN_TRIALS=$${RHINO_CHAIN_TRIALS:-20} $(PY) -m pytest tests/test_spark_chain_exactly_once.py -q $(PYTEST_ARGS)
+	RHINO_ELASTIC_TRIALS=$${RHINO_ELASTIC_TRIALS:-20} $(PY) -m pytest tests/test_spark_elastic_chaos.py -q $(PYTEST_ARGS)
 
 FUZZ_SECONDS ?= 60
 FUZZ_SOURCES := fuzz/frame_fuzzer.cc src/cpp/net/frame.cc src/cpp/net/messages.cc src/cpp/net/service_messages.cc \

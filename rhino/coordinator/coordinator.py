@@ -67,6 +67,8 @@ class Coordinator:
         # operator -> the batch begun and not yet committed (since this process started):
         # a decommission moves such an operator off at its next barrier, any other at once
         self._in_flight: dict[str, int] = {}
+        # operators whose replicas move onto a worker that joined, at their next barrier
+        self._rebalance_at_barrier: set[str] = set()
         self._stop = threading.Event()
         # --rebuild: until the metadata is rebuilt from the workers, only
         # registrations, heartbeats and status are served.
@@ -135,8 +137,14 @@ class Coordinator:
                     self.rm.repair_all()
                     if old is None or not old.alive:
                         # A worker joined (or came back): replicas move onto it
-                        # while that evens out the replica load (design §3).
-                        self.rm.rebalance_replicas(None)
+                        # while that evens out the replica load (design §3), each
+                        # operator at its next batch barrier (at once if it has no
+                        # batch in flight), so that no running batch is cut short.
+                        for op in self.meta.operators():
+                            if op.operator_id in self._in_flight:
+                                self._rebalance_at_barrier.add(op.operator_id)
+                            else:
+                                self.rm.rebalance_replicas(op.operator_id)
                 except RhinoError as e:  # the worker may die again meanwhile; the detector handles that
                     self.log("reconcile_failed", worker=worker_id, error=str(e))
             # It could not heartbeat while this call ran (a repair may copy GBs).
@@ -280,8 +288,14 @@ class Coordinator:
                                            f"the next batch is {nxt}, not {batch}")
             if batch > 0:
                 self.hm.run_due(operator_id, batch - 1)
-            # the barrier before `batch`: off the workers being decommissioned
+            # the barrier before `batch`: off the workers being decommissioned, onto those that joined
             self._drain(operator_id, f"decommission (barrier before batch {batch})")
+            if operator_id in self._rebalance_at_barrier:
+                self._rebalance_at_barrier.discard(operator_id)
+                try:
+                    self.rm.rebalance_replicas(operator_id)
+                except RhinoError as e:  # a worker died meanwhile: the detector handles that
+                    self.log("rebalance_failed", operator=operator_id, error=f"{type(e).__name__}: {e}")
             self._in_flight[operator_id] = batch
             out = self.placement(operator_id)
             if batch_time_ms is not None:

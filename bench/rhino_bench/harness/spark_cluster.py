@@ -31,6 +31,8 @@ Command line (``rhino-bench cluster``)::
     status [--dir DIR] [--json]
     kill-host N [--dir DIR]      # SIGKILL host N's Spark worker, executors and Rhino worker at once
     restart-host N [--dir DIR]
+    add-host [--dir DIR]         # a new host joins: a Spark worker and a Rhino worker
+    decommission-host N [--dir DIR] [--force]   # everything moved off at batch barriers, then stopped
     down [--dir DIR]
 
 Python::
@@ -646,7 +648,7 @@ class LocalCluster:
                                f"({hosts[0]['ip']}..{hosts[-1]['ip']})")
         return hosts[n - 1]
 
-    def spark_conf(self, **overrides: Any) -> dict[str, str]:
+    def spark_conf(self, spare_hosts: int = 0, **overrides: Any) -> dict[str, str]:
         """Conf entries for ``SparkSession.builder.config(map=...)``: the master, the locality
         helper's jar, the driver on 127.0.0.1, the venv's Python on both sides (this also sets
         ``$PYSPARK_PYTHON`` in this process if it is unset: see below), and executors
@@ -672,7 +674,8 @@ class LocalCluster:
             "spark.executorEnv.PYSPARK_PYTHON": py,
             "spark.executor.memory": st["executor_memory"],
             "spark.executor.cores": str(st["cores"]),
-            "spark.cores.max": str(st["cores"] * len(st["hosts"])),
+            # one executor per host; `spare_hosts` more for hosts that join later (add_host)
+            "spark.cores.max": str(st["cores"] * (len(st["hosts"]) + spare_hosts)),
             # Small batches of small tasks: Spark's 200 shuffle partitions would be 200 tasks on 3 cores.
             "spark.sql.shuffle.partitions": str(max(2, len(st["hosts"]) * st["cores"])),
             "spark.ui.showConsoleProgress": "false",
@@ -865,6 +868,68 @@ class LocalCluster:
             self._save()
             return self.host(h["n"])
 
+    def add_host(self, *, timeout: float = 120.0, progress: Progress = None) -> HostInfo:
+        """A new host joins: the next address after the last host's, with a Spark worker (a
+        running application gets an executor on it if its ``spark.cores.max`` allows: see
+        :meth:`spark_conf`'s ``spare_hosts``) and a Rhino worker registered with the
+        coordinator, which places nothing on it until asked (a rescale ``on`` it, a
+        rebalance) or until a chain needs a member. Waits for both to register."""
+        say = progress or (lambda s: None)
+        with self._lock:
+            st = self._state
+            n = len(st["hosts"]) + 1
+            octet = st["first_host"] + n - 1
+            if octet > 254:
+                raise ClusterError(f"no address left for host {n}: 127.0.0.{octet} is out of range")
+            ip = f"127.0.0.{octet}"
+            _check_address(ip)
+            st["hosts"].append({"n": n, "ip": ip, "state": "starting", "spark_worker": {},
+                                "rhino_worker": {"id": f"w{octet}"}})
+            st["n_hosts"] = n
+            self._save()
+            say(f"host {n} ({ip}): joining")
+            self._start_rhino_workers([n], timeout, say)
+            self._start_spark_workers([n], timeout, say)
+            self._await_registered([n], timeout)
+            st["hosts"][n - 1]["state"] = "up"
+            self._save()
+            return self.host(n)
+
+    def decommission_host(self, n: Union[int, str], *, timeout: float = 300.0, force: bool = False,
+                          progress: Progress = None) -> dict:
+        """Takes host `n` away without losing a batch: the coordinator's ``decommission`` of its
+        Rhino worker (nothing new placed on it; every operator moves its primaries and
+        replicas off it at its next batch barrier: running queries must run batches, or pass
+        `force`), polled until drained, then the host's processes are stopped (SIGTERM: its
+        Spark worker with its executors, and its Rhino worker). Returns the coordinator's
+        last answer, with ``drain_s``. Raises ClusterError if it is not drained in `timeout`
+        (the host is left running)."""
+        say = progress or (lambda s: None)
+        with self._lock:
+            h = self._host_rec(n)
+            wid = h["rhino_worker"]["id"]
+            t0 = time.monotonic()
+            with self.coordinator_client() as cc:
+                out = cc.decommission(wid, force=force)
+                say(f"host {h['n']} ({h['ip']}): decommissioning {wid}; held by {out['operators'] or 'nothing'}")
+                while not out["drained"]:
+                    if time.monotonic() - t0 > timeout:
+                        raise ClusterError(f"host {h['n']} ({h['ip']}): {wid} not drained in {timeout:g} s: still "
+                                           f"held by {out['operators']} (waiting for the batch barrier of "
+                                           f"{out['waiting_for_barrier']}; force=True moves them now)")
+                    time.sleep(0.2)
+                    out = cc.decommission(wid, force=force)
+            out["drain_s"] = time.monotonic() - t0
+            say(f"host {h['n']} ({h['ip']}): {wid} drained in {out['drain_s']:.1f} s; stopping the host")
+            _terminate(self._records(h), timeout=15.0, children=self._children)
+            left = self.executor_pids(h["n"])
+            if left:
+                _signal(left, signal.SIGKILL)
+            h["state"] = "decommissioned"
+            h["decommissioned_at"] = time.time()
+            self._save()
+            return out
+
     def down(self, *, timeout: float = 15.0, progress: Progress = None) -> list[int]:
         """Stops every process of the cluster: SIGTERM to each daemon's whole session
         (executors and Python workers included), SIGKILL to what is left after `timeout`.
@@ -937,6 +1002,8 @@ def _print_status(s: dict) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    from rhino.errors import RhinoError
+
     p = argparse.ArgumentParser(prog="rhino-bench cluster",
                                 description="A local multi-host Spark standalone + Rhino cluster on loopback "
                                             "addresses (127.0.0.1: master and coordinator; 127.0.0.2..: hosts).")
@@ -970,6 +1037,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     kh.add_argument("n", help="host number (1..N) or its address")
     rh = with_dir(sub.add_parser("restart-host", help="bring a killed host back"))
     rh.add_argument("n", help="host number (1..N) or its address")
+    with_dir(sub.add_parser("add-host", help="a new host joins (a Spark worker and a Rhino worker)"))
+    dh = with_dir(sub.add_parser("decommission-host", help="move everything off host N at batch barriers, "
+                                 "then stop it"))
+    dh.add_argument("n", help="host number (1..N) or its address")
+    dh.add_argument("--force", action="store_true", help="move every operator now, not at its next barrier")
+    dh.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the drain (default: 300)")
     args = p.parse_args(argv)
 
     def say(s: str) -> None:
@@ -1003,8 +1076,17 @@ def main(argv: Optional[list[str]] = None) -> int:
             c = LocalCluster.attach(args.dir)
             h = c.restart_host(args.n, progress=say)
             say(f"host {h.n} ({h.ip}): back up")
+        elif args.cmd == "add-host":
+            h = LocalCluster.attach(args.dir).add_host(progress=say)
+            say(f"host {h.n} ({h.ip}): up")
+        elif args.cmd == "decommission-host":
+            LocalCluster.attach(args.dir).decommission_host(args.n, timeout=args.timeout, force=args.force,
+                                                            progress=say)
     except ClusterError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except RhinoError as e:  # the coordinator refused (e.g. a decommission of an unknown or dead worker)
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
