@@ -234,3 +234,25 @@ def test_a_task_works_through_its_partition_a_window_of_whole_keys_at_a_time(clu
     want = pdf.groupby("k").size().rename("n").reset_index()
     pd.testing.assert_frame_equal(canon(fired), canon(want))
     assert sum(t["timers_fired"] for t in op2.reports[1].tasks) == len(want)
+
+
+def test_rescaled_down_then_up_the_new_instance_number_is_routed(cluster, spark):
+    """After 3 -> 2 (instance 2 retired) and 2 -> 3 (the new instance is number 3: a retired
+    number is never reused), partition p of a batch runs instance ``sorted(instances)[p]``:
+    every row reaches the instance that owns its vnode, and the output is exactly-once."""
+    from rhino.coordinator.client import connect_coordinator
+
+    batches = batches_of(5, 600, 60, seed=9)
+    op = _op(cluster, Fanout(), "renumbered", "k long, j long, n long")
+    got = [op.process_batch(spark.createDataFrame(batches[0]), 0).to_pandas()]
+    with connect_coordinator(cluster["coordinator"], secret=cluster["secret"]) as cc:
+        cc.rescale("renumbered", 2)
+        got.append(op.process_batch(spark.createDataFrame(batches[1]), 1).to_pandas())  # its barrier: 3 -> 2
+        cc.rescale("renumbered", 3)
+        for b in (2, 3, 4):
+            got.append(op.process_batch(spark.createDataFrame(batches[b]), b).to_pandas())
+        instances = sorted(int(i) for i in cc.placement("renumbered")["instances"])
+    assert instances == [0, 1, 3]
+    assert sorted(t["instance"] for t in op.reports[-1].tasks) == [0, 1, 3]
+    for b, want in enumerate(fanout_oracle(batches)):
+        pd.testing.assert_frame_equal(canon(got[b]), canon(want))

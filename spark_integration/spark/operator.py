@@ -367,7 +367,7 @@ class TransformWithState:
             raise RerunBatch(f"job: {type(e).__name__}: {msg}") from None
         if watch is not None and watch.reported:
             self.watch_log.append(dict(watch.summary(), batch=b, attempt=a.number))
-        missing = sorted(set(range(nparts)) - {t["instance"] for t in tasks})
+        missing = sorted(set(instance_order(placement)) - {t["instance"] for t in tasks})
         if missing:
             raise RerunBatch(f"no result from instances {missing}", sleep=False)
         load: dict[str, list[float]] = {}
@@ -415,8 +415,11 @@ class TransformWithState:
         # reuses the first attempt's shuffle: the same RDD object keeps its ShuffleDependency, so
         # Spark's DAG scheduler skips the map stage whose outputs it still has and recomputes only
         # those lost with a dead executor. Only the stateful stage runs again, pinned anew.
+        # Partition p of the shuffle is instance instances[p]: instance numbers are not
+        # 0..P-1 once a rescale retired some (a retired number is never reused).
+        instances = instance_order(placement)
         route_key = (nparts, placement["num_key_groups"], placement["num_vnodes"], placement["seed"],
-                     tuple(placement["assignment"]))
+                     tuple(placement["assignment"]), tuple(instances))
         input_columns = initial_columns = None
         sort = list(self.key_columns)
         if b == 0 and self.initial_state is not None:
@@ -426,10 +429,14 @@ class TransformWithState:
             sort.append(SIDE)
         if route_key not in shuffled:
             tokens = partition_tokens(spark, nparts)
+            # the token of each instance number (by number; retired numbers get none)
+            token_of = [-1] * (max(instances) + 1)
+            for p, i in enumerate(instances):
+                token_of[i] = tokens[p]
             tagged_schema = StructType(list(df.schema.fields) + [StructField(PART_COLUMN, LongType(), False)])
             tag = partial(tag_batches, key_columns=self.key_columns, num_key_groups=placement["num_key_groups"],
                           num_vnodes=placement["num_vnodes"], seed=placement["seed"],
-                          assignment=list(placement["assignment"]), tokens=tokens)
+                          assignment=list(placement["assignment"]), tokens=token_of)
             # Each partition sorted by key (Spark's external sort, which spills), as Spark's own
             # operator sorts: the task then streams it a window of whole keys at a time.
             routed = (df.mapInArrow(tag, tagged_schema).repartition(nparts, PART_COLUMN)
@@ -450,7 +457,7 @@ class TransformWithState:
                         failover_wait_s=self.failover_wait_s, wait_for_failover=not self.watch_hosts,
                         meta=self._meta_accumulator(spark), driver_attempt=attempt,
                         window_rows=self.task_window_rows, input_columns=input_columns,
-                        initial_columns=initial_columns)
+                        initial_columns=initial_columns, instances=instances)
         from pyspark.sql.pandas.types import from_arrow_schema
 
         out_schema = from_arrow_schema(output_arrow_schema(self.output_schema))
@@ -463,7 +470,7 @@ class TransformWithState:
         try:
             if sink is not None:
                 sink(result, b)
-                if seen(spec.meta, b, attempt) != set(range(nparts)):
+                if seen(spec.meta, b, attempt) != set(instances):
                     result.write.format("noop").mode("overwrite").save()
                 data = None
             else:
@@ -493,7 +500,7 @@ class TransformWithState:
         from .scheduling.locality import _ensure_class
 
         hosts = [[placement["instances"][str(i)]["host"]] if placement["instances"][str(i)]["host"] else []
-                 for i in range(nparts)]
+                 for i in instance_order(placement)]
         sc = spark.sparkContext
         jvm = sc._jvm
         try:
@@ -560,6 +567,12 @@ class TransformWithState:
         if self._coord is not None:
             self._coord.close()
             self._coord = None
+
+
+def instance_order(placement: dict) -> list[int]:
+    """The instance numbers of a placement in partition order: partition p of a batch's
+    shuffle, and its task, is instance ``instance_order(placement)[p]``."""
+    return sorted(int(i) for i in placement["instances"])
 
 
 def _drop_output(df: Any, batch_id: int) -> None:

@@ -100,6 +100,8 @@ class TaskSpec:
     # initial state's (its rows carry them under INIT_PREFIX); None otherwise
     input_columns: Optional[list[str]] = None
     initial_columns: Optional[list[str]] = None
+    # the instance of each partition (partition p runs instance instances[p]); None: p itself
+    instances: Optional[list[int]] = None
     extra: dict = field(default_factory=dict)
 
 
@@ -233,7 +235,11 @@ def run_partition(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator
 
     t_start = time.time()
     ctx = TaskContext.get()
-    instance = ctx.partitionId() if ctx is not None else int(spec.extra.get("instance", 0))
+    part = ctx.partitionId() if ctx is not None else None
+    if part is None:
+        instance = int(spec.extra.get("instance", 0))
+    else:
+        instance = spec.instances[part] if spec.instances is not None else part
     attempt = ctx.attemptNumber() if ctx is not None else 0
     in_schema = _schema(spec.input_schema_json)
     out_schema = _schema(spec.output_schema_json)
