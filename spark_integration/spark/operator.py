@@ -6,10 +6,11 @@ Per micro-batch b (Spark's batch id; checkpoint id = b, design §5):
    :class:`rhino.engine.BatchDriver`): the barrier where due handovers run; it
    returns the routing table and each instance's primary.
 2. Route: a ``mapInArrow`` pass tags each row with its instance's shuffle token
-   (``runtime/routing.py``), and ``repartition(P, token)`` makes partition i =
-   instance i.
-3. Pin: partition i prefers the host of i's primary (the JVM helper in
-   ``scheduling/``), so its task reaches the worker over the Unix socket.
+   (``runtime/routing.py``), and ``repartition(P, token)`` makes partition p =
+   instance ``instance_order(placement)[p]``, the p-th instance number in order
+   (numbers have gaps once a rescale retired some).
+3. Pin: partition p prefers the host of its instance's primary (the JVM helper
+   in ``scheduling/``), so its task reaches the worker over the Unix socket.
 4. Run: ``mapInArrow(run_partition)``, one task per instance
    (``runtime/task.py``): one session, one prefetch, the processor per key,
    one barrier commit. Each task also returns one meta row (its stats).
@@ -489,7 +490,7 @@ class TransformWithState:
         return self._meta_acc
 
     def _pin(self, spark: Any, jrdd: Any, jschema: Any, placement: dict, nparts: int) -> Any:
-        """The routed rows as a DataFrame, partition i preferring the host of instance i's primary."""
+        """The routed rows as a DataFrame, partition p preferring the host of its instance's primary."""
         from pyspark.sql import DataFrame
 
         if not self.locality:
@@ -512,7 +513,7 @@ class TransformWithState:
         client = sc._gateway._gateway_client
         conv = ListConverter()
         jhosts = conv.convert([conv.convert(h, client) for h in hosts], client)
-        # Wrapped so that partition i prefers instance i's host, then a DataFrame again for
+        # Wrapped so that partition p prefers its instance's host, then a DataFrame again for
         # mapInArrow: the DAG scheduler takes the preference from this narrow ancestor.
         pinned = jvm.io.rhino.spark.PreferredLocationsRDD(jrdd, jhosts)
         jdf = spark._jsparkSession.internalCreateDataFrame(pinned, jschema, False)

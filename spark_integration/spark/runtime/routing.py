@@ -7,8 +7,9 @@ under: the vnode of their routing part, the key's ``encode_key`` bytes
 
 Spark then shuffles with ``repartition(P, "_rhino_part")``, which puts a row in
 partition ``pmod(hash(_rhino_part), P)`` (Murmur3, seed 42). The column holds,
-for instance i, a **token**: a number whose hash lands in partition i, so that
-partition i of the shuffle is exactly instance i. Tokens are found once per P
+for the p-th instance in number order, a **token**: a number whose hash lands in
+partition p, so that partition p of the shuffle is exactly that instance (the
+driver passes ``tokens`` indexed by instance number). Tokens are found once per P
 by asking Spark itself to hash a range of numbers (no re-implementation of its
 hash to drift from it).
 """
@@ -65,7 +66,8 @@ def routing_keys(table: pa.Table | pa.RecordBatch, key_columns: list[str]) -> li
 
 def tag_batches(batches: Iterator[pa.RecordBatch], *, key_columns: list[str], num_key_groups: int,
                 num_vnodes: int, seed: int, assignment: list[int], tokens: list[int]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: appends ``_rhino_part`` (the token of the row's instance)."""
+    """mapInArrow body: appends ``_rhino_part`` (the token of the row's instance;
+    ``tokens[i]`` is instance number i's)."""
     part = rhino.Partitioner(num_key_groups=num_key_groups, num_vnodes=num_vnodes, seed=seed)
     inst_of_vnode = np.asarray(assignment, dtype=np.int64)
     tok = np.asarray(tokens, dtype=np.int64)
