@@ -26,50 +26,16 @@ pyspark = pytest.importorskip("pyspark")
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from pyspark import cloudpickle  # noqa: E402
-from pyspark.sql.streaming.stateful_processor import StatefulProcessor  # noqa: E402
 
 import rhino.spark  # noqa: E402
 
-cloudpickle.register_pickle_by_value(sys.modules[__name__])
+from test_spark_live_reconfigure import RunningCount, canon, oracle  # noqa: E402
+
+cloudpickle.register_pickle_by_value(sys.modules["test_spark_live_reconfigure"])
 
 FILES = 24
 ROWS = 400
 KEYS = 60
-
-
-class RunningCount(StatefulProcessor):
-    """Per key: the running count and sum of ``v``; one row per key per batch."""
-
-    def init(self, handle):
-        self.s = handle.getValueState("s", "n long, total long")
-
-    def handleInputRows(self, key, rows, timerValues):
-        n, total = self.s.get() if self.s.exists() else (0, 0)
-        for pdf in rows:
-            n += len(pdf)
-            total += int(pdf["v"].sum())
-        self.s.update((n, total))
-        yield pd.DataFrame({"k": [int(key[0])], "n": [n], "total": [total]})
-
-    def close(self):
-        pass
-
-
-def oracle(batches: list[pd.DataFrame]) -> list[pd.DataFrame]:
-    acc: dict[int, tuple[int, int]] = {}
-    out = []
-    for pdf in batches:
-        rows = []
-        for k, g in pdf.groupby("k"):
-            n, t = acc.get(int(k), (0, 0))
-            acc[int(k)] = (n + len(g), t + int(g["v"].sum()))
-            rows.append((int(k), *acc[int(k)]))
-        out.append(pd.DataFrame(rows, columns=["k", "n", "total"]))
-    return out
-
-
-def canon(df: pd.DataFrame) -> pd.DataFrame:
-    return df.sort_values(["k"]).reset_index(drop=True).astype("int64")
 
 
 def test_a_host_joins_the_query_rescales_onto_it_and_another_host_is_decommissioned(tmp_path):
@@ -83,7 +49,7 @@ def test_a_host_joins_the_query_rescales_onto_it_and_another_host_is_decommissio
     with LocalCluster.up(tmp_path / "cluster", hosts=3, first_host=110, heartbeat_timeout=2.0) as cl:
         spark = cl.spark_session("rhino-join-leave", spare_hosts=1)
         try:
-            op = rhino.spark.transform_with_state(RunningCount(), key="k", output_schema="k long, n long, total long",
+            op = rhino.spark.transform_with_state(RunningCount(), key="k", output_schema="k long, n long, s long",
                                                   operator_id="join-leave", coordinator=cl.coordinator,
                                                   secret_file=str(cl.secret_file), parallelism=3, replicas=2)
             got: dict[int, pd.DataFrame] = {}  # an idempotent sink, by batch id
