@@ -69,7 +69,8 @@ def run_pipeline(spark: Any, *, system: str, query: str, checkpoint_dir: str | P
                  spark_conf: Optional[dict] = None) -> PipelineRun:
     """Runs ``query`` over ``max_events`` events (``events_per_batch`` per micro-batch)
     to the end (Trigger.AvailableNow), and returns the outputs by batch and the timings.
-    ``on_batch(batch_id, run)`` is called from the sink after each batch's output.
+    ``on_batch(batch_id, run)`` is called once per batch when it is done (Rhino: committed,
+    its report in ``run.operator.reports``; Spark: from the sink, after its output).
     ``stop_when(run)``, if given, is polled (every 0.2 s) while the query runs; the query
     is stopped as soon as it returns true (e.g. after the batches a benchmark needs).
     ``spark_conf``: session conf entries set before the query starts (e.g. state store
@@ -83,14 +84,19 @@ def run_pipeline(spark: Any, *, system: str, query: str, checkpoint_dir: str | P
     prepared = q.prepare(events.withWatermark(q.event_time_column, q.watermark_delay), **params)
     lock = threading.Lock()
 
+    def done(batch_id: int, t0: float) -> None:
+        """A batch is done (Rhino: committed): ``on_batch``, then its record."""
+        if on_batch is not None:
+            on_batch(int(batch_id), run)
+        run.batches.append({"batch": int(batch_id), "sink_start": t0, "sink_end": time.time()})
+
     def sink(df: Any, batch_id: int) -> None:
         t0 = time.time()
         pdf = df.toPandas()
         with lock:
             run.outputs[int(batch_id)] = pdf  # idempotent by batch id
-        if on_batch is not None:
-            on_batch(int(batch_id), run)
-        run.batches.append({"batch": int(batch_id), "sink_start": t0, "sink_end": time.time()})
+        if system != "rhino":
+            done(batch_id, t0)
 
     if system == "rhino":
         from rhino.spark.operator import TransformWithState
@@ -102,7 +108,16 @@ def run_pipeline(spark: Any, *, system: str, query: str, checkpoint_dir: str | P
                                 watermark_delay=q.watermark_delay, checkpoint_location=str(ck / "rhino"),
                                 locality=locality, **(operator_options or {}))
         run.operator = op
-        writer = prepared.writeStream.foreachBatch(op.for_each_batch(sink))
+        # The sink is fused with the stateful stage: it runs before the batch commits, and again
+        # if the batch runs again. A batch is done once for_each_batch returns (committed).
+        fb = op.for_each_batch(sink)
+
+        def body(df: Any, batch_id: int) -> None:
+            t0 = time.time()
+            fb(df, batch_id)
+            done(batch_id, t0)
+
+        writer = prepared.writeStream.foreachBatch(body)
     elif system == "spark":
         spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         out = prepared.groupBy(*q.key).transformWithStateInPandas(
