@@ -14,7 +14,9 @@ Per batch b:
    b-1, and commits b in barrier mode; it reports its per-vnode load
    (:func:`vnode_load`);
 3. the driver reports the batch done with the epoch the instances committed at
-   (:meth:`BatchDriver.commit`); the coordinator refuses it if the operator
+   (:meth:`BatchDriver.commit`), with the batch's report for the autoscaler
+   (:func:`batch_report`: records and busy time per instance, from their commit
+   stats); the coordinator refuses it if the operator
    moved to a new epoch meanwhile, and the whole batch runs again
    (:meth:`BatchDriver.run`): every instance rolls back to b-1 first, so state
    and output are those of one run.
@@ -58,6 +60,7 @@ from .clients import WorkerClients, primary_address
 from .driver import Attempt, AttemptResult, BatchDriver, BatchOutcome, RerunBatch
 from .instance import InstanceRun
 from .load import vnode_load
+from .report import BUSY_FIELDS, batch_report
 
 __all__ = [
     "Action",
@@ -74,4 +77,6 @@ __all__ = [
     "RerunBatch",
     "InstanceRun",
     "vnode_load",
+    "batch_report",
+    "BUSY_FIELDS",
 ]
