@@ -185,6 +185,7 @@ class TransformWithState:
         # the batch clock, in ms (a test's manual clock; the wall clock by default)
         self.clock: Callable[[], float] = clock if clock is not None else (lambda: time.time() * 1000)
         self._known_hosts: Optional[set[str]] = None  # executor hosts seen last (host_loss.py)
+        self._pinned_hosts: dict[int, Optional[str]] = {}  # each instance's host in the last job (moved_first.py)
         self.watch_log: list[dict] = []  # what the batch watches reported or cancelled
         self.checkpoint_location = Path(checkpoint_location) if checkpoint_location else None
         self.reports: list[BatchReport] = []
@@ -500,8 +501,13 @@ class TransformWithState:
 
         from .scheduling.locality import _ensure_class
 
-        hosts = [[placement["instances"][str(i)]["host"]] if placement["instances"][str(i)]["host"] else []
-                 for i in instance_order(placement)]
+        from .scheduling.moved_first import preferred_hosts
+
+        order = instance_order(placement)
+        now = {i: placement["instances"][str(i)]["host"] or None for i in order}
+        # the instances that moved since the last job start first on their new hosts
+        hosts = preferred_hosts(order, now, self._pinned_hosts)
+        self._pinned_hosts = now
         sc = spark.sparkContext
         jvm = sc._jvm
         try:
