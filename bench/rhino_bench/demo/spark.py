@@ -1,18 +1,30 @@
-"""``rhino-bench demo`` (``make demo``): NEXMark Q8 on a local 3-host Spark + Rhino
-cluster with r=2, a host SIGKILLed mid-run, and the query going on.
+"""``rhino-bench demo`` (``make demo``): NEXMark Q8 on a local Spark + Rhino cluster that
+changes under a running query: a host joins, the query is rescaled 3 -> 4 live, a host is
+decommissioned, and a host is SIGKILLed; the output stays exactly-once.
 
 1. Start the cluster (``rhino_bench.harness.spark_cluster``): a Spark standalone master and a
    Rhino coordinator on 127.0.0.1; on each of 127.0.0.2..4 a Spark worker and a
    Rhino worker.
-2. Run Q8 (``rhino_bench.nexmark``) from ``foreachBatch`` on Rhino state, with a
-   payload sized so the live state reaches ``--state`` bytes.
-3. When the state has reached its size, SIGKILL host ``--kill-host`` (its Spark
-   worker, executors and Rhino worker at once, like a lost VM).
-4. Print the recovery breakdown (detection, takeover by hard links, the batch
-   run again) and check the output against the failure-free answer computed
+2. Run Q8 (``rhino_bench.nexmark``) from ``foreachBatch`` on Rhino state (r=2), with a
+   payload sized so the live state reaches about ``--state`` bytes at the kill.
+3. While it runs, one after the other, each once the one before has taken effect and
+   ``--gap`` batches more have committed:
+   a. a host joins (``LocalCluster.add_host``: 127.0.0.5, a Spark worker, an executor of
+      the running application and a Rhino worker, registered with the coordinator);
+   b. the query is rescaled 3 -> 4 through the coordinator, the new instance on the new
+      host, with ``--strategy`` (fluid by default: one vnode per batch barrier, so each
+      barrier moves 1/``--vnodes`` of the state and the latency spike stays small);
+   c. host ``--decommission-host`` is decommissioned: the coordinator moves its primaries
+      and replicas off it at a batch barrier, then the host is stopped (no batch fails);
+   d. host ``--kill-host`` is SIGKILLed (its Spark worker, executors and Rhino worker at
+      once, like a lost VM) and the query recovers.
+   ``--kill-only``: only d, on the 3 hosts (the demo before hosts could join and leave).
+4. Print each event's cost (time from the request to the change taking effect, the
+   batches it touched against the steady median before it), the recovery breakdown,
+   and check the output of the whole run against the failure-free answer computed
    independently by pandas over the same events (every closed window).
-5. Write a per-batch latency timeline with the failure marked
-   (``DIR/latency.png``) and the per-batch records (``DIR/batches.jsonl``).
+5. Write a per-batch latency timeline with every event marked (``DIR/latency.png``), the
+   per-batch records (``DIR/batches.jsonl``) and the events (``DIR/events.json``).
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sqlite3
 import sys
 import threading
 import time
@@ -27,6 +40,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 __all__ = ["main"]
+
+OPERATOR = "demo-q8"
 
 
 def _size(text: str) -> int:
@@ -46,13 +61,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="rhino-bench demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", default=".demo-spark", help="work directory, removed and recreated (default: %(default)s)")
     p.add_argument("--state", type=_size, default=_size("256M"),
-                   help="live Q8 state to build before the kill (default: 256M)")
-    p.add_argument("--hosts", type=int, default=3, help="hosts (default: %(default)s)")
+                   help="live Q8 state to build by the kill (default: 256M)")
+    p.add_argument("--hosts", type=int, default=3, help="hosts at the start (default: %(default)s)")
     p.add_argument("--replicas", type=int, default=2, help="replicas per instance, r (default: %(default)s)")
+    p.add_argument("--kill-only", action="store_true",
+                   help="no join, rescale or decommission: only the SIGKILL of a host (the older, shorter demo)")
     p.add_argument("--kill-host", type=int, default=2, help="the host to SIGKILL, 1..hosts (default: %(default)s)")
-    p.add_argument("--events-per-batch", type=int, default=10_000, help="events per micro-batch (default: %(default)s)")
-    p.add_argument("--batches-after", type=int, default=8,
-                   help="micro-batches to run after the kill (default: %(default)s)")
+    p.add_argument("--decommission-host", type=int, default=1,
+                   help="the host to decommission, 1..hosts, not --kill-host (default: %(default)s)")
+    p.add_argument("--strategy", choices=("fluid", "batched", "all-at-once"), default="fluid",
+                   help="migration strategy of the live rescale (default: %(default)s: one vnode per barrier)")
+    p.add_argument("--vnodes", type=int, default=24,
+                   help="vnodes of the operator (default: %(default)s: 8 per instance at 3, 6 at 4, so the "
+                        "rescale moves 6)")
+    p.add_argument("--gap", type=int, default=2,
+                   help="batches committed between one event taking effect and the next (default: %(default)s)")
+    p.add_argument("--events-per-batch", type=int, default=10_000, help="at least this many events per micro-batch "
+                   "(default: %(default)s; more if the state needs them)")
+    p.add_argument("--batches-after", type=int, default=6,
+                   help="micro-batches to run after the kill, at least (default: %(default)s)")
     p.add_argument("--first-host", type=int, default=2, help="hosts are 127.0.0.N from this N (default: %(default)s)")
     a = p.parse_args(argv)
     if a.hosts < 2 or not 1 <= a.kill_host <= a.hosts:
@@ -61,6 +88,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--replicas must be in 1..hosts-1 (a chain never includes its primary's host)")
     if a.state < (8 << 20) or a.events_per_batch < 1000 or a.batches_after < 2:
         p.error("--state must be >= 8M, --events-per-batch >= 1000 and --batches-after >= 2")
+    if not a.kill_only:
+        if not 1 <= a.decommission_host <= a.hosts or a.decommission_host == a.kill_host:
+            p.error("--decommission-host must be in 1..hosts and not --kill-host")
+        if a.hosts - 1 < 2 or a.replicas > a.hosts - 1:
+            p.error("the elastic demo ends with hosts - 1 hosts (one joins, two leave): --hosts must be >= 3")
+        if a.vnodes < a.hosts + 1 or a.gap < 1:
+            p.error("--vnodes must be >= hosts + 1 and --gap >= 1")
     return a
 
 
@@ -70,6 +104,45 @@ INTER_EVENT_DELAY_US = 200  # 5000 events per second of event time
 # seller of NEXMark (3/4 of the auctions for about 5000 events) collects ~225 auctions: with
 # 8 KiB payloads, under 2 MiB. Larger states come from longer windows, not larger payloads.
 MAX_PAYLOAD = 8192
+# The batches the elastic part takes, roughly (the window is sized on it: it closes soon
+# after the kill, so the state is largest then and the output check has windows to compare).
+JOIN_AT = 2  # the host joins once batches 0..JOIN_AT have committed (batch 0 warms up)
+JOIN_BATCHES = 4  # a Spark worker and executor and a Rhino worker start meanwhile
+DECOMMISSION_BATCHES = 2
+
+
+def _steps(a: argparse.Namespace) -> int:
+    """Steps of the rescale: all the vnodes of the new instance at once, or one per step
+    (fluid; batched too, as every move goes into the one new instance)."""
+    return 1 if a.strategy == "all-at-once" else -(-a.vnodes // (a.hosts + 1))
+
+
+class _Progress:
+    """Committed batches, as on_batch sees them; the script waits on it."""
+
+    def __init__(self) -> None:
+        self.cv = threading.Condition()
+        self.committed = 0  # batches 0..committed-1 are done
+        self.over = False  # the query ended
+
+    def done(self, batch_id: int) -> None:
+        with self.cv:
+            self.committed = max(self.committed, batch_id + 1)
+            self.cv.notify_all()
+
+    def end(self) -> None:
+        with self.cv:
+            self.over = True
+            self.cv.notify_all()
+
+    def wait(self, n: int, timeout: float = 600.0) -> int:
+        """Until batches 0..n-1 are committed; raises if the query ended first."""
+        with self.cv:
+            if not self.cv.wait_for(lambda: self.committed >= n or self.over, timeout):
+                raise TimeoutError(f"batch {n - 1} did not commit in {timeout:g} s")
+            if self.committed < n:
+                raise RuntimeError(f"the query ended after {self.committed} batches")
+            return self.committed
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -82,6 +155,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     from ..nexmark.pipeline import run_pipeline
     from ..nexmark.source import config_from_options
 
+    elastic = not a.kill_only
+    t_start = time.time()
     work = Path(a.dir).resolve()
     if work.exists():
         try:
@@ -95,74 +170,211 @@ def main(argv: Optional[list[str]] = None) -> int:
     records = a.state // (payload + 120)
     events_needed = int(records * 50 / 4)
     window_ms = max(5000, int(events_needed * INTER_EVENT_DELAY_US / 1000) // 1000 * 1000 + 2000)
-    events_per_batch = max(a.events_per_batch, -(-events_needed // 10))
+    # batches until the kill: the state grows through them (one window), then the window closes
+    build_batches = (JOIN_AT + 1 + JOIN_BATCHES + _steps(a) + 1 + a.gap + DECOMMISSION_BATCHES + a.gap + 1
+                     if elastic else 10)
+    events_per_batch = max(a.events_per_batch, -(-events_needed // build_batches))
+    build_batches = max(2, -(-events_needed // events_per_batch))
     source = {"interEventDelayUs": INTER_EVENT_DELAY_US, "payloadBytes": payload}
     params = {"window_ms": window_ms}
-    build_batches = max(2, -(-events_needed // events_per_batch))
-    total_batches = build_batches + a.batches_after
+    # Kill-only: exactly build + after batches. Elastic: room for slow reconfigurations; the
+    # run stops (stop_when) once --batches-after batches followed the kill and a window closed.
+    total_batches = build_batches + a.batches_after + (40 if elastic else 0)
     a.events_per_batch = events_per_batch
-    _say(f"[demo] NEXMark Q8 (window {window_ms // 1000} s of event time), {a.events_per_batch:,} events per batch, "
-         f"{payload:,} B payload per person/auction: ~{a.state / 2**20:.0f} MiB of state after {build_batches} "
-         f"batches; host {a.kill_host} is killed then, {a.batches_after} batches follow")
+    if elastic:
+        _say(f"[demo] NEXMark Q8 (window {window_ms // 1000} s of event time), {events_per_batch:,} events per batch, "
+             f"{payload:,} B payload per person/auction: the state grows to ~{a.state / 2**20:.0f} MiB over about "
+             f"{build_batches} batches, while: a host joins, the query is rescaled {a.hosts}->{a.hosts + 1} "
+             f"({a.strategy}), host {a.decommission_host} is decommissioned, host {a.kill_host} is SIGKILLed; "
+             f"then at least {a.batches_after} batches")
+    else:
+        _say(f"[demo] NEXMark Q8 (window {window_ms // 1000} s of event time), {events_per_batch:,} events per "
+             f"batch, {payload:,} B payload per person/auction: ~{a.state / 2**20:.0f} MiB of state after "
+             f"{build_batches} batches; host {a.kill_host} is killed then, {a.batches_after} batches follow")
     t_up = time.time()
     cl = LocalCluster.up(work / "cluster", hosts=a.hosts, first_host=a.first_host, heartbeat_timeout=2.0,
                          progress=lambda s: _say(f"[cluster] {s}"))
     kill: dict[str, Any] = {}
+    events: list[dict] = []  # the elastic events, in order, as they happened
+    script: dict[str, Any] = {}
+    prog = _Progress()
     try:
         _say(f"[demo] cluster up in {time.time() - t_up:.1f} s; starting the Spark application")
-        spark = cl.spark_session("rhino-demo-q8")
+        # one executor per host, and room for one more: the host that joins
+        spark = cl.spark_session("rhino-demo-q8", spare_hosts=1 if elastic else 0)
         spark.sparkContext.setLogLevel("ERROR")
         victim = cl.hosts[a.kill_host - 1]
+        run_ref: dict[str, Any] = {}
 
         def on_batch(batch_id: int, run: Any) -> None:
+            run_ref["run"] = run
             reps = run.operator.reports
             r = reps[-1]
             size = sum(t.get("checkpoint_bytes", 0) for t in r.tasks)
             _say(f"[batch {batch_id:3d}] {r.seconds:5.2f} s  {r.tasks and sum(t['rows_in'] for t in r.tasks):6,} rows  "
-                 f"state {size / 2**20:7.1f} MiB  locality {r.locality:.0%}  epoch {r.epoch}"
+                 f"state {size / 2**20:7.1f} MiB  {len(r.tasks)} instances on "
+                 f"{len({t['host'] for t in r.tasks})} hosts  locality {r.locality:.0%}  epoch {r.epoch}"
+                 + (f"  barrier {r.begin_s:.2f} s" if r.begin_s >= 0.3 else "")
                  + (f"  attempts {r.attempts}" if r.attempts > 1 else ""))
-            if batch_id == build_batches - 1 and not kill:
+            prog.done(batch_id)
+            if not elastic and batch_id == build_batches - 1 and not kill:
                 kill["state_bytes"] = size
-
-                def do_kill() -> None:
-                    time.sleep(0.3)  # into the next batch
-                    kill["t"] = time.time()
-                    kill["pids"] = cl.kill_host(a.kill_host)
-                    _say(f"[demo] SIGKILLed host {a.kill_host} ({victim}): its Spark worker, executors and Rhino "
-                         f"worker ({len(kill['pids'])} processes)")
-
                 threading.Thread(target=do_kill, daemon=True).start()
 
-        run = run_pipeline(spark, system="rhino", query="q8", checkpoint_dir=work / "checkpoints",
-                           events_per_batch=a.events_per_batch, max_events=a.events_per_batch * total_batches,
-                           source_options=source, params=params, operator_id="demo-q8",
-                           coordinator=cl.coordinator, secret_file=str(cl.secret_file), parallelism=a.hosts,
-                           replicas=a.replicas, on_batch=on_batch)
+        def do_kill() -> None:
+            time.sleep(0.3)  # into the next batch
+            kill["t"] = time.time()
+            kill["batch"] = prog.committed  # the batch in flight
+            kill["pids"] = cl.kill_host(a.kill_host)
+            _say(f"[demo] SIGKILLed host {a.kill_host} ({victim}): its Spark worker, executors and Rhino "
+                 f"worker ({len(kill['pids'])} processes)")
+
+        def state_now() -> int:
+            run = run_ref.get("run")
+            if run is None or not run.operator.reports:
+                return 0
+            return sum(t.get("checkpoint_bytes", 0) for t in run.operator.reports[-1].tasks)
+
+        def elastic_script() -> None:
+            """The four events, one after the other, while the query runs."""
+            try:
+                prog.wait(JOIN_AT + 1)
+                # 1. a host joins
+                ev = {"kind": "join", "label": "host joins", "t": time.time(), "batch": prog.committed,
+                      "state_bytes": state_now()}
+                events.append(ev)
+                _say(f"[demo] 1/4 a host joins (batch {ev['batch']} running): a Spark worker and a Rhino worker "
+                     f"on the next address")
+                new = cl.add_host(progress=lambda s: _say(f"[cluster] {s}"))
+                cl.wait_for_executors(spark, timeout=120)
+                ev.update(t_done=time.time(), batch_done=prog.committed, host=new.n, ip=new.ip,
+                          worker=new.rhino_worker.id)
+                _say(f"[demo] host {new.n} ({new.ip}) joined in {ev['t_done'] - ev['t']:.1f} s: Rhino worker "
+                     f"{new.rhino_worker.id} registered, an executor of this application on it")
+                prog.wait(prog.committed + a.gap)
+                # 2. the query is rescaled onto it, live
+                with cl.coordinator_client() as cc:
+                    ev = {"kind": "rescale", "label": f"rescale {a.hosts}->{a.hosts + 1}", "t": time.time(),
+                          "batch": prog.committed, "strategy": a.strategy, "state_bytes": state_now()}
+                    events.append(ev)
+                    plan = cc.rescale(OPERATOR, a.hosts + 1, strategy=a.strategy, on=[new.rhino_worker.id])
+                    ev.update(plan=plan["plan"], steps=plan["steps"], moves=plan.get("moves"))
+                    _say(f"[demo] 2/4 rescale {a.hosts}->{a.hosts + 1} asked (batch {ev['batch']} running): plan "
+                         f"{plan['plan']}, {plan.get('moves')} vnodes to a new instance on {new.rhino_worker.id}, "
+                         f"{plan['steps']} step(s) ({a.strategy}), one per batch barrier")
+                    seen: set = set()
+                    while True:
+                        st = cc.status()
+                        for e in st["events"]:
+                            if e.get("kind") == "handover_step" and e.get("plan") == plan["plan"] \
+                                    and e.get("step") not in seen:
+                                seen.add(e.get("step"))
+                                _say(f"[rescale] step {e.get('step')}/{e.get('of')} at a barrier: epoch "
+                                     f"{e.get('epoch')}, {e.get('vnodes')} vnode(s), "
+                                     f"{(e.get('bytes_copied') or 0) / 2**20:.1f} MiB copied, "
+                                     f"{e.get('seconds', 0):.2f} s")
+                        if not [p for p in st["plans_in_flight"] if p["id"] == plan["plan"]]:
+                            break
+                        if prog.over:
+                            raise RuntimeError("the query ended with the rescale still open")
+                        time.sleep(0.3)
+                    ev.update(t_done=time.time(), batch_done=prog.committed)
+                _say(f"[demo] rescale done in {ev['t_done'] - ev['t']:.1f} s")
+                prog.wait(prog.committed + a.gap)
+                # 3. a host is decommissioned
+                leaving = cl.host(a.decommission_host)
+                ev = {"kind": "decommission", "label": f"host {a.decommission_host} decommissioned",
+                      "t": time.time(), "batch": prog.committed, "host": leaving.n, "ip": leaving.ip,
+                      "worker": leaving.rhino_worker.id, "state_bytes": state_now()}
+                events.append(ev)
+                _say(f"[demo] 3/4 decommission host {leaving.n} ({leaving.ip}) (batch {ev['batch']} running): "
+                     f"its instances move off it at the next batch barrier, then it stops")
+                out = cl.decommission_host(a.decommission_host, timeout=240,
+                                           progress=lambda s: _say(f"[cluster] {s}"))
+                ev.update(t_drained=ev["t"] + out["drain_s"], t_done=time.time(), batch_done=prog.committed,
+                          drain_s=out["drain_s"])
+                prog.wait(prog.committed + a.gap)
+                # 4. a host is lost
+                n = prog.wait(prog.committed + 1)
+                kill["state_bytes"] = state_now()
+                _say(f"[demo] 4/4 SIGKILL host {a.kill_host} ({victim}) during batch {n}")
+                do_kill()
+                events.append({"kind": "kill", "label": f"host {a.kill_host} SIGKILLed", "t": kill["t"],
+                               "batch": kill["batch"], "host": a.kill_host, "ip": victim,
+                               "state_bytes": kill["state_bytes"]})
+            except Exception as e:  # noqa: BLE001 - reported; the query runs on to its end
+                script["error"] = f"{type(e).__name__}: {e}"
+                _say(f"[demo] the elastic part stopped: {script['error']}")
+            finally:
+                script["over"] = time.time()
+
+        def stop_when(run: Any) -> bool:
+            t_end = kill.get("t") or script.get("over")
+            if t_end is None or "over" not in script:
+                return False
+            after = [b for b in run.batches if b["sink_end"] > t_end]
+            closed = any(len(run.outputs.get(b["batch"], ())) for b in run.batches)
+            return len(after) >= a.batches_after and (closed or len(after) >= a.batches_after + 15)
+
+        if elastic:
+            threading.Thread(target=elastic_script, daemon=True, name="demo-script").start()
+        try:
+            run = run_pipeline(spark, system="rhino", query="q8", checkpoint_dir=work / "checkpoints",
+                               events_per_batch=a.events_per_batch, max_events=a.events_per_batch * total_batches,
+                               source_options=source, params=params, operator_id=OPERATOR,
+                               coordinator=cl.coordinator, secret_file=str(cl.secret_file), parallelism=a.hosts,
+                               replicas=a.replicas, on_batch=on_batch, stop_when=stop_when if elastic else None,
+                               operator_options={"num_vnodes": a.vnodes} if elastic else None)
+        finally:
+            prog.end()
         op = run.operator
-        reports = op.reports
         status = cl.coordinator_status()
+        coord_events = _coordinator_events(cl)
         spark.stop()
     finally:
         cl.down(progress=lambda s: _say(f"[cluster] {s}"))
 
+    # the batches that committed (a batch in flight when the run stopped did not)
+    committed = sorted({b["batch"] for b in run.batches})
+    last = committed[-1] if committed else -1
+    by_batch = {r.batch: r for r in op.reports}  # the last report of each batch
+    reports = [by_batch[b] for b in committed if b in by_batch]
+    ok = committed == list(range(last + 1)) and len(reports) == len(committed)
+    if not ok:
+        _say(f"[demo] the committed batches are not 0..{last}: {committed}")
+
+    # ---- the events and their costs -----------------------------------------------------------
+    if elastic:
+        _say("")
+        _say("Events while the query ran")
+        for i, ev in enumerate(events):
+            ok = _summarise(i + 1, ev, reports, coord_events, a) and ok
+        if script.get("error"):
+            _say(f"  the elastic part stopped early: {script['error']}")
+            ok = False
+        if len(events) < 4:
+            ok = False
+
     # ---- the recovery breakdown ---------------------------------------------------------------
-    ok = True
     if "t" not in kill:
         _say("[demo] the host was never killed (the run ended first)")
         return 1
     tk = kill["t"]
     dead = [w for w in status["workers"] if w.get("dead_since")]
     detect = min((w["dead_since"] - tk for w in dead if w["dead_since"] >= tk - 1), default=None)
-    takeovers = [e for e in status["events"] if e.get("kind") == "reconfigured" and e.get("takeover_figures")
+    takeovers = [e for e in coord_events if e.get("kind") == "reconfigured" and e.get("takeover_figures")
                  and e["at"] >= tk - 1]
     restore = [f.get("restore_s") for e in takeovers for f in e["takeover_figures"].values()
                if f.get("restore_s") is not None]
     after = [r for r in reports if r.ended > tk]
     first = after[0] if after else None
-    steady = [r.seconds for r in reports[1:] if r.ended < tk]
+    before = [r.seconds for r in reports[1:] if r.ended < tk]
+    steady = before[-max(3, a.gap):] if elastic else before
     _say("")
-    _say("Recovery from the host loss")
-    _say(f"  state at the kill           {kill['state_bytes'] / 2**20:8.1f} MiB over {a.hosts} instances, r={a.replicas}")
+    _say("Recovery from the host loss" + (" (4/4)" if elastic else ""))
+    width = next((len(r.tasks) for r in reversed(reports) if r.ended < tk), a.hosts)
+    _say(f"  state at the kill           {kill['state_bytes'] / 2**20:8.1f} MiB over {width} instances, "
+         f"r={a.replicas}")
     if detect is not None:
         _say(f"  detection                   {detect:8.2f} s   (the coordinator declared the Rhino worker dead)")
     if restore:
@@ -178,21 +390,33 @@ def main(argv: Optional[list[str]] = None) -> int:
                  + (", rolled back to b-1" if t.get("rolled_back") else "")
                  + (f"; retried after: {t['errors'][0][:120]}" if t.get("errors") else ""))
     if steady:
-        _say(f"  steady batches before       {float(np.median(steady)):8.2f} s   median")
+        _say(f"  steady batches before       {float(np.median(steady)):8.2f} s   median"
+             + (f" of the {len(steady)} before the kill" if elastic else ""))
     post = [r.locality for r in after[1:]]
     if post:
         _say(f"  locality after recovery     {float(np.mean(post)):8.0%}   (tasks on their primary's host)")
 
     # ---- the output check ---------------------------------------------------------------------
-    events = generate(0, a.events_per_batch * total_batches, config=config_from_options(source)).to_pandas()
+    # batch b read events [b * n, (b + 1) * n): the oracle reads the same ones
+    n_events = a.events_per_batch * (last + 1)
+    rows_in = [run.progress.get(b, {}).get("numInputRows") for b in committed]
+    if all(x is not None for x in rows_in) and sum(rows_in) != n_events:
+        _say(f"[demo] Spark read {sum(rows_in):,} events in batches 0..{last}, not {n_events:,}")
+        ok = False
+    events_df = generate(0, n_events, config=config_from_options(source)).to_pandas()
     wm = reports[-1].watermark_ms
-    want = oracle.closed("q8", oracle.compute("q8", events, **params), wm, **params)
-    got = oracle.closed("q8", run.output(), wm, **params)
+    want = oracle.closed("q8", oracle.compute("q8", events_df, **params), wm, **params)
+    outs = [run.outputs[b] for b in committed if b in run.outputs and len(run.outputs[b])]
+    import pandas as pd
+
+    got = oracle.closed("q8", pd.concat(outs, ignore_index=True) if outs else pd.DataFrame(columns=want.columns),
+                        wm, **params)
     cols = list(want.columns)
     same = (len(got) == len(want) and got.sort_values(cols).reset_index(drop=True)
             .equals(want.sort_values(cols).reset_index(drop=True).astype(got.dtypes.to_dict())))
     _say("")
-    _say(f"Output check: {len(got):,} Q8 results of the closed windows vs the failure-free answer (pandas over the "
+    _say(f"Output check: {len(got):,} Q8 results of the closed windows, batches 0..{last} ({n_events:,} events, "
+         f"{'every event above' if elastic else 'the whole run'}), vs the failure-free answer (pandas over the "
          f"same events): {'IDENTICAL' if same else 'DIFFERENT'}")
     if len(want) == 0:
         _say("  (no window closed during the run: nothing to compare; run more batches with --batches-after)")
@@ -203,32 +427,133 @@ def main(argv: Optional[list[str]] = None) -> int:
     with open(work / "batches.jsonl", "w") as f:
         for r in reports:
             f.write(json.dumps({"batch": r.batch, "started": r.started, "ended": r.ended, "seconds": r.seconds,
-                                "attempts": r.attempts, "epoch": r.epoch, "locality": r.locality,
-                                "errors": r.errors, "tasks": r.tasks}, default=str) + "\n")
+                                "begin_s": r.begin_s, "attempts": r.attempts, "epoch": r.epoch,
+                                "locality": r.locality, "errors": r.errors, "tasks": r.tasks}, default=str) + "\n")
+    marks = events if elastic else [{"kind": "kill", "label": f"host {a.kill_host} SIGKILLed", "t": tk}]
+    (work / "events.json").write_text(json.dumps(marks, indent=1, default=str) + "\n")
     png = work / "latency.png"
-    _plot(reports, tk, png, a)
+    _plot(reports, marks, png, a)
     _say(f"Per-batch latency timeline: {png}")
+    _say(f"[demo] {'done' if ok else 'FAILED'} in {time.time() - t_start:.0f} s")
     return 0 if ok else 1
 
 
-def _plot(reports: list, tk: float, png: Path, a: argparse.Namespace) -> None:
+def _coordinator_events(cl: Any) -> list[dict]:
+    """Every event of the coordinator's log (``status`` shows the last 20 only), read only."""
+    d = cl.state.get("coordinator", {}).get("dir")
+    dbs = sorted(Path(d).rglob("coordinator.db")) if d else []
+    if not dbs:
+        return cl.coordinator_status()["events"]
+    db = sqlite3.connect(f"file:{dbs[0]}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT at, kind, detail FROM events ORDER BY id").fetchall()
+    finally:
+        db.close()
+    return [{"at": at, "kind": kind, **json.loads(detail)} for at, kind, detail in rows]
+
+
+def _batch_at(reports: list, t: float) -> Optional[Any]:
+    """The batch running (or starting: its barrier) at time t."""
+    for r in reports:
+        if r.started <= t <= r.ended:
+            return r
+    return next((r for r in reports if r.started >= t), None)
+
+
+def _summarise(i: int, ev: dict, reports: list, coord_events: list[dict], a: argparse.Namespace) -> bool:
+    """Prints one event's cost; records it in ``ev``. False if a batch it touched failed."""
+    import numpy as np
+
+    t0 = ev["t"]
+    before = [r for r in reports if r.batch >= 1 and r.ended <= t0][-max(3, a.gap):]
+    median = float(np.median([r.seconds for r in before])) if before else float("nan")
+    t1 = ev.get("t_done", t0)
+    if ev["kind"] == "kill":
+        touched = [r for r in reports if r.ended > t0][:1]
+    else:
+        # the batches that ran between the request and the change taking effect, and the next
+        touched = [r for r in reports if r.ended > t0 and r.started <= t1]
+        touched += [r for r in reports if r.started > t1][:1]
+    worst = max(touched, key=lambda r: r.seconds, default=None)
+    failed = [r.batch for r in touched if r.attempts > 1]
+    ev.update(steady_median_s=median, batches=[r.batch for r in touched],
+              worst_batch=worst.batch if worst else None, worst_s=worst.seconds if worst else None,
+              failed_batches=failed)
+    x = f"{worst.seconds / median:.1f}x" if worst and median == median and median > 0 else "?"
+    state = f"state {ev.get('state_bytes', 0) / 2**20:.0f} MiB"
+    span = (f"batches {touched[0].batch}..{touched[-1].batch}" if len(touched) > 1
+            else f"batch {touched[0].batch}" if touched else "no batch")
+    worst_txt = (f"largest batch {worst.batch}: {worst.seconds:.2f} s = {x} the steady median {median:.2f} s"
+                 if worst else "no batch ran")
+    if ev["kind"] == "join":
+        _say(f"  {i}. host {ev.get('host')} ({ev.get('ip')}) joined       {t1 - t0:6.1f} s from add_host to its Spark "
+             f"executor and Rhino worker {ev.get('worker')} registered; {span} ran meanwhile, {worst_txt}")
+    elif ev["kind"] == "rescale":
+        steps = [e for e in coord_events if e.get("kind") == "handover_step" and e.get("plan") == ev.get("plan")]
+        at = []
+        for e in steps:
+            r = _batch_at(reports, e["at"])
+            at.append(r.batch if r else None)
+        four = next((r for r in reports if r.started >= t0 and len(r.tasks) == a.hosts + 1), None)
+        copied = sum(int(e.get("bytes_copied") or 0) for e in steps)
+        ev.update(step_batches=at, step_seconds=[e.get("seconds") for e in steps], bytes_copied=copied,
+                  first_batch_at_new_parallelism=four.batch if four else None)
+        _say(f"  {i}. rescale {a.hosts}->{a.hosts + 1} ({ev.get('strategy')})       {t1 - t0:6.1f} s from the request "
+             f"to its last step; {len(steps)} step(s), {ev.get('moves')} vnodes, at the barriers of batches "
+             f"{', '.join(str(b) for b in at)} (each {', '.join(f'{s:.2f}' for s in ev['step_seconds'])} s, "
+             f"{copied / 2**20:.0f} MiB copied to the new host); {a.hosts + 1} instances from batch "
+             f"{four.batch if four else '?'}; {state} at the request; {span}: {worst_txt}")
+    elif ev["kind"] == "decommission":
+        drained = _batch_at(reports, ev.get("t_drained", t1))
+        _say(f"  {i}. host {ev.get('host')} ({ev.get('ip')}) decommissioned {ev.get('drain_s', 0):5.1f} s from "
+             f"the request to drained (its instances moved off {ev.get('worker')} at the barrier of batch "
+             f"{drained.batch if drained else '?'}), then stopped at {t1 - t0:.1f} s; {state}; {span}: {worst_txt}; "
+             f"{'no batch failed' if not failed else f'batches run again: {failed}'}")
+    elif ev["kind"] == "kill":
+        r = touched[0] if touched else None
+        _say(f"  {i}. host {ev.get('host')} ({ev.get('ip')}) SIGKILLed   during batch {ev.get('batch')}: "
+             + (f"it took {r.seconds:.2f} s = {x} the steady median {median:.2f} s, {r.attempts} attempt(s); "
+                f"recovered {r.ended - t0:.2f} s after the kill (details below)" if r else "no batch completed after it"))
+        failed = []  # a batch run again is the recovery itself
+    return not failed
+
+
+def _plot(reports: list, marks: list[dict], png: Path, a: argparse.Namespace) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     t0 = reports[0].started
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = plt.subplots(figsize=(11, 4.5))
     # one bar per batch, spanning its run in time, as high as its latency
     xs = [r.started - t0 for r in reports]
     ys = [r.seconds for r in reports]
-    colors = ["tab:red" if r.attempts > 1 else "tab:blue" for r in reports]
+    colors = ["tab:red" if r.attempts > 1 else "tab:orange" if r.begin_s >= 0.3 else "tab:blue" for r in reports]
     ax.bar(xs, ys, width=[max(0.2, y) for y in ys], align="edge", color=colors, edgecolor="white")
-    ax.axvline(tk - t0, color="black", linestyle="--")
-    ax.annotate(f"host {a.kill_host} SIGKILLed", (tk - t0, max(ys) * 0.9), xytext=(5, 0), textcoords="offset points")
+    top = max(ys) if ys else 1.0
+    style = {"join": ("tab:green", "-"), "rescale": ("tab:purple", "-"), "decommission": ("tab:brown", "-"),
+             "kill": ("black", "--")}
+    for k, ev in enumerate(marks):
+        color, ls = style.get(ev["kind"], ("gray", ":"))
+        x = ev["t"] - t0
+        ax.axvline(x, color=color, linestyle=ls, linewidth=1.2)
+        done = ev.get("t_done")
+        if done is not None and done > ev["t"]:
+            ax.axvspan(x, done - t0, color=color, alpha=0.12)
+        ax.annotate(ev["label"], (x, top * (1.12 - 0.1 * k)), xytext=(4, 0), textcoords="offset points",
+                    color=color, fontsize=9)
+    ax.set_ylim(0, top * 1.2)
     ax.set_xlabel("time since the first batch (s)")
     ax.set_ylabel("batch latency (s)")
-    ax.set_title(f"NEXMark Q8 on rhino.spark, {a.hosts} hosts, r={a.replicas}: per-batch latency (red: run again)")
+    if len({len(r.tasks) for r in reports}) > 1:
+        ax2 = ax.twinx()
+        ax2.step([x + y for x, y in zip(xs, ys)], [len(r.tasks) for r in reports], where="post", color="tab:gray",
+                 linewidth=1)
+        ax2.set_ylabel("instances (grey line)")
+        ax2.set_ylim(0, max(len(r.tasks) for r in reports) + 1)
+    ax.set_title(f"NEXMark Q8 on rhino.spark, r={a.replicas}: per-batch latency "
+                 f"(orange: a reconfiguration at its barrier, red: run again; spans: request to effect)", fontsize=10)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
