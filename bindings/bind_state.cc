@@ -536,8 +536,10 @@ UnknownVnodeError, and nothing of its batch is written.
   store_cls.def("restore", [](const ReplicaStore& store, const std::string& op, uint32_t inst, uint64_t id,
                               const std::string& target, const std::string& mode, const std::string& verify,
                               uint64_t write_buffer_budget, const std::string& compaction,
-                              uint32_t flush_threads, uint64_t checkpoint_wal_bytes, const py::object& progress) {
+                              uint32_t flush_threads, uint64_t checkpoint_wal_bytes, const py::object& progress,
+                              bool sync) {
         RestoreOptions ro = ParseRestoreOptions(mode, verify);
+        ro.durable = sync;
         SignalCheck signals;
         ro.keep_going = RestoreKeepGoing(signals, progress);
         StateOptions so;
@@ -545,6 +547,7 @@ UnknownVnodeError, and nothing of its batch is written.
         so.compaction = CompactionArg(compaction);
         so.flush_threads = flush_threads;
         so.checkpoint_wal_bytes = checkpoint_wal_bytes;
+        so.sync_open = sync;
         auto st = std::make_shared<PyState>();
         RestoreStats stats;
         Status s;
@@ -560,6 +563,7 @@ UnknownVnodeError, and nothing of its batch is written.
       py::arg("mode") = "link", py::arg("verify") = "size", py::arg("write_buffer_budget") = 256ull << 20,
       py::arg("compaction") = "level", py::arg("flush_threads") = 1,
       py::arg("checkpoint_wal_bytes") = StateOptions().checkpoint_wal_bytes, py::arg("progress") = py::none(),
+      py::arg("sync") = true,
       R"doc(Restores a checkpoint into `target` (must not exist) and opens it.
 
 mode='link' hard-links immutable files from the pool (O(files)), falling back to
@@ -570,7 +574,10 @@ is then left absent.
 progress, if given, is called as progress(stage, files_done, files_total,
 bytes_done, bytes_total), stage 'check' then 'place', after the first file of
 each stage, at most every 0.1 s, and at each stage's end; an exception it
-raises stops the restore like Ctrl-C and propagates.)doc");
+raises stops the restore like Ctrl-C and propagates.
+sync=False builds and opens `target` without one fsync, as a worker's takeover
+does (the checkpoint stays durable in the store): a crash of the machine soon
+after may leave `target` damaged, and it is then restored again.)doc");
 }
 
 }  // namespace rhino::py_bindings

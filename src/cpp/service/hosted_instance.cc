@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <chrono>
 
+#include <cstdio>
+#include <thread>
+
 #include "util/crash_point.h"
 #include "util/fs.h"
 
@@ -155,6 +158,41 @@ Status HostedInstance::CloseAndMark() {
 
 std::string HostedInstance::DbDir(const std::string& name) const { return fs::Join(Dir(), name); }
 
+namespace {
+
+// The restore of a takeover, a rollback or a handover's origin: the
+// checkpoint stays durable in the store, so the directory is built and opened
+// without waiting for the disk (open_without_sync.h says why).
+RestoreOptions UnsyncedRestore() {
+  RestoreOptions r;
+  r.durable = false;
+  return r;
+}
+
+// Makes a directory built by UnsyncedRestore durable, on a thread of its own:
+// the journal commits it waits for are off the failover's critical path (the
+// worker's pool threads run sessions). Until it is done, a crash of the host
+// may leave the directory damaged, and a restarted worker rebuilds it from the
+// store (HostedInstance::Rebuild); so a failure here is only logged.
+void SyncInBackground(std::string worker_id, std::string db_dir) {
+  std::thread([worker_id = std::move(worker_id), db_dir = std::move(db_dir)]() {
+    Status s = fs::FsyncDirTree(db_dir);
+    if (s.ok()) s = fs::FsyncParent(db_dir);
+    if (!s.ok() && fs::Exists(db_dir)) {
+      std::fprintf(stderr, "rhino worker %s: making %s durable: %s (a restart would rebuild it from the store)\n",
+                   worker_id.c_str(), db_dir.c_str(), s.ToString().c_str());
+    }
+  }).detach();
+}
+
+}  // namespace
+
+StateOptions HostedInstance::UnsyncedOptions() const {
+  StateOptions o = Options(false);
+  o.sync_open = false;
+  return o;
+}
+
 StateOptions HostedInstance::Options(bool create) const {
   StateOptions o;
   o.partitioner = config_.partitioner;
@@ -200,8 +238,9 @@ Status HostedInstance::Takeover(const InstanceEnv& env, InstanceConfig config, u
   h->config_.db_name = "db-" + fs::RandomHex(6);
   RHINO_RETURN_IF_ERROR(fs::MakeDirs(h->Dir()));
   RHINO_RETURN_IF_ERROR(StateBackend::Restore(*env.store, h->config_.operator_id, h->config_.instance, checkpoint_id,
-                                              h->DbDir(h->config_.db_name), RestoreOptions(), h->Options(false),
+                                              h->DbDir(h->config_.db_name), UnsyncedRestore(), h->UnsyncedOptions(),
                                               &h->db_, stats));
+  SyncInBackground(env.worker_id, h->DbDir(h->config_.db_name));
   if (h->config_.redo_version && *h->config_.redo_version == checkpoint_id) {
     RHINO_RETURN_IF_ERROR(h->ApplyOps(h->config_.redo));
   } else if (h->config_.redo_version && *h->config_.redo_version > checkpoint_id) {
@@ -216,6 +255,35 @@ Status HostedInstance::Takeover(const InstanceEnv& env, InstanceConfig config, u
   if (!old_db.empty() && old_db != h->config_.db_name) fs::RemoveAll(h->DbDir(old_db));
   h->m_.has_complete = true;
   h->m_.last_complete = checkpoint_id;
+  fs::RemoveAll(fs::Join(h->Dir(), kClosedMarker));
+  *out = std::move(h);
+  return Status::OK();
+}
+
+Status HostedInstance::Rebuild(const InstanceEnv& env, InstanceConfig config, asio::thread_pool& pool,
+                               std::shared_ptr<HostedInstance>* out) {
+  std::vector<uint64_t> ids;
+  RHINO_RETURN_IF_ERROR(env.store->ListCheckpoints(config.operator_id, config.instance, &ids));
+  if (ids.empty()) {
+    return Status::NotFound(Describe(config) + " has no checkpoint in this worker's store to rebuild its state from");
+  }
+  const uint64_t newest = ids.back();
+  std::shared_ptr<HostedInstance> h(new HostedInstance(env, std::move(config), pool));
+  std::lock_guard<std::mutex> l(h->mu_);
+  const std::string old_db = h->config_.db_name;
+  h->config_.db_name = "db-" + fs::RandomHex(6);
+  RHINO_RETURN_IF_ERROR(fs::MakeDirs(h->Dir()));
+  RestoreStats stats;
+  RHINO_RETURN_IF_ERROR(StateBackend::Restore(*env.store, h->config_.operator_id, h->config_.instance, newest,
+                                              h->DbDir(h->config_.db_name), RestoreOptions(), h->Options(false),
+                                              &h->db_, &stats));
+  if (h->config_.redo_version && *h->config_.redo_version == newest) {
+    // The live state had the handover at the barrier after `newest` applied.
+    RHINO_RETURN_IF_ERROR(h->ApplyOps(h->config_.redo));
+  }
+  h->config_.vnodes = h->db_->vnodes();
+  RHINO_RETURN_IF_ERROR(h->SaveConfig());
+  if (!old_db.empty() && old_db != h->config_.db_name) fs::RemoveAll(h->DbDir(old_db));
   fs::RemoveAll(fs::Join(h->Dir(), kClosedMarker));
   *out = std::move(h);
   return Status::OK();
@@ -324,7 +392,8 @@ Status HostedInstance::RollbackTo(std::optional<uint64_t> version) {
     if (version) {
       RestoreStats stats;
       s = StateBackend::Restore(*env_.store, config_.operator_id, config_.instance, *version, DbDir(new_name),
-                                RestoreOptions(), Options(false), &db_, &stats);
+                                UnsyncedRestore(), UnsyncedOptions(), &db_, &stats);
+      if (s.ok()) SyncInBackground(env_.worker_id, DbDir(new_name));
     } else {
       config_.vnodes = vnodes;
       s = StateBackend::Open(DbDir(new_name), Options(true), &db_);
@@ -673,9 +742,10 @@ Status HostedInstance::ImportFromCheckpoint(const std::string& from_operator, ui
       o.operator_id = from_operator;
       o.instance = from_instance;
       o.error_if_missing = true;
+      o.sync_open = false;  // a scratch copy, removed below
       RestoreStats stats;
       s = StateBackend::Restore(*env_.store, from_operator, from_instance, checkpoint_id, fs::Join(work, "origin"),
-                                RestoreOptions(), o, &origin, &stats);
+                                UnsyncedRestore(), o, &origin, &stats);
     }
     if (s.ok()) s = origin->ExportVnodes(vnodes, fs::Join(work, "export"));
   }

@@ -115,6 +115,13 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   // if the checkpoint taken over is that version.
   static Status Takeover(const InstanceEnv& env, InstanceConfig config, uint64_t checkpoint_id,
                          asio::thread_pool& pool, std::shared_ptr<HostedInstance>* out, RestoreStats* stats);
+  // When Open (or the Recover after it) fails on a restarted worker: builds
+  // the instance again from the newest checkpoint of this worker's store.
+  // A takeover or rollback builds its directory without syncing, so a host
+  // crash can damage it; its committed state is in the store. NotFound if the
+  // store holds no checkpoint of it.
+  static Status Rebuild(const InstanceEnv& env, InstanceConfig config, asio::thread_pool& pool,
+                        std::shared_ptr<HostedInstance>* out);
   ~HostedInstance();
 
   std::mutex& mu() { return mu_; }
@@ -205,6 +212,8 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   std::string WorkDir(const std::string& kind) const;
   std::string DbDir(const std::string& name) const;
   StateOptions Options(bool create) const;
+  // Options(false) for a restore whose open does not fsync (open_without_sync.h).
+  StateOptions UnsyncedOptions() const;
   Status SaveConfig();
   // Rebuilds the live state at `version` (empty if unset) and drops the
   // store's checkpoints after it (design §5: re-execution).

@@ -72,8 +72,18 @@ Status StateService::Start() {
       s = inst->Recover();
     }
     if (!s.ok()) {
-      complain(what, s);
-      continue;
+      // Its live state is damaged (a crash right after a takeover, whose
+      // directory is made durable after the fact): its checkpoints are not.
+      inst.reset();
+      Status r = HostedInstance::Rebuild(env_, c, pool_, &inst);
+      if (!r.ok()) {
+        complain(what, Status::FromCode(static_cast<uint32_t>(s.code()), s.message() + "; rebuilding it from the store failed too: " +
+                                                      r.message()));
+        continue;
+      }
+      std::fprintf(stderr, "rhino worker %s: %s: its state could not be opened (%s); rebuilt from checkpoint %s of "
+                   "the store\n", options_.worker_id.c_str(), what.c_str(), s.ToString().c_str(),
+                   inst->version() ? std::to_string(*inst->version()).c_str() : "?");
     }
     Host(inst);
   }

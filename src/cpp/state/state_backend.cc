@@ -1,5 +1,7 @@
 #include "rhino/state_backend.h"
 
+#include "open_without_sync.h"
+
 #include <rocksdb/db.h>
 #include <rocksdb/metadata.h>
 #include <rocksdb/cache.h>
@@ -209,6 +211,13 @@ rocksdb::DBOptions DbOptions(const StateOptions& options, std::shared_ptr<rocksd
   // early (RocksDB's default for a crashed DB's own log), which would lose
   // the writes after it without a word.
   if (options.whole_wal) dbo.wal_recovery_mode = rocksdb::WALRecoveryMode::kAbsoluteConsistency;
+  // A restored checkpoint's WAL holds a few small writes in many vnodes (the
+  // checkpoint copied it instead of flushing: state_checkpoint.cc). Flushing it
+  // on open wrote one SST per vnode it touched, each synced: most of a
+  // takeover's open under load. Kept in the memtables instead, it is flushed
+  // with the next batch's writes (RocksDB keeps the old log until then, and a
+  // checkpoint copies it along).
+  if (options.whole_wal) dbo.avoid_flush_during_recovery = true;
   // RocksDB loads each column family's table readers on open with
   // max_file_opening_threads threads (default 16), creating them even for a
   // column family of one file: with one column family per vnode that was
@@ -263,7 +272,12 @@ Status StateBackend::Open(const std::string& dir, const StateOptions& options,
   b->checkpoint_wal_bytes_ = options.checkpoint_wal_bytes;
   b->compaction_ = options.compaction;
   b->wbm_ = std::make_shared<rocksdb::WriteBufferManager>(options.write_buffer_budget);
-  const rocksdb::DBOptions dbo = DbOptions(options, b->wbm_);
+  rocksdb::DBOptions dbo = DbOptions(options, b->wbm_);
+  std::shared_ptr<OpenWithoutSyncFileSystem> unsynced;
+  if (!options.sync_open && !options.read_only) {
+    b->env_ = NewOpenWithoutSyncEnv(&unsynced);
+    dbo.env = b->env_.get();
+  }
   std::vector<std::string> cf_names;
   if (exists) {
     rocksdb::Status s = rocksdb::DB::ListColumnFamilies(dbo, dir, &cf_names);
@@ -277,6 +291,7 @@ Status StateBackend::Open(const std::string& dir, const StateOptions& options,
       VnodeColumnFamilyOptions(options, cf_names.size() > 1 ? cf_names.size() - 1 : 1, b->ttl_filter_.get()));
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   RHINO_RETURN_IF_ERROR(b->OpenDb(dbo, options.read_only, exists, cf_names, &handles));
+  if (unsynced) unsynced->EndOpen();
   // Until the metadata is validated, a failure must still close the handles.
   Status s = b->LoadMetadata(options, exists, handles[0]);
   if (s.ok()) s = b->MapColumnFamilies(cf_names, handles);

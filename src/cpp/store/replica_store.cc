@@ -395,7 +395,7 @@ Status ReplicaStore::Restore(const std::string& operator_id, uint32_t instance, 
       }
     }
     if (s.ok() && !linked) {
-      s = fs::CopyFile(sources[i], dst);
+      s = fs::CopyFile(sources[i], dst, options.durable);
       if (s.ok()) ::chmod(dst.c_str(), 0644);
     }
     if (s.ok()) {
@@ -417,14 +417,14 @@ Status ReplicaStore::Restore(const std::string& operator_id, uint32_t instance, 
       }
     }
   }
-  if (s.ok()) s = fs::FsyncPath(stage);
+  if (s.ok() && options.durable) s = fs::FsyncPath(stage);
   if (s.ok()) CrashPoint("restore.before_rename");
   if (s.ok()) s = fs::Rename(stage, target_dir);
   if (!s.ok()) {
     fs::RemoveAll(stage);
     return s;
   }
-  RHINO_RETURN_IF_ERROR(fs::FsyncPath(parent));
+  if (options.durable) RHINO_RETURN_IF_ERROR(fs::FsyncPath(parent));
   stats->build_seconds = Seconds(t0);
   return Status::OK();
 }

@@ -79,6 +79,18 @@ Status FsyncPath(const std::string& path) {
 
 Status FsyncParent(const std::string& path) { return FsyncPath(Parent(path)); }
 
+Status FsyncDirTree(const std::string& dir) {
+  std::vector<std::string> names;
+  RHINO_RETURN_IF_ERROR(ListDir(dir, &names));
+  for (const auto& n : names) {
+    const std::string p = Join(dir, n);
+    Status s = FsyncPath(p);
+    // RocksDB may delete an obsolete file (an old WAL, OPTIONS) meanwhile.
+    if (!s.ok() && Exists(p)) return s;
+  }
+  return FsyncPath(dir);
+}
+
 Status Rename(const std::string& from, const std::string& to) {
   if (::rename(from.c_str(), to.c_str()) != 0) return Status::FromErrno(errno, "rename " + from + " -> " + to);
   return Status::OK();
@@ -99,7 +111,7 @@ Status Inode(const std::string& path, uint64_t* dev, uint64_t* ino) {
   return Status::OK();
 }
 
-Status CopyFile(const std::string& from, const std::string& to) {
+Status CopyFile(const std::string& from, const std::string& to, bool sync) {
   Fd in(::open(from.c_str(), O_RDONLY | O_CLOEXEC));
   if (in.fd < 0) return Status::FromErrno(errno, "open " + from);
   struct stat st;
@@ -121,7 +133,7 @@ Status CopyFile(const std::string& from, const std::string& to) {
     if (n == 0) break;  // the source shrank under us
     remaining -= n;
   }
-  if (::fsync(out.fd) != 0) {
+  if (sync && ::fsync(out.fd) != 0) {
     Status s = Status::FromErrno(errno, "fsync " + to);
     ::unlink(to.c_str());
     return s;

@@ -20,7 +20,12 @@ Status Rename(const std::string& from, const std::string& to);
 Status FileSize(const std::string& path, uint64_t* size);
 Status Inode(const std::string& path, uint64_t* dev, uint64_t* ino);
 // Copies bytes (sendfile/copy_file_range), fsyncs the copy.
-Status CopyFile(const std::string& from, const std::string& to);
+// sync = false leaves the copy in the page cache (a rebuildable file; see
+// RestoreOptions::durable).
+Status CopyFile(const std::string& from, const std::string& to, bool sync = true);
+// fsync every file directly in `dir`, then `dir` itself: makes durable, after
+// the fact, a directory that was built without syncing.
+Status FsyncDirTree(const std::string& dir);
 // link(2); sets *cross_device if it failed with EXDEV (and returns ok=false then).
 Status Link(const std::string& from, const std::string& to, bool* cross_device);
 Status ReadFile(const std::string& path, std::string* data);

@@ -43,6 +43,7 @@
 
 namespace rocksdb {
 class DB;
+class Env;
 struct DBOptions;
 class ColumnFamilyHandle;
 struct ColumnFamilyOptions;
@@ -100,6 +101,9 @@ struct StateOptions {
   // The DB is a restored checkpoint, whose WAL must replay whole: a damaged
   // record fails the open (set by StateBackend::Restore).
   bool whole_wal = false;
+  // false: the open itself does not fsync (open_without_sync.h says why and
+  // who makes the directory durable instead); the DB syncs as usual afterwards.
+  bool sync_open = true;
   // Fail instead of creating a missing DB.
   bool error_if_missing = false;
   bool read_only = false;
@@ -320,6 +324,9 @@ class StateBackend {
   std::shared_ptr<TtlCompactionFilter> ttl_filter_;
   std::atomic<bool> compaction_aborted_{false};  // CompactRangeOptions::canceled of CompactVnodes
   std::shared_ptr<rocksdb::ColumnFamilyOptions> cf_options_;  // every vnode's (shared cache)
+  // The Env of a DB opened with sync_open = false (else null: the default
+  // Env); declared before db_, so it outlives the DB.
+  std::unique_ptr<rocksdb::Env> env_;
   std::unique_ptr<rocksdb::DB> db_;
   rocksdb::ColumnFamilyHandle* default_cf_ = nullptr;  // Rhino metadata
   // Guards the vnode -> column family map. Reads and writes hold it shared for
