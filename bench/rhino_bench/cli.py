@@ -6,6 +6,7 @@
   rhino-bench service [--json] [--repeat 25] [--fixed-reps 50] ...
   rhino-bench handover [--strategies all-at-once,fluid,batched] [--state 256M] [--repeat 2] [--json] ...
   rhino-bench failover --sizes 1G,2G,4G [--json] [--out FILE] ...
+  rhino-bench takeover-open [--size 1.5G] [--repeat 5] [--json] ...   a takeover's restore, with and without fsyncs
   rhino-bench spark recovery|throughput ...         NEXMark Q8 on Rhino vs Spark's own operator
   rhino-bench spark state-size [--entries 1k,100k,1M] [--kinds map,list] [--json] ...   one big key, both systems
   rhino-bench spark big-key [--size 1G] [--json] ...   1 GiB of MapState: written, read, handed over
@@ -37,6 +38,8 @@ _DELEGATED = {
                                           "and the per-batch fixed cost at r=0 and r=2"),
     ("handover",): ("rhino_bench.handover", "the writer's batch latency while vnodes move, per migration strategy"),
     ("failover",): ("rhino_bench.failover", "recovery after a SIGKILL: takeover by hard links vs a DFS-style fetch"),
+    ("takeover-open",): ("rhino_bench.takeover_open", "a takeover's restore (build + RocksDB open) with and without "
+                                                      "fsyncs, quiet and under fsync-heavy writers"),
     ("spark", "recovery"): ("rhino_bench.spark.recovery",
                             "NEXMark Q8 host-loss recovery: Rhino vs Spark's RocksDB state store"),
     ("spark", "throughput"): ("rhino_bench.spark.throughput",

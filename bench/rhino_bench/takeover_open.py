@@ -1,0 +1,182 @@
+"""``rhino-bench takeover-open``: a takeover's restore (build + RocksDB open) with and
+without fsyncs, on a quiet disk and under a write load like a running job's.
+
+    rhino-bench takeover-open --size 1.5G --repeat 5 --json --out bench/results/takeover_open.jsonl \\
+        --report bench/results/takeover_open.md
+
+One instance's state (``--vnodes`` column families, ``--size`` of 8 KiB values, then three
+small batches whose checkpoints carry the write-ahead log, as Spark batches' do) is
+checkpointed into a replica store once. Then, per load and per mode, interleaved,
+``--repeat`` times: ``ReplicaStore.restore(..., sync=True|False)`` into a new directory
+(what a worker's takeover does; ``sync=False`` is what it does since issue 29), timed with
+its parts (``build_s``: links and copies; ``open_s``: RocksDB's open and WAL replay).
+
+Loads: ``quiet``; ``fsync-writers``: ``--writers`` threads each writing 8 MiB chunks and
+``fdatasync``-ing after each (a chain member receiving checkpoint files, a primary's flushes):
+what the surviving hosts of a failover do while the takeover runs. The writers run in this
+process; on this 2-core machine they also take CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+import rhino
+from rhino._machine import describe_machine
+from rhino._sizes import format_bytes, parse_size
+
+from .workload import build_state
+
+OP = "takeover"
+
+
+def build(root: Path, size: int, vnodes: int) -> int:
+    """The checkpointed state; returns the checkpoint to restore."""
+    db = rhino.StateBackend.open(str(root / "db"), partitioner=rhino.Partitioner(num_vnodes=vnodes),
+                                 operator_id=OP, instance=1)
+    store = rhino.ReplicaStore(str(root / "store"))
+    build_state(db, size, value_size=8192, version=1, label="building the state")
+    db.checkpoint(store, 1)
+    for i in range(3):  # small batches: their checkpoints copy the WAL (state_checkpoint.cc)
+        ks = np.arange(10 ** 9 + i * 100, 10 ** 9 + (i + 1) * 100, dtype=np.int64)
+        db.put_batch(ks, [b"x" * 800] * 100, version=2 + i)
+        db.checkpoint(store, 2 + i)
+    db.close()
+    return 4
+
+
+class FsyncWriters:
+    """Threads writing 8 MiB chunks, each followed by fdatasync, until stopped."""
+
+    def __init__(self, root: Path, n: int) -> None:
+        self.root, self.n = root, n
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(k,), daemon=True) for k in range(n)]
+        self.bytes = 0
+
+    def _run(self, k: int) -> None:
+        chunk = os.urandom(8 << 20)
+        i = 0
+        while not self.stop.is_set():
+            path = self.root / f"load-{k}-{i % 2}"
+            with open(path, "wb") as f:
+                for _ in range(64):  # 512 MiB per file, then the other one
+                    if self.stop.is_set():
+                        break
+                    f.write(chunk)
+                    f.flush()
+                    os.fdatasync(f.fileno())
+                    self.bytes += len(chunk)
+            i += 1
+
+    def __enter__(self) -> "FsyncWriters":
+        for t in self.threads:
+            t.start()
+        time.sleep(3)  # let the journal fill up
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+        for p in self.root.glob("load-*"):
+            p.unlink()
+
+
+def restore_once(store: rhino.ReplicaStore, cid: int, target: Path, sync: bool) -> dict:
+    shutil.rmtree(target, ignore_errors=True)
+    t0 = time.perf_counter()
+    db = store.restore(OP, 1, cid, str(target), sync=sync)
+    total = time.perf_counter() - t0
+    st = db.restore_stats
+    db.close()
+    shutil.rmtree(target, ignore_errors=True)
+    return {"restore_s": total, "build_s": st.build_seconds, "open_s": st.open_seconds,
+            "files": st.files, "linked_files": st.linked_files, "copied_files": st.copied_files}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="rhino-bench takeover-open", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="1.5G", help="state size (default 1.5G: one Q8 instance at 4 GiB, r=2)")
+    ap.add_argument("--vnodes", type=int, default=21, help="vnodes of the instance (Q8 at p=3: 64/3)")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--writers", type=int, default=2)
+    ap.add_argument("--loads", default="quiet,fsync-writers")
+    ap.add_argument("--dir", default="/tmp/rhino-bench-takeover-open")
+    ap.add_argument("--json", action="store_true", help="one JSON line per restore on stdout")
+    ap.add_argument("--out", help="also append the JSON lines to this file")
+    ap.add_argument("--report", help="write a Markdown report here")
+    a = ap.parse_args(argv)
+    size = parse_size(a.size)
+    root = Path(a.dir)
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    cmd = "rhino-bench takeover-open " + " ".join(argv if argv is not None else sys.argv[1:])
+    try:
+        cid = build(root, size, a.vnodes)
+        store = rhino.ReplicaStore(str(root / "store"))
+        rows = []
+        for load in a.loads.split(","):
+            ctx = FsyncWriters(root, a.writers) if load == "fsync-writers" else None
+            with ctx if ctx else _Null():
+                for r in range(a.repeat):
+                    for sync in (True, False):  # interleaved: both see the same load
+                        row = dict(restore_once(store, cid, root / "target", sync), load=load,
+                                   mode="synced" if sync else "unsynced", trial=r, size_bytes=size, vnodes=a.vnodes)
+                        rows.append(row)
+                        print(f"{load:14s} {row['mode']:9s} trial {r}: restore {row['restore_s']*1000:7.1f} ms "
+                              f"(build {row['build_s']*1000:6.1f}, open {row['open_s']*1000:6.1f})", file=sys.stderr)
+                        if a.json:
+                            print(json.dumps(row), flush=True)
+        if a.out:
+            with open(a.out, "a") as f:
+                for row in rows:
+                    f.write(json.dumps(dict(row, command=cmd)) + "\n")
+        if a.report:
+            Path(a.report).write_text(report(rows, cmd, a, size))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def report(rows: list[dict], cmd: str, a: argparse.Namespace, size: int) -> str:
+    med = lambda xs: statistics.median(xs) * 1000  # noqa: E731
+    lines = ["# A takeover's restore (build + RocksDB open), with and without fsyncs", "",
+             f"Command: `{cmd}`", "", f"Run at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} on "
+             + ", ".join(f"{k} {v}" for k, v in describe_machine().items()) + ".", "",
+             f"Parameters: size={format_bytes(size)}, vnodes={a.vnodes}, repeat={a.repeat}, writers={a.writers}, "
+             f"loads={a.loads}. See the docstring of `bench/rhino_bench/takeover_open.py`.", "",
+             "Medians (ms) of the repeats. `synced`: every fsync of the build and the open, as a takeover did before issue 29; `unsynced`: none, as a takeover does since. Both keep the restored WAL in the memtables (`avoid_flush_during_recovery`, also new; before it, the open also wrote and synced one SST per vnode the WAL touched):", "",
+             "| load | mode | restore | build | open | raw restore (ms) |", "|---|---|---:|---:|---:|---|"]
+    for load in a.loads.split(","):
+        for mode in ("synced", "unsynced"):
+            rs = [r for r in rows if r["load"] == load and r["mode"] == mode]
+            if rs:
+                lines.append(f"| {load} | {mode} | {med([r['restore_s'] for r in rs]):.1f} | "
+                             f"{med([r['build_s'] for r in rs]):.1f} | {med([r['open_s'] for r in rs]):.1f} | "
+                             + ", ".join(f"{r['restore_s']*1000:.0f}" for r in rs) + " |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
