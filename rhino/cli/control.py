@@ -1,6 +1,6 @@
-"""``rhino status``, ``rhino handover``, ``rhino rebalance``, ``rhino rescale`` and
-``rhino cancel-plan``: an operator's view of a running coordinator, and the
-reconfigurations it can ask for.
+"""``rhino status``, ``rhino handover``, ``rhino rebalance``, ``rhino rescale``,
+``rhino cancel-plan``, ``rhino decommission`` and ``rhino autoscale``: an operator's
+view of a running coordinator, and the reconfigurations it can ask for.
 
 Each talks to a ``rhino coordinator`` (``--coordinator HOST:PORT``, or the
 environment variable ``RHINO_COORDINATOR``) with the cluster's secret
@@ -24,7 +24,7 @@ from typing import Any, Optional
 from .._argtypes import uint64
 
 __all__ = ["main_status", "main_handover", "main_rebalance", "main_rescale", "main_cancel_plan", "main_decommission",
-           "format_status"]
+           "main_autoscale", "format_status", "format_autoscale"]
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -110,6 +110,8 @@ def format_status(s: dict) -> str:
             for p in plans:
                 lines.append(f"  open plan {_plan_line(p)}  (cancel: rhino cancel-plan {o['operator_id']} "
                              f"--plan {p['id']})")
+        if o.get("autoscale"):  # None: never turned on (or a coordinator of before the autoscaler)
+            lines.extend("  " + x for x in format_autoscale(o["autoscale"]).splitlines())
     # Each operator's open plan is shown above, under the operator: here only which are open,
     # unless the coordinator gave no per-operator plans (one of before they were per operator).
     lines.append("PLANS IN FLIGHT: " + (", ".join(f"{p['operator_id']} #{p['id']}" for p in s["plans_in_flight"])
@@ -121,6 +123,26 @@ def format_status(s: dict) -> str:
     for e in s["events"][-10:]:
         detail = {k: v for k, v in e.items() if k not in ("at", "kind")}
         lines.append(f"  {time.strftime('%H:%M:%S', time.localtime(e['at']))} {e['kind']} {json.dumps(detail)}")
+    return "\n".join(lines)
+
+
+def format_autoscale(a: dict, decisions: int = 5) -> str:
+    """An operator's autoscaling as ``status`` answers it: on or off, its settings, the last
+    decision (a hold too) and the last rescale decisions, each with its reason."""
+    s = a.get("settings") or {}
+    lines = [f"autoscale: {'on' if a.get('enabled') else 'off'}, parallelism {s.get('min_parallelism')}.."
+             f"{s.get('max_parallelism')}, utilization {s.get('utilization')}, cooldown {s.get('cooldown_batches')} "
+             f"batches, strategy {s.get('strategy')}, {s.get('cores_per_worker')} core(s) per worker, scale in with "
+             f"a {s.get('scale_in_margin')} margin after {s.get('scale_in_reports')} reports"]
+    last = a.get("last")
+    if last:
+        lines.append(f"  last: batch {last.get('batch')} {last.get('action')}: "
+                     f"{last.get('error') or last.get('reason')}")
+    for d in (a.get("decisions") or [])[-decisions:]:
+        when = time.strftime("%H:%M:%S", time.localtime(d["at"])) if d.get("at") else "?"
+        plan = f" (plan #{d['plan']})" if d.get("plan") is not None else f" (not planned: {d.get('error')})"
+        lines.append(f"  decision: batch {d.get('batch')} at {when}: {d.get('from')} -> {d.get('to')}{plan}: "
+                     f"{d.get('reason')}")
     return "\n".join(lines)
 
 
@@ -239,3 +261,44 @@ def main_decommission(argv: Optional[list[str]] = None) -> int:
               + (f" (waiting for the next batch barrier of {', '.join(out['waiting_for_barrier'])}; "
                  "--force moves them now)" if out["waiting_for_barrier"] else ""))
     return 0 if out["drained"] or args.wait <= 0 else 3
+
+
+def main_autoscale(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="rhino autoscale",
+        description="Turn an operator's autoscaler on (or off with --off). After each committed batch the "
+                    "coordinator sizes the operator from the batch's report, after DS2: target parallelism = "
+                    "ceil(input rate / (each instance's true processing rate x utilization)), within --min, --max "
+                    "and the cores available (live workers x --cores-per-worker); it scales out at once, in only "
+                    "with a margin for several reports, and waits --cooldown batches after each rescale. A rescale "
+                    "is a plan, run at the operator's next batch barriers. `rhino status` shows every decision and "
+                    "its reason. Settings left out keep the coordinator's defaults.")
+    _common(p)
+    p.add_argument("operator", metavar="OPERATOR")
+    p.add_argument("--min", type=int, dest="min_parallelism", metavar="N", help="the smallest parallelism")
+    p.add_argument("--max", type=int, dest="max_parallelism", metavar="N", help="the largest parallelism")
+    p.add_argument("--off", action="store_true", help="turn it off (the settings and decisions are kept)")
+    p.add_argument("--utilization", type=float, default=None, metavar="U",
+                   help="target busy fraction of an instance, in (0, 1] (default 0.7: 30%% headroom)")
+    p.add_argument("--cooldown", type=int, default=None, dest="cooldown_batches", metavar="N",
+                   help="batches without a decision after a rescale ended (default 3)")
+    p.add_argument("--strategy", default=None, choices=["all-at-once", "fluid", "batched"],
+                   help="the rescales' migration strategy (default batched: one vnode per instance and barrier)")
+    p.add_argument("--cores-per-worker", type=int, default=None, metavar="N",
+                   help="instances one worker's host can run at once (default 1)")
+    p.add_argument("--scale-in-margin", type=float, default=None, metavar="F",
+                   help="scale in only if the input rate x (1 + F) still fits fewer instances (default 0.2)")
+    p.add_argument("--scale-in-reports", type=int, default=None, metavar="K",
+                   help="consecutive reports that must want a scale-in (default 3)")
+    args = p.parse_args(argv)
+    if not args.off and (args.min_parallelism is None or args.max_parallelism is None):
+        p.error("--min N and --max N are needed to turn autoscaling on")
+    keys = ("utilization", "cooldown_batches", "strategy", "cores_per_worker", "scale_in_margin", "scale_in_reports")
+    settings = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
+
+    def ask(c: Any, a: argparse.Namespace) -> Any:
+        out = c.autoscale(a.operator, enabled=not a.off, min_parallelism=a.min_parallelism,
+                          max_parallelism=a.max_parallelism, **settings)
+        return out if a.json else f"{a.operator}: " + format_autoscale(out)
+
+    return _run(p, argv, ask)

@@ -189,7 +189,7 @@ class Decision:
     why, with the numbers, which are also in ``numbers``."""
 
     batch: int
-    at: float  # the report's began_unix + batch_s: when the batch ended (the caller's clock)
+    at: float  # when it was decided: the caller's ``now``, else the batch's end by the report
     action: str
     from_: int
     to: int
@@ -227,11 +227,12 @@ class Autoscaler:
         return asdict(self.state)
 
     def observe(self, report: Report, *, batch: int, parallelism: int, plan_open: bool,
-                workers_available: int) -> Decision:
+                workers_available: int, now: Optional[float] = None) -> Decision:
         """The decision on ``report`` of ``batch``, committed at ``parallelism`` (the active
         instances) with ``plan_open`` (a plan of the operator is scheduled or running) and
-        ``workers_available`` live workers not being decommissioned."""
+        ``workers_available`` live workers not being decommissioned; ``now`` stamps it."""
         s, st = self.settings, self.state
+        at = report.began_unix + report.batch_s if now is None else float(now)
         # The input rate needs the previous batch's begin: records of b arrived since then.
         prev = st.prev_began if st.prev_batch == batch - 1 else None
         st.prev_batch, st.prev_began = batch, report.began_unix
@@ -242,7 +243,7 @@ class Autoscaler:
         n = self._numbers(report, prev, parallelism, workers_available)
 
         def hold(why: str) -> Decision:
-            return Decision(batch, report.began_unix + report.batch_s, "hold", parallelism, parallelism, why, n)
+            return Decision(batch, at, "hold", parallelism, parallelism, why, n)
 
         if plan_open:
             # measurements of an operator being reconfigured mix two parallelisms
@@ -263,7 +264,7 @@ class Autoscaler:
         target, bounded = n["target"], n["bounded"]
         if bounded > parallelism:
             st.below = []
-            return self._decide(report, batch, "scale_out", parallelism, bounded, n,
+            return self._decide(at, batch, "scale_out", parallelism, bounded, n,
                                 f"needs {target}{_clamp_note(n)}{_measured(n)}")
         if bounded == parallelism:
             st.below = []
@@ -280,15 +281,14 @@ class Autoscaler:
                         f"{_measured(n)}")
         to = min(max(st.below), n["upper"])  # the most conservative of them, within today's cores
         st.below = []
-        return self._decide(report, batch, "scale_in", parallelism, to, n,
+        return self._decide(at, batch, "scale_in", parallelism, to, n,
                             f"{s.scale_in_reports} consecutive reports need at most {to} with a {s.scale_in_margin:g} "
                             f"margin (now target {target}){_measured(n)}")
 
-    def _decide(self, report: Report, batch: int, action: str, frm: int, to: int, n: dict, why: str) -> Decision:
+    def _decide(self, at: float, batch: int, action: str, frm: int, to: int, n: dict, why: str) -> Decision:
         # the plan starts at the next barrier; no decision until it ended and a cooldown passed
         self.state.cooldown_left = self.settings.cooldown_batches
-        return Decision(batch, report.began_unix + report.batch_s, action, frm, to, f"{action} {frm} -> {to}: {why}",
-                        n)
+        return Decision(batch, at, action, frm, to, f"{action} {frm} -> {to}: {why}", n)
 
     def _numbers(self, report: Report, prev: Optional[float], parallelism: int, workers: int) -> dict:
         """What a decision is taken on, rounded for reading (the decision uses the exact values)."""

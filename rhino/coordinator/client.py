@@ -50,9 +50,13 @@ class _Methods:
         return self.call("set_state_schema", operator_id=operator_id, doc=doc, revision=revision)
 
     def commit_batch(self, operator_id: str, batch: int, *, instances: Optional[dict] = None,
-                     load: Optional[dict] = None, epoch: Optional[int] = None) -> dict:
+                     load: Optional[dict] = None, epoch: Optional[int] = None,
+                     report: Optional[dict] = None) -> dict:
+        """``report``: the batch's measurements for the autoscaler (``Coordinator.commit_batch``);
+        sent only when given, so a coordinator of before the autoscaler is still answered."""
+        extra = {} if report is None else {"report": report}
         return self.call("commit_batch", operator_id=operator_id, batch=batch, instances=instances or {},
-                         load=load or {}, epoch=epoch)
+                         load=load or {}, epoch=epoch, **extra)
 
     def report_unreachable(self, operator_id: str, instance: int, worker_id: Optional[str] = None) -> dict:
         return self.call("report_unreachable", operator_id=operator_id, instance=instance, worker_id=worker_id)
@@ -86,6 +90,15 @@ class _Methods:
         worker any more: stop it), ``operators`` (those that still do) and
         ``waiting_for_barrier``. Call it again to poll (docs/design.md §3)."""
         return self.call("decommission", worker_id=worker_id, force=bool(force))
+
+    def autoscale(self, operator_id: str, *, enabled: bool = True, min_parallelism: Optional[int] = None,
+                  max_parallelism: Optional[int] = None, **settings: Any) -> dict:
+        """Turns the operator's autoscaler on (or off: ``enabled=False``); ``settings``:
+        ``utilization``, ``cooldown_batches``, ``strategy``, ``cores_per_worker``,
+        ``scale_in_margin``, ``scale_in_reports`` (``Coordinator.autoscale``). Answers the
+        operator's autoscaling as ``status`` shows it."""
+        return self.call("autoscale", operator_id=operator_id, enabled=enabled,
+                         min_parallelism=min_parallelism, max_parallelism=max_parallelism, **settings)
 
     def status(self) -> dict:
         return self.call("status")

@@ -23,18 +23,23 @@ Vocabulary of the methods below:
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
+from dataclasses import asdict
 from typing import Any, Callable, Optional
 
 from ..errors import BusyError, InvalidArgumentError, RhinoError, StaleEpochError, UnknownInstanceError
+from .autoscaler import DECISIONS_KEPT, DEFAULT_STRATEGY, AutoscaleSettings, Autoscaler, validate_report
 from .gateway import WorkerGateway
 from .handover_manager import HandoverManager, describe_plan
 from .metadata import Metadata, PlanRow, WorkerRow
 from .replication_manager import ReplicationManager
 
 __all__ = ["Coordinator"]
+
+logger = logging.getLogger("rhino.coordinator")
 
 
 class Coordinator:
@@ -345,7 +350,8 @@ class Coordinator:
             return {"revision": revision + 1}
 
     def commit_batch(self, operator_id: str, batch: int, *, instances: Optional[dict] = None,
-                     load: Optional[dict] = None, epoch: Optional[int] = None) -> dict:
+                     load: Optional[dict] = None, epoch: Optional[int] = None,
+                     report: Optional[dict] = None) -> dict:
         """Batch ``batch`` is done: every instance committed it in barrier mode,
         so checkpoint ``batch`` is complete on every chain. ``instances`` maps an
         instance to its commit stats (``checkpoint_bytes``); ``load`` maps a vnode
@@ -355,13 +361,29 @@ class Coordinator:
         the commit is refused (StaleEpochError) if a reconfiguration happened
         since. An instance taken over meanwhile was restored from its last
         complete checkpoint, b-1, so b is not complete everywhere and the
-        engine must run the batch again (every instance rolls back to b-1)."""
+        engine must run the batch again (every instance rolls back to b-1).
+
+        ``report``, optional: the batch's measurements for the autoscaler
+        (:func:`.autoscaler.validate_report`: ``batch_s``, ``records``, ``busy_s``
+        and ``records_by_instance`` per instance, ``began_unix``). When the
+        operator's autoscaling is on (:meth:`autoscale`), the policy decides on it
+        after the commit and may plan a rescale, which runs at the next barrier.
+        A bad report never stops the commit: the batch is committed, the report
+        is ignored, and the answer's ``report_error`` says why (an
+        InvalidArgumentError's message); nor does an autoscaling failure
+        (``autoscale.error``). The answer's ``autoscale`` is the decision."""
         _uint("batch", batch)
         with self.lock:
             op = self.meta.require_operator(operator_id)
             nxt = 0 if op.last_batch is None else op.last_batch + 1
             if batch != nxt:
                 raise InvalidArgumentError(f"operator {operator_id}: commit of batch {batch}, expected {nxt}")
+            rep, report_error = None, None
+            if report is not None:
+                try:
+                    rep = validate_report(report)
+                except InvalidArgumentError as e:
+                    report_error = f"InvalidArgumentError: {e}"
             if epoch is not None and int(epoch) != op.epoch:
                 raise StaleEpochError(f"operator {operator_id}: batch {batch} was committed at epoch {epoch}, "
                                       f"but the operator is at epoch {op.epoch} now (a reconfiguration "
@@ -379,7 +401,17 @@ class Coordinator:
                     self.meta.put_instance(c, r)
                 for v, (ops, nbytes) in (load or {}).items():
                     self.meta.add_vnode_load(c, operator_id, int(v), float(ops), float(nbytes), batch)
-            return {"operator_id": operator_id, "last_batch": batch}
+            out: dict[str, Any] = {"operator_id": operator_id, "last_batch": batch}
+            # The batch is committed: nothing below may undo or refuse it.
+            if report_error is not None:
+                out["report_error"] = report_error
+                self.log("report_refused", operator=operator_id, batch=batch, error=report_error)
+                logger.warning("operator %s batch %d: report ignored: %s", operator_id, batch, report_error)
+            elif rep is not None:
+                decision = self._autoscale_after_commit(operator_id, batch, rep)
+                if decision is not None:
+                    out["autoscale"] = decision
+            return out
 
     def report_unreachable(self, operator_id: str, instance: int, worker_id: Optional[str] = None) -> dict:
         """A task could not reach an instance's primary. If the worker does not
@@ -458,6 +490,103 @@ class Coordinator:
         operator's, one already ended)."""
         with self.lock:
             return self.hm.cancel_plan(operator_id, plan_id)
+
+    # ---- the autoscaler -------------------------------------------------------------------
+    def autoscale(self, operator_id: str, *, enabled: bool = True, min_parallelism: Optional[int] = None,
+                  max_parallelism: Optional[int] = None, utilization: float = 0.7, cooldown_batches: int = 3,
+                  strategy: str = DEFAULT_STRATEGY, cores_per_worker: int = 1, scale_in_margin: float = 0.2,
+                  scale_in_reports: int = 3) -> dict:
+        """Turns the operator's autoscaler on (or off: ``enabled=False``) with these settings
+        (:mod:`.autoscaler` says what each does). From then on every ``commit_batch`` with a
+        report is decided on, and a rescale it asks for is planned with ``strategy`` and runs
+        at the operator's next barriers. Kept in the metadata (a restarted coordinator goes
+        on with it). Turning it off keeps the settings and the decisions (``rhino status``);
+        ``min_parallelism`` and ``max_parallelism`` may then be left out. Answers the
+        operator's autoscaling as ``status`` shows it. Errors: UnknownInstanceError (no such
+        operator), InvalidArgumentError (a bad setting)."""
+        with self.lock:
+            op = self.meta.require_operator(operator_id)
+            doc = self._autoscale_doc(operator_id) or {}
+            old = doc.get("settings") or {}
+            if not isinstance(enabled, bool):
+                raise InvalidArgumentError(f"autoscale: enabled must be true or false, got {enabled!r}")
+            if min_parallelism is None or max_parallelism is None:
+                if enabled or not old:
+                    raise InvalidArgumentError("autoscale: min_parallelism and max_parallelism are needed to turn "
+                                               "autoscaling on")
+                settings = AutoscaleSettings(**dict(old, enabled=False))
+            else:
+                settings = AutoscaleSettings(enabled=enabled, min_parallelism=min_parallelism,
+                                             max_parallelism=max_parallelism, utilization=utilization,
+                                             cooldown_batches=cooldown_batches, strategy=strategy,
+                                             cores_per_worker=cores_per_worker, scale_in_margin=scale_in_margin,
+                                             scale_in_reports=scale_in_reports)
+            settings.check(op.num_vnodes)
+            doc["settings"] = asdict(settings)
+            with self.meta.tx() as c:
+                self.meta.set_meta(c, _AUTOSCALE_KEY + operator_id, json.dumps(doc))
+                self.meta.event(c, "autoscale_set", operator=operator_id, **doc["settings"])
+            self.log("autoscale_set", operator=operator_id, **doc["settings"])
+            logger.info("operator %s: autoscaling %s: %s", operator_id, "on" if settings.enabled else "off",
+                        doc["settings"])
+            return self._autoscale_status(operator_id)
+
+    def _autoscale_doc(self, operator_id: str) -> Optional[dict]:
+        """The operator's autoscaling in the metadata: ``settings``, the policy's ``state``,
+        the ``last`` decision and the last rescale ``decisions``; None if never set."""
+        got = self.meta.get_meta(_AUTOSCALE_KEY + operator_id)
+        return json.loads(got) if got else None
+
+    def _autoscale_status(self, operator_id: str) -> Optional[dict]:
+        doc = self._autoscale_doc(operator_id)
+        if doc is None:
+            return None
+        st = doc.get("settings") or {}
+        return {"enabled": bool(st.get("enabled")), "settings": st, "last": doc.get("last"),
+                "decisions": doc.get("decisions") or []}
+
+    def _autoscale_after_commit(self, operator_id: str, batch: int, rep: Any) -> Optional[dict]:
+        """The autoscaler's decision on the report of ``batch``, just committed (the caller
+        holds the lock), and its rescale planned if it asks for one. Never raises: the batch
+        is committed already; a failure is logged and answered as ``error``."""
+        doc = self._autoscale_doc(operator_id)
+        if doc is None or not (doc.get("settings") or {}).get("enabled"):
+            return None
+        try:
+            settings = AutoscaleSettings(**doc["settings"])
+            policy = Autoscaler(settings, doc.get("state"))
+            usable = self.workers.alive_ids() - self.workers.draining()
+            d = policy.observe(rep, batch=batch, parallelism=len(self.meta.instances(operator_id)),
+                               plan_open=self.hm.open_plan(operator_id) is not None,
+                               workers_available=len(usable), now=time.time())
+            out = d.doc()
+            if d.rescale:
+                try:
+                    # the lock is held: the Handover Manager directly (self.rescale would take it again)
+                    plan = self.hm.plan_rescale(operator_id, d.to, strategy=settings.strategy, after_batch=None)
+                    out["plan"] = plan["plan"]
+                except RhinoError as e:
+                    out["error"] = f"{type(e).__name__}: {e}"
+            doc["state"], doc["last"] = policy.to_doc(), out
+            if d.rescale:
+                doc["decisions"] = ((doc.get("decisions") or []) + [out])[-DECISIONS_KEPT:]
+            with self.meta.tx() as c:
+                self.meta.set_meta(c, _AUTOSCALE_KEY + operator_id, json.dumps(doc))
+                if d.rescale:  # the event has its own time
+                    self.meta.event(c, "autoscale_decision", operator=operator_id,
+                                    **{k: v for k, v in out.items() if k != "at"})
+            if d.rescale:
+                self.log("autoscale_decision", operator=operator_id, **{k: v for k, v in out.items() if k != "at"})
+                logger.info("operator %s batch %d: autoscaler: %s%s", operator_id, batch, d.reason,
+                            f" (plan #{out['plan']})" if "plan" in out else f"; not planned: {out.get('error')}")
+            else:
+                logger.debug("operator %s batch %d: autoscaler: hold: %s", operator_id, batch, d.reason)
+            return out
+        except Exception as e:  # noqa: BLE001 - the commit stands whatever the autoscaler does
+            err = f"{type(e).__name__}: {e}"
+            self.log("autoscale_failed", operator=operator_id, batch=batch, error=err)
+            logger.exception("operator %s batch %d: autoscaler failed", operator_id, batch)
+            return {"batch": batch, "action": "hold", "error": err}
 
     # ---- status -------------------------------------------------------------------------
     # ---- decommission ------------------------------------------------------------------
@@ -563,7 +692,8 @@ class Coordinator:
                               "replica_lag": self.rm.replica_lag(r, o.last_batch)})
             ops.append({"operator_id": o.operator_id, "epoch": o.epoch, "last_batch": o.last_batch,
                         "replicas": o.replicas, "num_vnodes": o.num_vnodes, "instances": insts,
-                        "plans": [_plan_status(p) for p in self.meta.plans(o.operator_id, open_only=True)]})
+                        "plans": [_plan_status(p) for p in self.meta.plans(o.operator_id, open_only=True)],
+                        "autoscale": self._autoscale_status(o.operator_id)})
         plans = [_plan_status(p) for p in self.meta.plans(open_only=True)]
         return {"workers": workers, "operators": ops, "plans_in_flight": plans, "events": self.meta.events(20)}
 
@@ -610,4 +740,6 @@ _BATCH_TIMES_KEPT = 1024  # batch times kept besides the latest (checkpoints kep
 
 _METHODS = frozenset({"register", "heartbeat", "create_operator", "placement", "begin_batch", "commit_batch",
                       "report_unreachable", "handover", "rescale", "rebalance", "cancel_plan", "status",
-                      "declare_dead", "decommission", "state_schema", "set_state_schema"})
+                      "declare_dead", "decommission", "state_schema", "set_state_schema", "autoscale"})
+
+_AUTOSCALE_KEY = "autoscale:"  # + operator id: the metadata's entry of its autoscaling (JSON)

@@ -15,6 +15,7 @@ from typing import Any, Callable, Generic, Optional, TypeVar
 
 from ..errors import InvalidArgumentError, RhinoError, StaleEpochError
 from .classify import Action, classify
+from .report import batch_report
 
 __all__ = ["BatchDriver", "Attempt", "AttemptResult", "BatchOutcome", "RerunBatch"]
 
@@ -92,6 +93,7 @@ class BatchDriver:
         self.retry_sleep = retry_sleep
         self.replay = replay
         self.name = name or operator_id
+        self._no_reports = False  # the coordinator takes no autoscaler reports (an older one)
 
     def begin(self, batch: int) -> dict:
         """``begin_batch``: the placement to route batch ``batch`` with."""
@@ -115,12 +117,24 @@ class BatchDriver:
             raise
 
     def commit(self, batch: int, *, epoch: int, instances: Optional[dict] = None,
-               load: Optional[dict] = None) -> dict:
+               load: Optional[dict] = None, report: Optional[dict] = None) -> dict:
         """Reports batch ``batch`` done at ``epoch``: every instance committed it in barrier
         mode. Raises StaleEpochError if the operator has moved to another epoch since
-        (run the batch again)."""
-        return self.coordinator.commit_batch(self.operator_id, batch, instances=instances or {}, load=load or {},
-                                             epoch=epoch)
+        (run the batch again). ``report``: the batch's measurements for the coordinator's
+        autoscaler (:func:`.report.batch_report`), passed only when there is one."""
+        if report is None or self._no_reports:
+            return self.coordinator.commit_batch(self.operator_id, batch, instances=instances or {},
+                                                 load=load or {}, epoch=epoch)
+        try:
+            return self.coordinator.commit_batch(self.operator_id, batch, instances=instances or {},
+                                                 load=load or {}, epoch=epoch, report=report)
+        except InvalidArgumentError as e:
+            if "'report'" not in str(e):
+                raise
+            # a coordinator of before the autoscaler: it refused the whole call, so nothing
+            # was committed; commit without reports from now on
+            self._no_reports = True
+            return self.commit(batch, epoch=epoch, instances=instances, load=load)
 
     def run(self, batch: int, attempt: Callable[[Attempt], AttemptResult[T]]) -> BatchOutcome[T]:
         """Runs ``attempt`` until the coordinator accepts the batch's commit.
@@ -130,6 +144,9 @@ class BatchDriver:
         coordinator's current placement); a RAISE error propagates as itself. After
         ``max_attempts`` a RhinoError names the last errors."""
         errors: list[str] = []
+        # The batch began at its first attempt's begin: the autoscaler's input rate is the
+        # batch's records over the time between two such begins (reruns included).
+        began = time.time()
         for n in range(1, self.max_attempts + 1):
             a = Attempt(batch=batch, number=n, placement={}, replay=False, errors=errors, begun_at=time.time())
             try:
@@ -151,7 +168,10 @@ class BatchDriver:
             ran_at = time.time()
             try:
                 if not a.replay:
-                    self.commit(batch, epoch=res.epoch, instances=res.instances, load=res.load)
+                    # Each instance's records and busy time come with its commit stats
+                    # (``records``/``rows_in``, ``busy_s`` or the task's phases: report.py).
+                    report = batch_report(res.instances or {}, began_unix=began, ended_unix=ran_at)
+                    self.commit(batch, epoch=res.epoch, instances=res.instances, load=res.load, report=report)
             except (StaleEpochError, InvalidArgumentError) as e:
                 # A reconfiguration during the batch (a failover may have restored an instance
                 # to b-1 after it committed b): run the whole batch again. InvalidArgument: an
