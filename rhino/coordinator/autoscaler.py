@@ -249,11 +249,11 @@ class Autoscaler:
             # measurements of an operator being reconfigured mix two parallelisms
             st.cooldown_left, st.below = s.cooldown_batches, []
             return hold("a plan of this operator is open: no decision until it ends, then a cooldown of "
-                        f"{s.cooldown_batches} batches")
+                        f"{s.cooldown_batches} batches{_measured(n)}")
         if st.cooldown_left > 0:
             st.cooldown_left -= 1
-            return hold(f"cooldown after a rescale: {st.cooldown_left + 1} more report(s) before a decision"
-                        f"{_measured(n)}")
+            return hold(f"cooldown after a rescale: batch {s.cooldown_batches - st.cooldown_left} of "
+                        f"{s.cooldown_batches} without a decision{_measured(n)}")
         if "per_instance_rate" not in n:
             st.below = []
             return hold("no instance reported both records and busy time: no true processing rate (DS2 §3)")
