@@ -104,10 +104,11 @@ INTER_EVENT_DELAY_US = 200  # 5000 events per second of event time
 # seller of NEXMark (3/4 of the auctions for about 5000 events) collects ~225 auctions: with
 # 8 KiB payloads, under 2 MiB. Larger states come from longer windows, not larger payloads.
 MAX_PAYLOAD = 8192
+BASE_TIME_MS = 1_600_000_000_000  # the generator's default start of event time
 # The batches the elastic part takes, roughly (the window is sized on it: it closes soon
 # after the kill, so the state is largest then and the output check has windows to compare).
 JOIN_AT = 2  # the host joins once batches 0..JOIN_AT have committed (batch 0 warms up)
-JOIN_BATCHES = 4  # a Spark worker and executor and a Rhino worker start meanwhile
+JOIN_BATCHES = 8  # a Spark worker and executor and a Rhino worker start, the executor warms: 20-30 s
 DECOMMISSION_BATCHES = 2
 
 
@@ -175,7 +176,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                      if elastic else 10)
     events_per_batch = max(a.events_per_batch, -(-events_needed // build_batches))
     build_batches = max(2, -(-events_needed // events_per_batch))
-    source = {"interEventDelayUs": INTER_EVENT_DELAY_US, "payloadBytes": payload}
+    # event time starts at a window's start, so the first window is whole: it closes right after the kill
+    base_ms = BASE_TIME_MS // window_ms * window_ms
+    source = {"interEventDelayUs": INTER_EVENT_DELAY_US, "payloadBytes": payload, "baseTimeMs": base_ms}
     params = {"window_ms": window_ms}
     # Kill-only: exactly build + after batches. Elastic: room for slow reconfigurations; the
     # run stops (stop_when) once --batches-after batches followed the kill and a window closed.
@@ -247,10 +250,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                      f"on the next address")
                 new = cl.add_host(progress=lambda s: _say(f"[cluster] {s}"))
                 cl.wait_for_executors(spark, timeout=120)
+                ev["t_registered"] = time.time()
+                warm = _warm_executor(spark, new.ip)
                 ev.update(t_done=time.time(), batch_done=prog.committed, host=new.n, ip=new.ip,
-                          worker=new.rhino_worker.id)
+                          worker=new.rhino_worker.id, warmed=warm)
                 _say(f"[demo] host {new.n} ({new.ip}) joined in {ev['t_done'] - ev['t']:.1f} s: Rhino worker "
-                     f"{new.rhino_worker.id} registered, an executor of this application on it")
+                     f"{new.rhino_worker.id} and an executor of this application registered in "
+                     f"{ev['t_registered'] - ev['t']:.1f} s, the executor's Python worker "
+                     + (f"warmed in {ev['t_done'] - ev['t_registered']:.1f} s" if warm else "not warmed (see above)"))
                 prog.wait(prog.committed + a.gap)
                 # 2. the query is rescaled onto it, live
                 with cl.coordinator_client() as cc:
@@ -294,8 +301,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                 ev.update(t_drained=ev["t"] + out["drain_s"], t_done=time.time(), batch_done=prog.committed,
                           drain_s=out["drain_s"])
                 prog.wait(prog.committed + a.gap)
-                # 4. a host is lost
-                n = prog.wait(prog.committed + 1)
+                # 4. a host is lost: once the state is at its largest (the window's last batch
+                # before it closes) if the rest was quicker than planned, else now
+                n = prog.wait(max(prog.committed + 1, build_batches))
                 kill["state_bytes"] = state_now()
                 _say(f"[demo] 4/4 SIGKILL host {a.kill_host} ({victim}) during batch {n}")
                 do_kill()
@@ -348,7 +356,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         _say("")
         _say("Events while the query ran")
         for i, ev in enumerate(events):
-            ok = _summarise(i + 1, ev, reports, coord_events, a) and ok
+            until = events[i + 1]["t"] if i + 1 < len(events) else float("inf")
+            ok = _summarise(i + 1, ev, reports, coord_events, a, until) and ok
         if script.get("error"):
             _say(f"  the elastic part stopped early: {script['error']}")
             ok = False
@@ -432,10 +441,46 @@ def main(argv: Optional[list[str]] = None) -> int:
     marks = events if elastic else [{"kind": "kill", "label": f"host {a.kill_host} SIGKILLed", "t": tk}]
     (work / "events.json").write_text(json.dumps(marks, indent=1, default=str) + "\n")
     png = work / "latency.png"
-    _plot(reports, marks, png, a)
+    at_barrier = {r["batch"] for r in _reconfigurations(coord_events, reports, 0.0, float("inf"))}
+    _plot(reports, marks, png, a, at_barrier)
     _say(f"Per-batch latency timeline: {png}")
     _say(f"[demo] {'done' if ok else 'FAILED'} in {time.time() - t_start:.0f} s")
     return 0 if ok else 1
+
+
+def _warm_executor(spark: Any, ip: str) -> bool:
+    """Runs a small job on the new host's executor, so that its Python workers have started
+    (the RDD one and the SQL ``mapInArrow`` one, which the operator's tasks use) and imported
+    what the query's tasks import, and its JVM has run a shuffle, before any of the query's
+    tasks runs there: else the first batch that uses the host waits seconds for that (a cost
+    of joining, not of the rescale). True once the job ran there."""
+    import pyarrow as pa
+
+    from rhino.spark.scheduling.locality import with_preferred_locations
+
+    def warm(batches: Any) -> Any:
+        import importlib
+        import os
+
+        for m in ("numpy", "pandas", "pyarrow", "rhino.spark.runtime.task", "rhino_bench.nexmark.source"):
+            importlib.import_module(m)
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict({"host": [os.environ.get("SPARK_LOCAL_IP", "")]})
+
+    sc = spark.sparkContext
+    for _ in range(3):
+        try:
+            rdd = with_preferred_locations(sc.parallelize([(0,)], 1), [[ip]])
+            # two Python UDFs in a row: two Python workers in one task, as the source's stage has
+            df = spark.createDataFrame(rdd, "x long").mapInArrow(warm, "host string").mapInArrow(warm, "host string")
+            hosts = [r.host for r in df.repartition(1).mapInArrow(warm, "host string").union(df).collect()]
+            if ip in hosts:
+                return True
+        except Exception as e:  # noqa: BLE001 - the demo goes on with a cold executor
+            _say(f"[demo] warming the executor on {ip} failed: {type(e).__name__}: {str(e)[:200]}")
+            return False
+    return False
 
 
 def _coordinator_events(cl: Any) -> list[dict]:
@@ -460,7 +505,22 @@ def _batch_at(reports: list, t: float) -> Optional[Any]:
     return next((r for r in reports if r.started >= t), None)
 
 
-def _summarise(i: int, ev: dict, reports: list, coord_events: list[dict], a: argparse.Namespace) -> bool:
+def _reconfigurations(coord_events: list[dict], reports: list, t0: float, t1: float) -> list[dict]:
+    """The coordinator's reconfigurations (a new epoch: a plan's step, a replica moved, a
+    decommission's moves, a takeover) logged in [t0, t1), each with the batch at whose
+    barrier it ran."""
+    out = []
+    for e in coord_events:
+        if e.get("kind") in ("reconfigured", "handover_step") and t0 <= e["at"] < t1:
+            r = _batch_at(reports, e["at"])
+            reason = e.get("reason") or (f"plan {e.get('plan')} step {e.get('step')}/{e.get('of')}"
+                                         if e.get("kind") == "handover_step" else "?")
+            out.append({"at": e["at"], "epoch": e.get("epoch"), "reason": reason, "batch": r.batch if r else None})
+    return out
+
+
+def _summarise(i: int, ev: dict, reports: list, coord_events: list[dict], a: argparse.Namespace,
+               until: float) -> bool:
     """Prints one event's cost; records it in ``ev``. False if a batch it touched failed."""
     import numpy as np
 
@@ -485,9 +545,30 @@ def _summarise(i: int, ev: dict, reports: list, coord_events: list[dict], a: arg
             else f"batch {touched[0].batch}" if touched else "no batch")
     worst_txt = (f"largest batch {worst.batch}: {worst.seconds:.2f} s = {x} the steady median {median:.2f} s"
                  if worst else "no batch ran")
+
+    def tasks_from(r: Any) -> Optional[float]:  # when its stateful tasks started, into the batch
+        return min((t["start"] for t in r.tasks), default=r.started) - r.started if r.tasks else None
+
+    if worst is not None and before and ev["kind"] != "kill":
+        lead = tasks_from(worst)
+        steady_lead = float(np.median([tasks_from(r) or 0.0 for r in before]))
+        longest = max((t["end"] - t["start"] for t in worst.tasks), default=0.0)
+        steady_longest = float(np.median([max((t["end"] - t["start"] for t in r.tasks), default=0.0)
+                                          for r in before]))
+        ev["worst_breakdown"] = {"barrier_s": worst.begin_s, "tasks_start_s": lead, "steady_tasks_start_s": steady_lead,
+                                 "longest_task_s": longest, "steady_longest_task_s": steady_longest}
+        worst_txt += (f" (its barrier {worst.begin_s:.2f} s; its stateful tasks started {lead or 0:.2f} s into it, "
+                      f"steady {steady_lead:.2f} s; the longest took {longest:.2f} s, steady {steady_longest:.2f} s)")
+    recs = _reconfigurations(coord_events, reports, t0, until)
+    ev["reconfigurations"] = recs
     if ev["kind"] == "join":
-        _say(f"  {i}. host {ev.get('host')} ({ev.get('ip')}) joined       {t1 - t0:6.1f} s from add_host to its Spark "
-             f"executor and Rhino worker {ev.get('worker')} registered; {span} ran meanwhile, {worst_txt}")
+        moved = [r for r in recs if "replica" in str(r["reason"])]
+        _say(f"  {i}. host {ev.get('host')} ({ev.get('ip')}) joined       {t1 - t0:6.1f} s from add_host to ready "
+             f"(Spark executor and Rhino worker {ev.get('worker')} registered in "
+             f"{ev.get('t_registered', t1) - t0:.1f} s, then its Python worker warmed); {span} ran meanwhile, "
+             f"{worst_txt}"
+             + "".join(f"; the coordinator moved a replica onto it ({r['reason']}, epoch {r['epoch']}) at the "
+                       f"barrier of batch {r['batch']}" for r in moved))
     elif ev["kind"] == "rescale":
         steps = [e for e in coord_events if e.get("kind") == "handover_step" and e.get("plan") == ev.get("plan")]
         at = []
@@ -504,10 +585,11 @@ def _summarise(i: int, ev: dict, reports: list, coord_events: list[dict], a: arg
              f"{copied / 2**20:.0f} MiB copied to the new host); {a.hosts + 1} instances from batch "
              f"{four.batch if four else '?'}; {state} at the request; {span}: {worst_txt}")
     elif ev["kind"] == "decommission":
-        drained = _batch_at(reports, ev.get("t_drained", t1))
+        moves = [r for r in recs if "decommission" in str(r["reason"])]
+        where = (", ".join(f"{r['reason']}, epoch {r['epoch']}, at the barrier of batch {r['batch']}" for r in moves)
+                 or "nothing to move")
         _say(f"  {i}. host {ev.get('host')} ({ev.get('ip')}) decommissioned {ev.get('drain_s', 0):5.1f} s from "
-             f"the request to drained (its instances moved off {ev.get('worker')} at the barrier of batch "
-             f"{drained.batch if drained else '?'}), then stopped at {t1 - t0:.1f} s; {state}; {span}: {worst_txt}; "
+             f"the request to drained ({where}), then stopped at {t1 - t0:.1f} s; {state}; {span}: {worst_txt}; "
              f"{'no batch failed' if not failed else f'batches run again: {failed}'}")
     elif ev["kind"] == "kill":
         r = touched[0] if touched else None
@@ -518,7 +600,7 @@ def _summarise(i: int, ev: dict, reports: list, coord_events: list[dict], a: arg
     return not failed
 
 
-def _plot(reports: list, marks: list[dict], png: Path, a: argparse.Namespace) -> None:
+def _plot(reports: list, marks: list[dict], png: Path, a: argparse.Namespace, at_barrier: set) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -529,9 +611,14 @@ def _plot(reports: list, marks: list[dict], png: Path, a: argparse.Namespace) ->
     # one bar per batch, spanning its run in time, as high as its latency
     xs = [r.started - t0 for r in reports]
     ys = [r.seconds for r in reports]
-    colors = ["tab:red" if r.attempts > 1 else "tab:orange" if r.begin_s >= 0.3 else "tab:blue" for r in reports]
+    colors = ["tab:red" if r.attempts > 1 else "tab:orange" if r.batch in at_barrier else "tab:blue" for r in reports]
     ax.bar(xs, ys, width=[max(0.2, y) for y in ys], align="edge", color=colors, edgecolor="white")
     top = max(ys) if ys else 1.0
+    rest = max(ys[1:], default=top)
+    if top > 1.5 * rest:  # batch 0 starts the Python workers and the operator: off the scale
+        top = 1.3 * rest
+        ax.annotate(f"batch 0 (start-up): {ys[0]:.1f} s", (xs[0], top * 0.97), xytext=(3, 0),
+                    textcoords="offset points", fontsize=8, va="top")
     style = {"join": ("tab:green", "-"), "rescale": ("tab:purple", "-"), "decommission": ("tab:brown", "-"),
              "kill": ("black", "--")}
     for k, ev in enumerate(marks):
@@ -548,12 +635,12 @@ def _plot(reports: list, marks: list[dict], png: Path, a: argparse.Namespace) ->
     ax.set_ylabel("batch latency (s)")
     if len({len(r.tasks) for r in reports}) > 1:
         ax2 = ax.twinx()
-        ax2.step([x + y for x, y in zip(xs, ys)], [len(r.tasks) for r in reports], where="post", color="tab:gray",
-                 linewidth=1)
+        ax2.step(xs + [xs[-1] + ys[-1]], [len(r.tasks) for r in reports] + [len(reports[-1].tasks)], where="post",
+                 color="tab:gray", linewidth=1)
         ax2.set_ylabel("instances (grey line)")
         ax2.set_ylim(0, max(len(r.tasks) for r in reports) + 1)
     ax.set_title(f"NEXMark Q8 on rhino.spark, r={a.replicas}: per-batch latency "
-                 f"(orange: a reconfiguration at its barrier, red: run again; spans: request to effect)", fontsize=10)
+                 f"(orange: a reconfiguration at its barrier; red: run again; shaded: request to effect)", fontsize=10)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
