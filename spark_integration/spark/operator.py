@@ -60,7 +60,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import pyarrow as pa
 
-from rhino.engine import Action, Attempt, AttemptResult, BatchDriver, RerunBatch, classify, classify_failure
+from rhino.engine import (BUSY_FIELDS, Action, Attempt, AttemptResult, BatchDriver, RerunBatch, classify,
+                          classify_failure)
 from rhino.errors import InvalidArgumentError
 
 from .errors import InputLostError
@@ -377,8 +378,7 @@ class TransformWithState:
             for v, x in t.get("load", {}).items():
                 load[v] = x
         return AttemptResult(epoch=min(t["epoch"] for t in tasks), load=load, value=(data, tasks),
-                             instances={str(t["instance"]): {"checkpoint_bytes": t.get("checkpoint_bytes", 0)}
-                                        for t in tasks})
+                             instances={str(t["instance"]): _commit_stats(t) for t in tasks})
 
     def _watch(self, spark: Any, epoch: int, placement: dict, tag: str) -> Optional[Any]:
         """The attempt's :class:`~rhino.spark.scheduling.host_loss.BatchWatch` (None if
@@ -596,6 +596,15 @@ def _job_failure_action(e: Exception) -> Action:
     if isinstance(e, (Py4JError, PySparkException)):
         return classify_failure(str(e))
     return classify(e)
+
+
+def _commit_stats(task: dict) -> dict:
+    """What ``commit_batch`` gets of one task: its checkpoint's bytes (the coordinator's
+    placement weighs them), and the records it processed and its busy phases, from which
+    the autoscaler measures the instance's true rate (rhino/engine/report.py)."""
+    out = {"checkpoint_bytes": task.get("checkpoint_bytes", 0), "rows_in": int(task.get("rows_in", 0))}
+    out.update({k: float(task.get(k) or 0.0) for k in BUSY_FIELDS})
+    return out
 
 
 def _first_error_line(text: str) -> str:
