@@ -88,6 +88,24 @@ def test_a_lost_host_is_reported_and_the_attempt_cancelled():
     assert known == {"10.0.0.1", "10.0.0.3"}
 
 
+def test_a_lost_primary_host_cancels_the_attempt_before_reporting_it():
+    """Spark unwinds the doomed job while the coordinator fails the instance over."""
+    order: list[str] = []
+
+    class Recording(FakeCoordinator):
+        def report_unreachable(self, op, instance, worker):
+            order.append(f"report {worker}")
+            return super().report_unreachable(op, instance, worker)
+
+    coord = Recording(dead={"wb"})
+    known = {"10.0.0.1", "10.0.0.2", "10.0.0.3"}
+    w = BatchWatch(operator_id="op", epoch=3, placement=PLACEMENT, coordinator=coord,
+                   hosts=lambda: {"10.0.0.1", "10.0.0.3"}, cancel=lambda: order.append("cancel"),
+                   known_hosts=known, interval_s=0.01, epoch_interval_s=0.01)
+    _run(w)
+    assert order == ["cancel", "report wb"] and w.new_epoch == 4
+
+
 def test_an_executor_lost_while_its_rhino_worker_answers_changes_nothing():
     coord = FakeCoordinator(dead=())  # the coordinator reaches wc: no death, no new epoch
     known = {"10.0.0.1", "10.0.0.2", "10.0.0.3"}

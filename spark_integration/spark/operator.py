@@ -351,7 +351,9 @@ class TransformWithState:
             if watch is not None and watch.cancelled:
                 # the operator moved to a new epoch: this attempt could not commit (host_loss.py)
                 self.watch_log.append(dict(watch.summary(), batch=b, attempt=a.number, failed_at=time.time()))
-                raise RerunBatch(f"cancelled: the operator moved to epoch {watch.new_epoch}"
+                why = (f"the operator moved to epoch {watch.new_epoch}" if watch.new_epoch is not None
+                       else "a host holding a primary was lost")
+                raise RerunBatch(f"cancelled: {why}"
                                  + "".join(f"; {r['worker']} on {r['host']} reported lost" for r in watch.reported),
                                  sleep=False) from None
             if _output_lost(e):

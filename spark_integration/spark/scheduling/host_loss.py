@@ -14,7 +14,9 @@ While a batch's Spark job runs, a :class:`BatchWatch` thread in the driver does 
    job runs at, ``commit_batch`` will refuse the batch whatever the job does (Rhino §4.1:
    an instance taken over restarts from its last complete checkpoint, b-1), so the watch
    cancels the job's tag and the driver starts the next attempt right away, pinned to the
-   new primaries. Otherwise the attempt would run on: its retried task on the lost host's
+   new primaries. When the lost host holds a primary of the attempt, the watch cancels
+   before it reports the host, so that Spark unwinds the job while the coordinator fails
+   the instances over. Otherwise the attempt would run on: its retried task on the lost host's
    partition waits out ``spark.locality.wait`` for a host that is gone, then for the
    failover, before the batch can run again.
 
@@ -133,6 +135,19 @@ class BatchWatch:
             return
         wh = worker_hosts(self.placement)
         anchor = min(self.placement["instances"], key=int)
+        primaries = {info.get("host") for info in self.placement["instances"].values() if info.get("primary")}
+        if not self.cancelled and lost & primaries:
+            # A primary of this attempt is on the lost host: its commit will be refused once
+            # the coordinator fails it over, so the job is cancelled now, and Spark unwinds it
+            # while the coordinator takes the instances over (report_unreachable below), not
+            # after. The next attempt cannot begin before that report returned: the attempt
+            # leaves this watch (__exit__ joins this thread) before it begins the next one.
+            # If the Rhino worker answers after all (only its executors were lost), the
+            # attempt was cancelled for nothing and runs again at the same epoch.
+            self.cancelled_at = time.time()
+            log.warning("rhino.spark %s: Spark lost every executor of %s, which holds a primary: cancelling the "
+                        "attempt", self.operator_id, ", ".join(sorted(lost & primaries)))
+            self.cancel()
         for host in sorted(lost):
             for wid in sorted(w for w, h in wh.items() if h == host):
                 t = time.time()
@@ -144,8 +159,9 @@ class BatchWatch:
 
     def _check_epoch(self, placement: dict) -> None:
         e = int(placement.get("epoch", self.epoch))
-        if e > self.epoch and not self.cancelled:
+        if e > self.epoch:
             self.new_epoch = e
+        if e > self.epoch and not self.cancelled:
             self.cancelled_at = time.time()
             log.warning("rhino.spark %s: epoch %d -> %d during the batch: cancelling the attempt",
                         self.operator_id, self.epoch, e)
