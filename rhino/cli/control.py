@@ -283,7 +283,7 @@ def main_autoscale(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--cooldown", type=int, default=None, dest="cooldown_batches", metavar="N",
                    help="batches without a decision after a rescale ended (default 3)")
     p.add_argument("--strategy", default=None, choices=["all-at-once", "fluid", "batched"],
-                   help="the rescales' migration strategy (default batched: one vnode per instance and barrier)")
+                   help="the rescales' migration strategy (default all-at-once: one barrier, by hard links; batched or fluid spread it over barriers)")
     p.add_argument("--cores-per-worker", type=int, default=None, metavar="N",
                    help="instances one worker's host can run at once (default 1)")
     p.add_argument("--scale-in-margin", type=float, default=None, metavar="F",
