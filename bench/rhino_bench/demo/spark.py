@@ -265,7 +265,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                           "batch": prog.committed, "strategy": a.strategy, "state_bytes": state_now()}
                     events.append(ev)
                     plan = cc.rescale(OPERATOR, a.hosts + 1, strategy=a.strategy, on=[new.rhino_worker.id])
-                    ev.update(plan=plan["plan"], steps=plan["steps"], moves=plan.get("moves"))
+                    ev.update(plan=plan["plan"], steps=plan["steps"], moves=plan.get("moves"), worker=new.rhino_worker.id)
                     _say(f"[demo] 2/4 rescale {a.hosts}->{a.hosts + 1} asked (batch {ev['batch']} running): plan "
                          f"{plan['plan']}, {plan.get('moves')} vnodes to a new instance on {new.rhino_worker.id}, "
                          f"{plan['steps']} step(s) ({a.strategy}), one per batch barrier")
@@ -408,9 +408,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     # ---- the output check ---------------------------------------------------------------------
     # batch b read events [b * n, (b + 1) * n): the oracle reads the same ones
     n_events = a.events_per_batch * (last + 1)
-    rows_in = [run.progress.get(b, {}).get("numInputRows") for b in committed]
-    if all(x is not None for x in rows_in) and sum(rows_in) != n_events:
-        _say(f"[demo] Spark read {sum(rows_in):,} events in batches 0..{last}, not {n_events:,}")
+    end = _end_offset(run.progress.get(last))  # where Spark's last committed batch ended in the stream
+    if end is not None and end != n_events:
+        _say(f"[demo] Spark's batches 0..{last} ended at event {end:,}, not {n_events:,}")
         ok = False
     events_df = generate(0, n_events, config=config_from_options(source)).to_pandas()
     wm = reports[-1].watermark_ms
@@ -443,8 +443,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     png = work / "latency.png"
     at_barrier = {r["batch"] for r in _reconfigurations(coord_events, reports, 0.0, float("inf"))}
     _plot(reports, marks, png, a, at_barrier)
-    _say(f"Per-batch latency timeline: {png}")
-    _say(f"[demo] {'done' if ok else 'FAILED'} in {time.time() - t_start:.0f} s")
+    _say(f"Per-batch latency timeline: {png}; per batch: {work / 'batches.jsonl'}; events: {work / 'events.json'}")
+    if elastic:
+        _final_summary(events, same, len(got), last, time.time() - t_start, ok)
+    else:
+        _say(f"[demo] {'done' if ok else 'FAILED'} in {time.time() - t_start:.0f} s")
     return 0 if ok else 1
 
 
@@ -481,6 +484,18 @@ def _warm_executor(spark: Any, ip: str) -> bool:
             _say(f"[demo] warming the executor on {ip} failed: {type(e).__name__}: {str(e)[:200]}")
             return False
     return False
+
+
+def _end_offset(progress: Optional[dict]) -> Optional[int]:
+    """The end offset (events) of a batch's source, from its progress report; None if absent."""
+    from ..nexmark.source import OFFSET_KEY
+
+    try:
+        v = progress["sources"][0]["endOffset"]
+        v = json.loads(v) if isinstance(v, str) else v
+        return int(v[OFFSET_KEY])
+    except (TypeError, KeyError, IndexError, ValueError):
+        return None
 
 
 def _coordinator_events(cl: Any) -> list[dict]:
@@ -521,7 +536,8 @@ def _reconfigurations(coord_events: list[dict], reports: list, t0: float, t1: fl
 
 def _summarise(i: int, ev: dict, reports: list, coord_events: list[dict], a: argparse.Namespace,
                until: float) -> bool:
-    """Prints one event's cost; records it in ``ev``. False if a batch it touched failed."""
+    """Prints one event's cost; records it in ``ev`` (``effect_s``, ``worst_x``, ...). False if
+    a batch it touched failed (ran again), the kill's batch excepted."""
     import numpy as np
 
     t0 = ev["t"]
@@ -536,39 +552,42 @@ def _summarise(i: int, ev: dict, reports: list, coord_events: list[dict], a: arg
         touched += [r for r in reports if r.started > t1][:1]
     worst = max(touched, key=lambda r: r.seconds, default=None)
     failed = [r.batch for r in touched if r.attempts > 1]
+    worst_x = worst.seconds / median if worst and median == median and median > 0 else None
     ev.update(steady_median_s=median, batches=[r.batch for r in touched],
               worst_batch=worst.batch if worst else None, worst_s=worst.seconds if worst else None,
-              failed_batches=failed)
-    x = f"{worst.seconds / median:.1f}x" if worst and median == median and median > 0 else "?"
-    state = f"state {ev.get('state_bytes', 0) / 2**20:.0f} MiB"
+              worst_x=worst_x, failed_batches=failed)
+    x = f"{worst_x:.1f}x" if worst_x is not None else "?"
     span = (f"batches {touched[0].batch}..{touched[-1].batch}" if len(touched) > 1
             else f"batch {touched[0].batch}" if touched else "no batch")
-    worst_txt = (f"largest batch {worst.batch}: {worst.seconds:.2f} s = {x} the steady median {median:.2f} s"
+    worst_txt = (f"largest: batch {worst.batch}, {worst.seconds:.2f} s = {x} the steady {median:.2f} s"
                  if worst else "no batch ran")
 
     def tasks_from(r: Any) -> Optional[float]:  # when its stateful tasks started, into the batch
         return min((t["start"] for t in r.tasks), default=r.started) - r.started if r.tasks else None
 
+    why = ""
     if worst is not None and before and ev["kind"] != "kill":
-        lead = tasks_from(worst)
+        lead = tasks_from(worst) or 0.0
         steady_lead = float(np.median([tasks_from(r) or 0.0 for r in before]))
         longest = max((t["end"] - t["start"] for t in worst.tasks), default=0.0)
         steady_longest = float(np.median([max((t["end"] - t["start"] for t in r.tasks), default=0.0)
                                           for r in before]))
         ev["worst_breakdown"] = {"barrier_s": worst.begin_s, "tasks_start_s": lead, "steady_tasks_start_s": steady_lead,
                                  "longest_task_s": longest, "steady_longest_task_s": steady_longest}
-        worst_txt += (f" (its barrier {worst.begin_s:.2f} s; its stateful tasks started {lead or 0:.2f} s into it, "
-                      f"steady {steady_lead:.2f} s; the longest took {longest:.2f} s, steady {steady_longest:.2f} s)")
+        why = (f"\n       in it: the barrier {worst.begin_s:.2f} s; the stateful tasks started at {lead:.2f} s "
+               f"(steady {steady_lead:.2f} s); the longest took {longest:.2f} s (steady {steady_longest:.2f} s)")
     recs = _reconfigurations(coord_events, reports, t0, until)
     ev["reconfigurations"] = recs
+    state = f"{ev.get('state_bytes', 0) / 2**20:.0f} MiB of state"
+    w = "       "
     if ev["kind"] == "join":
-        moved = [r for r in recs if "replica" in str(r["reason"])]
-        _say(f"  {i}. host {ev.get('host')} ({ev.get('ip')}) joined       {t1 - t0:6.1f} s from add_host to ready "
-             f"(Spark executor and Rhino worker {ev.get('worker')} registered in "
-             f"{ev.get('t_registered', t1) - t0:.1f} s, then its Python worker warmed); {span} ran meanwhile, "
-             f"{worst_txt}"
-             + "".join(f"; the coordinator moved a replica onto it ({r['reason']}, epoch {r['epoch']}) at the "
-                       f"barrier of batch {r['batch']}" for r in moved))
+        ev["effect_s"] = t1 - t0
+        ev["effect"] = f"{t1 - t0:.1f} s to ready"
+        _say(f"  {i}. host {ev.get('host')} ({ev.get('ip')}) joined: ready {t1 - t0:.1f} s after add_host (its Spark "
+             f"executor and Rhino worker {ev.get('worker')} registered in {ev.get('t_registered', t1) - t0:.1f} s, "
+             f"then the executor warmed)\n{w}{span} ran meanwhile; {worst_txt}{why}"
+             + "".join(f"\n{w}the coordinator put it in a replica chain ({r['reason']}, epoch {r['epoch']}) at "
+                       f"the barrier of batch {r['batch']}" for r in recs if "replica" in str(r["reason"])))
     elif ev["kind"] == "rescale":
         steps = [e for e in coord_events if e.get("kind") == "handover_step" and e.get("plan") == ev.get("plan")]
         at = []
@@ -577,27 +596,50 @@ def _summarise(i: int, ev: dict, reports: list, coord_events: list[dict], a: arg
             at.append(r.batch if r else None)
         four = next((r for r in reports if r.started >= t0 and len(r.tasks) == a.hosts + 1), None)
         copied = sum(int(e.get("bytes_copied") or 0) for e in steps)
-        ev.update(step_batches=at, step_seconds=[e.get("seconds") for e in steps], bytes_copied=copied,
-                  first_batch_at_new_parallelism=four.batch if four else None)
-        _say(f"  {i}. rescale {a.hosts}->{a.hosts + 1} ({ev.get('strategy')})       {t1 - t0:6.1f} s from the request "
-             f"to its last step; {len(steps)} step(s), {ev.get('moves')} vnodes, at the barriers of batches "
-             f"{', '.join(str(b) for b in at)} (each {', '.join(f'{s:.2f}' for s in ev['step_seconds'])} s, "
-             f"{copied / 2**20:.0f} MiB copied to the new host); {a.hosts + 1} instances from batch "
-             f"{four.batch if four else '?'}; {state} at the request; {span}: {worst_txt}")
+        secs = [float(e.get("seconds") or 0) for e in steps]
+        ev.update(step_batches=at, step_seconds=secs, bytes_copied=copied,
+                  first_batch_at_new_parallelism=four.batch if four else None, effect_s=t1 - t0,
+                  effect=f"{t1 - t0:.1f} s, {len(steps)} step(s)")
+        _say(f"  {i}. rescale {a.hosts}->{a.hosts + 1} ({ev.get('strategy')}): {t1 - t0:.1f} s from the request to its "
+             f"last step; {a.hosts + 1} instances from batch {four.batch if four else '?'}\n"
+             f"{w}{len(steps)} step(s) moving {ev.get('moves')} vnodes onto {ev.get('worker') or 'the new host'}, at "
+             f"the barriers of batches {', '.join(str(b) for b in at)}, "
+             f"{min(secs, default=0):.2f}-{max(secs, default=0):.2f} s each; {copied / 2**20:.0f} MiB copied to the "
+             f"new host; {state} at the request\n{w}{span}: {worst_txt}{why}")
     elif ev["kind"] == "decommission":
         moves = [r for r in recs if "decommission" in str(r["reason"])]
-        where = (", ".join(f"{r['reason']}, epoch {r['epoch']}, at the barrier of batch {r['batch']}" for r in moves)
-                 or "nothing to move")
-        _say(f"  {i}. host {ev.get('host')} ({ev.get('ip')}) decommissioned {ev.get('drain_s', 0):5.1f} s from "
-             f"the request to drained ({where}), then stopped at {t1 - t0:.1f} s; {state}; {span}: {worst_txt}; "
-             f"{'no batch failed' if not failed else f'batches run again: {failed}'}")
+        where = ("; ".join(f"moved off it at epoch {r['epoch']}, at the barrier of batch {r['batch']} ({r['reason']})"
+                           for r in moves) or "nothing to move")
+        ev.update(effect_s=ev.get("drain_s", 0.0), effect=f"{ev.get('drain_s', 0):.1f} s to drained")
+        _say(f"  {i}. host {ev.get('host')} ({ev.get('ip')}) decommissioned: drained {ev.get('drain_s', 0):.1f} s "
+             f"after the request, stopped at {t1 - t0:.1f} s; {state}\n{w}{where}\n{w}{span}: {worst_txt}; "
+             f"{'no batch failed' if not failed else f'batches run again: {failed}'}{why}")
     elif ev["kind"] == "kill":
         r = touched[0] if touched else None
-        _say(f"  {i}. host {ev.get('host')} ({ev.get('ip')}) SIGKILLed   during batch {ev.get('batch')}: "
-             + (f"it took {r.seconds:.2f} s = {x} the steady median {median:.2f} s, {r.attempts} attempt(s); "
-                f"recovered {r.ended - t0:.2f} s after the kill (details below)" if r else "no batch completed after it"))
+        if r is not None:
+            ev.update(effect_s=r.ended - t0, effect=f"{r.ended - t0:.1f} s to recovered")
+        _say(f"  {i}. host {ev.get('host')} ({ev.get('ip')}) SIGKILLed during batch {ev.get('batch')}; {state}\n{w}"
+             + (f"batch {r.batch}: {r.seconds:.2f} s = {x} the steady {median:.2f} s, {r.attempts} attempt(s); "
+                f"recovered {r.ended - t0:.2f} s after the kill (below)" if r else "no batch completed after it"))
         failed = []  # a batch run again is the recovery itself
     return not failed
+
+
+def _final_summary(events: list[dict], same: bool, n_results: int, last: int, took: float, ok: bool) -> None:
+    _say("")
+    _say(f"Summary ({took:.0f} s in all; steady = the median of the 3 batches before each event)")
+    _say(f"  {'event':<26} {'took effect':<22} {'largest batch':<24} failed batches")
+    for ev in events:
+        worst = (f"{ev['worst_x']:.1f}x steady (batch {ev['worst_batch']})" if ev.get("worst_x") is not None
+                 else "-")
+        failed = ev.get("failed_batches") or []
+        if ev["kind"] == "kill":
+            fails = f"none (batch {ev.get('worst_batch')} ran again: the recovery)"
+        else:
+            fails = ", ".join(map(str, failed)) if failed else "none"
+        _say(f"  {ev['label']:<26} {ev.get('effect', '-'):<22} {worst:<24} {fails}")
+    _say(f"  {'output vs pandas':<26} {('IDENTICAL' if same else 'DIFFERENT') + f' ({n_results:,} results, batches 0..{last})'}")
+    _say(f"  {'result':<26} {'OK' if ok else 'FAILED'}")
 
 
 def _plot(reports: list, marks: list[dict], png: Path, a: argparse.Namespace, at_barrier: set) -> None:
@@ -617,8 +659,8 @@ def _plot(reports: list, marks: list[dict], png: Path, a: argparse.Namespace, at
     rest = max(ys[1:], default=top)
     if top > 1.5 * rest:  # batch 0 starts the Python workers and the operator: off the scale
         top = 1.3 * rest
-        ax.annotate(f"batch 0 (start-up): {ys[0]:.1f} s", (xs[0], top * 0.97), xytext=(3, 0),
-                    textcoords="offset points", fontsize=8, va="top")
+        ax.annotate(f"batch 0\n(start-up)\n{ys[0]:.1f} s", (xs[0], top * 0.5), xytext=(3, 0),
+                    textcoords="offset points", fontsize=8, va="center", color="white")
     style = {"join": ("tab:green", "-"), "rescale": ("tab:purple", "-"), "decommission": ("tab:brown", "-"),
              "kill": ("black", "--")}
     for k, ev in enumerate(marks):
@@ -633,12 +675,17 @@ def _plot(reports: list, marks: list[dict], png: Path, a: argparse.Namespace, at
     ax.set_ylim(0, top * 1.2)
     ax.set_xlabel("time since the first batch (s)")
     ax.set_ylabel("batch latency (s)")
-    if len({len(r.tasks) for r in reports}) > 1:
+    if len(marks) > 1:
         ax2 = ax.twinx()
-        ax2.step(xs + [xs[-1] + ys[-1]], [len(r.tasks) for r in reports] + [len(reports[-1].tasks)], where="post",
-                 color="tab:gray", linewidth=1)
-        ax2.set_ylabel("instances (grey line)")
-        ax2.set_ylim(0, max(len(r.tasks) for r in reports) + 1)
+        ends = xs + [xs[-1] + ys[-1]]
+        inst = [len(r.tasks) for r in reports]
+        hosts = [len({t["host"] for t in r.tasks}) for r in reports]
+        ax2.step(ends, inst + inst[-1:], where="post", color="tab:gray", linewidth=1.2, label="instances")
+        ax2.step(ends, hosts + hosts[-1:], where="post", color="tab:gray", linewidth=1.2, linestyle=":",
+                 label="hosts they ran on")
+        ax2.set_ylabel("instances, hosts (grey)")
+        ax2.set_ylim(0, max(inst + hosts) + 1.5)
+        ax2.legend(loc="upper right", fontsize=8, framealpha=0.8)
     ax.set_title(f"NEXMark Q8 on rhino.spark, r={a.replicas}: per-batch latency "
                  f"(orange: a reconfiguration at its barrier; red: run again; shaded: request to effect)", fontsize=10)
     fig.tight_layout()
