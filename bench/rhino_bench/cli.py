@@ -12,6 +12,7 @@
   rhino-bench spark big-key [--size 1G] [--json] ...   1 GiB of MapState: written, read, handed over
   rhino-bench spark output [--input-rows 2000000] [--json] ...   10 rows out per row in: rows/s, driver and worker RSS
   rhino-bench spark initial-state [--keys 10M] [--json] ...   loading N keys as initial state, both systems
+  rhino-bench spark elastic [--rates 1,3,1] [--strategy all-at-once] [--json] ...   the rate steps; Rhino's autoscaler
   rhino-bench demo [--data-plane] [--dir D] [--size 256M]
   rhino-bench cluster up|down|status|kill-host|restart-host ...   the local 3-host Spark + Rhino cluster
 
@@ -53,6 +54,9 @@ _DELEGATED = {
                           "the Python workers' peak RSS, Rhino vs Spark's RocksDB state store"),
     ("spark", "initial-state"): ("rhino_bench.spark.initial_state",
                                  "loading N keys as a new query's initial state: Rhino vs Spark's RocksDB state store"),
+    ("spark", "elastic"): ("rhino_bench.spark.elastic",
+                           "NEXMark Q8 while the input rate steps 1x -> 3x -> 1x: Rhino with the autoscaler vs "
+                           "Spark's RocksDB state store, and Spark's remedy (a restart with more executors) timed"),
     ("demo",): ("rhino_bench.demo:main", "NEXMark Q8 on a local 3-host Spark + Rhino cluster with a host killed "
                                          "mid-run (--data-plane: the single-host data-plane demonstration)"),
     ("cluster",): ("rhino_bench.harness.spark_cluster", "the local multi-host Spark + Rhino cluster"),
@@ -95,7 +99,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"rhino-bench: error: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
     if argv[0] == "spark":
-        print("rhino-bench spark: expected one of: recovery, throughput, state-size, big-key, output, initial-state", file=sys.stderr)
+        print("rhino-bench spark: expected one of: recovery, throughput, state-size, big-key, output, initial-state, "
+              "elastic", file=sys.stderr)
     else:
         print(f"rhino-bench: unknown command {argv[0]!r}", file=sys.stderr)
     _usage(sys.stderr)
