@@ -218,7 +218,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                  f"state {size / 2**20:7.1f} MiB  {len(r.tasks)} instances on "
                  f"{len({t['host'] for t in r.tasks})} hosts  locality {r.locality:.0%}  epoch {r.epoch}"
                  + (f"  barrier {r.begin_s:.2f} s" if r.begin_s >= 0.3 else "")
-                 + (f"  attempts {r.attempts}" if r.attempts > 1 else ""))
+                 + (f"  attempts {r.attempts}" if r.attempts > 1 else "")
+                 + ("  (begun before the stop: not counted)" if "stop" in script else ""))
             prog.done(batch_id)
             if not elastic and batch_id == build_batches - 1 and not kill:
                 kill["state_bytes"] = size
@@ -322,7 +323,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                 return False
             after = [b for b in run.batches if b["sink_end"] > t_end]
             closed = any(len(run.outputs.get(b["batch"], ())) for b in run.batches)
-            return len(after) >= a.batches_after and (closed or len(after) >= a.batches_after + 15)
+            if len(after) >= a.batches_after and (closed or len(after) >= a.batches_after + 15):
+                # The next batch has begun already: stopping interrupts it; it is not counted.
+                script["stop"] = max(b["batch"] for b in run.batches)
+                _say(f"[demo] stopping the query after batch {script['stop']} (the batch in flight is interrupted "
+                     f"and not counted)")
+                return True
+            return False
 
         if elastic:
             threading.Thread(target=elastic_script, daemon=True, name="demo-script").start()
@@ -343,7 +350,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         cl.down(progress=lambda s: _say(f"[cluster] {s}"))
 
     # the batches that committed (a batch in flight when the run stopped did not)
-    committed = sorted({b["batch"] for b in run.batches})
+    committed = sorted({b["batch"] for b in run.batches if b["batch"] <= script.get("stop", b["batch"])})
     last = committed[-1] if committed else -1
     by_batch = {r.batch: r for r in op.reports}  # the last report of each batch
     reports = [by_batch[b] for b in committed if b in by_batch]
