@@ -71,8 +71,9 @@ setup: apt $(VENV)/.built $(VENV)/.bench
 
 # ---- the README's two commands ---------------------------------------------
 DEMO_STATE ?= 256M
+DEMO_ARGS ?=
 demo: setup
-	$(VENV)/bin/rhino-bench demo --dir .demo-spark --state $(DEMO_STATE)
+	$(VENV)/bin/rhino-bench demo --dir .demo-spark --state $(DEMO_STATE) $(DEMO_ARGS)
 
 test: setup
 	$(PY) -m pytest tests $(PYTEST_ARGS)

@@ -13,7 +13,7 @@
   rhino-bench spark output [--input-rows 2000000] [--json] ...   10 rows out per row in: rows/s, driver and worker RSS
   rhino-bench spark initial-state [--keys 10M] [--json] ...   loading N keys as initial state, both systems
   rhino-bench spark elastic [--rates 1,3,1] [--strategy all-at-once] [--json] ...   the rate steps; Rhino's autoscaler
-  rhino-bench demo [--data-plane] [--dir D] [--size 256M]
+  rhino-bench demo [--kill-only] [--state 256M] [--dir D]   (--data-plane [--size 384M]: one host)
   rhino-bench cluster up|down|status|kill-host|restart-host ...   the local 3-host Spark + Rhino cluster
 
 Every subcommand has --help. Results and the commands that made them are in bench/results/
@@ -57,8 +57,10 @@ _DELEGATED = {
     ("spark", "elastic"): ("rhino_bench.spark.elastic",
                            "NEXMark Q8 while the input rate steps 1x -> 3x -> 1x: Rhino with the autoscaler vs "
                            "Spark's RocksDB state store, and Spark's remedy (a restart with more executors) timed"),
-    ("demo",): ("rhino_bench.demo:main", "NEXMark Q8 on a local 3-host Spark + Rhino cluster with a host killed "
-                                         "mid-run (--data-plane: the single-host data-plane demonstration)"),
+    ("demo",): ("rhino_bench.demo:main", "NEXMark Q8 on a local Spark + Rhino cluster while a host joins, the "
+                                         "query is rescaled 3->4, a host is decommissioned and one killed "
+                                         "(--kill-only: the kill alone; --data-plane: the single-host data-plane "
+                                         "demonstration)"),
     ("cluster",): ("rhino_bench.harness.spark_cluster", "the local multi-host Spark + Rhino cluster"),
 }
 

@@ -1,6 +1,7 @@
-"""``rhino-bench demo`` (``make demo``): NEXMark Q8 on a local 3-host Spark + Rhino cluster that
-survives a SIGKILLed host (:mod:`.spark`); ``--data-plane``: the single-host demonstration of the
-core and the data plane (:mod:`.dataplane`)."""
+"""``rhino-bench demo`` (``make demo``): NEXMark Q8 on a local Spark + Rhino cluster that changes
+under the running query: a host joins, the query is rescaled 3->4, a host is decommissioned and a
+host SIGKILLed (:mod:`.spark`; ``--kill-only``: the SIGKILL alone); ``--data-plane``: the
+single-host demonstration of the core and the data plane (:mod:`.dataplane`)."""
 
 from __future__ import annotations
 
