@@ -714,6 +714,9 @@ class SystemRun:
         from .elastic_source import arrival_time, offset_of
 
         try:
+            last = self.sq.lastProgress  # one entry: cheap to poll
+            if last is None or int(last["batchId"]) in self.seen:
+                return
             progs = [_as_dict(p) for p in (self.sq.recentProgress or [])]
         except Exception:  # noqa: BLE001 - a query being stopped
             return
@@ -861,7 +864,12 @@ class SystemRun:
 
         a = self.args
         if self.shared.get("base_events") is None:
-            cal = self._calibrate()
+            if self.system == "rhino":
+                cal = self._calibrate()
+            else:  # the Rhino run failed before it calibrated
+                cal = {"record": "calibration", "system": self.system, "base_load": a.base_load,
+                       "base_events": a.warmup_events or 50_000,
+                       "error": "the Rhino run did not size 1x: the warm-up's rate is used"}
             self.em.emit(cal)
             self.shared["base_events"] = cal["base_events"]
             say(f"{self.system}: calibrated: one instance does {cal.get('instance_events_per_s') or 0:,.0f} events/s "
@@ -1076,6 +1084,11 @@ def run_system(system: str, args: argparse.Namespace, em: Emitter, base: Path, s
     from ..harness.spark_cluster import LocalCluster
 
     work = base / system
+    if work.exists():  # a --dir used before: its cluster down, its checkpoints gone (a query would resume them)
+        if (work / "cluster" / "cluster.json").exists():
+            with contextlib.suppress(Exception):
+                LocalCluster.attach(work / "cluster").down()
+        shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     say(f"{system}: starting a {HOSTS}-host cluster at 127.0.0.{args.first_host}")
