@@ -176,3 +176,36 @@ def test_bad_arguments():
     a = ap.parse_args(["--systems", "spark,rhino", "--base-events", "auto"])
     assert a.systems == ["rhino", "spark-rocksdb"] and a.base_events is None
     assert elastic.main(["--systems", "spark-rocksdb", "--from", "/nonexistent"]) == 2
+
+
+def test_the_source_reads_what_the_schedule_says_has_arrived(tmp_path):
+    """The data source's reader in this process (no JVM): offsets from the schedule file, the
+    nexmark options passed through, ours refused where they conflict; it pickles (Spark ships it)."""
+    pytest.importorskip("pyspark")
+    import time
+
+    from pyspark import cloudpickle
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from rhino_bench.spark.elastic_source import ElasticNexmarkSource, write_schedule
+
+    path = tmp_path / "schedule.json"
+    now = time.time()
+    write_schedule(path, {"first": 0, "segments": [[now - 10.0, 100.0], [now - 5.0, 0.0]]})  # 500 events, then none
+    r = ElasticNexmarkSource({"scheduleFile": str(path), "numPartitions": "2", "payloadBytes": "16"}).streamReader(
+        schema=None)
+    start = r.initialOffset()
+    assert start == {"next_event_id": 0} and isinstance(r.getDefaultReadLimit(), ReadAllAvailable)
+    end = r.latestOffset(start, ReadAllAvailable())
+    assert end == {"next_event_id": 500}
+    parts = r.partitions(start, end)
+    assert [(p.start, p.end) for p in parts] == [(0, 250), (250, 500)]
+    assert sum(b.num_rows for p in parts for b in r.read(p)) == 500
+    # the driver appends a segment: the reader sees it at its next call
+    write_schedule(path, {"first": 0, "segments": [[now - 10.0, 100.0], [now - 5.0, 0.0], [now - 1.0, 50.0]]})
+    assert r.latestOffset(end, ReadAllAvailable())["next_event_id"] >= 550
+    assert cloudpickle.loads(cloudpickle.dumps(r)).schedule_file == str(path)
+    with pytest.raises(ValueError, match="scheduleFile"):
+        ElasticNexmarkSource({"numPartitions": "2"}).streamReader(schema=None)
+    with pytest.raises(ValueError, match="eventsPerSecond"):
+        ElasticNexmarkSource({"scheduleFile": str(path), "eventsPerSecond": "5"}).streamReader(schema=None)
