@@ -178,7 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = ap.add_argument_group("Rhino and its autoscaler")
     g.add_argument("--strategy", choices=STRATEGIES, default="all-at-once",
                    help="the autoscaler's migration strategy (default all-at-once: one barrier per rescale; the "
-                        "handover benchmark measured its spike the smallest, steps being hard links)")
+                        "handover benchmark measured its spike the smallest, steps being hard links). fluid and "
+                        "batched move about one vnode per instance per barrier: give them few vnodes (--vnodes 8), "
+                        "or a rescale outlasts a step")
     g.add_argument("--parallelism", type=positive_int, default=1, help="Rhino instances at the start (default 1)")
     g.add_argument("--min-parallelism", type=positive_int, default=1, help="the autoscaler's minimum (default 1)")
     g.add_argument("--max-parallelism", type=positive_int, default=HOSTS + 1,
