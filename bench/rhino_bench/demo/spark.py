@@ -12,8 +12,13 @@ decommissioned, and a host is SIGKILLed; the output stays exactly-once.
    a. a host joins (``LocalCluster.add_host``: 127.0.0.5, a Spark worker, an executor of
       the running application and a Rhino worker, registered with the coordinator);
    b. the query is rescaled 3 -> 4 through the coordinator, the new instance on the new
-      host, with ``--strategy`` (fluid by default: one vnode per batch barrier, so each
-      barrier moves 1/``--vnodes`` of the state and the latency spike stays small);
+      host, with ``--strategy``. Fluid by default (Megaphone's way to bound the spike): one
+      vnode per batch barrier, so a barrier imports 1/``--vnodes`` of the state and copies
+      to the new host at most one origin's checkpoint (only its new files after the
+      first), however much the rescale moves in all. Batched is the same here (every move
+      goes into the one new instance); all-at-once does it all in one barrier, whose copy
+      grows with the whole moved state (at 256 MiB it is still small: the spike of both is
+      then mostly Spark's first batch at 4 instances);
    c. host ``--decommission-host`` is decommissioned: the coordinator moves its primaries
       and replicas off it at a batch barrier, then the host is stopped (no batch fails);
    d. host ``--kill-host`` is SIGKILLed (its Spark worker, executors and Rhino worker at
