@@ -503,12 +503,13 @@ class TransformWithState:
 
         from .scheduling.locality import _ensure_class
 
-        from .scheduling.moved_first import preferred_hosts
+        from .scheduling.moved_first import executors_by_host, moved, preferred_locations
 
         order = instance_order(placement)
         now = {i: placement["instances"][str(i)]["host"] or None for i in order}
         # the instances that moved since the last job start first on their new hosts
-        hosts = preferred_hosts(order, now, self._pinned_hosts)
+        execs = executors_by_host(spark.sparkContext) if moved(order, now, self._pinned_hosts) else {}
+        hosts = preferred_locations(order, now, self._pinned_hosts, execs)
         self._pinned_hosts = now
         sc = spark.sparkContext
         jvm = sc._jvm
