@@ -36,6 +36,7 @@ import rhino
 from rhino._machine import describe_machine
 from rhino._sizes import format_bytes, parse_size
 
+from .restore import drop_caches
 from .workload import build_state
 
 OP = "takeover"
@@ -94,8 +95,10 @@ class FsyncWriters:
             p.unlink()
 
 
-def restore_once(store: rhino.ReplicaStore, cid: int, target: Path, sync: bool) -> dict:
+def restore_once(store: rhino.ReplicaStore, cid: int, target: Path, sync: bool, cold: bool = False) -> dict:
     shutil.rmtree(target, ignore_errors=True)
+    if cold:
+        drop_caches()
     t0 = time.perf_counter()
     db = store.restore(OP, 1, cid, str(target), sync=sync)
     total = time.perf_counter() - t0
@@ -113,6 +116,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--writers", type=int, default=2)
     ap.add_argument("--loads", default="quiet,fsync-writers")
+    ap.add_argument("--cold", action="store_true",
+                    help="drop the page cache before each restore (root): the checkpoint's files read from disk, "
+                         "as when the host's memory went to other work since they were written")
     ap.add_argument("--dir", default="/tmp/rhino-bench-takeover-open")
     ap.add_argument("--json", action="store_true", help="one JSON line per restore on stdout")
     ap.add_argument("--out", help="also append the JSON lines to this file")
@@ -132,7 +138,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             with ctx if ctx else _Null():
                 for r in range(a.repeat):
                     for sync in (True, False):  # interleaved: both see the same load
-                        row = dict(restore_once(store, cid, root / "target", sync), load=load,
+                        row = dict(restore_once(store, cid, root / "target", sync, a.cold), load=load, cold=a.cold,
                                    mode="synced" if sync else "unsynced", trial=r, size_bytes=size, vnodes=a.vnodes)
                         rows.append(row)
                         print(f"{load:14s} {row['mode']:9s} trial {r}: restore {row['restore_s']*1000:7.1f} ms "
@@ -164,7 +170,7 @@ def report(rows: list[dict], cmd: str, a: argparse.Namespace, size: int) -> str:
              f"Command: `{cmd}`", "", f"Run at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} on "
              + ", ".join(f"{k} {v}" for k, v in describe_machine().items()) + ".", "",
              f"Parameters: size={format_bytes(size)}, vnodes={a.vnodes}, repeat={a.repeat}, writers={a.writers}, "
-             f"loads={a.loads}. See the docstring of `bench/rhino_bench/takeover_open.py`.", "",
+             f"loads={a.loads}, cold={a.cold}. See the docstring of `bench/rhino_bench/takeover_open.py`.", "",
              "Medians (ms) of the repeats. `synced`: every fsync of the build and the open, as a takeover did before issue 29; `unsynced`: none, as a takeover does since. Both keep the restored WAL in the memtables (`avoid_flush_during_recovery`, also new; before it, the open also wrote and synced one SST per vnode the WAL touched):", "",
              "| load | mode | restore | build | open | raw restore (ms) |", "|---|---|---:|---:|---:|---|"]
     for load in a.loads.split(","):

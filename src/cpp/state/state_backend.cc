@@ -195,6 +195,7 @@ std::string_view MultiGetResult::value_at(size_t j) const {
 namespace {
 
 constexpr uint64_t kMaxManifestBytes = 64 << 10;
+constexpr int kMaxOpenFiles = 1 << 16;
 
 rocksdb::DBOptions DbOptions(const StateOptions& options, std::shared_ptr<rocksdb::WriteBufferManager> wbm) {
   rocksdb::DBOptions dbo;
@@ -224,6 +225,17 @@ rocksdb::DBOptions DbOptions(const StateOptions& options, std::shared_ptr<rocksd
   // ~4,000 threads and about half of every open (V = 256). Vnodes hold few
   // files each, so one thread per column family loses nothing.
   dbo.max_file_opening_threads = 1;
+  // Open each SST's table reader (footer, index, filter: several reads per file)
+  // when a read first needs it, not all of them in DB::Open (RocksDB's default,
+  // max_open_files = -1). An open, a takeover's above all, then costs O(1) in
+  // the files: it read every file's blocks before, ~0.2-0.6 s under load once
+  // the page cache had dropped them (bench/results/takeover_open.md), and
+  // growing with the state. RocksDB still preloads up to 16 files. The bound is
+  // far above what an instance holds, so readers are not evicted in steady state.
+  dbo.max_open_files = kMaxOpenFiles;
+  // Nor read the table properties of files at open to seed compaction's
+  // estimates; they are filled in as files are opened.
+  dbo.skip_stats_update_on_db_open = true;
   // A checkpoint copies the MANIFEST whole (it is the one file a checkpoint does not
   // hard-link), so it is in every delta; each commit's flushes append to it. With
   // RocksDB's default (1 GiB before it starts a new one) the delta grew by ~5 KiB per
