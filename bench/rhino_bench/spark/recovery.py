@@ -39,6 +39,13 @@ Fields (seconds; the kill is t=0):
   (``rerun_task_start_s - detection_s - replay_s``): Spark's task rescheduling (locality
   wait, stage resubmission), Rhino's failed attempt, ``commit_batch`` refusal, and
   ``begin_batch`` of the next attempt.
+* ``rerun_task_start_s``: Spark's launch of the stateful task that ran the lost
+  partition again (its ``launchTime`` in Spark's REST API), for both systems. Rhino's
+  ``rerun_python_start_s`` is when that task's Python code began: after the executor got
+  a Python worker for it, which after a cancelled attempt is a new one, whose imports
+  (pandas, pyarrow, the processor) take 0.5-1.5 s here; Spark's own operator's rerun
+  task pays the same start inside its task. (Records before 2026-11-26 19:30 UTC gave
+  Rhino's Python-side start as ``rerun_task_start_s``.)
 * ``state_restore_s``: from the rerun stateful task's start until its state is ready.
   Spark: the RocksDB provider's load of the lost partition's store from the checkpoint
   location (``rocksdbLoadLatencyMs`` of the batch: copy the snapshot's files from the
@@ -350,9 +357,16 @@ def _rhino_breakdown(run: Any, st: dict, cl: Any, victim: Any, ui: str, app_id: 
     cancels = [w["cancelled_at"] for w in getattr(run.operator, "watch_log", [])
                if w.get("cancelled_at") and w["cancelled_at"] >= k]
     # the task of the lost instance that succeeded: it may have started before the detection
-    # (a Spark task retry that found the primary dead, reported it and waited for the takeover)
-    rerun_start = task["start"] - k
+    # (a Spark task retry that found the primary dead, reported it and waited for the takeover).
+    # Its start is Spark's launch of it, as for the baseline (derive_stages); the Python
+    # side's start (after the executor got a Python worker for it) is rerun_python_start_s.
+    python_start = task["start"] - k
+    rerun_start = python_start
     rest = _spark_stages(ui, app_id, k, dead_since or k)
+    part = sorted(t["instance"] for t in rep.tasks).index(task["instance"])
+    launched = _launch_of(rest.get("stages_after_kill") or [], part, python_start)
+    if launched is not None:
+        rerun_start = launched
     if rest.get("stages_after_kill") is not None:
         rest.update(derive_stages(rest["stages_after_kill"], (dead_since or k) - k, rerun_start))
     replay = rest.get("replay_s") or 0.0
@@ -369,7 +383,7 @@ def _rhino_breakdown(run: Any, st: dict, cl: Any, victim: Any, ui: str, app_id: 
                   or any(r["at"] >= k - 1 for r in w.get("reported", []))],
         "replay_s": replay,
         "scheduling_s": max(0.0, rerun_start - (detection or 0.0) - replay),
-        "rerun_task_start_s": rerun_start, "state_restore_s": restore,
+        "rerun_task_start_s": rerun_start, "rerun_python_start_s": python_start, "state_restore_s": restore,
         "rerun_task_failover_wait_s": max(0.0, (task["end"] - task["start"]) - inside),
         "job_attempt_start_s": job_start - k, "failed_tasks_after_kill": rest.get("failed_tasks_after_kill"),
         "spark_executor_removed_s": _executor_removed(ui, app_id, victim.ip, k),
@@ -383,6 +397,15 @@ def _rhino_breakdown(run: Any, st: dict, cl: Any, victim: Any, ui: str, app_id: 
         "steady_task_breakdown_s": _task_means(tasks),
         "takeover": {str(i): takeovers.get(str(i)) for i in lost},
     }
+
+
+def _launch_of(rows: list[dict], part: int, python_start: float) -> Optional[float]:
+    """Spark's launch of partition ``part``'s task that ran the rerun: the latest successful
+    launch of that partition, in a stage of the Spark REST rows, at or before the Python
+    side's start of it (None if the REST rows do not have it)."""
+    cands = [r["launch_s"][str(part)] for r in rows if str(part) in (r.get("launch_s") or {})
+             and r["launch_s"][str(part)] <= python_start + 0.001]
+    return max(cands) if cands else None
 
 
 def _task_means(tasks: list[dict]) -> dict:
@@ -413,7 +436,10 @@ def _spark_stages(ui: str, app_id: str, k: float, detected: float) -> dict:
                          else None,
                          "last_success_launch_s": round(max(ok) - k, 3) if ok else None,
                          "failed_tasks": sum(1 for t in tl if t.get("status") == "FAILED"),
-                         "name": (s.get("name") or "")[:40]})
+                         "name": (s.get("name") or "")[:40],
+                         # each successful task's launch, by its partition index (JSON keys: str)
+                         "launch_s": {str(t["index"]): round(spark_time(t["launchTime"]) - k, 3)
+                                      for t in tl if t.get("status") == "SUCCESS" and "index" in t}})
         out["stages_after_kill"] = rows
         out.update(derive_stages(rows, detected - k))
     except Exception as e:  # the REST API is best effort
