@@ -156,6 +156,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     import numpy as np
 
     from ..harness.spark_cluster import LocalCluster
+    from ..harness.warm import warm_executor
     from ..nexmark import oracle
     from ..nexmark.generator import generate
     from ..nexmark.pipeline import run_pipeline
@@ -257,7 +258,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 new = cl.add_host(progress=lambda s: _say(f"[cluster] {s}"))
                 cl.wait_for_executors(spark, timeout=120)
                 ev["t_registered"] = time.time()
-                warm = _warm_executor(spark, new.ip)
+                warm = warm_executor(spark, new.ip, lambda m: _say(f"[demo] {m}"))
                 ev.update(t_done=time.time(), batch_done=prog.committed, host=new.n, ip=new.ip,
                           worker=new.rhino_worker.id, warmed=warm)
                 _say(f"[demo] host {new.n} ({new.ip}) joined in {ev['t_done'] - ev['t']:.1f} s: Rhino worker "
@@ -461,41 +462,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     else:
         _say(f"[demo] {'done' if ok else 'FAILED'} in {time.time() - t_start:.0f} s")
     return 0 if ok else 1
-
-
-def _warm_executor(spark: Any, ip: str) -> bool:
-    """Runs a small job on the new host's executor, so that its Python workers have started
-    (the RDD one and the SQL ``mapInArrow`` one, which the operator's tasks use) and imported
-    what the query's tasks import, and its JVM has run a shuffle, before any of the query's
-    tasks runs there: else the first batch that uses the host waits seconds for that (a cost
-    of joining, not of the rescale). True once the job ran there."""
-    import pyarrow as pa
-
-    from rhino.spark.scheduling.locality import with_preferred_locations
-
-    def warm(batches: Any) -> Any:
-        import importlib
-        import os
-
-        for m in ("numpy", "pandas", "pyarrow", "rhino.spark.runtime.task", "rhino_bench.nexmark.source"):
-            importlib.import_module(m)
-        for _ in batches:
-            pass
-        yield pa.RecordBatch.from_pydict({"host": [os.environ.get("SPARK_LOCAL_IP", "")]})
-
-    sc = spark.sparkContext
-    for _ in range(3):
-        try:
-            rdd = with_preferred_locations(sc.parallelize([(0,)], 1), [[ip]])
-            # two Python UDFs in a row: two Python workers in one task, as the source's stage has
-            df = spark.createDataFrame(rdd, "x long").mapInArrow(warm, "host string").mapInArrow(warm, "host string")
-            hosts = [r.host for r in df.repartition(1).mapInArrow(warm, "host string").union(df).collect()]
-            if ip in hosts:
-                return True
-        except Exception as e:  # noqa: BLE001 - the demo goes on with a cold executor
-            _say(f"[demo] warming the executor on {ip} failed: {type(e).__name__}: {str(e)[:200]}")
-            return False
-    return False
 
 
 def _end_offset(progress: Optional[dict]) -> Optional[int]:

@@ -94,6 +94,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from ..harness.warm import warm_executor
 from .common import (Emitter, host_number, install_signal_handlers, loadavg, median, non_negative_int, parse_conf,
                      positive_float, positive_int, round_floats, say, spark_time, stdout_for_json_only)
 
@@ -925,7 +926,7 @@ class SystemRun:
         t_h = time.time()
         new = self.cl.add_host(progress=lambda s: say(f"  [cluster] {s}"))
         self.cl.wait_for_executors(self.spark, timeout=120)
-        warmed = _warm_executor(self.spark, new.ip)
+        warmed = warm_executor(self.spark, new.ip, say)
         host_join_s = time.time() - t_h
         after = self.cl.executor_hosts(self.spark)
         self._collect()
@@ -1050,37 +1051,6 @@ def _coordinator_events(cl: Any) -> list[dict]:
     return [{"at": at, "kind": kind, **json.loads(detail)} for at, kind, detail in rows]
 
 
-def _warm_executor(spark: Any, ip: str) -> bool:
-    """A small job on the new host's executor, so its Python workers have started and imported
-    what the query's tasks import before any task of the query runs there (as ``make demo``)."""
-    import pyarrow as pa
-
-    from rhino.spark.scheduling.locality import with_preferred_locations
-
-    def warm(batches: Any) -> Any:
-        import importlib
-        import os
-
-        for m in ("numpy", "pandas", "pyarrow", "rhino.spark.runtime.task", "rhino_bench.nexmark.source"):
-            importlib.import_module(m)
-        for _ in batches:
-            pass
-        yield pa.RecordBatch.from_pydict({"host": [os.environ.get("SPARK_LOCAL_IP", "")]})
-
-    sc = spark.sparkContext
-    for _ in range(3):
-        try:
-            rdd = with_preferred_locations(sc.parallelize([(0,)], 1), [[ip]])
-            df = spark.createDataFrame(rdd, "x long").mapInArrow(warm, "host string").mapInArrow(warm, "host string")
-            hosts = [r.host for r in df.repartition(1).mapInArrow(warm, "host string").union(df).collect()]
-            if ip in hosts:
-                return True
-        except Exception as e:  # noqa: BLE001 - the run goes on with a cold executor
-            say(f"warming the executor on {ip} failed: {type(e).__name__}: {str(e)[:200]}")
-            return False
-    return False
-
-
 def run_system(system: str, args: argparse.Namespace, em: Emitter, base: Path, spark_conf: dict,
                shared: dict) -> None:
     from ..harness.spark_cluster import LocalCluster
@@ -1106,7 +1076,7 @@ def run_system(system: str, args: argparse.Namespace, em: Emitter, base: Path, s
                 t_h = time.time()
                 new = cl.add_host(progress=lambda s: say(f"  [cluster] {s}"))
                 cl.wait_for_executors(spark, timeout=120)
-                info.update(spare_host=new.ip, spare_worker=new.rhino_worker.id, executor_warmed=_warm_executor(
+                info.update(spare_host=new.ip, spare_worker=new.rhino_worker.id, executor_warmed=warm_executor(
                     spark, new.ip), host_join_s=round(time.time() - t_h, 2))
                 say(f"{system}: the spare host {new.ip} joined in {info['host_join_s']:.1f} s, before the query")
             info["executors"] = sum(cl.executor_hosts(spark).values())
