@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sqlite3
 import sys
 import threading
 import time
@@ -350,7 +349,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             prog.end()
         op = run.operator
         status = cl.coordinator_status()
-        coord_events = _coordinator_events(cl)
+        coord_events = cl.coordinator_events()
         spark.stop()
     finally:
         cl.down(progress=lambda s: _say(f"[cluster] {s}"))
@@ -474,20 +473,6 @@ def _end_offset(progress: Optional[dict]) -> Optional[int]:
         return int(v[OFFSET_KEY])
     except (TypeError, KeyError, IndexError, ValueError):
         return None
-
-
-def _coordinator_events(cl: Any) -> list[dict]:
-    """Every event of the coordinator's log (``status`` shows the last 20 only), read only."""
-    d = cl.state.get("coordinator", {}).get("dir")
-    dbs = sorted(Path(d).rglob("coordinator.db")) if d else []
-    if not dbs:
-        return cl.coordinator_status()["events"]
-    db = sqlite3.connect(f"file:{dbs[0]}?mode=ro", uri=True)
-    try:
-        rows = db.execute("SELECT at, kind, detail FROM events ORDER BY id").fetchall()
-    finally:
-        db.close()
-    return [{"at": at, "kind": kind, **json.loads(detail)} for at, kind, detail in rows]
 
 
 def _batch_at(reports: list, t: float) -> Optional[Any]:

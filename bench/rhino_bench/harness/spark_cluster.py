@@ -755,6 +755,22 @@ class LocalCluster:
         with self.coordinator_client() as c:
             return c.status()
 
+    def coordinator_events(self) -> list[dict]:
+        """Every event of the coordinator's log, oldest first, read only from its database
+        (``status`` shows the last 20 only); ``status``'s if the database is not found."""
+        import sqlite3
+
+        d = self.state.get("coordinator", {}).get("dir")
+        dbs = sorted(Path(d).rglob("coordinator.db")) if d else []
+        if not dbs:
+            return self.coordinator_status()["events"]
+        db = sqlite3.connect(f"file:{dbs[0]}?mode=ro", uri=True)
+        try:
+            rows = db.execute("SELECT at, kind, detail FROM events ORDER BY id").fetchall()
+        finally:
+            db.close()
+        return [{"at": at, "kind": kind, **json.loads(detail)} for at, kind, detail in rows]
+
     def master_status(self) -> dict:
         """The master's ``/json/`` page: workers (with state), cores, applications."""
         with urllib.request.urlopen(f"{self.master_webui}/json/", timeout=5) as r:

@@ -992,7 +992,7 @@ class SystemRun:
         """Rhino: the autoscaler's decisions and their plans' steps, from the coordinator's log."""
         if self.system != "rhino":
             return []
-        events = _coordinator_events(self.cl)
+        events = self.cl.coordinator_events()
         reps = sorted({r.batch: r for r in (self.op.reports if self.op else [])}.values(), key=lambda r: r.batch)
         starts = {r["batch"]: r["t_unix"] for r in self.rows}
 
@@ -1032,23 +1032,6 @@ class SystemRun:
                 "done_batch": done, "ended": ends.get(plan), "reason": e.get("reason"), "error": e.get("error"),
                 "numbers": e.get("numbers")}))
         return out
-
-
-def _coordinator_events(cl: Any) -> list[dict]:
-    """Every event of the coordinator's log (``status()`` shows the last 20), read only, from its
-    metadata database (as ``make demo`` reads it)."""
-    import sqlite3
-
-    d = cl.state.get("coordinator", {}).get("dir")
-    dbs = sorted(Path(d).rglob("coordinator.db")) if d else []
-    if not dbs:
-        return cl.coordinator_status()["events"]
-    db = sqlite3.connect(f"file:{dbs[0]}?mode=ro", uri=True)
-    try:
-        rows = db.execute("SELECT at, kind, detail FROM events ORDER BY id").fetchall()
-    finally:
-        db.close()
-    return [{"at": at, "kind": kind, **json.loads(detail)} for at, kind, detail in rows]
 
 
 def run_system(system: str, args: argparse.Namespace, em: Emitter, base: Path, spark_conf: dict,
