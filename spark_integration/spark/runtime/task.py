@@ -37,6 +37,7 @@ secret, the processor's own) is raised as itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -57,6 +58,7 @@ from ..state.layout import vnodes_of
 from ..state.store import BatchState
 from ..state.variables import variables_of
 from ..state.writeback import write_back
+from .doomed import DoomedAttemptWatch
 from .glue import concat_frames, group_rows
 from .initial import SIDE, Sides
 
@@ -246,6 +248,20 @@ def run_partition(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator
     out_arrow = output_arrow_schema(out_schema)
 
     host = this_host()
+    # with the driver's batch watch on, a task of an attempt it cancels ends itself
+    # (runtime/doomed.py); without it, the task waits for a failover itself (InstanceRun)
+    watch: Any = contextlib.nullcontext()
+    if not spec.wait_for_failover:
+        watch = DoomedAttemptWatch(lambda: _coordinator(spec), spec.operator_id, spec.epoch,
+                                   what=f"the task of instance {instance}, batch {spec.batch} (driver attempt "
+                                        f"{spec.driver_attempt}, epoch {spec.epoch})")
+    with watch:
+        yield from _run_instance(spec, instance, attempt, host, t_start, in_schema, out_schema, out_arrow, batches)
+
+
+def _run_instance(spec: TaskSpec, instance: int, attempt: int, host: str, t_start: float, in_schema: Any,
+                  out_schema: Any, out_arrow: pa.Schema,
+                  batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     run = InstanceRun(_clients(spec), lambda: _coordinator(spec), spec.operator_id, instance, batch=spec.batch,
                       placement=spec.placement, epoch=spec.epoch, host=host,
                       wait_for_failover=spec.wait_for_failover, failover_wait_s=spec.failover_wait_s)

@@ -1,0 +1,103 @@
+"""A task of a doomed attempt ends itself, instead of holding its core for seconds.
+
+Once the operator's epoch has moved past the one a batch attempt runs at, the driver will
+refuse that attempt's commit whatever its tasks do (Rhino §4.1: an instance taken over
+restarts from b-1), and the driver's batch watch cancels the attempt's Spark job
+(``scheduling/host_loss.py``). Spark's cancellation does not reach a Python worker,
+though: the executor only interrupts the task's JVM thread, and a monitor thread that
+polls every 2 s (``PythonRunner.MonitorThread``; then ``spark.python.task.killTimeout``)
+kills the worker. Meanwhile the cancelled task keeps its executor's only core, and the
+next attempt's task for the instance that moved there, the one that ends the recovery,
+waits for it: up to 2.2 s, 1.2 s on average, measured as up to 0.9 s of a recovery of
+about 4 s (bench/results/spark_recovery.4G-2trials.md).
+
+So each task watches the operator's epoch itself (one small ``placement`` call to the
+coordinator every ``interval_s``) and, when it has moved past the task's, ends its own
+process, as Spark's monitor would have, but at once. The worker's connections close
+with it, so the instance's primary aborts the task's session (protocol §7.2) and the next
+attempt can open one. It waits ``grace_s`` first: the driver's watch cancels the job when
+it sees the new epoch, and a task that ends before its cancellation arrives counts as a
+failed task rather than a killed one (harmless, but a crash line in the executor's log).
+When a host is lost the driver cancels before it reports the host, so the grace is spent
+after the cancellation, never before it.
+
+Only with the driver's watch on (``TaskSpec.wait_for_failover`` False): without it
+nobody cancels the attempt, and a task waits for the failover itself.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional
+
+__all__ = ["DoomedAttemptWatch"]
+
+
+class DoomedAttemptWatch:
+    """Ends this process once ``coordinator().placement(operator_id)["epoch"]`` has stayed
+    above ``epoch`` for ``grace_s``, unless :meth:`stop` returned first. A coordinator that
+    cannot be reached ends nothing (the commit protocol alone keeps batches exactly-once).
+    ``exit`` is how the process ends (``os._exit``; a test passes its own)."""
+
+    def __init__(self, coordinator: Callable[[], Any], operator_id: str, epoch: int, *, what: str = "",
+                 interval_s: float = 0.1, grace_s: float = 0.2,
+                 exit: Callable[[int], None] = os._exit) -> None:
+        self.coordinator = coordinator
+        self.operator_id = operator_id
+        self.epoch = int(epoch)
+        self.what = what or f"a task of {operator_id} at epoch {epoch}"
+        self.interval_s = interval_s
+        self.grace_s = grace_s
+        self._exit = exit
+        self._stop = threading.Event()
+        # held while deciding to end the process, and by stop(): once stop() has returned,
+        # the watch cannot end the process (a reused Python worker runs the next task)
+        self._lock = threading.Lock()
+        self._thread: Optional[threading.Thread] = None
+        self.ended = False
+
+    def __enter__(self) -> "DoomedAttemptWatch":
+        self._thread = threading.Thread(target=self._run, name="rhino-doomed-attempt-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop.set()
+        # not joined: a placement call in flight ends in its own time, and then the thread
+        # sees the stop under the lock and returns without acting
+
+    def _epoch(self) -> Optional[int]:
+        try:
+            return int(self.coordinator().placement(self.operator_id)["epoch"])
+        except Exception:  # noqa: BLE001 - a coordinator restarting, a dropped connection: no news
+            return None
+
+    def _run(self) -> None:
+        stale_since: Optional[float] = None
+        while not self._stop.wait(self.interval_s):
+            e = self._epoch()
+            if e is None or e <= self.epoch:
+                stale_since = None
+                continue
+            now = time.monotonic()
+            if stale_since is None:
+                stale_since = now
+            if now - stale_since < self.grace_s:
+                continue
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                self.ended = True
+                msg = (f"rhino.spark: {self.what} is doomed (the operator moved to epoch {e}; the driver "
+                       f"runs the batch again there): ending this Python worker now rather than when Spark's "
+                       f"monitor kills it")
+                print(msg, file=sys.stderr, flush=True)  # the executor's log, whatever logging is set up
+                self._exit(1)
+                return
