@@ -31,7 +31,9 @@ new epoch, from b-1. A failure after the task began streaming output raises:
 Spark drops the failed attempt's output and runs the task again. The driver
 accepts the batch only if the epoch did not change meanwhile (the engine's commit
 carries the epoch), so a takeover during a batch reruns the whole batch:
-exactly-once either way. A real error (a corrupt checkpoint, a full disk, a wrong
+exactly-once either way. With the driver's batch watch on, a task whose attempt is
+doomed (the epoch moved on) ends its own Python worker rather than wait for Spark's
+monitor to kill it (``runtime/doomed.py``). A real error (a corrupt checkpoint, a full disk, a wrong
 secret, the processor's own) is raised as itself.
 """
 
