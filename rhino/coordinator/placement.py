@@ -258,9 +258,11 @@ def rebalance_chains(instances: Sequence[InstanceInfo], workers: Sequence[Worker
     out: dict[InstanceKey, ChainRepair] = {}
     for inst in sorted(instances, key=lambda i: i.key):
         new = chains[inst.key]
-        if new != list(inst.chain):
-            kept = [m for m in inst.chain if m in new]
-            added = [m for m in new if m not in inst.chain]
+        kept = [m for m in inst.chain if m in new]
+        added = [m for m in new if m not in inst.chain]
+        # Moves can cancel out (a replica leaves and a later move brings it back), leaving the
+        # same members in another order: that is no change, and the chain keeps its old order.
+        if kept + added != list(inst.chain):
             out[inst.key] = ChainRepair(kept + added, [m for m in inst.chain if m not in new], added, inst.primary)
     return out
 
