@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["TLS", "tls_kwargs"]
+__all__ = ["TLS", "for_host", "tls_kwargs"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,17 @@ class TLS:
 
     def as_dict(self) -> dict:
         return {"cert": self.cert, "key": self.key, "ca": self.ca}
+
+
+def for_host(tls: Optional[Any], host: str) -> Optional[TLS]:
+    """``tls`` (a :class:`TLS`, its dict, or None) with ``{host}`` in its paths replaced by
+    ``host``: one setting names each host's own files, as a Spark job that runs on many
+    hosts needs (``/etc/rhino/{host}.pem``; the local cluster's ``certs/{host}.pem``)."""
+    if tls is None:
+        return None
+    if isinstance(tls, dict):
+        tls = TLS(**tls)
+    return TLS(*(p.replace("{host}", host) for p in (tls.cert, tls.key, tls.ca)))
 
 
 def tls_kwargs(tls: Optional[Any]) -> dict:
