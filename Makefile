@@ -73,8 +73,10 @@ setup: apt $(VENV)/.built $(VENV)/.bench
 # ---- the README's two commands ---------------------------------------------
 DEMO_STATE ?= 256M
 DEMO_ARGS ?=
+# make demo TLS=1: the same demo with mutual TLS on every Rhino TCP link
+TLS ?=
 demo: setup
-	$(VENV)/bin/rhino-bench demo --dir .demo-spark --state $(DEMO_STATE) $(DEMO_ARGS)
+	$(VENV)/bin/rhino-bench demo --dir .demo-spark --state $(DEMO_STATE) $(if $(TLS),--tls) $(DEMO_ARGS)
 
 test: setup
 	$(PY) -m pytest tests $(PYTEST_ARGS)
