@@ -10,7 +10,7 @@
 #                 in one foreachBatch query with a host SIGKILLed mid-run (each output identical to the
 #                 failure-free run), then 20 trials of random reconfigurations of a running query
 #                 (rescales, handovers, rebalances, a host joining, decommissioned, SIGKILLed)
-#   make fuzz   - the frame-decoder fuzz target (libFuzzer under clang), for FUZZ_SECONDS (default 60)
+#   make fuzz   - the frame-decoder and TLS-listener fuzz targets (libFuzzer under clang), FUZZ_SECONDS each (default 60)
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -122,9 +122,19 @@ build/frame_fuzzer: $(FUZZ_SOURCES) $(shell find src/cpp/include -name '*.h')
 	clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  -Isrc/cpp/include -Isrc/cpp $(FUZZ_SOURCES) -lxxhash -o $@
 
-fuzz: apt build/frame_fuzzer
-	mkdir -p build/fuzz-corpus
+# The TLS listener's pre-handshake input: OpenSSL's server side with our context.
+TLS_FUZZ_SOURCES := fuzz/tls_fuzzer.cc src/cpp/net/tls.cc src/cpp/util/status.cc
+build/tls_fuzzer: $(TLS_FUZZ_SOURCES) src/cpp/net/tls.h src/cpp/include/rhino/tls.h
+	mkdir -p build
+	clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	  -Isrc/cpp/include -Isrc/cpp $(TLS_FUZZ_SOURCES) -lssl -lcrypto -o $@
+
+fuzz: apt build/frame_fuzzer build/tls_fuzzer setup
+	mkdir -p build/fuzz-corpus build/fuzz-corpus-tls
 	./build/frame_fuzzer build/fuzz-corpus fuzz/corpus/frame -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1
+	$(VENV)/bin/rhino certs init build/fuzz-tls --hosts 127.0.0.1 --force > /dev/null
+	RHINO_FUZZ_TLS_DIR=build/fuzz-tls ./build/tls_fuzzer build/fuzz-corpus-tls fuzz/corpus/tls \
+	  -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1
 
 wheel: setup
 	rm -rf dist wheelhouse

@@ -162,3 +162,38 @@ def test_bad_tls_options_fail_the_start_naming_the_file(pki, tmp_path):
         w.stop()
     with pytest.raises(rhino.InvalidArgumentError, match="missing.pem"):
         rhino.connect(f"{H2}:1", secret=SECRET, tls=rhino.TLS(str(tmp_path / "missing.pem"), good.key, good.ca))
+
+
+# ---- a live TLS listener, fed what a stranger might send before any handshake -------------
+def _client_hello() -> bytes:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fuzz"))
+    from make_corpus import client_hello
+
+    return client_hello()
+
+
+def test_garbage_and_truncated_client_hellos_leave_the_listener_serving(workers, pki):
+    import random
+    import socket
+
+    w2, _, _ = workers
+    host, port = w2.address.rsplit(":", 1)
+    hello = _client_hello()
+    rng = random.Random(7)
+    inputs = [hello[:n] for n in (1, 5, 9, 40, len(hello) // 2, len(hello) - 1)]
+    inputs += [bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 4096))) for _ in range(30)]
+    inputs += [hello[:5] + bytes(rng.getrandbits(8) for _ in range(200)) for _ in range(10)]  # a record, garbage in it
+    for data in inputs:
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)  # then nothing more: the listener must give up, not wait forever
+            try:
+                while s.recv(4096):
+                    pass
+            except (ConnectionResetError, socket.timeout):
+                pass
+    assert w2.alive()
+    assert committed(w2, pki, 1) == [b"v%d" % i for i in range(50)]
