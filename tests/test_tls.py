@@ -197,3 +197,64 @@ def test_garbage_and_truncated_client_hellos_leave_the_listener_serving(workers,
                 pass
     assert w2.alive()
     assert committed(w2, pki, 1) == [b"v%d" % i for i in range(50)]
+
+
+# ---- the coordinator, registration, batches and a takeover, all over TLS ------------------
+def test_a_tls_cluster_runs_batches_and_fails_over_a_killed_worker(pki, tmp_path):
+    from rhino.coordinator.client import connect_coordinator
+    from rhino_bench.harness.engine import MicroBatchEngine
+    from rhino_bench.harness.workers import CoordinatorProcess
+
+    good = pki / "good"
+    secret_file = write_secret(tmp_path, SECRET)
+    # the coordinator on 127.0.0.1 with that host's certificate; workers register over TLS
+    co = CoordinatorProcess(tmp_path, secret_file=secret_file, heartbeat_timeout=2.0,
+                            extra_args=tls_args(rhino.TLS.from_dir(good, "127.0.0.1"))).start()
+    hosts = [H2, H3, "127.0.0.4"]
+    if not (good / "127.0.0.4.pem").exists():
+        init(good, ["127.0.0.4"])
+    ws = [WorkerProcess(tmp_path, f"w{h.rsplit('.', 1)[1]}", h, secret_file=secret_file, metrics=False,
+                        extra_args=["--coordinator", co.address] + tls_args(rhino.TLS.from_dir(good, h))).start()
+          for h in hosts]
+    tls = client_tls(pki)
+    cc = connect_coordinator(co.address, secret=SECRET, tls=tls)
+    engine = MicroBatchEngine(cc, "q", secret=SECRET, tls=tls, retry_sleep=0.1)
+    try:
+        deadline = time.monotonic() + 30
+        while sum(w["state"] == "alive" for w in cc.status()["workers"]) < 3:
+            assert time.monotonic() < deadline, "the workers did not register over TLS"
+            time.sleep(0.1)
+        # a plaintext client is not served by the TLS coordinator
+        with pytest.raises((rhino.PeerDeadError, rhino.RhinoTimeoutError)):
+            connect_coordinator(co.address, secret=SECRET, peer_timeout=2.0).status()
+        cc.create_operator("q", parallelism=2, num_vnodes=16, replicas=1)
+        rng = np.random.default_rng(5)
+        model: dict[int, bytes] = {}
+        for b in range(3):
+            puts = {int(k): rng.bytes(10) for k in rng.choice(400, 60, replace=False)}
+            engine.run_batch(b, puts)
+            model.update(puts)
+        before = cc.placement("q")
+        victim_id = before["instances"]["0"]["primary"]
+        next(w for w in ws if w.id == victim_id).kill()  # SIGKILL: the coordinator finds out by heartbeats
+        for b in range(3, 6):
+            puts = {int(k): rng.bytes(10) for k in rng.choice(400, 60, replace=False)}
+            engine.run_batch(b, puts)
+            model.update(puts)
+        after = cc.placement("q")
+        assert after["epoch"] > before["epoch"] and after["instances"]["0"]["primary"] != victim_id
+        # every instance's state, read over TCP with TLS, equals the model
+        got: dict[int, bytes] = {}
+        for name, info in after["instances"].items():
+            with rhino.connect(info["address"], secret=SECRET, tls=tls) as c, \
+                    c.session("q", int(name), batch=6, epoch=after["epoch"]) as s:
+                got.update({int.from_bytes(k, "little", signed=True): v for k, v in s.scan(page_size=500)})
+                s.abort()
+        assert got == model
+    finally:
+        engine.close()
+        cc.close()
+        for w in ws:
+            if w.alive():
+                w.stop()
+        co.stop()
