@@ -14,6 +14,7 @@ processes with certificates from `rhino certs init`:
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 
 import numpy as np
@@ -201,6 +202,8 @@ def test_garbage_and_truncated_client_hellos_leave_the_listener_serving(workers,
 
 # ---- the coordinator, registration, batches and a takeover, all over TLS ------------------
 def test_a_tls_cluster_runs_batches_and_fails_over_a_killed_worker(pki, tmp_path):
+    from test_coordinator_cli import rhino_cli
+
     from rhino.coordinator.client import connect_coordinator
     from rhino_bench.harness.engine import MicroBatchEngine
     from rhino_bench.harness.workers import CoordinatorProcess
@@ -227,6 +230,13 @@ def test_a_tls_cluster_runs_batches_and_fails_over_a_killed_worker(pki, tmp_path
         # a plaintext client is not served by the TLS coordinator
         with pytest.raises((rhino.PeerDeadError, rhino.RhinoTimeoutError)):
             connect_coordinator(co.address, secret=SECRET, peer_timeout=2.0).status()
+        # the command line, with the TLS files from the environment
+        env = {"RHINO_COORDINATOR": co.address, "RHINO_SECRET_FILE": str(secret_file)}
+        tls_env = {"RHINO_TLS_CERT": tls.cert, "RHINO_TLS_KEY": tls.key, "RHINO_TLS_CA": tls.ca}
+        out = rhino_cli("status", "--json", env={**env, **tls_env})
+        assert out.returncode == 0, out.stderr
+        assert {w["id"] for w in json.loads(out.stdout)["workers"]} == {"w2", "w3", "w4"}
+        assert rhino_cli("status", env={**env, "RHINO_TLS_CERT": tls.cert}).returncode != 0  # some, not all
         cc.create_operator("q", parallelism=2, num_vnodes=16, replicas=1)
         rng = np.random.default_rng(5)
         model: dict[int, bytes] = {}
