@@ -5,7 +5,7 @@
 #   make bench  - setup, then micro-benchmarks, the restore sweep, chain replication throughput, the
 #                 steady-state overhead of replication and the state service (results in bench/results/)
 #   make wheel  - a self-contained wheel (auditwheel-repaired), checked in a fresh venv
-#   make chaos  - 500 trials of SIGKILLing a random replica-chain member mid-transfer, then 20 trials of
+#   make chaos  - 500 trials of SIGKILLing a random replica-chain member mid-transfer (and 100 with TLS), then 20 trials of
 #                 NEXMark Q8 on Spark with a host SIGKILLed mid-run, then 20 of two Rhino operators chained
 #                 in one foreachBatch query with a host SIGKILLed mid-run (each output identical to the
 #                 failure-free run), then 20 trials of random reconfigurations of a running query
@@ -104,7 +104,8 @@ bench: setup
 	  --plot bench/results/failover.png --report bench/results/failover.md
 
 chaos: setup
-	RHINO_CHAOS_TRIALS=$${RHINO_CHAOS_TRIALS:-500} $(PY) -m pytest tests/test_chaos.py -q -s $(PYTEST_ARGS)
+	RHINO_CHAOS_TRIALS=$${RHINO_CHAOS_TRIALS:-500} RHINO_CHAOS_TLS_TRIALS=$${RHINO_CHAOS_TLS_TRIALS:-100} \
+	  $(PY) -m pytest tests/test_chaos.py -q -s $(PYTEST_ARGS)
 	RHINO_EXACTLY_ONCE_TRIALS=$${RHINO_EXACTLY_ONCE_TRIALS:-20} $(PY) -m pytest tests/test_spark_exactly_once.py -q $(PYTEST_ARGS)
 	RHINO_CHAIN_TRIALS=$${RHINO_CHAIN_TRIALS:-20} $(PY) -m pytest tests/test_spark_chain_exactly_once.py -q $(PYTEST_ARGS)
 	RHINO_ELASTIC_TRIALS=$${RHINO_ELASTIC_TRIALS:-20} $(PY) -m pytest tests/test_spark_elastic_chaos.py -q $(PYTEST_ARGS)
