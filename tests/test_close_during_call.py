@@ -263,9 +263,11 @@ def overlapped(r: dict) -> bool:
     return any(t0 < tc0 < t1 for t0, t1, _, _ in r["calls"])
 
 
-def run_scenario(tmp_path: Path, cmd: dict, attempts: int = 4, timeout: float = 120) -> tuple[dict, Path]:
+def run_scenario(tmp_path: Path, cmd: dict, attempts: int = 10, timeout: float = 120) -> tuple[dict, Path]:
     """Runs the child until its close() lands inside a call (it may land between two calls,
-    while the thread checks a result); returns its report and the attempt's directory, where
+    while the thread checks a result: on a loaded machine checking a scan's 50,000 items takes
+    as long as the scan, so an attempt misses about half the time, and 4 attempts all missed
+    once in a full run); returns its report and the attempt's directory, where
     the child's DB is `state`, its store `store`, its scratch space `scratch`."""
     for n in range(attempts):
         where = tmp_path / f"attempt-{n}"
