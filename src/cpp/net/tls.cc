@@ -41,9 +41,12 @@ Status MakeTlsContext(const TlsFiles& files, TlsContext* out) {
   if (SSL_CTX_set_min_proto_version(native, TLS1_3_VERSION) != 1) {
     return Status::InvalidArgument("this OpenSSL cannot do TLS 1.3: " + OpenSslReason());
   }
-  // No renegotiation, no compression, no session tickets: connections are long-lived,
-  // and a worker restart gets a full handshake.
+  // No compression, no resumption: connections are long-lived, and a worker restart
+  // gets a full handshake (with both certificates checked again). In TLS 1.3 a server
+  // still sends tickets after the handshake unless their number is 0.
   SSL_CTX_set_options(native, SSL_OP_NO_COMPRESSION | SSL_OP_NO_TICKET | SSL_OP_NO_RENEGOTIATION);
+  SSL_CTX_set_num_tickets(native, 0);
+  SSL_CTX_set_session_cache_mode(native, SSL_SESS_CACHE_OFF);
   if (SSL_CTX_use_certificate_chain_file(native, files.cert_file.c_str()) != 1) {
     return Status::InvalidArgument("the TLS certificate " + files.cert_file + " is not a PEM certificate: " +
                                    OpenSslReason());
