@@ -210,6 +210,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     prog = _Progress()
     try:
         _say(f"[demo] cluster up in {time.time() - t_up:.1f} s; starting the Spark application")
+        if a.tls:
+            _say(f"[demo] mutual TLS on every Rhino TCP link (certificates in {cl.state['tls_dir']})")
         # one executor per host, and room for one more: the host that joins
         spark = cl.spark_session("rhino-demo-q8", spare_hosts=1 if elastic else 0)
         spark.sparkContext.setLogLevel("ERROR")
