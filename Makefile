@@ -5,12 +5,12 @@
 #   make bench  - setup, then micro-benchmarks, the restore sweep, chain replication throughput, the
 #                 steady-state overhead of replication and the state service (results in bench/results/)
 #   make wheel  - a self-contained wheel (auditwheel-repaired), checked in a fresh venv
-#   make chaos  - 500 trials of SIGKILLing a random replica-chain member mid-transfer, then 20 trials of
+#   make chaos  - 500 trials of SIGKILLing a random replica-chain member mid-transfer (and 100 with TLS), then 20 trials of
 #                 NEXMark Q8 on Spark with a host SIGKILLed mid-run, then 20 of two Rhino operators chained
 #                 in one foreachBatch query with a host SIGKILLed mid-run (each output identical to the
 #                 failure-free run), then 20 trials of random reconfigurations of a running query
 #                 (rescales, handovers, rebalances, a host joining, decommissioned, SIGKILLed)
-#   make fuzz   - the frame-decoder fuzz target (libFuzzer under clang), for FUZZ_SECONDS (default 60)
+#   make fuzz   - the frame-decoder and TLS-listener fuzz targets (libFuzzer under clang), FUZZ_SECONDS each (default 60)
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -73,8 +73,10 @@ setup: apt $(VENV)/.built $(VENV)/.bench
 # ---- the README's two commands ---------------------------------------------
 DEMO_STATE ?= 256M
 DEMO_ARGS ?=
+# make demo TLS=1: the same demo with mutual TLS on every Rhino TCP link
+TLS ?=
 demo: setup
-	$(VENV)/bin/rhino-bench demo --dir .demo-spark --state $(DEMO_STATE) $(DEMO_ARGS)
+	$(VENV)/bin/rhino-bench demo --dir .demo-spark --state $(DEMO_STATE) $(if $(TLS),--tls) $(DEMO_ARGS)
 
 test: setup
 	$(PY) -m pytest tests $(PYTEST_ARGS)
@@ -102,7 +104,8 @@ bench: setup
 	  --plot bench/results/failover.png --report bench/results/failover.md
 
 chaos: setup
-	RHINO_CHAOS_TRIALS=$${RHINO_CHAOS_TRIALS:-500} $(PY) -m pytest tests/test_chaos.py -q -s $(PYTEST_ARGS)
+	RHINO_CHAOS_TRIALS=$${RHINO_CHAOS_TRIALS:-500} RHINO_CHAOS_TLS_TRIALS=$${RHINO_CHAOS_TLS_TRIALS:-100} \
+	  $(PY) -m pytest tests/test_chaos.py -q -s $(PYTEST_ARGS)
 	RHINO_EXACTLY_ONCE_TRIALS=$${RHINO_EXACTLY_ONCE_TRIALS:-20} $(PY) -m pytest tests/test_spark_exactly_once.py -q $(PYTEST_ARGS)
 	RHINO_CHAIN_TRIALS=$${RHINO_CHAIN_TRIALS:-20} $(PY) -m pytest tests/test_spark_chain_exactly_once.py -q $(PYTEST_ARGS)
 	RHINO_ELASTIC_TRIALS=$${RHINO_ELASTIC_TRIALS:-20} $(PY) -m pytest tests/test_spark_elastic_chaos.py -q $(PYTEST_ARGS)
@@ -120,9 +123,19 @@ build/frame_fuzzer: $(FUZZ_SOURCES) $(shell find src/cpp/include -name '*.h')
 	clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  -Isrc/cpp/include -Isrc/cpp $(FUZZ_SOURCES) -lxxhash -o $@
 
-fuzz: apt build/frame_fuzzer
-	mkdir -p build/fuzz-corpus
+# The TLS listener's pre-handshake input: OpenSSL's server side with our context.
+TLS_FUZZ_SOURCES := fuzz/tls_fuzzer.cc src/cpp/net/tls.cc src/cpp/util/status.cc
+build/tls_fuzzer: $(TLS_FUZZ_SOURCES) src/cpp/net/tls.h src/cpp/include/rhino/tls.h
+	mkdir -p build
+	clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	  -Isrc/cpp/include -Isrc/cpp $(TLS_FUZZ_SOURCES) -lssl -lcrypto -o $@
+
+fuzz: apt build/frame_fuzzer build/tls_fuzzer setup
+	mkdir -p build/fuzz-corpus build/fuzz-corpus-tls
 	./build/frame_fuzzer build/fuzz-corpus fuzz/corpus/frame -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1
+	$(VENV)/bin/rhino certs init build/fuzz-tls --hosts 127.0.0.1 --force > /dev/null
+	RHINO_FUZZ_TLS_DIR=build/fuzz-tls ./build/tls_fuzzer build/fuzz-corpus-tls fuzz/corpus/tls \
+	  -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1
 
 wheel: setup
 	rm -rf dist wheelhouse

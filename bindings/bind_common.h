@@ -17,6 +17,7 @@
 
 #include "errors.h"
 #include "rhino/replica_store.h"
+#include "rhino/tls.h"
 
 namespace rhino::py_bindings {
 
@@ -27,6 +28,10 @@ void BindWorker(pybind11::module_& m);
 void BindService(pybind11::module_& m);
 void BindCoord(pybind11::module_& m);
 RestoreOptions ParseRestoreOptions(const std::string& mode, const std::string& verify);
+// The tls_cert / tls_key / tls_ca keyword arguments (all empty: plaintext).
+inline TlsFiles TlsOf(const std::string& cert, const std::string& key, const std::string& ca) {
+  return TlsFiles{cert, key, ca};
+}
 
 // For long C++ calls made with the GIL released that report as they go and
 // stop when asked (RestoreOptions::keep_going, ReplicaStore::VerifyObserver):

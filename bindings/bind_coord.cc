@@ -162,6 +162,7 @@ py::dict MetricsDict(const CoordServerMetrics& m) {
   d["bytes_out"] = m.bytes_out;
   d["frames_rejected"] = m.frames_rejected;
   d["auth_failures"] = m.auth_failures;
+  d["tls_failures"] = m.tls_failures;
   d["peers_dead"] = m.peers_dead;
   d["open_connections"] = m.open_connections;
   d["connections_accepted"] = m.connections_accepted;
@@ -189,7 +190,8 @@ close() lets the handlers under way finish, then closes every connection.
 )doc")
       .def(py::init([](const std::string& host, uint16_t port, py::bytes secret, py::object handler,
                        const std::string& server_id, uint32_t threads, uint32_t max_frame_bytes,
-                       uint32_t heartbeat_ms, uint32_t peer_timeout_ms) {
+                       uint32_t heartbeat_ms, uint32_t peer_timeout_ms, const std::string& tls_cert,
+                       const std::string& tls_key, const std::string& tls_ca) {
              if (!PyCallable_Check(handler.ptr())) throw py::type_error("handler must be callable");
              CoordServerOptions o;
              o.host = host;
@@ -200,6 +202,7 @@ close() lets the handlers under way finish, then closes every connection.
              o.max_frame_bytes = max_frame_bytes;
              o.heartbeat_ms = heartbeat_ms;
              o.peer_timeout_ms = peer_timeout_ms;
+             o.tls = TlsOf(tls_cert, tls_key, tls_ca);
              CoordHandler h = MakeHandler(std::move(handler));
              std::unique_ptr<CoordServer> server;
              Status s;
@@ -224,7 +227,8 @@ close() lets the handlers under way finish, then closes every connection.
            py::arg("host"), py::arg("port"), py::arg("secret"), py::arg("handler"), py::kw_only(),
            py::arg("server_id") = "coordinator", py::arg("threads") = 4,
            py::arg("max_frame_bytes") = kDefaultMaxFrameBytes, py::arg("heartbeat_ms") = 500,
-           py::arg("peer_timeout_ms") = 3000)
+           py::arg("peer_timeout_ms") = 3000, py::arg("tls_cert") = "", py::arg("tls_key") = "",
+           py::arg("tls_ca") = "")
       .def_property_readonly("port", [](PyCoordServer& h) { return h.port; })
       .def_property_readonly("host", [](PyCoordServer& h) { return h.host; })
       .def_property_readonly("address", [](PyCoordServer& h) { return h.address; }, "\"host:port\"")

@@ -238,7 +238,8 @@ static void BindStateClientClass(py::module_& m) {
       .def_static(
           "connect",
           [](const std::string& address, py::bytes secret, const std::string& client_id, uint32_t max_frame_bytes,
-             uint32_t peer_timeout_ms, uint32_t request_timeout_ms, const std::string& local_bind_host) {
+             uint32_t peer_timeout_ms, uint32_t request_timeout_ms, const std::string& local_bind_host,
+             const std::string& tls_cert, const std::string& tls_key, const std::string& tls_ca) {
             StateClientOptions o;
             o.secret = std::string(secret);
             o.client_id = client_id;
@@ -247,6 +248,7 @@ static void BindStateClientClass(py::module_& m) {
             o.heartbeat_ms = std::max<uint32_t>(1, std::min<uint32_t>(500, peer_timeout_ms / 3));
             o.request_timeout_ms = request_timeout_ms;
             o.local_bind_host = local_bind_host;
+            o.tls = TlsOf(tls_cert, tls_key, tls_ca);
             auto h = std::make_shared<PyClient>();
             Status s;
             {
@@ -258,7 +260,8 @@ static void BindStateClientClass(py::module_& m) {
           },
           py::arg("address"), py::arg("secret"), py::arg("client_id") = "client",
           py::arg("max_frame_bytes") = kDefaultMaxFrameBytes, py::arg("peer_timeout_ms") = 3000,
-          py::arg("request_timeout_ms") = 120000, py::arg("local_bind_host") = "")
+          py::arg("request_timeout_ms") = 120000, py::arg("local_bind_host") = "", py::arg("tls_cert") = "",
+          py::arg("tls_key") = "", py::arg("tls_ca") = "")
       .def("instance",
            [](PyClient& h, const std::string& action, const std::string& op, uint32_t instance, uint64_t epoch,
               const std::string& args) {

@@ -59,6 +59,7 @@ py::dict MetricsDict(const WorkerMetrics& m) {
   d["checkpoints_complete"] = m.checkpoints_complete;
   d["checkpoints_aborted"] = m.checkpoints_aborted;
   d["auth_failures"] = m.auth_failures;
+  d["tls_failures"] = m.tls_failures;
   d["rejected_frames"] = m.rejected_frames;
   d["stale_rejections"] = m.stale_rejections;
   d["peers_dead"] = m.peers_dead;
@@ -144,9 +145,11 @@ stop() aborts streams under way and closes connections; join() waits for stop.
                        uint32_t max_window, uint32_t stream_idle_timeout_ms, const std::string& state_dir,
                        const std::string& unix_socket, uint32_t service_threads, uint64_t max_session_bytes,
                        uint32_t replicate_timeout_ms, uint32_t session_idle_timeout_ms, uint32_t keep_checkpoints,
-                       uint32_t retention_interval_ms) {
+                       uint32_t retention_interval_ms, const std::string& tls_cert, const std::string& tls_key,
+                       const std::string& tls_ca) {
              auto w = std::make_unique<PyWorker>();
              WorkerOptions o;
+             o.tls = TlsOf(tls_cert, tls_key, tls_ca);
              o.state_dir = state_dir;
              o.unix_socket = unix_socket;
              o.service_threads = service_threads;
@@ -177,7 +180,8 @@ stop() aborts streams under way and closes connections; join() waits for stop.
            py::arg("stream_idle_timeout_ms") = 60000, py::arg("state_dir") = "", py::arg("unix_socket") = "",
            py::arg("service_threads") = 4, py::arg("max_session_bytes") = 1ull << 30,
            py::arg("replicate_timeout_ms") = 60000, py::arg("session_idle_timeout_ms") = 600000,
-           py::arg("keep_checkpoints") = 3, py::arg("retention_interval_ms") = 10000)
+           py::arg("keep_checkpoints") = 3, py::arg("retention_interval_ms") = 10000, py::arg("tls_cert") = "",
+           py::arg("tls_key") = "", py::arg("tls_ca") = "")
       .def("start", [](PyWorker& w) {
              Status s;
              {
@@ -262,8 +266,10 @@ void BindReplication(py::module_& m) {
   m.def("replicate", [](const std::string& store_dir, const std::string& operator_id, uint32_t instance,
                         uint64_t checkpoint_id, const std::vector<std::string>& chain, uint64_t chain_version,
                         const std::string& secret, uint32_t chunk_bytes, uint32_t window, uint32_t timeout_ms,
-                        uint32_t heartbeat_ms, uint32_t peer_timeout_ms, const std::string& client_id) {
+                        uint32_t heartbeat_ms, uint32_t peer_timeout_ms, const std::string& client_id,
+                        const std::string& tls_cert, const std::string& tls_key, const std::string& tls_ca) {
           ReplicateOptions o;
+          ThrowIfError(net::MakeTlsContext(TlsOf(tls_cert, tls_key, tls_ca), &o.tls));
           o.chunk_bytes = chunk_bytes;
           o.window = window;
           o.timeout_ms = timeout_ms;
@@ -286,20 +292,25 @@ void BindReplication(py::module_& m) {
         py::arg("chain"), py::kw_only(), py::arg("chain_version"), py::arg("secret"),
         py::arg("chunk_bytes") = 1u << 20, py::arg("window") = 16, py::arg("timeout_ms") = 30000,
         py::arg("heartbeat_ms") = 500, py::arg("peer_timeout_ms") = 3000, py::arg("client_id") = "primary",
+        py::arg("tls_cert") = "", py::arg("tls_key") = "", py::arg("tls_ca") = "",
         "Starts replicating a checkpoint of the store at `store_dir` down `chain` ['host:port', ...].");
 
   m.def("query_store", [](const std::string& address, const std::string& secret, const std::string& operator_id,
-                          uint32_t instance, uint32_t timeout_ms) {
+                          uint32_t instance, uint32_t timeout_ms, const std::string& tls_cert,
+                          const std::string& tls_key, const std::string& tls_ca) {
           std::vector<uint64_t> ids;
+          net::TlsContext tls;
+          ThrowIfError(net::MakeTlsContext(TlsOf(tls_cert, tls_key, tls_ca), &tls));
           Status s;
           {
             py::gil_scoped_release release;
-            s = QueryStore(address, secret, operator_id, instance, timeout_ms, &ids);
+            s = QueryStore(address, secret, operator_id, instance, timeout_ms, &ids, tls);
           }
           ThrowIfError(s);
           return ids;
         }, py::arg("address"), py::kw_only(), py::arg("secret"), py::arg("operator_id"), py::arg("instance"),
-        py::arg("timeout_ms") = 5000, "Committed checkpoint ids of an instance in the worker's replica store.");
+        py::arg("timeout_ms") = 5000, py::arg("tls_cert") = "", py::arg("tls_key") = "", py::arg("tls_ca") = "",
+        "Committed checkpoint ids of an instance in the worker's replica store.");
 
 }
 

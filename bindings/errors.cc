@@ -30,6 +30,7 @@ constexpr Mapping kTable[] = {
     {Status::Code::kUnknownInstance, "UnknownInstanceError"},
     {Status::Code::kSessionBusy, "SessionBusyError"},
     {Status::Code::kStaleEpoch, "StaleEpochError"},
+    {Status::Code::kTlsFailed, "TLSError"},
 };
 
 }  // namespace

@@ -1,5 +1,8 @@
 """Writes the seed corpus of fuzz/frame_fuzzer.cc: one valid frame of every
-message type (each prefixed by the target's mode byte), into fuzz/corpus/frame.
+message type (each prefixed by the target's mode byte), into fuzz/corpus/frame;
+and of fuzz/tls_fuzzer.cc, into fuzz/corpus/tls: a TLS 1.3 ClientHello from
+Python's ssl (OpenSSL, as a Rhino client sends one), its truncations, a
+plaintext HelloReq frame (a plaintext client) and an HTTP request.
 
     python fuzz/make_corpus.py
 
@@ -95,5 +98,37 @@ def main() -> None:
     print(f"wrote {len(seeds)} seeds to {out}", file=sys.stderr)
 
 
+def client_hello() -> bytes:
+    """The first flight of a TLS 1.3 client, over memory BIOs (no socket, no server)."""
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ctx.wrap_bio(incoming, outgoing, server_side=False, server_hostname="127.0.0.1")
+    try:
+        obj.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return outgoing.read()
+
+
+def main_tls() -> None:
+    out = Path(__file__).parent / "corpus" / "tls"
+    out.mkdir(parents=True, exist_ok=True)
+    hello = client_hello()
+    assert hello[:1] == b"\x16", "a TLS handshake record"
+    seeds = {"client-hello": hello, "plaintext-hello-req": wire.frame(1, b"\x01\x00" + b"\x00" * 20),
+             "http": b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", "empty": b""}
+    for n in (1, 5, 9, 40, len(hello) // 2, len(hello) - 1):
+        seeds[f"client-hello-cut-{n}"] = hello[:n]
+    for name, data in seeds.items():
+        (out / name).write_bytes(data)
+    print(f"wrote {len(seeds)} seeds to {out}", file=sys.stderr)
+
+
 if __name__ == "__main__":
     main()
+    main_tls()

@@ -58,10 +58,12 @@ from .errors import (
     UnknownVnodeError,
     UnknownInstanceError,
     SessionBusyError,
+    TLSError,
     StaleEpochError,
 )
 from .replication import query_store, replicate
 from .client import Client, Session, connect
+from .tls.config import TLS
 
 __all__ = [
     "__version__",
@@ -83,6 +85,7 @@ __all__ = [
     "replicate",
     "query_store",
     "connect",
+    "TLS",
     "Client",
     "Session",
     "errors",
@@ -104,5 +107,6 @@ __all__ = [
     "AuthFailedError",
     "UnknownInstanceError",
     "SessionBusyError",
+    "TLSError",
     "StaleEpochError",
 ]

@@ -55,4 +55,8 @@ class Worker(_core.Worker):
     def __init__(self, **kwargs: Any) -> None:
         if "secret" in kwargs:
             kwargs["secret"] = secret_bytes(kwargs["secret"])
+        if "tls" in kwargs:  # a rhino.TLS (or None): the _core's tls_cert, tls_key, tls_ca
+            from .tls.config import tls_kwargs
+
+            kwargs.update(tls_kwargs(kwargs.pop("tls")))
         call_hiding_secret(super().__init__, **kwargs)

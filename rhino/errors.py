@@ -25,6 +25,7 @@ __all__ = [
     "AbortedError",
     "StaleChainVersionError",
     "AuthFailedError",
+    "TLSError",
     "UnknownInstanceError",
     "SessionBusyError",
     "StaleEpochError",
@@ -97,6 +98,12 @@ class StaleChainVersionError(RhinoError, RuntimeError):
 
 class AuthFailedError(RhinoError, PermissionError):
     """A peer does not know the shared secret (protocol §2)."""
+
+
+class TLSError(AuthFailedError):
+    """A TLS handshake failed: the peer's certificate does not chain to our CA, has
+    expired, or does not name the host dialled; or the peer does not speak TLS (a
+    plaintext peer on a TLS listener, or the reverse). The message names which."""
 
 
 class UnknownInstanceError(RhinoError, LookupError):

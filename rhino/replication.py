@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Optional
 
 from . import _core
 from ._core import ReplicationHandle, ReplicaStore
 from ._secret import call_hiding_secret, secret_bytes
+from .tls.config import TLS, tls_kwargs
 
 __all__ = ["replicate", "query_store", "ReplicationHandle", "read_secret_file", "parse_address"]
 
@@ -58,6 +60,7 @@ def replicate(
     heartbeat: float = 0.5,
     peer_timeout: float = 3.0,
     client_id: str = "primary",
+    tls: Optional[TLS] = None,
 ) -> ReplicationHandle:
     """Starts replicating checkpoint `checkpoint_id` of (operator_id, instance),
     committed in `store`, down `chain` (["host:port", ...], head first).
@@ -71,6 +74,8 @@ def replicate(
     Memory per stream is bounded by ``window x chunk_bytes`` at every member.
     Keep the handle until the transfer is done: dropping the last reference to
     it cancels the transfer down the chain (nothing is committed then).
+    ``tls`` (a :class:`rhino.TLS`): mutual TLS to the chain's head, whose
+    certificate must name the address dialled.
     """
     path = store.path if isinstance(store, ReplicaStore) else os.fspath(store)
     if isinstance(chain, (str, bytes)):
@@ -90,11 +95,13 @@ def replicate(
         heartbeat_ms=max(1, int(heartbeat * 1000)),
         peer_timeout_ms=max(1, int(peer_timeout * 1000)),
         client_id=client_id,
+        **tls_kwargs(tls),
     )
 
 
 def query_store(
-    address: str, *, secret: bytes | str, operator_id: str, instance: int, timeout: float = 5.0
+    address: str, *, secret: bytes | str, operator_id: str, instance: int, timeout: float = 5.0,
+    tls: Optional[TLS] = None,
 ) -> list[int]:
     """Checkpoint ids of an instance committed in the store of the worker at `address`."""
     return call_hiding_secret(
@@ -104,4 +111,5 @@ def query_store(
         operator_id=operator_id,
         instance=instance,
         timeout_ms=max(1, int(timeout * 1000)),
+        **tls_kwargs(tls),
     )

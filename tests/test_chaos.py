@@ -14,7 +14,9 @@ the middle of writing its manifest). After every trial:
 - the checkpoint completes on a repaired chain (victim replaced by the spare,
   chain version + 1); the restarted victim becomes the spare.
 
-`make test` runs 50 trials; `make chaos` runs 500 (RHINO_CHAOS_TRIALS).
+`make test` runs 50 trials; `make chaos` runs 500 (RHINO_CHAOS_TRIALS). The same
+trials run with mutual TLS on every link (docs/protocol.md §2, "TLS"): 5 in
+`make test`, 100 in `make chaos` (RHINO_CHAOS_TLS_TRIALS).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret
 
 OP = "chaos"
 TRIALS = int(os.environ.get("RHINO_CHAOS_TRIALS", "50"))
+TLS_TRIALS = int(os.environ.get("RHINO_CHAOS_TLS_TRIALS", "5"))
 SEED = int(os.environ.get("RHINO_CHAOS_SEED", str(random.randrange(1 << 30))))
 CRASH_POINTS = [
     "replica.after_chunk_write",
@@ -56,10 +59,33 @@ def _verify_checkpoint(store: rhino.ReplicaStore, cid: int) -> None:
 
 
 def test_chaos_kill_random_member_at_random_point(tmp_path):
+    _chaos(tmp_path, TRIALS, tls=None)
+
+
+def test_chaos_with_tls(tmp_path):
+    pytest.importorskip("cryptography")
+    from rhino.tls.certs import init
+
+    init(tmp_path / "certs", ["127.0.0.1"] + [f"127.0.0.{n}" for n in (2, 3, 4, 5)])
+    _chaos(tmp_path, TLS_TRIALS, tls=rhino.TLS(f"{tmp_path}/certs/{{host}}.pem", f"{tmp_path}/certs/{{host}}.key",
+                                               f"{tmp_path}/certs/ca.pem"))
+
+
+def _chaos(tmp_path, trials: int, tls) -> None:
+    """The trials of the module docstring; with ``tls`` ({host} in its paths) on every link."""
+    from rhino.tls.config import for_host
+
+    def tls_args(host: str) -> list[str]:
+        t = for_host(tls, host)
+        return [] if t is None else ["--tls-cert", t.cert, "--tls-key", t.key, "--tls-ca", t.ca]
+
+    client_tls = for_host(tls, "127.0.0.1")
+    TRIALS = trials  # noqa: N806 - the module's name for it, per run
     rng = random.Random(SEED)
     secret_file = write_secret(tmp_path)
     workers = [WorkerProcess(tmp_path, f"w{n}", f"127.0.0.{n}", secret_file=secret_file, metrics=False,
-                          peer_timeout_ms=1000, heartbeat_ms=200).start() for n in (2, 3, 4, 5)]
+                             peer_timeout_ms=1000, heartbeat_ms=200, extra_args=tls_args(f"127.0.0.{n}")).start()
+               for n in (2, 3, 4, 5)]
     chain, spare = workers[:3], workers[3]
     store = rhino.ReplicaStore(str(tmp_path / "primary"))
     db = rhino.StateBackend.open(str(tmp_path / "live"), operator_id=OP, instance=0,
@@ -88,7 +114,8 @@ def test_chaos_kill_random_member_at_random_point(tmp_path):
             if point is None:
                 timer = threading.Timer(rng.uniform(0.0, 0.25), victim.kill)
             h = rhino.replicate(store, OP, 0, trial, [w.address for w in chain], chain_version=version,
-                                secret=SECRET, chunk_bytes=32 << 10, window=2, timeout=20.0, peer_timeout=1.0)
+                                secret=SECRET, chunk_bytes=32 << 10, window=2, timeout=20.0, peer_timeout=1.0,
+                                tls=client_tls)
             if timer is not None:
                 timer.start()
             t0 = time.monotonic()
@@ -133,7 +160,7 @@ def test_chaos_kill_random_member_at_random_point(tmp_path):
                 repaired = [spare if w is victim else w for w in chain]
                 version += 1
                 rhino.replicate(store, OP, 0, trial, [w.address for w in repaired], chain_version=version,
-                                secret=SECRET, chunk_bytes=32 << 10, window=2, timeout=20.0).wait()
+                                secret=SECRET, chunk_bytes=32 << 10, window=2, timeout=20.0, tls=client_tls).wait()
                 for w in repaired:
                     assert trial in rhino.ReplicaStore(str(w.dir)).checkpoints(OP, 0), ctx
                 complete[trial] = {w.id for w in repaired}
@@ -160,7 +187,7 @@ def test_chaos_kill_random_member_at_random_point(tmp_path):
                     s.gc()
                 complete = {c: ws for c, ws in complete.items() if c > trial - KEEP}
         med = sorted(durations)[len(durations) // 2] if durations else 0
-        print(f"chaos seed={SEED} trials={TRIALS} {outcomes} median transfer {med:.3f}s")
+        print(f"chaos seed={SEED} trials={TRIALS} tls={tls is not None} {outcomes} median transfer {med:.3f}s")
         # The kills must really land inside transfers, not only after them.
         assert outcomes["killed_before_ack"] >= TRIALS // 5, outcomes
     finally:

@@ -22,7 +22,13 @@ One JSON object per line, all figures measured in the same run:
   before it (sampled from /proc every 10 ms);
 - credit_window_mb: window x chunk_bytes;
 - target: the fraction of min(disk, loopback) the issue asks for
-  (0.8 for r=1, 0.7 for r=2), and whether it was met.
+  (0.8 for r=1, 0.7 for r=2), and whether it was met;
+- cpu_s, cpu_ms_per_mb: CPU (user + system) of the primary (this process) and
+  of each chain member during the transfer, and per MB of the checkpoint.
+
+With ``--tls`` every r runs twice, plaintext then mutual TLS (``mode``), with
+fresh workers and certificates from ``rhino certs init``; a TLS row carries
+``fraction_of_plaintext`` (issue 30's target: at least 0.6).
 
 The source checkpoint is read from the page cache if it fits there (as a
 primary's fresh checkpoint usually is); replicas write to disk with fsync.
@@ -192,75 +198,39 @@ def run(args: argparse.Namespace) -> list[dict]:
 
     loop = loopback_limit_mb_s(m.total_bytes)
     say(f"[replicate] loopback limit (one TCP connection): {loop:.0f} MB/s")
+    modes = ["plain", "tls"] if args.tls else ["plain"]
+    tls_dir = None
+    if args.tls:
+        from rhino.tls.certs import init as certs_init
+
+        tls_dir = root / "certs"
+        certs_init(tls_dir, ["127.0.0.1"] + [f"127.0.0.{n}" for n in range(2, 2 + args.workers)])
     rows = []
     run_id = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}"
     for r in replicas:
-        raise_if_stopped()
-        before = probe_disk()
-        say(f"[replicate] r={r}: disk probes before (plain, early writeback, O_DIRECT): "
-            + ", ".join(f"{x:.0f}" for x in before) + " MB/s")
-        os.sync()  # the transfer starts with no dirty data of the probe's
-        (root / f"r{r}").mkdir()
-        workers = start_workers(root / f"r{r}", list(range(2, 2 + args.workers)), secret_file, args.window)
-        done = threading.Event()
-        try:
-            chain = workers[:r]
-            base = {w.proc.pid: rss_kb(w.proc.pid) for w in chain}
-            peak = dict(base)
-
-            def sample() -> None:
-                while not done.is_set():
-                    for w in chain:
-                        peak[w.proc.pid] = max(peak[w.proc.pid], rss_kb(w.proc.pid))
-                    time.sleep(0.01)
-
-            sampler = threading.Thread(target=sample, daemon=True)
-            sampler.start()
-            t0 = time.perf_counter()
-            handle = rhino.replicate(store, "bench", 0, 1, [w.address for w in chain], chain_version=1,
-                                     secret=SECRET, chunk_bytes=args.chunk, window=args.window, timeout=3600)
-            say(f"[replicate] r={r}: replicating {format_bytes(m.total_bytes)} down "
-                + " -> ".join(w.address for w in chain))
-            res = handle.wait()
-            seconds = time.perf_counter() - t0
-            done.set()
-            sampler.join()
-            say(f"[replicate] r={r}: {m.total_bytes / seconds / 1e6:.0f} MB/s ({seconds:.2f} s); probing the disk again")
+        for mode in modes:  # alternated per r, so that the disk's drift hits both alike
+            raise_if_stopped()
+            before = probe_disk()
+            say(f"[replicate] r={r} {mode}: disk probes before (plain, early writeback, O_DIRECT): "
+                + ", ".join(f"{x:.0f}" for x in before) + " MB/s")
+            row = _transfer(args, root / f"r{r}-{mode}", store, m, r, tls_dir if mode == "tls" else None,
+                            secret_file, say)
             after = probe_disk()
-            tput = m.total_bytes / seconds / 1e6
-            disk = max(probes)
-            limit = min(disk, loop)
-            target = 0.8 if r == 1 else 0.7
-            growth = max((peak[p] - base[p]) / 1024 for p in base)
-            window_mb = args.window * args.chunk / (1 << 20)
-            rows.append({
-                "run_id": run_id,
-                "replicas": r,
-                "bytes": m.total_bytes,
-                "bytes_sent": res["bytes_sent"],
-                "seconds": round(seconds, 3),
-                "throughput_mb_s": round(tput, 1),
-                "disk_limit_mb_s": round(disk, 1),
-                "disk_probe_before_mb_s": round(max(before), 1),
-                "disk_probes_mb_s": {"before": [round(x, 1) for x in before],
-                                     "after": [round(x, 1) for x in after],
-                                     "kinds": ["plain", "early writeback", "direct"][:len(before)]},
-                "loopback_limit_mb_s": round(loop, 1),
-                "max_rss_growth_mb": round(growth, 1),
-                "credit_window_mb": window_mb,
-                "chunk_bytes": args.chunk,
-                "window": args.window,
-                "target_fraction": target,
-                "fraction_of_limit": round(tput / limit, 3),
-                "throughput_target_met": tput >= target * limit,
-                "rss_target_met": growth <= window_mb + 32,
-                "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
-            })
-        finally:
-            done.set()
-            for w in workers:
-                w.stop()
-            shutil.rmtree(root / f"r{r}", ignore_errors=True)
+            row.update({"run_id": run_id, "mode": mode, "disk_probe_before_mb_s": round(max(before), 1),
+                        "disk_probes_mb_s": {"before": [round(x, 1) for x in before],
+                                             "after": [round(x, 1) for x in after],
+                                             "kinds": ["plain", "early writeback", "direct"][:len(before)]},
+                        "loopback_limit_mb_s": round(loop, 1),
+                        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
+                                    "python": platform.python_version()}})
+            rows.append(row)
+    if args.tls:  # TLS against plaintext, per r, in this run
+        for r in replicas:
+            plain = next(x for x in rows if x["replicas"] == r and x["mode"] == "plain")
+            for x in rows:
+                if x["replicas"] == r and x["mode"] == "tls":
+                    x["fraction_of_plaintext"] = round(x["throughput_mb_s"] / plain["throughput_mb_s"], 3)
+                    x["tls_target_met"] = x["fraction_of_plaintext"] >= 0.6
     # Judge every row against the fastest probe of the whole run.
     disk = max(probes)
     limit = min(disk, loop)
@@ -272,6 +242,70 @@ def run(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _transfer(args: argparse.Namespace, root: Path, store: rhino.ReplicaStore, m: rhino.Manifest, r: int,
+              tls_dir: Path | None, secret_file: Path, say) -> dict:
+    """One replication of checkpoint 1 down a chain of r fresh workers (TLS with ``tls_dir``):
+    its throughput, the members' RSS growth, and the CPU per MB of the primary (this process)
+    and of every member."""
+    os.sync()  # the transfer starts with no dirty data of the probe's
+    root.mkdir()
+    numbers = list(range(2, 2 + args.workers))
+    tls_args = (lambda n: ["--tls-cert", f"{tls_dir}/127.0.0.{n}.pem", "--tls-key", f"{tls_dir}/127.0.0.{n}.key",
+                           "--tls-ca", f"{tls_dir}/ca.pem"]) if tls_dir else (lambda n: [])
+    workers = []
+    try:
+        for n in numbers:  # one at a time: each has its own certificate
+            workers += start_workers(root, [n], secret_file, args.window, extra_args=tls_args(n))
+        chain = workers[:r]
+        base = {w.proc.pid: rss_kb(w.proc.pid) for w in chain}
+        peak = dict(base)
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                for w in chain:
+                    peak[w.proc.pid] = max(peak[w.proc.pid], rss_kb(w.proc.pid))
+                time.sleep(0.01)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        cpu0 = {w.id: _cpu_s(w.proc.pid) for w in chain}
+        cpu0["primary"] = time.process_time()
+        t0 = time.perf_counter()
+        tls = rhino.TLS.from_dir(tls_dir, "127.0.0.1") if tls_dir else None
+        handle = rhino.replicate(store, "bench", 0, 1, [w.address for w in chain], chain_version=1,
+                                 secret=SECRET, chunk_bytes=args.chunk, window=args.window, timeout=3600, tls=tls)
+        say(f"[replicate] r={r}{' tls' if tls else ''}: replicating {format_bytes(m.total_bytes)} down "
+            + " -> ".join(w.address for w in chain))
+        res = handle.wait()
+        seconds = time.perf_counter() - t0
+        cpu = {w.id: _cpu_s(w.proc.pid) - cpu0[w.id] for w in chain}
+        cpu["primary"] = time.process_time() - cpu0["primary"]
+        done.set()
+        sampler.join()
+    finally:
+        for w in workers:
+            w.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    tput = m.total_bytes / seconds / 1e6
+    say(f"[replicate] r={r}{' tls' if tls else ''}: {tput:.0f} MB/s ({seconds:.2f} s); probing the disk again")
+    window_mb = args.window * args.chunk / (1 << 20)
+    growth = max((peak[p] - base[p]) / 1024 for p in base)
+    mb = m.total_bytes / 1e6
+    return {"replicas": r, "bytes": m.total_bytes, "bytes_sent": res["bytes_sent"], "seconds": round(seconds, 3),
+            "throughput_mb_s": round(tput, 1), "cpu_s": {k: round(v, 3) for k, v in cpu.items()},
+            "cpu_ms_per_mb": {k: round(1000 * v / mb, 3) for k, v in cpu.items()},
+            "max_rss_growth_mb": round(growth, 1), "credit_window_mb": window_mb, "chunk_bytes": args.chunk,
+            "window": args.window, "target_fraction": 0.8 if r == 1 else 0.7,
+            "rss_target_met": growth <= window_mb + 32}
+
+
 def plot(rows: list[dict], path: str) -> None:
     import matplotlib
 
@@ -279,8 +313,10 @@ def plot(rows: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    xs = [f"r={row['replicas']}" for row in rows]
-    ax.bar(xs, [row["throughput_mb_s"] for row in rows], color="tab:blue", label="replication throughput")
+    xs = [f"r={row['replicas']}" + (" TLS" if row.get("mode") == "tls" else "") for row in rows]
+    ax.bar(xs, [row["throughput_mb_s"] for row in rows],
+           color=["tab:orange" if row.get("mode") == "tls" else "tab:blue" for row in rows],
+           label="replication throughput (orange: TLS)")
     limit = min(rows[0]["disk_limit_mb_s"], rows[0]["loopback_limit_mb_s"])
     ax.axhline(limit, color="black", linestyle="--", label=f"min(disk, loopback) = {limit:.0f} MB/s")
     for row, x in zip(rows, xs):
@@ -304,6 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="also append the JSON lines to this file")
     p.add_argument("--plot", default=None, help="write a bar chart here")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--tls", action="store_true",
+                   help="also replicate with mutual TLS on every link, alternating with plaintext per r; rows "
+                        "carry mode, fraction_of_plaintext and the CPU per MB of each member")
     return p
 
 
@@ -341,8 +380,10 @@ def main(argv: list[str] | None = None) -> int:
         raise
     for row in rows:
         line = json.dumps(row)
-        print(line if args.json else f"r={row['replicas']}: {row['throughput_mb_s']} MB/s "
-              f"({row['fraction_of_limit']:.0%} of limit), RSS +{row['max_rss_growth_mb']} MB")
+        tls = f", {row['fraction_of_plaintext']:.0%} of plaintext" if "fraction_of_plaintext" in row else ""
+        print(line if args.json else f"r={row['replicas']} {row.get('mode', 'plain')}: {row['throughput_mb_s']} MB/s "
+              f"({row['fraction_of_limit']:.0%} of limit{tls}), RSS +{row['max_rss_growth_mb']} MB, CPU ms/MB "
+              + ", ".join(f"{k} {v}" for k, v in row["cpu_ms_per_mb"].items()))
         if args.out:
             with open(args.out, "a") as f:
                 f.write(line + "\n")

@@ -32,6 +32,11 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="the coordinator (default: $RHINO_COORDINATOR)")
     p.add_argument("--secret-file", default=os.environ.get("RHINO_SECRET_FILE"),
                    help="the cluster's shared secret (default: $RHINO_SECRET_FILE)")
+    for name, what in (("cert", "this host's certificate"), ("key", "its private key"),
+                       ("ca", "the CA certificate")):
+        env = f"RHINO_TLS_{name.upper()}"
+        p.add_argument(f"--tls-{name}", default=os.environ.get(env), metavar="PEM",
+                       help=f"a TLS cluster: {what} (default: ${env}; all three or none)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -43,7 +48,10 @@ def _client(args: argparse.Namespace) -> Any:
         raise SystemExit("rhino: error: no coordinator: pass --coordinator HOST:PORT or set RHINO_COORDINATOR")
     if not args.secret_file:
         raise SystemExit("rhino: error: no secret: pass --secret-file FILE or set RHINO_SECRET_FILE")
-    return connect_coordinator(args.coordinator, secret=read_secret_file(args.secret_file), client_id="rhino-cli")
+    from ..tls.config import TLS
+
+    return connect_coordinator(args.coordinator, secret=read_secret_file(args.secret_file), client_id="rhino-cli",
+                               tls=TLS.from_args(args.tls_cert, args.tls_key, args.tls_ca))
 
 
 def _vnodes(text: str) -> list[int]:

@@ -9,6 +9,7 @@ from typing import Any, Iterable, Optional, Sequence
 from .. import _core
 from .._secret import call_hiding_secret, secret_bytes
 from ..errors import InvalidArgumentError
+from ..tls.config import TLS, tls_kwargs
 from .reader import CheckpointReader
 from .session import Session
 
@@ -17,7 +18,7 @@ __all__ = ["connect", "Client"]
 
 def connect(address: str | os.PathLike, *, secret: Any, client_id: str = "client",
             request_timeout: float = 120.0, peer_timeout: float = 3.0,
-            bind_host: str = "", max_frame_bytes: Optional[int] = None) -> "Client":
+            bind_host: str = "", max_frame_bytes: Optional[int] = None, tls: Optional[TLS] = None) -> "Client":
     """Connects to a worker's state service.
 
     ``address`` is a Unix socket path (a worker on this host: ``rhino worker
@@ -27,7 +28,10 @@ def connect(address: str | os.PathLike, *, secret: Any, client_id: str = "client
     request, a barrier commit included; ``bind_host`` sets the TCP client's
     own address (e.g. this host's 127.0.0.N). ``max_frame_bytes`` must not
     exceed the worker's ``--max-frame-bytes`` (default: the same default):
-    batches are split into frames of that size.
+    batches are split into frames of that size. ``tls`` (a :class:`rhino.TLS`)
+    runs a TCP connection over mutual TLS: the worker's certificate must name
+    the host dialled, and ours must chain to its CA, or
+    :class:`rhino.TLSError` says which side refused what. A Unix socket ignores it.
     """
     address = os.fspath(address)
     if not isinstance(address, str) or not address:
@@ -37,7 +41,7 @@ def connect(address: str | os.PathLike, *, secret: Any, client_id: str = "client
     handle = call_hiding_secret(
         _core.StateClient.connect, address, secret_bytes(secret), client_id=client_id,
         peer_timeout_ms=int(peer_timeout * 1000), request_timeout_ms=int(request_timeout * 1000),
-        local_bind_host=bind_host,
+        local_bind_host=bind_host, **tls_kwargs(tls),
         max_frame_bytes=int(max_frame_bytes if max_frame_bytes is not None else _core.MAX_FRAME_BYTES))
     return Client(handle)
 

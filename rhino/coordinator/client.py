@@ -16,6 +16,7 @@ from typing import Any, Optional
 from .. import _core
 from .._secret import call_hiding_secret, secret_bytes
 from ..errors import InvalidArgumentError, PeerDeadError
+from ..tls.config import tls_kwargs
 
 __all__ = ["CoordinatorClient", "LocalCoordinatorClient", "connect_coordinator"]
 
@@ -113,14 +114,14 @@ class CoordinatorClient(_Methods):
     have restarted)."""
 
     def __init__(self, address: str, *, secret: Any, client_id: str = "client", request_timeout: float = 300.0,
-                 peer_timeout: float = 3.0, bind_host: str = "") -> None:
+                 peer_timeout: float = 3.0, bind_host: str = "", tls: Any = None) -> None:
         if not isinstance(address, str) or ":" not in address:
             raise InvalidArgumentError(f"the coordinator's address must be 'host:port', got {address!r}")
         self.address = address
         self._secret = secret_bytes(secret)
         self._opts = dict(client_id=client_id, peer_timeout_ms=int(peer_timeout * 1000),
                           request_timeout_ms=int(request_timeout * 1000), local_bind_host=bind_host,
-                          max_frame_bytes=int(_core.MAX_FRAME_BYTES))
+                          max_frame_bytes=int(_core.MAX_FRAME_BYTES), **tls_kwargs(tls))
         self._lock = threading.Lock()
         self._h: Any = None
         self._connect()

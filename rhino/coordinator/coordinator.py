@@ -60,7 +60,7 @@ class Coordinator:
     def __init__(self, directory: str, *, secret: bytes | str, heartbeat_timeout: float = 3.0,
                  request_timeout: float = 60.0, copy_timeout: float = 600.0, handover_timeout: float = 120.0,
                  client_id: str = "coordinator", log: Optional[Callable[..., None]] = None,
-                 detector_interval: float = 0.1, rebuilding: bool = False) -> None:
+                 detector_interval: float = 0.1, rebuilding: bool = False, tls: Any = None) -> None:
         if heartbeat_timeout <= 0 or request_timeout <= 0:
             raise InvalidArgumentError("timeouts must be positive")
         self.meta = Metadata(directory)
@@ -79,7 +79,7 @@ class Coordinator:
         # registrations, heartbeats and status are served.
         self.rebuilding = rebuilding
         self.workers = WorkerGateway(self.meta, secret=secret, client_id=client_id, request_timeout=request_timeout,
-                                     copy_timeout=copy_timeout, handover_timeout=handover_timeout)
+                                     copy_timeout=copy_timeout, handover_timeout=handover_timeout, tls=tls)
         self.rm = ReplicationManager(self.meta, self.workers, self.log)
         self.hm = HandoverManager(self.meta, self.workers, self.log)
         # A restarted coordinator gives every worker it knew time to notice the

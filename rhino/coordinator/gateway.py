@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any
 
 from ..client.client import Client, connect
 from ..errors import NotFoundError
@@ -32,8 +33,9 @@ class WorkerGateway:
     """
 
     def __init__(self, meta: Metadata, *, secret: bytes | str, client_id: str, request_timeout: float,
-                 copy_timeout: float, handover_timeout: float) -> None:
+                 copy_timeout: float, handover_timeout: float, tls: Any = None) -> None:
         self.meta = meta
+        self.tls = tls  # a rhino.TLS for its connections to the workers; None: plaintext
         self.secret = secret
         self.client_id = client_id
         self.request_timeout = float(request_timeout)
@@ -54,7 +56,7 @@ class WorkerGateway:
             if c is not None:
                 c.close()
             c = connect(w.address, secret=self.secret, client_id=self.client_id,
-                        request_timeout=max(self.request_timeout, self.copy_timeout), peer_timeout=3.0)
+                        request_timeout=max(self.request_timeout, self.copy_timeout), peer_timeout=3.0, tls=self.tls)
             self._clients[w.id] = c
             return c
 

@@ -27,6 +27,7 @@ from .. import _core
 from .._secret import secret_bytes
 from ..errors import InvalidArgumentError
 from ..replication import parse_address, read_secret_file
+from ..tls.config import TLS, tls_kwargs
 
 __all__ = ["CoordinatorServer", "main", "build_parser"]
 
@@ -34,7 +35,8 @@ __all__ = ["CoordinatorServer", "main", "build_parser"]
 class CoordinatorServer:
     """A Coordinator served on ``host:port`` (port 0: any free port)."""
 
-    def __init__(self, coordinator: Any, host: str, port: int, *, secret: Any, threads: int = 16) -> None:
+    def __init__(self, coordinator: Any, host: str, port: int, *, secret: Any, threads: int = 16,
+                 tls: Any = None) -> None:
         self.coordinator = coordinator
 
         def handler(method: str, args_json: str) -> tuple[int, str, str]:
@@ -48,7 +50,7 @@ class CoordinatorServer:
         # must still be answered: enough threads that heartbeats never queue
         # behind the coordinator's lock.
         self._server = _core.CoordServer(host, port, secret_bytes(secret), handler, server_id="coordinator",
-                                         threads=threads)
+                                         threads=threads, **tls_kwargs(tls))
 
     @property
     def port(self) -> int:
@@ -68,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to serve on (default: %(default)s; port 0: any)")
     p.add_argument("--dir", required=True, help="metadata directory (SQLite), e.g. next to Spark's checkpoints")
     p.add_argument("--secret-file", required=True, help="file holding the cluster's shared secret")
+    p.add_argument("--tls-cert", default=None, metavar="PEM",
+                   help="this host's certificate: mutual TLS 1.3 with every client and worker (with --tls-key, "
+                        "--tls-ca)")
+    p.add_argument("--tls-key", default=None, metavar="PEM", help="the certificate's private key")
+    p.add_argument("--tls-ca", default=None, metavar="PEM", help="the CA certificate peers' certificates chain to")
     p.add_argument("--heartbeat-timeout", type=float, default=3.0,
                    help="declare a worker dead after this many seconds without a heartbeat (default: %(default)s)")
     p.add_argument("--request-timeout", type=float, default=60.0,
@@ -96,6 +103,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         host, port = parse_address(args.listen)
         secret = read_secret_file(args.secret_file)
+        tls = TLS.from_args(args.tls_cert, args.tls_key, args.tls_ca)
         for name in ("heartbeat_timeout", "request_timeout", "copy_timeout", "handover_timeout"):
             if not getattr(args, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")
@@ -120,9 +128,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     coord = Coordinator(args.dir, secret=secret, heartbeat_timeout=args.heartbeat_timeout,
                         request_timeout=args.request_timeout, copy_timeout=args.copy_timeout,
                         handover_timeout=args.handover_timeout, log=log.info,
-                        rebuilding=args.rebuild)
+                        rebuilding=args.rebuild, tls=tls)
     try:
-        server = CoordinatorServer(coord, host, port, secret=secret, threads=args.threads)
+        server = CoordinatorServer(coord, host, port, secret=secret, threads=args.threads, tls=tls)
     except Exception as e:  # noqa: BLE001 - a bind failure ends the process, logged
         log.error("start_failed", error=str(e), error_type=type(e).__name__)
         coord.close()

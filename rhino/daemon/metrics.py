@@ -73,6 +73,8 @@ _COUNTERS = [
     ("rhino_worker_bytes_written_total", "Chunk bytes written to staging files.", "bytes_written"),
     ("rhino_worker_streams_opened_total", "Replication streams opened.", "streams_opened"),
     ("rhino_worker_auth_failures_total", "Failed authentications (protocol §2).", "auth_failures"),
+    ("rhino_worker_tls_failures_total", "Failed TLS handshakes: refused certificates, plaintext peers (protocol §2).",
+     "tls_failures"),
     ("rhino_worker_rejected_frames_total", "Invalid frames and messages rejected (protocol §1).", "rejected_frames"),
     ("rhino_worker_stale_rejections_total", "Streams or frames fenced off as stale (protocol §5).",
      "stale_rejections"),

@@ -24,7 +24,7 @@ __all__ = ["Registration"]
 class Registration:
     def __init__(self, coordinator: str, *, worker_id: str, address: str, unix_socket: Optional[str], secret: Any,
                  rack: Optional[str] = None, zone: Optional[str] = None, interval: float = 0.5,
-                 bind_host: str = "", log: Callable[..., None] = lambda *a, **k: None) -> None:
+                 bind_host: str = "", log: Callable[..., None] = lambda *a, **k: None, tls: Any = None) -> None:
         self.coordinator = coordinator
         self.worker_id = worker_id
         self.address = address
@@ -33,6 +33,7 @@ class Registration:
         self.rack, self.zone = rack, zone
         self.interval = interval
         self.bind_host = bind_host
+        self.tls = tls
         self.incarnation = uuid.uuid4().hex
         self._log = log
         self._stop = threading.Event()
@@ -57,7 +58,7 @@ class Registration:
             try:
                 if client is None:
                     client = CoordinatorClient(self.coordinator, secret=self.secret, client_id=self.worker_id,
-                                               request_timeout=600.0, bind_host=self.bind_host)
+                                               request_timeout=600.0, bind_host=self.bind_host, tls=self.tls)
                 if not registered:
                     client.register(self.worker_id, self.address, unix_socket=self.unix_socket, rack=self.rack,
                                     zone=self.zone, incarnation=self.incarnation)

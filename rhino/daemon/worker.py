@@ -29,12 +29,13 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 from .. import _core
 from .._argtypes import uint32
 from .._secret import Worker
 from ..replication import parse_address, read_secret_file
+from ..tls.config import TLS
 from .metrics import ThroughputSampler, metrics_server, worker_registry
 
 __all__ = ["main", "build_parser", "JsonLogger", "DEFAULT_NICE", "DEFAULT_SCHED"]
@@ -97,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", required=True, help="replica store directory (created if missing)")
     p.add_argument("--listen", required=True, help="HOST:PORT to serve the data plane on (PORT 0: any free port)")
     p.add_argument("--secret-file", required=True, help="file holding the cluster's shared secret")
+    p.add_argument("--tls-cert", default=None, metavar="PEM",
+                   help="this host's certificate: mutual TLS 1.3 on every TCP link (with --tls-key, --tls-ca)")
+    p.add_argument("--tls-key", default=None, metavar="PEM", help="the certificate's private key")
+    p.add_argument("--tls-ca", default=None, metavar="PEM", help="the CA certificate peers' certificates chain to")
     p.add_argument("--state-dir", default=None,
                    help="where the live state of the instances this worker hosts lives (default: DIR/state; it "
                         "must be on the store's filesystem, so that a takeover or a rollback restores by hard links)")
@@ -219,6 +224,7 @@ class _Configuration(NamedTuple):
     secret_mode: int  # the secret file's permission bits
     state_dir: str
     unix_socket: str  # '' for none
+    tls: Optional[TLS]  # None: plaintext
 
 
 def _read_configuration(args: argparse.Namespace) -> _Configuration:
@@ -241,7 +247,8 @@ def _read_configuration(args: argparse.Namespace) -> _Configuration:
         raise ValueError(f"--coordinator-heartbeat must be in (0, 60] seconds, got {args.coordinator_heartbeat}")
     if not (args.replication_timeout > 0) or args.replication_timeout > 86400:
         raise ValueError(f"--replication-timeout must be in (0, 86400] seconds, got {args.replication_timeout}")
-    return _Configuration(host, port, metrics_address, secret, mode, state_dir, unix_socket)
+    tls = TLS.from_args(args.tls_cert, args.tls_key, args.tls_ca)
+    return _Configuration(host, port, metrics_address, secret, mode, state_dir, unix_socket, tls)
 
 
 def _stop_on_signals(log: JsonLogger) -> threading.Event:
@@ -279,6 +286,7 @@ def _new_worker(args: argparse.Namespace, config: _Configuration) -> Worker:
         session_idle_timeout_ms=int(args.session_idle_timeout * 1000),
         keep_checkpoints=args.keep_checkpoints,
         retention_interval_ms=max(1, int(args.retention_interval * 1000)),
+        tls=config.tls,
     )
 
 
@@ -310,7 +318,7 @@ def _register(args: argparse.Namespace, config: _Configuration, worker: Worker, 
     return Registration(args.coordinator, worker_id=args.id, address=f"{config.host}:{worker.port}",
                         unix_socket=config.unix_socket or None, secret=config.secret, rack=args.rack,
                         zone=args.zone, interval=args.coordinator_heartbeat, bind_host=config.host,
-                        log=lambda level, event, **f: log.log(level, event, **f)).start()
+                        log=lambda level, event, **f: log.log(level, event, **f), tls=config.tls).start()
 
 
 def _watch_retention(worker: Worker, stop: threading.Event, log: JsonLogger) -> None:

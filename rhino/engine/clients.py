@@ -16,8 +16,9 @@ __all__ = ["WorkerClients", "primary_address"]
 class WorkerClients:
     """A client cache: one open :class:`~rhino.client.Client` per worker address."""
 
-    def __init__(self, *, secret: Any, client_id: str, request_timeout: float = 120.0) -> None:
+    def __init__(self, *, secret: Any, client_id: str, request_timeout: float = 120.0, tls: Any = None) -> None:
         self._secret = secret
+        self._tls = tls  # a rhino.TLS for TCP connections; None: plaintext
         self.client_id = client_id
         self.request_timeout = request_timeout
         self._clients: dict[str, Client] = {}
@@ -28,7 +29,7 @@ class WorkerClients:
         c = self._clients.get(address)
         if c is None or not c.is_open:
             c = connect(address, secret=self._secret, client_id=self.client_id,
-                        request_timeout=self.request_timeout)
+                        request_timeout=self.request_timeout, tls=self._tls)
             self._clients[address] = c
         return c
 

@@ -63,12 +63,13 @@ import pyarrow as pa
 from rhino.engine import (BUSY_FIELDS, Action, Attempt, AttemptResult, BatchDriver, RerunBatch, classify,
                           classify_failure)
 from rhino.errors import InvalidArgumentError
+from rhino.tls.config import TLS, for_host
 
 from .errors import InputLostError
 from .runtime.initial import SIDE, initial_frame, with_initial_state
 from .runtime.meta import new_meta_accumulator, seen, take
 from .runtime.routing import PART_COLUMN, partition_tokens, tag_batches
-from .runtime.task import TaskSpec, output_arrow_schema, run_partition
+from .runtime.task import TaskSpec, output_arrow_schema, run_partition, this_host
 
 __all__ = ["TransformWithState", "transform_with_state", "BatchReport"]
 
@@ -134,7 +135,7 @@ class TransformWithState:
                  placement: str = "balanced", request_timeout: float = 120.0,
                  failover_wait_s: float = 60.0, watch_hosts: bool = True,
                  clock: Optional[Callable[[], float]] = None, task_window_rows: int = 100_000,
-                 initial_state: Any = None) -> None:
+                 initial_state: Any = None, tls: Any = None) -> None:
         from pyspark.sql.types import StructType
 
         from rhino._secret import secret_bytes
@@ -158,6 +159,9 @@ class TransformWithState:
         if secret is None:
             secret = Path(secret_file).read_bytes().strip()
         self.secret = secret_bytes(secret)
+        if tls is not None and not isinstance(tls, TLS):
+            raise InvalidArgumentError(f"tls must be a rhino.TLS or None, not {type(tls).__name__}")
+        self.tls: Optional[TLS] = tls  # its paths may hold {host}: each process's own host (runtime/task.py)
         self.processor = processor
         self.key_columns = [key] if isinstance(key, str) else list(key)
         if not self.key_columns:
@@ -204,7 +208,8 @@ class TransformWithState:
         if self._coord is None:
             from rhino.coordinator.client import connect_coordinator
 
-            self._coord = connect_coordinator(self.coordinator_address, secret=self.secret)
+            self._coord = connect_coordinator(self.coordinator_address, secret=self.secret,
+                                              tls=for_host(self.tls, this_host()))
         return self._coord
 
     def _ensure_created(self, in_schema: Any) -> None:
@@ -455,6 +460,7 @@ class TransformWithState:
                         time_mode=self.time_mode, event_time=self.event_time,
                         input_schema_json=df.schema.json(), output_schema_json=self.output_schema.json(),
                         timezone=tz, secret=self.secret, coordinator=self.coordinator_address,
+                        tls=None if self.tls is None else self.tls.as_dict(),
                         placement=placement, state_doc=self.state_doc,
                         batch_time_ms=int(placement.get("batch_time_ms") or self.clock()),
                         request_timeout=self.request_timeout,
@@ -640,6 +646,9 @@ def transform_with_state(processor: Any, *, key: str | Sequence[str], output_sch
     - ``operator_id``: the operator's name at the coordinator (its state's identity).
     - ``coordinator``: ``"host:port"`` of the coordinator (``rhino coordinator``, or one
       the driver hosts); ``secret`` / ``secret_file``: the cluster's shared secret.
+    - ``tls``: a ``rhino.TLS`` when the cluster runs mutual TLS; ``{host}`` in its paths
+      becomes each process's own host (the driver's, each task's executor's), so one
+      setting names every host's certificate.
     - ``parallelism`` (instances), ``replicas`` (r, default 2), ``num_vnodes``.
     - ``time_mode``: ``"None"``, ``"EventTime"`` (with ``event_time=<column>`` and
       ``watermark_delay``, e.g. ``"10 seconds"``) or ``"ProcessingTime"``: timers

@@ -85,6 +85,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batches-after", type=int, default=6,
                    help="micro-batches to run after the kill, at least (default: %(default)s)")
     p.add_argument("--first-host", type=int, default=2, help="hosts are 127.0.0.N from this N (default: %(default)s)")
+    p.add_argument("--tls", action="store_true",
+                   help="mutual TLS on every Rhino TCP link (certificates made in DIR/cluster/certs)")
     a = p.parse_args(argv)
     if a.hosts < 2 or not 1 <= a.kill_host <= a.hosts:
         p.error("--hosts must be >= 2 and --kill-host in 1..hosts")
@@ -201,13 +203,15 @@ def main(argv: Optional[list[str]] = None) -> int:
              f"{build_batches} batches; host {a.kill_host} is killed then, {a.batches_after} batches follow")
     t_up = time.time()
     cl = LocalCluster.up(work / "cluster", hosts=a.hosts, first_host=a.first_host, heartbeat_timeout=2.0,
-                         progress=lambda s: _say(f"[cluster] {s}"))
+                         progress=lambda s: _say(f"[cluster] {s}"), tls=a.tls)
     kill: dict[str, Any] = {}
     events: list[dict] = []  # the elastic events, in order, as they happened
     script: dict[str, Any] = {}
     prog = _Progress()
     try:
         _say(f"[demo] cluster up in {time.time() - t_up:.1f} s; starting the Spark application")
+        if a.tls:
+            _say(f"[demo] mutual TLS on every Rhino TCP link (certificates in {cl.state['tls_dir']})")
         # one executor per host, and room for one more: the host that joins
         spark = cl.spark_session("rhino-demo-q8", spare_hosts=1 if elastic else 0)
         spark.sparkContext.setLogLevel("ERROR")
@@ -344,7 +348,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                source_options=source, params=params, operator_id=OPERATOR,
                                coordinator=cl.coordinator, secret_file=str(cl.secret_file), parallelism=a.hosts,
                                replicas=a.replicas, on_batch=on_batch, stop_when=stop_when if elastic else None,
-                               operator_options={"num_vnodes": a.vnodes} if elastic else None)
+                               operator_options={**({"num_vnodes": a.vnodes} if elastic else {}),
+                                                 **({"tls": cl.tls} if a.tls else {})} or None)
         finally:
             prog.end()
         op = run.operator

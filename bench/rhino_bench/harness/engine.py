@@ -44,13 +44,13 @@ class MicroBatchEngine:
     reconnects to a restarted coordinator)."""
 
     def __init__(self, coordinator: Any, operator_id: str, *, secret: Any, max_attempts: int = 20,
-                 retry_sleep: float = 0.25, request_timeout: float = 120.0) -> None:
+                 retry_sleep: float = 0.25, request_timeout: float = 120.0, tls: Any = None) -> None:
         self.coord = coordinator
         self.op = operator_id
         self.max_attempts = max_attempts
         self.retry_sleep = retry_sleep
         self.request_timeout = request_timeout
-        self._clients = WorkerClients(secret=secret, client_id="engine", request_timeout=request_timeout)
+        self._clients = WorkerClients(secret=secret, client_id="engine", request_timeout=request_timeout, tls=tls)
         self._part: Optional[_core.Partitioner] = None
 
     def close(self) -> None:

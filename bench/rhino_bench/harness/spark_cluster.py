@@ -314,7 +314,8 @@ class LocalCluster:
     def up(cls, directory: Union[str, Path] = DEFAULT_DIR, hosts: int = 3, *, first_host: int = 2, cores: int = 1,
            memory: str = "2g", executor_memory: str = "1g", daemon_memory: str = "512m",
            heartbeat_timeout: float = 2.0, replicas: Optional[int] = None, master_port: int = 0,
-           coordinator_port: int = 0, timeout: float = 120.0, progress: Progress = None) -> "LocalCluster":
+           coordinator_port: int = 0, timeout: float = 120.0, progress: Progress = None,
+           tls: bool = False) -> "LocalCluster":
         """Starts a cluster of `hosts` hosts in `directory` (created; it must not hold a running
         cluster) and waits until it is ready: the Spark workers registered with the master and
         the Rhino workers with the coordinator. On any failure everything started is stopped
@@ -325,7 +326,9 @@ class LocalCluster:
         of the master and worker JVMs. `heartbeat_timeout`: the coordinator declares a Rhino
         worker dead after that many seconds without a heartbeat. `replicas`: recorded as the
         cluster's default replication factor for operators (other workers per instance), at
-        most hosts - 1. Ports are any free ones unless given."""
+        most hosts - 1. Ports are any free ones unless given. `tls`: every TCP link of Rhino
+        runs mutual TLS, with a CA and per-host certificates made in `directory`/certs
+        (`rhino certs init`); :attr:`tls` is what a client or a rhino.spark operator passes."""
         if hosts < 1:
             raise ClusterError(f"--hosts must be at least 1, got {hosts}")
         if first_host < 2 or first_host + hosts - 1 > 254:
@@ -356,12 +359,21 @@ class LocalCluster:
         from .workers import new_secret, write_secret
 
         secret_file = write_secret(directory, new_secret())
+        tls_dir = None
+        if tls:
+            from rhino.spark.runtime.task import this_host
+            from rhino.tls.certs import init as certs_init
+
+            # the master's host (the coordinator's), every host's, and this process's own (a
+            # driver here presents the certificate of the host it resolves to)
+            tls_dir = directory / "certs"
+            certs_init(tls_dir, sorted({MASTER_IP, this_host(), *ips}), force=True)
         state = {
             "version": 1, "dir": str(directory), "created": time.time(), "status": "starting",
             "python": sys.executable, "spark_home": str(spark_home), "secret_file": str(secret_file),
             "first_host": first_host, "n_hosts": hosts, "cores": cores, "memory": memory,
             "executor_memory": executor_memory, "daemon_memory": daemon_memory, "replicas": replicas,
-            "heartbeat_timeout": heartbeat_timeout,
+            "heartbeat_timeout": heartbeat_timeout, "tls_dir": None if tls_dir is None else str(tls_dir),
             "master": {}, "coordinator": {},
             "hosts": [{"n": i + 1, "ip": ip, "state": "starting", "spark_worker": {},
                        "rhino_worker": {"id": f"w{first_host + i}"}} for i, ip in enumerate(ips)],
@@ -454,7 +466,8 @@ class LocalCluster:
         from .workers import CoordinatorProcess
 
         coord = CoordinatorProcess(self.dir, secret_file=Path(st["secret_file"]), host=MASTER_IP,
-                                   port=coordinator_port, heartbeat_timeout=st["heartbeat_timeout"])
+                                   port=coordinator_port, heartbeat_timeout=st["heartbeat_timeout"],
+                                   extra_args=self._tls_args(MASTER_IP))
         try:
             coord.start(timeout=timeout)
         except RuntimeError as e:
@@ -504,7 +517,7 @@ class LocalCluster:
             rw = h["rhino_worker"]
             wp = WorkerProcess(self.dir, rw["id"], h["ip"], secret_file=Path(st["secret_file"]),
                                port=rw.get("port", 0), metrics=True,
-                               extra_args=["--coordinator", st["coordinator"]["address"]])
+                               extra_args=["--coordinator", st["coordinator"]["address"]] + self._tls_args(h["ip"]))
             if rw.get("unix_socket"):
                 wp.unix_socket = Path(rw["unix_socket"])
             try:
@@ -616,6 +629,24 @@ class LocalCluster:
     @property
     def secret_file(self) -> Path:
         return Path(self._state["secret_file"])
+
+    @property
+    def tls(self) -> Any:
+        """The cluster's ``rhino.TLS`` (``{host}`` in its paths: each process's own host), or None
+        when it runs plaintext. Pass it to ``rhino.connect``, ``connect_coordinator`` and the
+        ``rhino.spark`` operator."""
+        d = self._state.get("tls_dir")
+        if not d:
+            return None
+        from rhino.tls.config import TLS
+
+        return TLS(f"{d}/{{host}}.pem", f"{d}/{{host}}.key", f"{d}/ca.pem")
+
+    def _tls_args(self, host: str) -> list[str]:
+        d = self._state.get("tls_dir")
+        if not d:
+            return []
+        return ["--tls-cert", f"{d}/{host}.pem", "--tls-key", f"{d}/{host}.key", "--tls-ca", f"{d}/ca.pem"]
 
     @property
     def replicas(self) -> Optional[int]:
@@ -748,8 +779,11 @@ class LocalCluster:
         from rhino.coordinator.client import connect_coordinator
         from rhino.replication import read_secret_file
 
+        from rhino.spark.runtime.task import this_host
+        from rhino.tls.config import for_host
+
         return connect_coordinator(self.coordinator, secret=read_secret_file(str(self.secret_file)),
-                                   client_id="rhino-spark-cluster")
+                                   client_id="rhino-spark-cluster", tls=for_host(self.tls, this_host()))
 
     def coordinator_status(self) -> dict:
         with self.coordinator_client() as c:
@@ -899,6 +933,10 @@ class LocalCluster:
                 raise ClusterError(f"no address left for host {n}: 127.0.0.{octet} is out of range")
             ip = f"127.0.0.{octet}"
             _check_address(ip)
+            if st.get("tls_dir") and not Path(st["tls_dir"], f"{ip}.pem").exists():
+                from rhino.tls.certs import init as certs_init
+
+                certs_init(st["tls_dir"], [ip])  # its certificate, signed by the cluster's CA
             st["hosts"].append({"n": n, "ip": ip, "state": "starting", "spark_worker": {},
                                 "rhino_worker": {"id": f"w{octet}"}})
             st["n_hosts"] = n
@@ -1046,6 +1084,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     up.add_argument("--master-port", type=int, default=0, help="the Spark master's port (default: any free)")
     up.add_argument("--coordinator-port", type=int, default=0, help="the coordinator's port (default: any free)")
     up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness (default: 120)")
+    up.add_argument("--tls", action="store_true",
+                    help="mutual TLS on every Rhino TCP link: a CA and per-host certificates are made in DIR/certs")
     with_dir(sub.add_parser("down", help="stop every process of the cluster"))
     stp = with_dir(sub.add_parser("status", help="what is up"))
     stp.add_argument("--json", action="store_true")
@@ -1069,7 +1109,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             LocalCluster.up(args.dir, args.hosts, first_host=args.first_host, cores=args.cores, memory=args.memory,
                             executor_memory=args.executor_memory, heartbeat_timeout=args.heartbeat_timeout,
                             replicas=args.replicas, master_port=args.master_port,
-                            coordinator_port=args.coordinator_port, timeout=args.timeout, progress=say)
+                            coordinator_port=args.coordinator_port, timeout=args.timeout, progress=say,
+                            tls=args.tls)
         elif args.cmd == "down":
             c = LocalCluster.attach(args.dir)
             if not c.running_pids():

@@ -53,6 +53,7 @@ import pyarrow as pa
 import rhino
 from rhino.client.session import CommitResult, Session
 from rhino.engine import InstanceRun, WorkerClients, vnode_load
+from rhino.tls.config import for_host
 
 from ..state.encoding import decode_key
 from ..state.handle import RhinoProcessorHandle
@@ -67,8 +68,8 @@ from .initial import SIDE, Sides
 __all__ = ["TaskSpec", "run_partition", "output_arrow_schema"]
 
 # Per Python worker process: Spark reuses the process across tasks, and its clients with it.
-_CLIENTS: dict[bytes, WorkerClients] = {}  # by the cluster's secret
-_COORDS: dict[str, Any] = {}
+_CLIENTS: dict[tuple, WorkerClients] = {}  # by the cluster's secret and TLS files
+_COORDS: dict[tuple, Any] = {}  # by the coordinator's address and TLS files
 
 
 @dataclass
@@ -88,6 +89,7 @@ class TaskSpec:
     secret: bytes
     coordinator: str
     placement: dict
+    tls: Optional[dict] = None  # rhino.TLS.as_dict(), "{host}" in its paths (rhino.tls.for_host); None: plaintext
     state_doc: Optional[dict] = None  # the operator's state schema document (state/variables.py)
     batch_time_ms: int = 0  # the batch's time (the coordinator's; the same when it runs again)
     prefetch_entries: int = 64  # per collection and key: more is read on demand
@@ -124,22 +126,28 @@ def this_host() -> str:
         return "127.0.0.1"
 
 
+def _tls_key(spec: TaskSpec) -> tuple:
+    return tuple(sorted(spec.tls.items())) if spec.tls else ()
+
+
 def _clients(spec: TaskSpec) -> WorkerClients:
-    c = _CLIENTS.get(spec.secret)
+    key = (spec.secret, _tls_key(spec))
+    c = _CLIENTS.get(key)
     if c is None:
         c = WorkerClients(secret=spec.secret, client_id=f"spark-task-{os.getpid()}",
-                          request_timeout=spec.request_timeout)
-        _CLIENTS[spec.secret] = c
+                          request_timeout=spec.request_timeout, tls=for_host(spec.tls, this_host()))
+        _CLIENTS[key] = c
     return c
 
 
 def _coordinator(spec: TaskSpec) -> Any:
-    c = _COORDS.get(spec.coordinator)
+    key = (spec.coordinator, _tls_key(spec))
+    c = _COORDS.get(key)
     if c is None:
         from rhino.coordinator.client import connect_coordinator
 
-        c = connect_coordinator(spec.coordinator, secret=spec.secret)
-        _COORDS[spec.coordinator] = c
+        c = connect_coordinator(spec.coordinator, secret=spec.secret, tls=for_host(spec.tls, this_host()))
+        _COORDS[key] = c
     return c
 
 

@@ -192,6 +192,7 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
     net::ConnectionOptions co;
     co.worker_id = options_.client_id;
     co.secret = secret_;
+    co.tls = options_.tls;
     co.max_frame_bytes = options_.max_frame_bytes;
     co.heartbeat_ms = options_.heartbeat_ms;
     co.peer_timeout_ms = options_.peer_timeout_ms;
@@ -463,7 +464,8 @@ class QueryListener : public net::StreamListener {
 }  // namespace
 
 Status QueryStore(const std::string& address, const std::string& secret, const std::string& operator_id,
-                  uint32_t instance, uint32_t timeout_ms, std::vector<uint64_t>* checkpoints) {
+                  uint32_t instance, uint32_t timeout_ms, std::vector<uint64_t>* checkpoints,
+                  const net::TlsContext& tls) {
   std::string host;
   uint16_t port = 0;
   RHINO_RETURN_IF_ERROR(net::ParseAddress(address, &host, &port));
@@ -472,6 +474,7 @@ Status QueryStore(const std::string& address, const std::string& secret, const s
   net::ConnectionOptions co;
   co.worker_id = "query";
   co.secret = secret;
+  co.tls = tls;
   co.peer_timeout_ms = timeout_ms;
   auto conn = net::Connection::Create(io, net::Connection::Role::kClient, co, nullptr);
   auto st = std::make_shared<QueryState>();

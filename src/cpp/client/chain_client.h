@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "net/tls.h"
 #include "rhino/frame.h"
 #include "rhino/status.h"
 
@@ -32,6 +33,7 @@ struct ReplicateOptions {
   uint32_t peer_timeout_ms = 3000;
   uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
   std::string client_id = "primary";  // our name in the handshake
+  net::TlsContext tls;                 // null = plaintext (protocol §2, "TLS")
   // Called once, on the replication's own thread, when it ends (after Wait
   // would return). Must not destroy the handle from inside.
   std::function<void(const ReplicationResult&)> on_done;
@@ -96,6 +98,7 @@ Status ReplicateCheckpoint(const ReplicaStore* store, const std::string& operato
 
 // Asks the worker at `address` for the committed checkpoints of an instance.
 Status QueryStore(const std::string& address, const std::string& secret, const std::string& operator_id,
-                  uint32_t instance, uint32_t timeout_ms, std::vector<uint64_t>* checkpoints);
+                  uint32_t instance, uint32_t timeout_ms, std::vector<uint64_t>* checkpoints,
+                  const net::TlsContext& tls = nullptr);
 
 }  // namespace rhino

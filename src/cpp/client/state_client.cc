@@ -92,7 +92,10 @@ class StateClient::Impl {
     co.max_frame_bytes = options_.max_frame_bytes;
     co.heartbeat_ms = options_.heartbeat_ms;
     co.peer_timeout_ms = options_.peer_timeout_ms;
-    if (!unix_socket) co.local_bind_host = options_.local_bind_host;
+    if (!unix_socket) {
+      co.local_bind_host = options_.local_bind_host;
+      RHINO_RETURN_IF_ERROR(net::MakeTlsContext(options_.tls, &co.tls));
+    }
     work_ = std::make_unique<asio::executor_work_guard<asio::io_context::executor_type>>(io_.get_executor());
     thread_ = std::thread([this]() { io_.run(); });
     conn_ = net::Connection::Create(io_, net::Connection::Role::kClient, co, nullptr);

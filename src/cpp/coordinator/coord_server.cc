@@ -51,6 +51,7 @@ class CoordServer::Impl {
   ~Impl() { Shutdown(); }
 
   Status Listen() {
+    RHINO_RETURN_IF_ERROR(net::MakeTlsContext(options_.tls, &conn_options_.tls));
     asio::error_code ec;
     asio::ip::address addr = asio::ip::make_address(options_.host, ec);
     if (ec) return Status::InvalidArgument("coordinator host '" + options_.host + "' is not an IP address: " + ec.message());
@@ -130,6 +131,7 @@ class CoordServer::Impl {
     m.bytes_out = counters_.bytes_out.load();
     m.frames_rejected = counters_.frames_rejected.load();
     m.auth_failures = counters_.auth_failures.load();
+    m.tls_failures = counters_.tls_failures.load();
     m.peers_dead = counters_.peers_dead.load();
     m.open_connections = counters_.open_connections.load();
     m.connections_accepted = connections_accepted_.load();

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "net/auth.h"
@@ -69,6 +70,13 @@ void Connection::StartServer(ReadyHandler ready) {
   asio::post(strand_, [self = shared_from_this(), ready = std::move(ready)]() mutable {
     self->ready_ = std::move(ready);
     self->remote_ = DescribePeer(self->socket_.native_handle());
+    if (self->options_.tls && !self->IsUnixSocket()) {
+      // The handshake deadline (Tick) covers the TLS handshake: a peer that
+      // never sends its ClientHello is closed after peer_timeout_ms.
+      self->StartClock();
+      self->StartTls(asio::ssl::stream_base::server, [self]() { self->BeginSession(); });
+      return;
+    }
     self->BeginSession();
     // Server side of §2: wait for HelloReq.
   });
@@ -78,6 +86,7 @@ void Connection::StartClient(const std::string& host, uint16_t port, ReadyHandle
   asio::post(strand_, [self = shared_from_this(), host, port, ready = std::move(ready)]() mutable {
     self->ready_ = std::move(ready);
     self->remote_ = host + ":" + std::to_string(port);
+    self->tls_name_ = host;
     asio::error_code ec;
     asio::ip::address addr = asio::ip::make_address(host, ec);
     if (ec) {
@@ -134,24 +143,72 @@ void Connection::Connect(const asio::generic::stream_protocol::endpoint& ep) {
       self->DoClose(Status::PeerDead("cannot connect to " + self->remote_ + ": " + e.message()));
       return;
     }
-    self->BeginSession();
-    // Client side of §2: HelloReq with a fresh nonce.
-    Status s = NewNonce(&self->client_nonce_);
-    if (!s.ok()) {
-      self->DoClose(s);
+    if (self->options_.tls && !self->IsUnixSocket()) {
+      self->StartTls(asio::ssl::stream_base::client, [self]() { self->SendHello(); });
       return;
     }
-    HelloReq hello;
-    hello.worker_id = self->options_.worker_id;
-    hello.client_nonce = self->client_nonce_;
-    self->SendNow(MessageType::kHelloReq, 0, hello.Encode());
+    self->SendHello();
+  }));
+}
+
+void Connection::SendHello() {
+  BeginSession();
+  // Client side of §2: HelloReq with a fresh nonce.
+  Status s = NewNonce(&client_nonce_);
+  if (!s.ok()) {
+    DoClose(s);
+    return;
+  }
+  HelloReq hello;
+  hello.worker_id = options_.worker_id;
+  hello.client_nonce = client_nonce_;
+  SendNow(MessageType::kHelloReq, 0, hello.Encode());
+}
+
+bool Connection::IsUnixSocket() {
+  asio::error_code ec;
+  return socket_.local_endpoint(ec).protocol().family() == AF_UNIX;
+}
+
+void Connection::StartTls(asio::ssl::stream_base::handshake_type type, std::function<void()> then) {
+  tls_ = std::make_unique<asio::ssl::stream<Socket&>>(socket_, *options_.tls);
+  SSL* ssl = tls_->native_handle();
+  if (type == asio::ssl::stream_base::client) {
+    // The server's certificate must name the address we dialled (an IP
+    // address SAN; StartClient takes addresses only).
+    X509_VERIFY_PARAM* param = SSL_get0_param(ssl);
+    asio::error_code ec;
+    asio::ip::make_address(tls_name_, ec);
+    int ok = ec ? X509_VERIFY_PARAM_set1_host(param, tls_name_.c_str(), 0)
+                : X509_VERIFY_PARAM_set1_ip_asc(param, tls_name_.c_str());
+    if (ok != 1) {
+      DoClose(Status::TlsFailed("cannot verify a TLS certificate for '" + tls_name_ + "'"));
+      return;
+    }
+  }
+  tls_->async_handshake(type, asio::bind_executor(strand_, [self = shared_from_this(), ssl,
+                                                             then = std::move(then)](const asio::error_code& e) {
+    if (self->state_.load() == State::kClosed) return;
+    if (e) {
+      if (self->counters_ != nullptr) self->counters_->tls_failures.fetch_add(1);
+      Status why = Status::TlsFailed("TLS handshake with " + self->remote_ + " failed: " + DescribeTlsFailure(e, ssl));
+      if (self->role_ == Role::kServer) {
+        // The refused peer may be anyone: the listener's log is where an operator
+        // sees a misconfigured host (or a stranger) knocking.
+        std::fprintf(stderr, "rhino %s: refused a connection: %s\n", self->options_.worker_id.c_str(),
+                     why.message().c_str());
+      }
+      self->DoClose(why);
+      return;
+    }
+    then();
   }));
 }
 
 void Connection::BeginSession() {
   asio::error_code ec;
   socket_.set_option(asio::ip::tcp::no_delay(true), ec);  // fails harmlessly on a Unix socket
-  if (socket_.local_endpoint(ec).protocol().family() == AF_UNIX) {
+  if (IsUnixSocket()) {
     // A Unix socket moves at most its buffer per wake-up (about 200 KB by
     // default); a session's answer frames are megabytes. TCP on loopback
     // sizes its own buffers.
@@ -167,16 +224,18 @@ void Connection::BeginSession() {
 
 void Connection::ReadHeader() {
   if (state_.load() == State::kClosed || closing_) return;
-  asio::async_read(socket_, asio::buffer(header_buf_, kFrameHeaderBytes),
-                   asio::bind_executor(strand_, [self = shared_from_this()](const asio::error_code& ec, size_t) {
-                     self->OnHeader(ec);
-                   }));
+  WithStream([this](auto& stream) {
+    asio::async_read(stream, asio::buffer(header_buf_, kFrameHeaderBytes),
+                     asio::bind_executor(strand_, [self = shared_from_this()](const asio::error_code& ec, size_t) {
+                       self->OnHeader(ec);
+                     }));
+  });
 }
 
 void Connection::OnHeader(const asio::error_code& ec) {
   if (state_.load() == State::kClosed || closing_) return;
   if (ec) {
-    DoClose(Status::PeerDead("connection to " + remote_ + " closed: " + ec.message()));
+    DoClose(ReadFailure("connection to " + remote_ + " closed: ", ec));
     return;
   }
   last_recv_ = Clock::now();
@@ -215,7 +274,10 @@ constexpr size_t kPayloadLowWaterMin = 4096;
 }  // namespace
 
 void Connection::SetReceiveLowWater(size_t bytes) {
-  if (bytes == rcvlowat_) return;
+  // Under TLS the socket carries records, not our frames: a mark sized for a
+  // frame's payload could leave the TLS layer waiting for bytes that a
+  // shorter record never brings.
+  if (bytes == rcvlowat_ || tls_) return;
   asio::error_code ec;
   socket_.set_option(asio::socket_base::receive_low_watermark(static_cast<int>(bytes)), ec);
   rcvlowat_ = ec ? 1 : bytes;  // without it, reads just wake more often
@@ -226,23 +288,25 @@ void Connection::ReadPayload(size_t done) {
   // Small frames (headers, acks, control) keep a mark of 1: the mark is
   // what makes a waiting reader readable at all.
   SetReceiveLowWater(remaining > kPayloadLowWaterMin ? std::min(remaining, kPayloadLowWaterCap) : 1);
-  socket_.async_read_some(
-      asio::buffer(payload_->data() + done, remaining),
-      asio::bind_executor(strand_, [self = shared_from_this(), done](const asio::error_code& e, size_t n) {
-        if (self->state_.load() == State::kClosed || self->closing_) return;
-        if (!e && done + n < self->payload_->size()) {
-          self->ReadPayload(done + n);
-          return;
-        }
-        self->SetReceiveLowWater(1);
-        self->OnPayload(e);
-      }));
+  WithStream([this, done, remaining](auto& stream) {
+    stream.async_read_some(
+        asio::buffer(payload_->data() + done, remaining),
+        asio::bind_executor(strand_, [self = shared_from_this(), done](const asio::error_code& e, size_t n) {
+          if (self->state_.load() == State::kClosed || self->closing_) return;
+          if (!e && done + n < self->payload_->size()) {
+            self->ReadPayload(done + n);
+            return;
+          }
+          self->SetReceiveLowWater(1);
+          self->OnPayload(e);
+        }));
+  });
 }
 
 void Connection::OnPayload(const asio::error_code& ec) {
   if (state_.load() == State::kClosed || closing_) return;
   if (ec) {
-    DoClose(Status::PeerDead("connection to " + remote_ + " closed mid-frame: " + ec.message()));
+    DoClose(ReadFailure("connection to " + remote_ + " closed mid-frame: ", ec));
     return;
   }
   last_recv_ = Clock::now();
@@ -258,6 +322,17 @@ void Connection::OnPayload(const asio::error_code& ec) {
   std::shared_ptr<std::string> payload = std::move(payload_);
   Dispatch(cur_, std::move(payload));
   ReadHeader();
+}
+
+Status Connection::ReadFailure(const std::string& what, const asio::error_code& ec) {
+  // A TLS error: in TLS 1.3 a server checks the client's certificate after
+  // the client's side of the handshake completed, so a refused client learns
+  // it here, from the server's alert, before §2's handshake could finish.
+  if (tls_ && ec.category() == asio::error::get_ssl_category()) {
+    if (counters_ != nullptr && state_.load() == State::kHandshake) counters_->tls_failures.fetch_add(1);
+    return Status::TlsFailed(what + DescribeTlsFailure(ec, tls_->native_handle()));
+  }
+  return Status::PeerDead(what + ec.message());
 }
 
 void Connection::Dispatch(const FrameHeader& h, std::shared_ptr<std::string> payload) {
@@ -464,10 +539,12 @@ void Connection::WriteNext() {
   write_started_ = last_send_ = Clock::now();
   Outgoing& o = queue_.front();  // deque references survive push_back
   std::array<asio::const_buffer, 2> bufs = {asio::buffer(o.header), asio::buffer(*o.payload)};
-  asio::async_write(socket_, bufs,
-                    asio::bind_executor(strand_, [self = shared_from_this()](const asio::error_code& ec, size_t) {
-                      self->OnWritten(ec);
-                    }));
+  WithStream([this, &bufs](auto& stream) {
+    asio::async_write(stream, bufs,
+                      asio::bind_executor(strand_, [self = shared_from_this()](const asio::error_code& ec, size_t) {
+                        self->OnWritten(ec);
+                      }));
+  });
 }
 
 void Connection::OnWritten(const asio::error_code& ec) {

@@ -33,6 +33,7 @@
 #include <string>
 
 #include "net/address.h"
+#include "net/tls.h"
 #include "rhino/frame.h"
 #include "rhino/status.h"
 
@@ -47,6 +48,9 @@ struct ConnectionOptions {
   // Client side: bind the local end to this address (e.g. the worker's own
   // 127.0.0.N) so that peers see where traffic comes from. Empty = any.
   std::string local_bind_host;
+  // TLS on TCP (never on a Unix socket): null = plaintext. A client verifies
+  // that the server's certificate names the address it dialled (§2, "TLS").
+  TlsContext tls;
 };
 
 // Counters shared by all connections of one process or worker (metrics).
@@ -58,6 +62,7 @@ struct ConnectionCounters {
   std::atomic<uint64_t> bytes_out{0};
   std::atomic<uint64_t> frames_rejected{0};  // invalid frames (§1) and protocol violations
   std::atomic<uint64_t> auth_failures{0};    // §2 failures, either side
+  std::atomic<uint64_t> tls_failures{0};     // TLS handshakes that failed, either side
   std::atomic<uint64_t> peers_dead{0};       // §6 timeouts
   std::atomic<int64_t> open_connections{0};
 };
@@ -161,15 +166,35 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void DoClose(const Status& why);
   void FinishHandshake(const Status& s);
   void Connect(const asio::generic::stream_protocol::endpoint& ep);
+  // Client: the §2 handshake's first frame.
+  void SendHello();
+  bool IsUnixSocket();
+  // The TLS handshake over the connected socket, then `then` (on the strand).
+  void StartTls(asio::ssl::stream_base::handshake_type type, std::function<void()> then);
+  // Runs `f` with the stream to read and write: the TLS stream once there is
+  // one, else the socket. Both are driven from the strand only.
+  template <typename F>
+  void WithStream(F&& f) {
+    if (tls_) {
+      f(*tls_);
+    } else {
+      f(socket_);
+    }
+  }
   // Starts the liveness clock and the heartbeat timer (§6), once.
   void StartClock();
   void SendNow(MessageType type, uint32_t stream_id, std::string payload);
+  // The Status for a failed read: TlsFailed for a TLS error, else PeerDead.
+  Status ReadFailure(const std::string& what, const asio::error_code& ec);
 
   const Role role_;
   const ConnectionOptions options_;
   ConnectionCounters* const counters_;
   asio::strand<asio::io_context::executor_type> strand_;
   Socket socket_;
+  // Declared after socket_, so destroyed before it (it refers to it).
+  std::unique_ptr<asio::ssl::stream<Socket&>> tls_;
+  std::string tls_name_;  // client: the address dialled, which the server's certificate must name
   asio::steady_timer timer_;
   // Read by is_open() from any thread; written on the strand.
   std::atomic<State> state_{State::kHandshake};

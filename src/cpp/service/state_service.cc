@@ -175,6 +175,7 @@ Status StateService::DiscardOnChain(const InstanceConfig& config, std::optional<
   StateClientOptions o;
   o.client_id = options_.worker_id;
   o.secret = options_.secret;
+  o.tls = options_.tls;
   o.max_frame_bytes = options_.max_frame_bytes;
   o.peer_timeout_ms = options_.peer_timeout_ms;
   o.request_timeout_ms = 30000;

@@ -42,6 +42,7 @@ struct StateServiceOptions {
   std::string worker_id = "worker";
   std::string state_dir;
   std::string secret;
+  TlsFiles tls;  // for its clients of other workers; replicate.tls is the built context
   uint32_t threads = 4;
   uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
   // The most a session may hold in uncommitted writes (key and value bytes).

@@ -25,7 +25,7 @@ Status Status::FromCode(uint32_t code, std::string msg) {
   switch (code) {
     case 0: return OK();
     case 1: case 2: case 3: case 4: case 5: case 6: case 7: case 8: case 9: case 10:
-    case 11: case 12: case 13: case 14: case 15: case 100: case 101: case 102:
+    case 11: case 12: case 13: case 14: case 15: case 16: case 100: case 101: case 102:
       return Status(static_cast<Code>(code), std::move(msg));
     default:
       return IOError("peer reported unknown error code " + std::to_string(code) + ": " + msg);
@@ -49,6 +49,7 @@ std::string Status::ToString() const {
     case Code::kTimeout: name = "Timeout"; break;
     case Code::kUnknownInstance: name = "UnknownInstance"; break;
     case Code::kSessionBusy: name = "SessionBusy"; break;
+    case Code::kTlsFailed: name = "TlsFailed"; break;
     case Code::kStaleEpoch: name = "StaleEpoch"; break;
     case Code::kPeerDead: name = "PeerDead"; break;
     case Code::kAborted: name = "Aborted"; break;

@@ -32,7 +32,9 @@ class Worker::Impl {
     options_ = o;
     // Opening the store removes staging left by a killed predecessor process.
     RHINO_RETURN_IF_ERROR(ReplicaStore::Open(o.store_dir, &store_));
-    const net::ConnectionOptions co = ConnectionOptionsOf(o);
+    // Every file is read now: a bad certificate fails the start, not the first peer.
+    RHINO_RETURN_IF_ERROR(net::MakeTlsContext(o.tls, &tls_));
+    const net::ConnectionOptions co = ConnectionOptionsOf(o, tls_);
     io_ = std::make_unique<asio::io_context>();
     work_ = std::make_unique<asio::executor_work_guard<asio::io_context::executor_type>>(io_->get_executor());
     disk_ = std::make_unique<asio::thread_pool>(o.disk_threads);
@@ -137,6 +139,7 @@ class Worker::Impl {
     m.checkpoints_complete = metrics_.checkpoints_complete.load();
     m.checkpoints_aborted = metrics_.checkpoints_aborted.load();
     m.auth_failures = counters_.auth_failures.load();
+    m.tls_failures = counters_.tls_failures.load();
     m.rejected_frames = counters_.frames_rejected.load();
     m.stale_rejections = metrics_.stale_rejections.load();
     m.peers_dead = counters_.peers_dead.load();
@@ -191,8 +194,9 @@ class Worker::Impl {
     return Status::OK();
   }
 
-  static net::ConnectionOptions ConnectionOptionsOf(const WorkerOptions& o) {
+  static net::ConnectionOptions ConnectionOptionsOf(const WorkerOptions& o, const net::TlsContext& tls) {
     net::ConnectionOptions co;
+    co.tls = tls;
     co.worker_id = o.id;
     co.secret = o.secret;
     co.max_frame_bytes = o.max_frame_bytes;
@@ -210,6 +214,8 @@ class Worker::Impl {
     ss.worker_id = o.id;
     ss.state_dir = o.state_dir;
     ss.secret = o.secret;
+    ss.tls = o.tls;
+    ss.replicate.tls = tls_;
     ss.threads = o.service_threads;
     ss.max_frame_bytes = o.max_frame_bytes;
     ss.max_session_bytes = o.max_session_bytes;
@@ -262,6 +268,7 @@ class Worker::Impl {
   uint16_t port_ = 0;
   ServerMetrics metrics_;
   net::ConnectionCounters counters_;
+  net::TlsContext tls_;  // built once at Start from options_.tls; null = plaintext
   std::unique_ptr<ReplicaStore> store_;
   std::unique_ptr<asio::io_context> io_;
   std::unique_ptr<asio::executor_work_guard<asio::io_context::executor_type>> work_;

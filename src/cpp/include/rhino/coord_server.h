@@ -30,6 +30,7 @@
 
 #include "rhino/frame.h"
 #include "rhino/status.h"
+#include "rhino/tls.h"
 
 namespace rhino {
 
@@ -37,6 +38,7 @@ struct CoordServerOptions {
   // ---- identity ----
   std::string server_id = "coordinator";  // sent in the handshake (HelloRsp.worker_id) and in errors
   std::string secret;                     // the cluster's shared secret (protocol §2); required
+  TlsFiles tls;                           // mutual TLS on every connection (protocol §2, "TLS"); none = plaintext
 
   // ---- network ----
   std::string host = "127.0.0.1";  // an IP address; loopback unless told otherwise (design §3)
@@ -66,6 +68,7 @@ struct CoordServerMetrics {
   uint64_t bytes_out = 0;
   uint64_t frames_rejected = 0;  // invalid frames (§1) and unexpected types
   uint64_t auth_failures = 0;    // §2
+  uint64_t tls_failures = 0;     // §2, "TLS": refused certificates, plaintext peers
   uint64_t peers_dead = 0;       // §6 timeouts
   int64_t open_connections = 0;
   uint64_t connections_accepted = 0;

@@ -26,6 +26,7 @@
 #include "rhino/frame.h"
 #include "rhino/service_messages.h"
 #include "rhino/status.h"
+#include "rhino/tls.h"
 
 namespace rhino {
 
@@ -37,6 +38,7 @@ struct StateClientOptions {
   uint32_t peer_timeout_ms = 3000;
   uint32_t request_timeout_ms = 120000;  // one request, e.g. a barrier commit
   std::string local_bind_host;           // TCP only: our end's address (e.g. this host's 127.0.0.N)
+  TlsFiles tls;                          // TCP only: mutual TLS (rhino/tls.h); none = plaintext
 };
 
 class ClientSession;

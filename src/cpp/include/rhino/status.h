@@ -31,6 +31,7 @@ class Status {
     kAborted = 13,         // a stream was aborted (by a peer, a cancel or a shutdown)
     kUnknownInstance = 14, // an instance the worker does not host (state service, protocol §7)
     kSessionBusy = 15,     // an instance already has an open session (protocol §7)
+    kTlsFailed = 16,       // a TLS handshake failed: a certificate refused, or a plaintext peer (protocol §2)
     // Wire codes of docs/protocol.md §3: numbered apart so that they stay
     // stable whatever local codes are added above.
     kStaleChainVersion = 100,  // a frame of an older replica chain (fenced, protocol §5)
@@ -57,6 +58,7 @@ class Status {
   static Status AuthFailed(std::string msg) { return Status(Code::kAuthFailed, std::move(msg)); }
   static Status UnknownInstance(std::string msg) { return Status(Code::kUnknownInstance, std::move(msg)); }
   static Status SessionBusy(std::string msg) { return Status(Code::kSessionBusy, std::move(msg)); }
+  static Status TlsFailed(std::string msg) { return Status(Code::kTlsFailed, std::move(msg)); }
   static Status StaleEpoch(std::string msg) { return Status(Code::kStaleEpoch, std::move(msg)); }
   // Rebuilds a Status from a code received on the wire (docs/protocol.md §3).
   // An unknown code becomes IOError, keeping the number in the message.

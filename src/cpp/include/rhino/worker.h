@@ -15,6 +15,7 @@
 #include "rhino/frame.h"
 #include "rhino/instance_metrics.h"
 #include "rhino/status.h"
+#include "rhino/tls.h"
 
 namespace rhino {
 
@@ -41,6 +42,9 @@ struct WorkerOptions {
   std::string listen_host = "127.0.0.1";  // docs/design.md §3: loopback unless told otherwise
   uint16_t listen_port = 0;               // 0 = an ephemeral port (see Worker::port)
   std::string secret;                     // shared secret of the cluster (protocol §2)
+  // Mutual TLS on every TCP connection the worker accepts or opens (protocol
+  // §2, "TLS"); none = plaintext. The Unix socket never uses it.
+  TlsFiles tls;
   // Socket I/O only (stream work runs on the disk threads). One thread
   // keeps up with several GB/s; with two, the reactor hands each partial read
   // of a chunk between them, and a replica spent 10-25% more CPU per MB
@@ -92,6 +96,7 @@ struct WorkerMetrics {
   uint64_t checkpoints_aborted = 0;   // streams that ended without a commit
   // security and liveness
   uint64_t auth_failures = 0;
+  uint64_t tls_failures = 0;   // TLS handshakes that failed (a refused certificate, a plaintext peer)
   uint64_t rejected_frames = 0;
   uint64_t stale_rejections = 0;  // frames or streams refused for a stale chain version
   uint64_t peers_dead = 0;
