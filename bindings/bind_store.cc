@@ -85,6 +85,8 @@ static void BindStoreValues(py::module_& m) {
       .def_readonly("total_bytes", &RestoreStats::total_bytes)
       .def_readonly("fell_back_to_copy", &RestoreStats::fell_back_to_copy,
                     "a hard link failed across filesystems (EXDEV) and the file was copied")
+      .def_readonly("from_standby", &RestoreStats::from_standby,
+                    "True if the replica's standby directory was renamed into place (one rename, no links).")
       .def_readonly("build_seconds", &RestoreStats::build_seconds)
       .def_readonly("open_seconds", &RestoreStats::open_seconds)
       .def("__repr__", [](const RestoreStats& s) {
@@ -117,12 +119,51 @@ static void BindStoreValues(py::module_& m) {
       });
 }
 
+// restore_files and refresh_standby: placing a checkpoint's files, outside a StateBackend.
+static void BindRestoreMethods(py::class_<ReplicaStore>& cls) {
+  cls.def("restore_files", [](const ReplicaStore& s, const std::string& op, uint32_t inst, uint64_t id,
+                               const std::string& target, const std::string& mode, const std::string& verify,
+                               const py::object& progress, bool take_standby) {
+             RestoreOptions o = ParseRestoreOptions(mode, verify);
+             o.take_standby = take_standby;
+             SignalCheck signals;
+             o.keep_going = RestoreKeepGoing(signals, progress);
+             RestoreStats st;
+             Status status;
+             {
+               py::gil_scoped_release release;
+               status = s.Restore(op, inst, id, target, o, &st);
+             }
+             signals.RethrowIfRaised();
+             ThrowIfError(status);
+             return st;
+           }, py::arg("operator_id"), py::arg("instance"), py::arg("checkpoint_id"), py::arg("target"),
+           py::kw_only(), py::arg("mode") = "link", py::arg("verify") = "size", py::arg("progress") = py::none(),
+           py::arg("take_standby") = false,
+           "Builds the RocksDB directory of a checkpoint at `target` without opening it. `progress`, as for "
+           "restore(): progress(stage, files_done, files_total, bytes_done, bytes_total). With take_standby, "
+           "renames the instance's standby directory into place instead when it holds exactly that checkpoint "
+           "(link mode, size verify).")
+      .def("refresh_standby", [](ReplicaStore& s, const std::string& op, uint32_t inst) {
+             bool refreshed = false;
+             Status status;
+             {
+               py::gil_scoped_release release;
+               status = s.RefreshStandby(op, inst, &refreshed);
+             }
+             ThrowIfError(status);
+             return refreshed;
+           }, py::arg("operator_id"), py::arg("instance"),
+           "Brings the instance's standby directory (standby/<op>/<instance>/db) up to its newest checkpoint; "
+           "True if anything changed. A replica worker does this after each commit.");
+}
+
 static void BindReplicaStoreClass(py::module_& m) {
-  py::class_<ReplicaStore>(m, "ReplicaStore", R"doc(
+  py::class_<ReplicaStore> cls(m, "ReplicaStore", R"doc(
 A worker's store of checkpoint files (a pool keyed by content identity) and
 atomically committed manifests. A checkpoint is visible iff its manifest is.
-)doc")
-      .def(py::init([](const std::string& path) {
+)doc");
+  cls.def(py::init([](const std::string& path) {
              std::unique_ptr<ReplicaStore> s;
              ThrowIfError(ReplicaStore::Open(path, &s));
              return s;
@@ -145,25 +186,6 @@ atomically committed manifests. A checkpoint is visible iff its manifest is.
              ThrowIfError(s.ReadManifest(op, inst, id, &mf));
              return mf;
            }, py::arg("operator_id"), py::arg("instance"), py::arg("checkpoint_id"))
-      .def("restore_files", [](const ReplicaStore& s, const std::string& op, uint32_t inst, uint64_t id,
-                               const std::string& target, const std::string& mode, const std::string& verify,
-                               const py::object& progress) {
-             RestoreOptions o = ParseRestoreOptions(mode, verify);
-             SignalCheck signals;
-             o.keep_going = RestoreKeepGoing(signals, progress);
-             RestoreStats st;
-             Status status;
-             {
-               py::gil_scoped_release release;
-               status = s.Restore(op, inst, id, target, o, &st);
-             }
-             signals.RethrowIfRaised();
-             ThrowIfError(status);
-             return st;
-           }, py::arg("operator_id"), py::arg("instance"), py::arg("checkpoint_id"), py::arg("target"),
-           py::kw_only(), py::arg("mode") = "link", py::arg("verify") = "size", py::arg("progress") = py::none(),
-           "Builds the RocksDB directory of a checkpoint at `target` without opening it. `progress`, as for "
-           "restore(): progress(stage, files_done, files_total, bytes_done, bytes_total).")
       .def("verify", [](const ReplicaStore& s, const std::string& op, uint32_t inst, bool full,
                         const py::object& progress) {
              if (!progress.is_none() && !PyCallable_Check(progress.ptr()))
@@ -215,6 +237,7 @@ atomically committed manifests. A checkpoint is visible iff its manifest is.
              d["files_removed"] = g.files_removed;
              d["bytes_removed"] = g.bytes_removed;
              d["staging_removed"] = g.staging_removed;
+             d["standbys_removed"] = g.standbys_removed;
              return d;
            }, "Removes pooled files no committed manifest references.")
       .def("pool_path", [](const ReplicaStore& s, const std::string& identity) {
@@ -222,6 +245,7 @@ atomically committed manifests. A checkpoint is visible iff its manifest is.
              ThrowIfError(s.PoolPath(identity, &p));
              return p;
            }, py::arg("identity"));
+  BindRestoreMethods(cls);
 }
 
 void BindStore(py::module_& m) {

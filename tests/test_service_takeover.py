@@ -11,8 +11,7 @@ from the checkpoint C holds.
 
 from __future__ import annotations
 
-import os
-import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +75,14 @@ def test_takeover_after_sigkill(workers, tmp_path: Path) -> None:
     for w in (b, c):  # r = 2: both hold the last complete checkpoint in their own stores
         assert rhino.ReplicaStore(str(w.dir)).checkpoints(OP, 0)[-1] == last
 
+    # After each commit a replica readies the newest checkpoint's directory
+    # (replica_store.h, RefreshStandby), off its commit path: wait for B's.
+    marker = Path(b.dir) / "standby" / OP / "0" / "checkpoint"
+    deadline = time.monotonic() + 10
+    while not (marker.exists() and marker.read_text().strip() == str(last)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert marker.read_text().strip() == str(last)
+
     a.kill()  # SIGKILL: the host is gone
     ca.close()
 
@@ -90,6 +97,9 @@ def test_takeover_after_sigkill(workers, tmp_path: Path) -> None:
     rs = info["restore"]
     assert ssts and rs["linked_files"] == len(ssts) and rs["files"] == len(manifest.files)
     assert rs["copied_files"] == len(manifest.files) - len(ssts)  # MANIFEST, CURRENT, OPTIONS, WAL
+    # ... made ahead of time: the takeover renamed B's standby directory into place.
+    assert rs["from_standby"] is True and not marker.exists()
+    assert not (Path(b.dir) / "standby" / OP / "0" / "db").exists()
     assert any(f.name.endswith(".log") and f.size > 0 for f in manifest.files)
 
     # The next batch's session runs on B and sees the model's state at `last`.

@@ -621,7 +621,21 @@ void ReplicaStream::CommitLocal() {
   env_->metrics->checkpoints_complete.fetch_add(1);
   env_->metrics->NoteCommitted(operator_id_, instance_, checkpoint_id_);
   up_->Send(MessageType::kCommitRsp, up_sid_, chain_version_, CommitRsp().Encode());
+  RefreshStandbyLater();
   Finish();
+}
+
+// After the ack, off this strand: the standby directory a takeover renames
+// into place (replica_store.h, RefreshStandby). The disk pool outlives every
+// task posted to it (the worker joins it before the store goes).
+void ReplicaStream::RefreshStandbyLater() {
+  asio::post(*env_->disk, [store = env_->store, worker = env_->worker_id, op = operator_id_, i = instance_]() {
+    Status s = store->RefreshStandby(op, i);
+    if (!s.ok()) {
+      std::fprintf(stderr, "rhino worker %s: standby directory of %s/%u: %s (a takeover builds it instead)\n",
+                   worker.c_str(), op.c_str(), i, s.ToString().c_str());
+    }
+  });
 }
 
 // ---- abort and cleanup ----

@@ -123,6 +123,7 @@ class ReplicaStream : public std::enable_shared_from_this<ReplicaStream> {
   void OnForwarded();
   void MaybeForwardCommit();
   void CommitLocal();
+  void RefreshStandbyLater();
   void Fail(const Status& why, bool tell_upstream, bool tell_downstream);
   void Finish();
   void CloseFiles();

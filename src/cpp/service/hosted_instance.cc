@@ -166,6 +166,7 @@ namespace {
 RestoreOptions UnsyncedRestore() {
   RestoreOptions r;
   r.durable = false;
+  r.take_standby = true;  // a replica's ready directory, when it holds that checkpoint
   return r;
 }
 

@@ -58,6 +58,7 @@ json RestoreJson(const RestoreStats& rs) {
           {"copied_bytes", rs.copied_bytes},
           {"total_bytes", rs.total_bytes},
           {"build_s", rs.build_seconds},
+          {"from_standby", rs.from_standby},
           {"open_s", rs.open_seconds}};
 }
 

@@ -242,6 +242,13 @@ rocksdb::DBOptions DbOptions(const StateOptions& options, std::shared_ptr<rocksd
   // batch for as long as the DB stayed open (1.5 MiB at batch 300, 32 vnodes touched
   // per batch). A new MANIFEST starts with a snapshot of the live files, small here.
   dbo.max_manifest_file_size = kMaxManifestBytes;
+  // Write flush and compaction output back as it is written, 1 MiB at a time
+  // (sync_file_range), instead of leaving the kernel to flush a compaction's
+  // hundreds of MB in one burst when its dirty limits trip. Those bursts hold
+  // up the file system's journal for everyone on the disk: a takeover's link
+  // calls on a replica of the same host waited up to a second behind them
+  // (bench/results/spark_recovery.md, 4 GiB). RocksDB's default is 0 (never).
+  dbo.bytes_per_sync = 1 << 20;
   return dbo;
 }
 

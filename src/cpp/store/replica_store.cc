@@ -326,6 +326,11 @@ Status ReplicaStore::Restore(const std::string& operator_id, uint32_t instance, 
   RHINO_RETURN_IF_ERROR(AcquireLock(false, &lock));  // GC must not reclaim files under us
   Manifest m;
   RHINO_RETURN_IF_ERROR(ReadManifest(operator_id, instance, checkpoint_id, &m));
+  if (options.take_standby && options.mode == PlaceMode::kLink && options.verify == VerifyLevel::kSize) {
+    bool taken = false;
+    RHINO_RETURN_IF_ERROR(TakeStandby(m, target_dir, stats, &taken));
+    if (taken) return Status::OK();
+  }
   std::vector<std::string> sources;
   RestoreProgress progress;
   progress.files_total = m.files.size();
@@ -581,6 +586,7 @@ Status ReplicaStore::GarbageCollect(GcStats* stats, bool wait) {
       }
     }
   }
+  DropStaleStandbys(stats);
   std::string pool = fs::Join(dir_, "pool");
   std::vector<std::string> names;
   RHINO_RETURN_IF_ERROR(fs::ListDir(pool, &names));

@@ -8,6 +8,8 @@
 //   pool/<identity>                         immutable files (mode 0444), keyed by content
 //   checkpoints/<operator_id>/<instance>/<checkpoint_id:020>.manifest
 //   tmp/<kind>-<pid>-<nonce>/               staging; never read by anybody else
+//   standby/<operator_id>/<instance>/db/    the newest checkpoint's RocksDB directory, ready
+//   standby/<operator_id>/<instance>/checkpoint  ... for that checkpoint id (absent while it changes)
 //   LOCK                                    flock: shared while pooling/committing/restoring,
 //                                           exclusive while garbage-collecting
 //
@@ -19,7 +21,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -71,6 +75,10 @@ struct RestoreOptions {
   // (fs::FsyncDirTree), and a worker that restarts with a damaged directory
   // rebuilds it from the store (HostedInstance::Rebuild).
   bool durable = true;
+  // Take the instance's standby directory (RefreshStandby) when it holds
+  // exactly `checkpoint_id`: the restore is then one rename, whatever the
+  // number of files. Otherwise the directory is built as usual.
+  bool take_standby = false;
 };
 
 struct RestoreStats {
@@ -80,6 +88,7 @@ struct RestoreStats {
   uint64_t copied_bytes = 0;
   uint64_t total_bytes = 0;
   bool fell_back_to_copy = false;  // a link failed with EXDEV and we copied instead
+  bool from_standby = false;       // the standby directory was renamed into place
   double build_seconds = 0;         // building the directory (link/copy + fsync + rename)
   double open_seconds = 0;          // opening RocksDB on it (filled in by StateBackend)
 };
@@ -106,6 +115,7 @@ struct GcStats {
   uint64_t files_removed = 0;
   uint64_t bytes_removed = 0;
   uint64_t staging_removed = 0;
+  uint64_t standbys_removed = 0;
 };
 
 struct InstanceRef {
@@ -174,6 +184,18 @@ class ReplicaStore {
                  const std::string& target_dir, const RestoreOptions& options,
                  RestoreStats* stats) const;
 
+  // Brings the instance's standby directory up to its newest committed
+  // checkpoint, by the difference from what it holds: links for the new SST
+  // and blob files, fresh copies of the small mutable ones, unlinks for the
+  // files that went. A replica calls it, off its commit path, after each
+  // commit, so that a takeover's restore is a rename (design §4 step 3):
+  // building the directory at takeover time is one metadata operation per
+  // file, and on a busy disk those wait for the journal (up to a second at
+  // 4 GiB, bench/results/spark_recovery.md). The directory is never synced;
+  // a takeover syncs what it takes, as for a built one. An instance with no
+  // checkpoint loses its standby. *refreshed says whether anything changed.
+  Status RefreshStandby(const std::string& operator_id, uint32_t instance, bool* refreshed = nullptr);
+
   // Called after every file Verify checks, with the report so far. Returning
   // false stops the verification: Verify then returns Aborted. A full verify
   // of a large store runs for minutes; this is how a caller shows progress
@@ -211,8 +233,19 @@ class ReplicaStore {
  private:
   explicit ReplicaStore(std::string dir) : dir_(std::move(dir)) {}
   Status InstanceDir(const std::string& operator_id, uint32_t instance, std::string* path) const;
+  std::string StandbyDir(const std::string& operator_id, uint32_t instance) const;
+  std::shared_ptr<std::mutex> StandbyMutex(const std::string& operator_id, uint32_t instance) const;
+  // With `m` read under the store's shared lock: renames the standby directory
+  // to `target_dir` if it holds exactly that checkpoint, and says so in *taken.
+  // A standby that does not match `m` file for file is removed, never used.
+  Status TakeStandby(const Manifest& m, const std::string& target_dir, RestoreStats* stats, bool* taken) const;
+  // Under the exclusive lock (GC): removes standby directories that are not
+  // of their instance's newest checkpoint.
+  void DropStaleStandbys(GcStats* stats);
 
   std::string dir_;
+  mutable std::mutex standby_mu_;  // guards standby_locks_
+  mutable std::map<std::string, std::shared_ptr<std::mutex>> standby_locks_;  // one per instance
 };
 
 // Computes XXH3-128 of a file's contents as 32 hex digits, and its size.
