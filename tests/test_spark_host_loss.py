@@ -6,7 +6,9 @@ passed is cancelled.
 - On a real 3-host cluster (127.0.0.34-36) whose coordinator's heartbeat timeout is far
   longer than the test: a SIGKILLed host is declared dead because the driver's watch
   reported it (the worker was still alive at the coordinator when the report was sent),
-  and Q8's output still equals a pandas computation over the same events.
+  and Q8's output still equals a pandas computation over the same events. The operator
+  runs with ``input_copies=2``: each batch's routed input is cached with copies on two
+  executors of two hosts (read from Spark's REST API while the batch runs), and released.
 """
 
 from __future__ import annotations
@@ -151,7 +153,26 @@ def _canon(df: pd.DataFrame) -> pd.DataFrame:
     return df if df.empty else df.sort_values(list(df.columns)).reset_index(drop=True)
 
 
-def test_the_driver_reports_a_killed_host_before_any_heartbeat_timeout(tmp_path):
+def _cached_inputs(ui: str, app: str, sc) -> list[dict]:
+    """The cached RDDs (Spark's REST API): storage level, partitions and the executors of each."""
+    import json
+    import urllib.request
+
+    def get(path: str):
+        with urllib.request.urlopen(f"{ui}/api/v1/applications/{app}/{path}", timeout=10) as r:
+            return json.load(r)
+
+    host = {e["id"]: e["hostPort"].rsplit(":", 1)[0] for e in get("allexecutors")}
+    out = []
+    for info in sc._jsc.sc().getRDDStorageInfo():
+        d = get(f"storage/rdd/{info.id()}")
+        out.append({"level": d["storageLevel"],
+                    "partitions": [[host.get(e, e) for e in p["executors"]] for p in d.get("partitions", [])]})
+    return out
+
+
+def test_the_driver_reports_a_killed_host_before_any_heartbeat_timeout(tmp_path, monkeypatch):
+    from rhino.spark.operator import TransformWithState
     from rhino_bench.harness.spark_cluster import LocalCluster
     from rhino_bench.nexmark import oracle
     from rhino_bench.nexmark.generator import generate
@@ -162,6 +183,15 @@ def test_the_driver_reports_a_killed_host_before_any_heartbeat_timeout(tmp_path)
     # a heartbeat timeout longer than the whole test: only a report can declare the worker dead
     with LocalCluster.up(tmp_path / "cluster", hosts=3, first_host=34, heartbeat_timeout=600.0) as cl:
         spark = cl.spark_session("rhino-host-loss")
+        sc = spark.sparkContext
+        cached: list[list[dict]] = []
+        release = TransformWithState._release_inputs
+
+        def seen_then_release(op) -> None:  # what was cached while the batch ran, then its release
+            cached.append(_cached_inputs(sc.uiWebUrl, sc.applicationId, sc))
+            release(op)
+
+        monkeypatch.setattr(TransformWithState, "_release_inputs", seen_then_release)
         try:
             victim = cl.host(host).rhino_worker.id
             killed: dict = {}
@@ -178,11 +208,20 @@ def test_the_driver_reports_a_killed_host_before_any_heartbeat_timeout(tmp_path)
                                events_per_batch=EVENTS_PER_BATCH, max_events=EVENTS_PER_BATCH * BATCHES,
                                source_options=SOURCE, params=PARAMS, operator_id="q8-host-loss",
                                coordinator=cl.coordinator, secret_file=str(cl.secret_file), parallelism=3,
-                               replicas=2, on_batch=on_batch, timeout_s=600)
+                               replicas=2, on_batch=on_batch, timeout_s=600,
+                               operator_options={"input_copies": 2})
             assert killed, "the host was not killed"
             status = cl.coordinator_status()
+            time.sleep(1.0)  # unpersist is asynchronous
+            left = sc._jsc.sc().getRDDStorageInfo()
         finally:
             spark.stop()
+    # Each batch's input was cached with two copies, on executors of two hosts; none is left.
+    assert len(cached) >= BATCHES - 1
+    for batch in cached[:3]:  # before the kill (the last batch's release may still be under way)
+        assert any("2x Replicated" in c["level"] and c["partitions"]
+                   and all(len(set(hosts)) == 2 for hosts in c["partitions"]) for c in batch), batch
+    assert len(left) == 0, [i.toString() for i in left]
     dead = next(w for w in status["workers"] if w["id"] == victim)
     assert dead["state"] == "dead"
     reports = [r for w in run.operator.watch_log for r in w["reported"] if r["worker"] == victim]

@@ -132,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "a Rhino frame, 4 MiB)")
     ap.add_argument("--parallelism", type=positive_int, default=3, help="Rhino instances (default 3)")
     ap.add_argument("--replicas", type=positive_int, default=2, help="Rhino's r (default 2)")
+    ap.add_argument("--input-copies", type=positive_int, default=2, choices=(1, 2, 3),
+                    help="Rhino's input_copies: each batch's routed input cached on this many executors, so "
+                         "a lost host's map output is rebuilt from a copy, not the source (default 2; 1 = off)")
     ap.add_argument("--heartbeat-timeout", type=positive_float, default=2.0,
                     help="Rhino coordinator's heartbeat timeout, s (default 2.0)")
     ap.add_argument("--first-host", type=host_number, default=60, help="hosts are 127.0.0.N.. (default 60)")
@@ -256,7 +259,8 @@ def run_one(*, system: str, size: int, workdir: Path, args: argparse.Namespace, 
                                params={"window_ms": HUGE_WINDOW_MS}, operator_id=f"q8-recovery-{size}",
                                coordinator=cl.coordinator, secret_file=str(cl.secret_file),
                                parallelism=args.parallelism, replicas=args.replicas, on_batch=on_batch,
-                               stop_when=stop_when, timeout_s=args.timeout)
+                               stop_when=stop_when, timeout_s=args.timeout,
+                               operator_options={"input_copies": args.input_copies} if sysname == "rhino" else None)
             if st["kill_t"] is None:
                 raise RuntimeError(f"{system}: the state never reached {size} bytes "
                                    f"(last {_rhino_size(run) if sysname == 'rhino' else _spark_size(run)})")
@@ -807,6 +811,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
              "parameters": {"sizes": args.sizes, "systems": args.systems, "events_per_batch": args.events_per_batch,
                             "payload_bytes": args.payload_bytes, "window_ms": HUGE_WINDOW_MS,
                             "parallelism": args.parallelism, "replicas": args.replicas,
+                            "input_copies": args.input_copies,
                             "heartbeat_timeout": args.heartbeat_timeout, "kill_host": args.kill_host,
                             "kill_at": args.kill_at, "after_batches": args.after_batches, "trials": args.trials,
                             "hosts": 3,
