@@ -66,7 +66,7 @@ def test_a_stopped_bench_stops_its_workers(tmp_path: Path, bench: str, sig: sign
         logs = [work / "w2.log", work / "w3.log"]
     else:
         args = ["--workers", "2", "--replicas", "2", "--size", "64M", "--dir", str(work), "--json"]
-        logs = [work / "r2" / "w2.log", work / "r2" / "w3.log"]
+        logs = [work / "r2-plain" / "w2.log", work / "r2-plain" / "w3.log"]
     proc = subprocess.Popen([sys.executable, "-m", "rhino_bench", bench, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_as_at_a_terminal)
     frozen: list[int] = []

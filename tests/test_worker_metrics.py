@@ -17,7 +17,7 @@ from rhino.daemon.metrics import metrics_server, prometheus_text, worker_registr
 
 SNAPSHOT = dict(bytes_received=10, bytes_sent=20, bytes_written=30, net_bytes_in=40, net_bytes_out=50,
                 active_streams=1, in_flight_credits=4, streams_opened=7, checkpoints_complete=3,
-                checkpoints_aborted=1, auth_failures=6, rejected_frames=2, stale_rejections=5, peers_dead=8,
+                checkpoints_aborted=1, auth_failures=6, tls_failures=14, rejected_frames=2, stale_rejections=5, peers_dead=8,
                 open_connections=3, buffer_pool_cached_bytes=1 << 20, checkpoints_retired=11,
                 gc_bytes_removed=12, retention_errors=13, retention_last_error="",
                 instances=[dict(operator_id='q8"join', instance=0, last_committed=None, last_opened=2, chain_version=3),
@@ -46,7 +46,8 @@ def test_every_snapshot_field_is_a_sample_with_the_worker_label():
         key("rhino_worker_streams_opened_total"): 7,
         key("rhino_worker_checkpoints_total", state="complete"): 3,
         key("rhino_worker_checkpoints_total", state="aborted"): 1,
-        key("rhino_worker_auth_failures_total"): 6, key("rhino_worker_rejected_frames_total"): 2,
+        key("rhino_worker_auth_failures_total"): 6, key("rhino_worker_tls_failures_total"): 14,
+        key("rhino_worker_rejected_frames_total"): 2,
         key("rhino_worker_stale_rejections_total"): 5, key("rhino_worker_peers_dead_total"): 8,
         key("rhino_worker_open_connections"): 3, key("rhino_worker_buffer_pool_cached_bytes"): 1 << 20,
         key("rhino_worker_checkpoints_retired_total"): 11, key("rhino_worker_gc_bytes_removed_total"): 12,
