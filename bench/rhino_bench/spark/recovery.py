@@ -753,7 +753,7 @@ def report(records: list[dict], path: str, *, command: str, setup: dict) -> None
                  f"**{'met' if summ['locality_target_met'] else 'not met'}**.")
     if "spark_restore_s_per_gib" in summ:
         L.append(f"- The baseline's state restore costs {summ['spark_restore_s_per_gib']} s per GiB of state here.")
-    L += ["", "Definitions: see the docstring of `spark_integration/spark/bench/recovery.py` and the "
+    L += ["", "Definitions: see the docstring of `bench/rhino_bench/spark/recovery.py` and the "
           "`Spark recovery` section of `bench/README.md`.", ""]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text("\n".join(L))
