@@ -227,9 +227,21 @@ def test_a_tls_cluster_runs_batches_and_fails_over_a_killed_worker(pki, tmp_path
         while sum(w["state"] == "alive" for w in cc.status()["workers"]) < 3:
             assert time.monotonic() < deadline, "the workers did not register over TLS"
             time.sleep(0.1)
-        # a plaintext client is not served by the TLS coordinator
+        # a plaintext client, another CA's certificate and an expired one are refused by the
+        # coordinator's listener too, each logged with its reason, and it keeps serving
         with pytest.raises((rhino.PeerDeadError, rhino.RhinoTimeoutError)):
             connect_coordinator(co.address, secret=SECRET, peer_timeout=2.0).status()
+        other = rhino.TLS.from_dir(pki / "other", H2)
+        with pytest.raises(rhino.TLSError, match="unknown ca|certificate"):
+            connect_coordinator(co.address, secret=SECRET, tls=rhino.TLS(other.cert, other.key, tls.ca)).status()
+        expired = rhino.TLS(str(pki / "expired.pem"), str(pki / "expired.key"), tls.ca)
+        with pytest.raises(rhino.TLSError, match="expired|certificate"):
+            connect_coordinator(co.address, secret=SECRET, tls=expired).status()
+        deadline = time.monotonic() + 10
+        while len(_refusals(co)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(_refusals(co)) >= 3 and "expired" in "\n".join(_refusals(co)), _refusals(co)
+        assert len(cc.status()["workers"]) == 3
         # the command line, with the TLS files from the environment
         env = {"RHINO_COORDINATOR": co.address, "RHINO_SECRET_FILE": str(secret_file)}
         tls_env = {"RHINO_TLS_CERT": tls.cert, "RHINO_TLS_KEY": tls.key, "RHINO_TLS_CA": tls.ca}
