@@ -183,3 +183,40 @@ def test_refresh_of_an_instance_without_checkpoints_removes_its_standby(store, l
     assert not _standby(store)[0].parent.exists()
     with pytest.raises(rhino.PathOutsideStoreError):
         store.refresh_standby("../x", 0)
+
+
+def test_refreshes_and_gc_at_once_never_deadlock(store, live):
+    """A refresh and GC take the store's lock and the instance's mutex in the same order."""
+    import threading
+
+    db, model, rng = live
+    _write(db, model, rng, 500, 0)
+    db.checkpoint(store, 1)
+    marker = _standby(store)[1]
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def refresh() -> None:
+        try:
+            for _ in range(300):
+                marker.unlink(missing_ok=True)  # stale: GC takes the instance's mutex to drop it
+                store.refresh_standby(OP, 0)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            stop.set()
+
+    def gc() -> None:
+        try:
+            while not stop.is_set():
+                store.gc()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=refresh, daemon=True), threading.Thread(target=gc, daemon=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "deadlock: a refresh and GC wait for each other"
+    assert not errors, errors

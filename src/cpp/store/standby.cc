@@ -81,10 +81,12 @@ Status ReplicaStore::RefreshStandby(const std::string& operator_id, uint32_t ins
   if (refreshed != nullptr) *refreshed = false;
   std::string inst_dir;
   RHINO_RETURN_IF_ERROR(InstanceDir(operator_id, instance, &inst_dir));  // validates the operator id
-  auto mu = StandbyMutex(operator_id, instance);
-  std::lock_guard<std::mutex> guard(*mu);
+  // The store's lock before the instance's mutex, as Restore and GarbageCollect
+  // take them: GC holds the exclusive lock while it takes instance mutexes.
   std::unique_ptr<Lock> lock;
   RHINO_RETURN_IF_ERROR(AcquireLock(false, &lock));  // GC must not reclaim what we link
+  auto mu = StandbyMutex(operator_id, instance);
+  std::lock_guard<std::mutex> guard(*mu);
   const std::string root = StandbyDir(operator_id, instance);
   const std::string db = fs::Join(root, kStandbyDb);
   const std::string marker = fs::Join(root, kStandbyMarker);
