@@ -537,9 +537,10 @@ UnknownVnodeError, and nothing of its batch is written.
                               const std::string& target, const std::string& mode, const std::string& verify,
                               uint64_t write_buffer_budget, const std::string& compaction,
                               uint32_t flush_threads, uint64_t checkpoint_wal_bytes, const py::object& progress,
-                              bool sync) {
+                              bool sync, bool latency_critical) {
         RestoreOptions ro = ParseRestoreOptions(mode, verify);
         ro.durable = sync;
+        ro.latency_critical = latency_critical;
         SignalCheck signals;
         ro.keep_going = RestoreKeepGoing(signals, progress);
         StateOptions so;
@@ -563,7 +564,7 @@ UnknownVnodeError, and nothing of its batch is written.
       py::arg("mode") = "link", py::arg("verify") = "size", py::arg("write_buffer_budget") = 256ull << 20,
       py::arg("compaction") = "level", py::arg("flush_threads") = 1,
       py::arg("checkpoint_wal_bytes") = StateOptions().checkpoint_wal_bytes, py::arg("progress") = py::none(),
-      py::arg("sync") = true,
+      py::arg("sync") = true, py::arg("latency_critical") = false,
       R"doc(Restores a checkpoint into `target` (must not exist) and opens it.
 
 mode='link' hard-links immutable files from the pool (O(files)), falling back to
@@ -577,7 +578,9 @@ each stage, at most every 0.1 s, and at each stage's end; an exception it
 raises stops the restore like Ctrl-C and propagates.
 sync=False builds and opens `target` without one fsync, as a worker's takeover
 does (the checkpoint stays durable in the store): a crash of the machine soon
-after may leave `target` damaged, and it is then restored again.)doc");
+after may leave `target` damaged, and it is then restored again.
+latency_critical=True runs the restore under the normal scheduling policy even
+if the calling thread is a SCHED_BATCH one, as a worker's takeover does.)doc");
 }
 
 }  // namespace rhino::py_bindings

@@ -89,6 +89,10 @@ static void BindStoreValues(py::module_& m) {
                     "True if the replica's standby directory was renamed into place (one rename, no links).")
       .def_readonly("build_seconds", &RestoreStats::build_seconds)
       .def_readonly("open_seconds", &RestoreStats::open_seconds)
+      .def_readonly("open_cpu_seconds", &RestoreStats::open_cpu_seconds,
+                    "of open_seconds, the CPU time the opening thread ran (0 where the kernel keeps no figure)")
+      .def_readonly("open_wait_seconds", &RestoreStats::open_wait_seconds,
+                    "of open_seconds, the time the opening thread was runnable but waited for a CPU")
       .def("__repr__", [](const RestoreStats& s) {
         return "RestoreStats(files=" + std::to_string(s.files) + ", linked_files=" + std::to_string(s.linked_files) +
                ", copied_files=" + std::to_string(s.copied_files) + ", fell_back_to_copy=" +

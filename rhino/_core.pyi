@@ -94,8 +94,11 @@ class RestoreStats:
     copied_bytes: int
     total_bytes: int
     fell_back_to_copy: bool
+    from_standby: bool
     build_seconds: float
     open_seconds: float
+    open_cpu_seconds: float
+    open_wait_seconds: float
 
 class VerifyProblem:
     operator_id: str
@@ -134,6 +137,8 @@ class ReplicaStore:
         flush_threads: int = 1,
         checkpoint_wal_bytes: int = 262144,
         progress: Callable[[str, int, int, int, int], object] | None = None,
+        sync: bool = True,
+        latency_critical: bool = False,
     ) -> StateBackend: ...
     def restore_files(
         self,

@@ -101,6 +101,10 @@ def test_takeover_after_sigkill(workers, tmp_path: Path) -> None:
     assert rs["from_standby"] is True and not marker.exists()
     assert not (Path(b.dir) / "standby" / OP / "0" / "db").exists()
     assert any(f.name.endswith(".log") and f.size > 0 for f in manifest.files)
+    # The open's own thread's figures (util/sched.h): it ran on the CPU (the WAL
+    # replay alone needs some), and CPU time plus run-queue wait fit in its wall time.
+    assert 0 < rs["open_cpu_s"] and rs["open_wait_s"] >= 0
+    assert rs["open_cpu_s"] + rs["open_wait_s"] <= rs["open_s"] + 0.002
 
     # The next batch's session runs on B and sees the model's state at `last`.
     assert state_through(cb, last + 1, e + 1) == model

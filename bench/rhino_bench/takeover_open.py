@@ -14,7 +14,17 @@ its parts (``build_s``: links and copies; ``open_s``: RocksDB's open and WAL rep
 Loads: ``quiet``; ``fsync-writers``: ``--writers`` threads each writing 8 MiB chunks and
 ``fdatasync``-ing after each (a chain member receiving checkpoint files, a primary's flushes):
 what the surviving hosts of a failover do while the takeover runs. The writers run in this
-process; on this 2-core machine they also take CPU.
+process; on this 2-core machine they also take CPU. ``cpu-busy``: ``--busy`` processes, each
+in its own session (so its own autogroup, as an executor's), spinning on the CPU: the rerun's
+Spark stages on the surviving hosts.
+
+Modes (``--modes``): ``synced`` and ``unsynced`` as above, from a thread under the normal
+policy; ``batch``: unsynced, from a thread under SCHED_BATCH, as a worker daemon's threads are
+(``rhino worker --sched``), with ``latency_critical=False``: a takeover before 2026-11-27;
+``batch-critical``: the same with ``latency_critical=True``, as a takeover runs now (the restore
+switches its thread to the normal policy; src/cpp/util/sched.h). Each restore also reports its
+open's own CPU time and run-queue wait (``open_cpu_s``, ``open_wait_s``, from the opening
+thread's /proc/thread-self/schedstat): what is left of ``open_s`` is I/O.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -95,18 +106,61 @@ class FsyncWriters:
             p.unlink()
 
 
-def restore_once(store: rhino.ReplicaStore, cid: int, target: Path, sync: bool, cold: bool = False) -> dict:
+class CpuBusy:
+    """``n`` processes spinning on the CPU, each in its own session, until stopped."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> "CpuBusy":
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+                      for _ in range(self.n)]
+        time.sleep(1)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait()
+
+
+LOADS = ("quiet", "fsync-writers", "cpu-busy")
+
+# mode -> (sync, the restoring thread's policy, latency_critical)
+MODES = {"synced": (True, "normal", False), "unsynced": (False, "normal", False),
+         "batch": (False, "batch", False), "batch-critical": (False, "batch", True)}
+
+
+def restore_once(store: rhino.ReplicaStore, cid: int, target: Path, mode: str, cold: bool = False) -> dict:
+    sync, policy, critical = MODES[mode]
     shutil.rmtree(target, ignore_errors=True)
     if cold:
         drop_caches()
-    t0 = time.perf_counter()
-    db = store.restore(OP, 1, cid, str(target), sync=sync)
-    total = time.perf_counter() - t0
+    before = os.sched_getscheduler(0)
+    if policy == "batch":
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))  # this thread, as a worker daemon's
+    try:
+        t0 = time.perf_counter()
+        db = store.restore(OP, 1, cid, str(target), sync=sync, latency_critical=critical)
+        total = time.perf_counter() - t0
+    finally:
+        os.sched_setscheduler(0, before, os.sched_param(0))
     st = db.restore_stats
     db.close()
     shutil.rmtree(target, ignore_errors=True)
     return {"restore_s": total, "build_s": st.build_seconds, "open_s": st.open_seconds,
+            "open_cpu_s": st.open_cpu_seconds, "open_wait_s": st.open_wait_seconds,
             "files": st.files, "linked_files": st.linked_files, "copied_files": st.copied_files}
+
+
+def _load(name: str, root: Path, a: argparse.Namespace) -> Any:
+    if name == "fsync-writers":
+        return FsyncWriters(root, a.writers)
+    if name == "cpu-busy":
+        return CpuBusy(a.busy)
+    return _Null()
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -115,7 +169,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--vnodes", type=int, default=21, help="vnodes of the instance (Q8 at p=3: 64/3)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--writers", type=int, default=2)
-    ap.add_argument("--loads", default="quiet,fsync-writers")
+    ap.add_argument("--busy", type=int, default=4, help="spinning processes of the cpu-busy load (default 4)")
+    ap.add_argument("--loads", default="quiet,fsync-writers,cpu-busy")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     ap.add_argument("--cold", action="store_true",
                     help="drop the page cache before each restore (root): the checkpoint's files read from disk, "
                          "as when the host's memory went to other work since they were written")
@@ -125,6 +181,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--report", help="write a Markdown report here")
     a = ap.parse_args(argv)
     size = parse_size(a.size)
+    modes = a.modes.split(",")
+    unknown = [m for m in modes if m not in MODES] + [x for x in a.loads.split(",") if x not in LOADS]
+    if unknown:
+        ap.error(f"unknown mode or load: {', '.join(unknown)} (modes: {', '.join(MODES)}; loads: {', '.join(LOADS)})")
     root = Path(a.dir)
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -134,15 +194,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         store = rhino.ReplicaStore(str(root / "store"))
         rows = []
         for load in a.loads.split(","):
-            ctx = FsyncWriters(root, a.writers) if load == "fsync-writers" else None
-            with ctx if ctx else _Null():
+            with _load(load, root, a):
                 for r in range(a.repeat):
-                    for sync in (True, False):  # interleaved: both see the same load
-                        row = dict(restore_once(store, cid, root / "target", sync, a.cold), load=load, cold=a.cold,
-                                   mode="synced" if sync else "unsynced", trial=r, size_bytes=size, vnodes=a.vnodes)
+                    for mode in modes:  # interleaved: every mode sees the same load
+                        row = dict(restore_once(store, cid, root / "target", mode, a.cold), load=load, cold=a.cold,
+                                   mode=mode, trial=r, size_bytes=size, vnodes=a.vnodes)
                         rows.append(row)
-                        print(f"{load:14s} {row['mode']:9s} trial {r}: restore {row['restore_s']*1000:7.1f} ms "
-                              f"(build {row['build_s']*1000:6.1f}, open {row['open_s']*1000:6.1f})", file=sys.stderr)
+                        print(f"{load:14s} {mode:14s} trial {r}: restore {row['restore_s']*1000:7.1f} ms "
+                              f"(build {row['build_s']*1000:6.1f}, open {row['open_s']*1000:6.1f}: CPU "
+                              f"{row['open_cpu_s']*1000:5.1f}, run-queue wait {row['open_wait_s']*1000:6.1f})",
+                              file=sys.stderr)
                         if a.json:
                             print(json.dumps(row), flush=True)
         if a.out:
@@ -170,15 +231,22 @@ def report(rows: list[dict], cmd: str, a: argparse.Namespace, size: int) -> str:
              f"Command: `{cmd}`", "", f"Run at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} on "
              + ", ".join(f"{k} {v}" for k, v in describe_machine().items()) + ".", "",
              f"Parameters: size={format_bytes(size)}, vnodes={a.vnodes}, repeat={a.repeat}, writers={a.writers}, "
-             f"loads={a.loads}, cold={a.cold}. See the docstring of `bench/rhino_bench/takeover_open.py`.", "",
-             "Medians (ms) of the repeats. `synced`: every fsync of the build and the open, as a takeover did before issue 29; `unsynced`: none, as a takeover does since. Both keep the restored WAL in the memtables (`avoid_flush_during_recovery`, also new; before it, the open also wrote and synced one SST per vnode the WAL touched):", "",
-             "| load | mode | restore | build | open | raw restore (ms) |", "|---|---|---:|---:|---:|---|"]
+             f"busy={a.busy}, loads={a.loads}, modes={a.modes}, cold={a.cold}. See the docstring of "
+             "`bench/rhino_bench/takeover_open.py`.", "",
+             "Medians (ms) of the repeats. `synced`: every fsync of the build and the open, as a takeover did before "
+             "issue 29; `unsynced`: none, as a takeover does since. Both keep the restored WAL in the memtables "
+             "(`avoid_flush_during_recovery`). `batch`: unsynced from a SCHED_BATCH thread, as a worker's takeover "
+             "ran before 2026-11-27; `batch-critical`: the same with `latency_critical=True`, as it runs now. "
+             "Open CPU and run-queue wait are the opening thread's own:", "",
+             "| load | mode | restore | build | open | open CPU | open run-queue wait | raw restore (ms) |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
     for load in a.loads.split(","):
-        for mode in ("synced", "unsynced"):
+        for mode in a.modes.split(","):
             rs = [r for r in rows if r["load"] == load and r["mode"] == mode]
             if rs:
                 lines.append(f"| {load} | {mode} | {med([r['restore_s'] for r in rs]):.1f} | "
                              f"{med([r['build_s'] for r in rs]):.1f} | {med([r['open_s'] for r in rs]):.1f} | "
+                             f"{med([r['open_cpu_s'] for r in rs]):.1f} | {med([r['open_wait_s'] for r in rs]):.1f} | "
                              + ", ".join(f"{r['restore_s']*1000:.0f}" for r in rs) + " |")
     lines.append("")
     return "\n".join(lines)

@@ -626,6 +626,18 @@ def summarize(records: list[dict]) -> dict:
     return out
 
 
+def _takeover_opens(rr: list[dict]) -> list[dict]:
+    """Rhino's takeover restores that report their open's CPU and run-queue wait (since 2026-11-27)."""
+    out = []
+    for r in rr:
+        for fig in (r.get("takeover") or {}).values() if r.get("system") == "rhino" else ():
+            rs = (fig or {}).get("restore") or {}
+            if "open_cpu_s" in rs:
+                out.append({"size_bytes": r["size_bytes"], "trial": r.get("trial", 0) + 1, "open_s": rs["open_s"],
+                            "open_cpu_s": rs["open_cpu_s"], "open_wait_s": rs["open_wait_s"]})
+    return out
+
+
 def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     if a is None or not b:
         return None
@@ -753,6 +765,12 @@ def report(records: list[dict], path: str, *, command: str, setup: dict) -> None
                  f"**{'met' if summ['locality_target_met'] else 'not met'}**.")
     if "spark_restore_s_per_gib" in summ:
         L.append(f"- The baseline's state restore costs {summ['spark_restore_s_per_gib']} s per GiB of state here.")
+    opens = _takeover_opens(rr)
+    if opens:
+        L += ["", "Rhino's takeover opens (the opening thread's own figures, src/cpp/util/sched.h; what is left of "
+              "the open is I/O):", ""]
+        L += [f"- {o['size_bytes'] / 2**30:g} GiB, trial {o['trial']}: open {1000 * o['open_s']:.0f} ms, of which "
+              f"CPU {1000 * o['open_cpu_s']:.0f} ms and run-queue wait {1000 * o['open_wait_s']:.0f} ms" for o in opens]
     L += ["", "Definitions: see the docstring of `bench/rhino_bench/spark/recovery.py` and the "
           "`Spark recovery` section of `bench/README.md`.", ""]
     Path(path).parent.mkdir(parents=True, exist_ok=True)

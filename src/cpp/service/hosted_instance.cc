@@ -162,11 +162,13 @@ namespace {
 
 // The restore of a takeover, a rollback or a handover's origin: the
 // checkpoint stays durable in the store, so the directory is built and opened
-// without waiting for the disk (open_without_sync.h says why).
+// without waiting for the disk (open_without_sync.h says why), and a batch
+// waits on it, so it runs as latency-critical work.
 RestoreOptions UnsyncedRestore() {
   RestoreOptions r;
   r.durable = false;
   r.take_standby = true;  // a replica's ready directory, when it holds that checkpoint
+  r.latency_critical = true;  // the recovered batch waits on it (util/sched.h)
   return r;
 }
 

@@ -59,7 +59,9 @@ json RestoreJson(const RestoreStats& rs) {
           {"total_bytes", rs.total_bytes},
           {"build_s", rs.build_seconds},
           {"from_standby", rs.from_standby},
-          {"open_s", rs.open_seconds}};
+          {"open_s", rs.open_seconds},
+          {"open_cpu_s", rs.open_cpu_seconds},
+          {"open_wait_s", rs.open_wait_seconds}};
 }
 
 bool SamePartitioner(const PartitionerOptions& a, const PartitionerOptions& b) {

@@ -48,9 +48,26 @@ class Directory : public rocksdb::FSDirectoryWrapper {
 OpenWithoutSyncFileSystem::OpenWithoutSyncFileSystem(const std::shared_ptr<rocksdb::FileSystem>& base)
     : FileSystemWrapper(base), skipping_(std::make_shared<std::atomic<bool>>(true)) {}
 
+namespace {
+
+// RocksDB's temporary OPTIONS file, <dir>/OPTIONS-<number>.dbtmp, written and
+// parsed back before it is renamed into place (options_parser.cc).
+bool IsTempOptionsFile(const std::string& name) {
+  const size_t slash = name.find_last_of('/');
+  const std::string base = slash == std::string::npos ? name : name.substr(slash + 1);
+  static const std::string kPrefix = "OPTIONS-", kSuffix = ".dbtmp";
+  return base.size() > kPrefix.size() + kSuffix.size() && base.compare(0, kPrefix.size(), kPrefix) == 0 &&
+         base.compare(base.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0;
+}
+
+}  // namespace
+
 IOStatus OpenWithoutSyncFileSystem::NewWritableFile(const std::string& name, const rocksdb::FileOptions& opts,
                                                     std::unique_ptr<rocksdb::FSWritableFile>* out,
                                                     IODebugContext* dbg) {
+  if (skipping_->load(std::memory_order_acquire) && IsTempOptionsFile(name)) {
+    return IOStatus::NotSupported("Rhino writes the OPTIONS file after this open (open_without_sync.h)");
+  }
   IOStatus s = target()->NewWritableFile(name, opts, out, dbg);
   if (s.ok()) out->reset(new File(std::move(*out), skipping_));
   return s;

@@ -13,6 +13,16 @@
 //
 // Only the open skips: once EndOpen() is called, the files the DB keeps
 // (its WAL, MANIFEST) sync as usual.
+//
+// The open also leaves out the OPTIONS file. DB::Open serializes every column
+// family's options to a new OPTIONS file and then parses the file back to
+// verify it: with one column family per vnode that was ~70% of the open's CPU
+// (0.45 ms per vnode; perf, bench/results/takeover_open.sched.md). The
+// directory already holds the checkpoint's OPTIONS file, written by the same
+// options; the file system refuses the new one while the open skips, RocksDB
+// logs that and goes on (fail_if_options_file_error = false), and
+// StateBackend writes it right after the open, in the background
+// (StateBackend::WriteDeferredOptionsFile).
 #pragma once
 
 #include <atomic>

@@ -63,6 +63,9 @@ std::optional<uint64_t> ParentOf(uint64_t checkpoint_id, std::optional<uint64_t>
 Status StateBackend::Checkpoint(ReplicaStore* store, uint64_t checkpoint_id, uint64_t epoch, Manifest* out) {
   RHINO_RETURN_IF_ERROR(CheckWritable());
   std::lock_guard admin(admin_mu_);
+  // Every checkpoint holds an OPTIONS file, also the first after an open that
+  // left it to a background thread (open_without_sync.h).
+  RHINO_RETURN_IF_ERROR(WriteDeferredOptionsFile());
   const std::optional<uint64_t> last = last_checkpoint();
   std::vector<uint64_t> committed;
   RHINO_RETURN_IF_ERROR(store->ListCheckpoints(operator_id_, instance_, &committed));

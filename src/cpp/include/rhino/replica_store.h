@@ -79,6 +79,11 @@ struct RestoreOptions {
   // exactly `checkpoint_id`: the restore is then one rename, whatever the
   // number of files. Otherwise the directory is built as usual.
   bool take_standby = false;
+  // A batch waits on this restore (a takeover, a rollback): StateBackend's
+  // Restore runs it, open included, under the normal scheduling policy even
+  // when the calling thread is a SCHED_BATCH one, as a worker daemon's are
+  // (util/sched.h). Off for background restores (a state reader, a rebuild).
+  bool latency_critical = false;
 };
 
 struct RestoreStats {
@@ -91,6 +96,11 @@ struct RestoreStats {
   bool from_standby = false;       // the standby directory was renamed into place
   double build_seconds = 0;         // building the directory (link/copy + fsync + rename)
   double open_seconds = 0;          // opening RocksDB on it (filled in by StateBackend)
+  // Of open_seconds, on the opening thread (/proc/thread-self/schedstat): the
+  // CPU it ran, and the time it was runnable but waiting for a CPU. The rest is
+  // I/O. Zeros where the kernel keeps no such figures.
+  double open_cpu_seconds = 0;
+  double open_wait_seconds = 0;
 };
 
 struct VerifyProblem {

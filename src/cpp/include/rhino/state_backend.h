@@ -33,6 +33,7 @@
 #include <shared_mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <string_view>
 #include <vector>
 
@@ -309,6 +310,11 @@ class StateBackend {
   Status FlushColumnFamilies();
   // Bytes in the live write-ahead log files: what is not yet in an SST.
   Status LiveWalBytes(uint64_t* bytes);
+  // Writes the OPTIONS file that an open with sync_open = false left out
+  // (open_without_sync.h), once: a background thread started by Open calls it
+  // right away, and Checkpoint calls it first, so that every checkpoint
+  // holds an OPTIONS file.
+  Status WriteDeferredOptionsFile();
 
   std::string dir_;
   std::string operator_id_;
@@ -335,6 +341,9 @@ class StateBackend {
   mutable std::shared_mutex cf_mu_;
   std::vector<rocksdb::ColumnFamilyHandle*> cf_by_vnode_;  // GUARDED_BY(cf_mu_); null = not held
   std::mutex admin_mu_;  // serializes Checkpoint / Export / Import / Drop
+  std::mutex options_file_mu_;
+  bool options_file_deferred_ = false;  // GUARDED_BY(options_file_mu_)
+  std::thread options_file_writer_;     // joined before the DB closes
 };
 
 std::string VnodeColumnFamilyName(uint32_t vnode);
