@@ -299,7 +299,8 @@ class ReplicationManager:
             self.meta.clear_pending_reconfiguration(c, operator_id)
             self.meta.event(c, "reconfigured", operator=operator_id, epoch=epoch, reason=doc["reason"],
                             takeovers=sorted(report["takeovers"]), copies=sorted(report["copies"]),
-                            takeover_figures=report["takeovers"])
+                            takeover_figures=report["takeovers"], fence_s=round(report["fence_s"], 4),
+                            copy_s=round(report["copy_s"], 4))
         self.log("reconfigured", operator=operator_id, epoch=epoch, reason=doc["reason"])
         return report
 

@@ -54,6 +54,11 @@ Fields (seconds; the kill is t=0):
   own replica store, then open; done by the coordinator right at detection) plus the
   rerun task's session open (``open_s``; a rollback to b-1 by hard links if needed). Both
   are counted, though the takeover runs before the task starts.
+* ``coordinator_failover_s`` (Rhino): the coordinator's whole failover of the lost worker
+  (``failover_done``: the takeover, the other instances re-opened at the new epoch, chain
+  repair, its metadata); the next attempt begins after it. ``coordinator_fence_s``: of that,
+  the takeovers and re-opens. The takeover's ``restore`` also has its open's own CPU time
+  and run-queue wait (``open_cpu_s``, ``open_wait_s``).
 * ``rerun_batch_s``: the recovered batch's own duration; ``steady_batch_s``: the median
   batch before the kill.
 * ``locality``: the share of Rhino tasks that ran on their primary's host in the steady
@@ -350,9 +355,15 @@ def _rhino_breakdown(run: Any, st: dict, cl: Any, victim: Any, ui: str, app_id: 
     wid = victim.rhino_worker.id
     dead_since = next((w.get("dead_since") for w in status["workers"] if w["id"] == wid), None)
     takeovers = {}
+    fence = None
     for ev in status.get("events", []):
         if ev.get("kind") == "reconfigured" and ev.get("at", 0) >= k - 1 and ev.get("takeover_figures"):
             takeovers.update(ev["takeover_figures"])
+            fence = ev.get("fence_s", fence)
+    # the coordinator's whole failover of the lost worker (declare_dead: takeovers, re-opens at
+    # the new epoch, chain repair, its metadata); the next attempt begins after it (host_loss.py)
+    failover = next((ev.get("recovery_s") for ev in status.get("events", [])
+                     if ev.get("kind") == "failover_done" and ev.get("worker") == wid), None)
     figs = [takeovers[str(i)] for i in lost if str(i) in takeovers] or list(takeovers.values())
     takeover_restore = max((f.get("restore_s") or 0.0) for f in figs) if figs else None
     detection = (dead_since - k) if dead_since else None
@@ -394,6 +405,7 @@ def _rhino_breakdown(run: Any, st: dict, cl: Any, victim: Any, ui: str, app_id: 
         "spark_executor_removed_s": _executor_removed(ui, app_id, victim.ip, k),
         "stages_after_kill": rest.get("stages_after_kill"),
         "takeover_restore_s": takeover_restore, "session_open_s": open_s,
+        "coordinator_failover_s": failover, "coordinator_fence_s": fence,
         "rerun_fetch_s": task.get("fetch_s"), "rerun_task_s": task["end"] - task["start"],
         "rerun_batch_s": rep.ended - rep.started, "attempts": rep.attempts, "epoch_after": rep.epoch,
         "batch_errors": rep.errors[:4], "lost_instances": lost, "rerun_host": task.get("host"),
@@ -634,7 +646,8 @@ def _takeover_opens(rr: list[dict]) -> list[dict]:
             rs = (fig or {}).get("restore") or {}
             if "open_cpu_s" in rs:
                 out.append({"size_bytes": r["size_bytes"], "trial": r.get("trial", 0) + 1, "open_s": rs["open_s"],
-                            "open_cpu_s": rs["open_cpu_s"], "open_wait_s": rs["open_wait_s"]})
+                            "open_cpu_s": rs["open_cpu_s"], "open_wait_s": rs["open_wait_s"],
+                            "failover_s": r.get("coordinator_failover_s")})
     return out
 
 
@@ -770,7 +783,9 @@ def report(records: list[dict], path: str, *, command: str, setup: dict) -> None
         L += ["", "Rhino's takeover opens (the opening thread's own figures, src/cpp/util/sched.h; what is left of "
               "the open is I/O):", ""]
         L += [f"- {o['size_bytes'] / 2**30:g} GiB, trial {o['trial']}: open {1000 * o['open_s']:.0f} ms, of which "
-              f"CPU {1000 * o['open_cpu_s']:.0f} ms and run-queue wait {1000 * o['open_wait_s']:.0f} ms" for o in opens]
+              f"CPU {1000 * o['open_cpu_s']:.0f} ms and run-queue wait {1000 * o['open_wait_s']:.0f} ms"
+              + (f"; the coordinator's whole failover {o['failover_s']:.3f} s" if o.get("failover_s") else "")
+              for o in opens]
     L += ["", "Definitions: see the docstring of `bench/rhino_bench/spark/recovery.py` and the "
           "`Spark recovery` section of `bench/README.md`.", ""]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
