@@ -161,3 +161,33 @@ def live_sst_files(path) -> list[dict]:
         return sorted(db.live_files(), key=lambda f: f["name"])
     finally:
         db.close()
+
+
+# ---------------------------------------------------------------- coordinator stubs
+
+
+class StubWorkerGateway:
+    """A stand-in for the coordinator's ``WorkerGateway`` in unit tests of its managers: the
+    live workers from the metadata, made-up addresses, and a client per worker made by
+    ``make_client(worker_id)``. ``calls`` collects what the clients record."""
+
+    def __init__(self, meta, make_client) -> None:
+        self.meta = meta
+        self.make_client = make_client
+        self.calls: list = []
+        self.failing: set = set()
+        self.copy_timeout = 60.0
+
+    def client(self, w):
+        return self.make_client(w if isinstance(w, str) else w.id)
+
+    def alive_ids(self) -> set[str]:
+        return {w.id for w in self.meta.workers() if w.alive}
+
+    def workers_info(self) -> list:
+        from rhino.coordinator.placement import WorkerInfo
+
+        return [WorkerInfo(id=w.id, rack=None, zone=None) for w in self.meta.workers() if w.alive]
+
+    def addresses(self, ids: list[str]) -> list[str]:
+        return [f"{i}:1" for i in ids]

@@ -26,10 +26,10 @@ import numpy as np
 
 import rhino
 from rhino.coordinator.metadata import InstanceRow, Metadata, OperatorRow, WorkerRow
-from rhino.coordinator.placement import WorkerInfo
 from rhino.coordinator.replication_manager import ReplicationManager
 from rhino.errors import RhinoIOError
 from rhino_bench.harness.workers import SECRET
+from helpers import StubWorkerGateway
 import test_coordinator
 from test_coordinator import OP, V, Job, make
 
@@ -155,24 +155,9 @@ class StubClient:
         return {"bytes_sent": 10, "seconds": 0.0}
 
 
-class StubGateway:
+class StubGateway(StubWorkerGateway):
     def __init__(self, meta: Metadata) -> None:
-        self.meta = meta
-        self.calls: list = []
-        self.failing: set[str] = set()
-        self.copy_timeout = 60.0
-
-    def client(self, w: Any) -> StubClient:
-        return StubClient(w if isinstance(w, str) else w.id, self.calls, self.failing)
-
-    def alive_ids(self) -> set[str]:
-        return {w.id for w in self.meta.workers() if w.alive}
-
-    def workers_info(self) -> list[WorkerInfo]:
-        return [WorkerInfo(id=w.id, rack=None, zone=None) for w in self.meta.workers() if w.alive]
-
-    def addresses(self, ids: list[str]) -> list[str]:
-        return [f"{i}:1" for i in ids]
+        super().__init__(meta, lambda wid: StubClient(wid, self.calls, self.failing))
 
 
 def _two_operators_w4_dead(meta: Metadata) -> None:

@@ -72,9 +72,22 @@ def test_a_task_that_finishes_within_the_grace_is_left_alone():
     coord = Placements(4)
     w, exits = _watch(coord, grace_s=0.5)
     with w:
-        assert _wait(lambda: coord.calls >= 3)
+        assert _wait(lambda: coord.calls >= 1)  # the new epoch seen: the grace runs
     time.sleep(0.7)  # past the grace, after stop(): a reused worker runs the next task
     assert not exits and not w.ended
+
+
+def test_the_epoch_is_looked_at_again_as_the_grace_ends():
+    # a long poll interval does not stretch the grace: the second look comes at its end
+    coord = Placements(4)
+    exits: list[int] = []
+    w = DoomedAttemptWatch(lambda: coord, "op", 3, exit=exits.append, interval_s=0.05, grace_s=0.1)
+    t0 = time.monotonic()
+    with w:
+        assert _wait(lambda: exits)
+    took = time.monotonic() - t0
+    # two looks, one interval in and as the grace ends (not one per interval until it passed)
+    assert coord.calls == 2 and 0.15 <= took < 0.5
 
 
 def test_an_epoch_seen_once_then_not_restarts_the_grace():

@@ -21,6 +21,7 @@ at its restart and carries it out again: the same decision, never a second one.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable, Optional
 
@@ -249,33 +250,21 @@ class ReplicationManager:
         rows = {r.instance: r for r in self.meta.instances(operator_id)}
         assignment = self.meta.assignment(operator_id)
         t0 = time.monotonic()
-        report: dict[str, Any] = {"epoch": epoch, "takeovers": {}, "copies": {}}
-        new_rows: list[InstanceRow] = []
-        # 1. Every instance on its (new) primary at the new epoch: takeovers and re-opens.
-        for s in doc["steps"]:
-            r = rows[s["instance"]]
-            if s.get("lost"):
-                new_rows.append(r)
-                continue
-            chain_addr = self.workers.addresses(s["chain"])
-            cl = self.workers.client(s["primary"])
-            if s.get("takeover"):
-                if r.last_complete is None:
-                    vn = [v for v, i in enumerate(assignment) if i == r.instance]
-                    info = cl.open_instance(operator_id, r.instance, epoch=epoch, vnodes=vn, chain=chain_addr,
-                                            chain_version=s["chain_version"], **op.partitioner_args())
-                else:
-                    t, sent = time.monotonic(), time.time()
-                    info = cl.takeover(operator_id, r.instance, epoch=epoch, checkpoint=r.last_complete,
-                                       chain=chain_addr, chain_version=s["chain_version"],
-                                       redo_version=r.redo_version, redo=r.redo)
-                    report["takeovers"][str(r.instance)] = {"worker": s["primary"], "restore_s": info.get("restore_s"),
-                                                            "request_s": time.monotonic() - t,
-                                                            "sent_unix": sent, "restore": info.get("restore")}
-            else:
-                cl.open_instance(operator_id, r.instance, epoch=epoch, chain=chain_addr,
-                                 chain_version=s["chain_version"], **op.partitioner_args())
-            new_rows.append(replace(r, primary_worker=s["primary"], chain=s["chain"], chain_version=s["chain_version"]))
+        report: dict[str, Any] = {"epoch": epoch, "takeovers": {}, "reopens": {}, "copies": {}}
+        # 1. Every instance on its (new) primary at the new epoch: takeovers and
+        #    re-opens (the fence). They are independent requests to different
+        #    instances, sent in parallel: a failover's next batch waits for all
+        #    of them, and one re-open's fsyncs on a busy disk must not delay
+        #    another's takeover. Takeovers go first.
+        steps = sorted(doc["steps"], key=lambda s: not s.get("takeover"))
+        with ThreadPoolExecutor(max_workers=max(1, len(steps)), thread_name_prefix="rhino-fence") as pool:
+            futures = [pool.submit(self._place, op, epoch, s, rows[s["instance"]], assignment, report)
+                       for s in steps]
+        placed = {s["instance"]: f for s, f in zip(steps, futures)}
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:  # the reconfiguration stays pending; the first error says why
+            raise errors[0]
+        new_rows = [placed[s["instance"]].result() for s in doc["steps"]]
         report["fence_s"] = time.monotonic() - t0
         # 2. Bulk copies of the last complete checkpoint to new chain members,
         #    from the (surviving) primary: never from the dead worker.
@@ -303,6 +292,33 @@ class ReplicationManager:
                             copy_s=round(report["copy_s"], 4))
         self.log("reconfigured", operator=operator_id, epoch=epoch, reason=doc["reason"])
         return report
+
+    def _place(self, op: OperatorRow, epoch: int, s: dict, r: InstanceRow, assignment: list[int],
+               report: dict) -> InstanceRow:
+        """One step of :meth:`carry_out`'s fence: the instance on its (new) primary at
+        ``epoch``, taken over from the last complete checkpoint or re-opened. Returns its
+        new row; the request's figures go to ``report`` (``takeovers``, ``reopens``)."""
+        if s.get("lost"):
+            return r
+        operator_id = op.operator_id
+        chain_addr = self.workers.addresses(s["chain"])
+        cl = self.workers.client(s["primary"])
+        t, sent = time.monotonic(), time.time()
+        if s.get("takeover") and r.last_complete is not None:
+            info = cl.takeover(operator_id, r.instance, epoch=epoch, checkpoint=r.last_complete,
+                               chain=chain_addr, chain_version=s["chain_version"],
+                               redo_version=r.redo_version, redo=r.redo)
+            report["takeovers"][str(r.instance)] = {"worker": s["primary"], "restore_s": info.get("restore_s"),
+                                                    "request_s": time.monotonic() - t,
+                                                    "sent_unix": sent, "restore": info.get("restore")}
+        else:
+            # A takeover of an instance that never completed a checkpoint starts it empty.
+            vn = [v for v, i in enumerate(assignment) if i == r.instance] if s.get("takeover") else None
+            cl.open_instance(operator_id, r.instance, epoch=epoch, vnodes=vn, chain=chain_addr,
+                             chain_version=s["chain_version"], **op.partitioner_args())
+            report["reopens"][str(r.instance)] = {"worker": s["primary"], "request_s": round(time.monotonic() - t, 4),
+                                                  "sent_unix": sent}
+        return replace(r, primary_worker=s["primary"], chain=s["chain"], chain_version=s["chain_version"])
 
     def _drop_earlier_stints(self, operator_id: str, instance: int, added: list[str], epoch: int) -> None:
         """Drops what new chain members hold of an instance, before its bulk copy.

@@ -109,6 +109,9 @@ class BatchReport:
     commit_s: float
     tasks: list[dict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # from the last attempt's start to its Spark action (the job that runs the stateful
+    # tasks): the driver's own planning (pinning, the task spec, the query plan)
+    job_setup_s: Optional[float] = None
 
     @property
     def seconds(self) -> float:
@@ -195,6 +198,7 @@ class TransformWithState:
         self.clock: Callable[[], float] = clock if clock is not None else (lambda: time.time() * 1000)
         self._known_hosts: Optional[set[str]] = None  # executor hosts seen last (host_loss.py)
         self._pinned_hosts: dict[int, Optional[str]] = {}  # each instance's host in the last job (moved_first.py)
+        self._action_at: Optional[float] = None  # when the last attempt called its Spark action (job_setup_s)
         self.watch_log: list[dict] = []  # what the batch watches reported or cancelled
         self.checkpoint_location = Path(checkpoint_location) if checkpoint_location else None
         self.reports: list[BatchReport] = []
@@ -341,7 +345,8 @@ class TransformWithState:
                           rows_out=sum(int(t.get("output_rows", 0)) for t in tasks), started=t0,
                           ended=done.committed_at, begin_s=a.started_at - a.begun_at,
                           job_s=done.ran_at - a.started_at, commit_s=done.committed_at - done.ran_at,
-                          tasks=sorted(tasks, key=lambda t: t["instance"]), errors=done.errors)
+                          tasks=sorted(tasks, key=lambda t: t["instance"]), errors=done.errors,
+                          job_setup_s=(self._action_at - a.started_at) if self._action_at else None)
         self.reports.append(rep)
         return data
 
@@ -484,6 +489,7 @@ class TransformWithState:
         sc = spark.sparkContext
         if watch is not None:
             sc.addJobTag(watch.tag)
+        self._action_at = time.time()
         try:
             if sink is not None:
                 sink(result, b)

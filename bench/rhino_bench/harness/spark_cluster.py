@@ -881,21 +881,29 @@ class LocalCluster:
         """SIGKILLs host `n`'s Spark worker, its executors (and their Python workers) and its
         Rhino worker, all in one sweep, like a VM that is lost: no process gets to shut down
         cleanly or hear about the others first. Returns the PIDs killed. Recorded in
-        cluster.json (the host's state "killed")."""
+        cluster.json (the host's state "killed", ``killed_at``: the time of the first signal,
+        after the process listing)."""
         with self._lock:
             h = self._host_rec(n)
             recs = self._records(h)
             targets = sorted({p for r in recs for p in _session_pids(r)} | set(self.executor_pids(h["n"])))
+            # the moment of the loss: the first signal, after the /proc scans above
+            killed_at = time.time()
             _signal(targets, signal.SIGKILL)
             # Whatever forked between the listing and the signals: again until nothing is left.
             _terminate(recs, timeout=0, children=self._children, sig=signal.SIGKILL)
             left = [p for p in self.executor_pids(h["n"])]
             _signal(left, signal.SIGKILL)
             h["state"] = "killed"
-            h["killed_at"] = time.time()
+            h["killed_at"] = killed_at
             h["killed_pids"] = targets
             self._save()
             return targets
+
+    def killed_at(self, n: Union[int, str]) -> Optional[float]:
+        """When :meth:`kill_host` sent host `n` its first SIGKILL (None: not killed)."""
+        with self._lock:
+            return self._host_rec(n).get("killed_at")
 
     def restart_host(self, n: Union[int, str], *, timeout: float = 120.0, progress: Progress = None) -> HostInfo:
         """Brings host `n` back after :meth:`kill_host`: its Rhino worker (same id, address,

@@ -244,8 +244,11 @@ def run_one(*, system: str, size: int, workdir: Path, args: argparse.Namespace, 
                         st["missed"] = st.get("missed", 0) + 1
                     # as seen just before the kill: the task may still end in between
                     st["victim_task_running"] = running
-                    st["kill_t"] = time.time()
+                    t = time.time()
                     st["pids"] = cl.kill_host(args.kill_host)
+                    # the loss is the first signal, after kill_host's process listing
+                    st["kill_t"] = cl.killed_at(args.kill_host) or t
+                    st["kill_listing_s"] = st["kill_t"] - t
                     st["stateful_stage_s"] = dur
                     st["kill_into_stage_s"] = (st["kill_t"] - launched) if launched else None
                     say(f"  {system}: SIGKILLed host {args.kill_host} ({victim.ip}) "
@@ -336,6 +339,7 @@ def _common_fields(system: str, size: int, run: Any, st: dict, args: argparse.Na
         "victim_task_s": st.get("stateful_stage_s"), "kill_into_victim_task_s": st.get("kill_into_stage_s"),
         "kill_missed": st.get("missed", 0), "victim_task_running_at_kill": st.get("victim_task_running"),
         "payload_bytes": args.payload_bytes, "kill_unix": k, "killed_pids": len(st.get("pids") or []),
+        "kill_listing_s": st.get("kill_listing_s"),
     }
 
 
@@ -393,15 +397,16 @@ def _rhino_breakdown(run: Any, st: dict, cl: Any, victim: Any, ui: str, app_id: 
     return {
         "detection_s": detection, "detected_by": detected_by,
         "attempt_cancelled_s": (min(cancels) - k) if cancels else None,
-        "watch": [dict(w, **{x: round(w[x] - k, 4) for x in ("cancelled_at", "failed_at") if w.get(x)},
-                       reported=[dict(r, at=round(r["at"] - k, 4)) for r in w.get("reported", [])])
+        "watch": [dict(w, **{x: round(w[x] - k, 4) for x in ("cancelled_at", "exited_at", "failed_at") if w.get(x)},
+                       reported=[dict(r, **{x: round(r[x] - k, 4) for x in ("at", "answered") if r.get(x)})
+                                 for r in w.get("reported", [])])
                   for w in getattr(run.operator, "watch_log", []) if (w.get("cancelled_at") or 0) >= k - 1
                   or any(r["at"] >= k - 1 for r in w.get("reported", []))],
         "replay_s": replay,
         "scheduling_s": max(0.0, rerun_start - (detection or 0.0) - replay),
         "rerun_task_start_s": rerun_start, "rerun_python_start_s": python_start, "state_restore_s": restore,
         "rerun_task_failover_wait_s": max(0.0, (task["end"] - task["start"]) - inside),
-        "job_attempt_start_s": job_start - k, "failed_tasks_after_kill": rest.get("failed_tasks_after_kill"),
+        "job_attempt_start_s": job_start - k, "rerun_job_setup_s": rep.job_setup_s, "failed_tasks_after_kill": rest.get("failed_tasks_after_kill"),
         "spark_executor_removed_s": _executor_removed(ui, app_id, victim.ip, k),
         "stages_after_kill": rest.get("stages_after_kill"),
         "takeover_restore_s": takeover_restore, "session_open_s": open_s,

@@ -15,11 +15,13 @@ So each task watches the operator's epoch itself (one small ``placement`` call t
 coordinator every ``interval_s``) and, when it has moved past the task's, ends its own
 process, as Spark's monitor would have, but at once. The worker's connections close
 with it, so the instance's primary aborts the task's session (protocol §7.2) and the next
-attempt can open one. It waits ``grace_s`` first: the driver's watch cancels the job when
-it sees the new epoch, and a task that ends before its cancellation arrives counts as a
-failed task rather than a killed one (harmless, but a crash line in the executor's log).
-When a host is lost the driver cancels before it reports the host, so the grace is spent
-after the cancellation, never before it.
+attempt can open one. It waits ``grace_s`` (50 ms) first, and looks again as it ends: the
+driver's watch cancels the job when it sees the new epoch, and a task that ends before its
+cancellation arrives counts as a failed task rather than a killed one (harmless, but a crash
+line in the executor's log); and a coordinator's standby that answered before it had seen
+the change says the old epoch again. When a host is lost the driver cancels before it
+reports the host, so the grace is spent after the cancellation, never before it: it is
+kept short, since the next attempt's task for the moved instance waits for this core.
 
 Only with the driver's watch on (``TaskSpec.wait_for_failover`` False): without it
 nobody cancels the attempt, and a task waits for the failover itself.
@@ -43,7 +45,7 @@ class DoomedAttemptWatch:
     ``exit`` is how the process ends (``os._exit``; a test passes its own)."""
 
     def __init__(self, coordinator: Callable[[], Any], operator_id: str, epoch: int, *, what: str = "",
-                 interval_s: float = 0.1, grace_s: float = 0.2,
+                 interval_s: float = 0.1, grace_s: float = 0.05,
                  exit: Callable[[int], None] = os._exit) -> None:
         self.coordinator = coordinator
         self.operator_id = operator_id
@@ -81,7 +83,9 @@ class DoomedAttemptWatch:
 
     def _run(self) -> None:
         stale_since: Optional[float] = None
-        while not self._stop.wait(self.interval_s):
+        wait = self.interval_s
+        while not self._stop.wait(wait):
+            wait = self.interval_s
             e = self._epoch()
             if e is None or e <= self.epoch:
                 stale_since = None
@@ -89,7 +93,9 @@ class DoomedAttemptWatch:
             now = time.monotonic()
             if stale_since is None:
                 stale_since = now
-            if now - stale_since < self.grace_s:
+            left = self.grace_s - (now - stale_since)
+            if left > 0:
+                wait = left  # looks again as the grace ends, not a whole interval later
                 continue
             with self._lock:
                 if self._stop.is_set():

@@ -83,6 +83,7 @@ class BatchWatch:
         self.interval_s = interval_s
         self.epoch_interval_s = epoch_interval_s
         self.cancelled_at: Optional[float] = None
+        self.exited_at: Optional[float] = None
         self.new_epoch: Optional[int] = None
         self.reported: list[dict] = []  # {"host", "worker", "at", "declared_dead"}
         self.errors: list[str] = []
@@ -99,12 +100,14 @@ class BatchWatch:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self.exited_at = time.time()  # the attempt's job returned or failed
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
 
     def summary(self) -> dict:
-        return {"reported": list(self.reported), "cancelled_at": self.cancelled_at, "new_epoch": self.new_epoch,
+        return {"reported": list(self.reported), "cancelled_at": self.cancelled_at, "exited_at": self.exited_at,
+                "new_epoch": self.new_epoch,
                 "errors": self.errors[-3:]}
 
     # ---- the loop -------------------------------------------------------------------------
@@ -154,7 +157,9 @@ class BatchWatch:
                 log.warning("rhino.spark %s: Spark lost every executor of %s; reporting Rhino worker %s",
                             self.operator_id, host, wid)
                 p = self.coordinator.report_unreachable(self.operator_id, int(anchor), wid)
-                self.reported.append({"host": host, "worker": wid, "at": t, "epoch_after": p.get("epoch")})
+                # answered: the coordinator's failover is done (the next attempt waits for it)
+                self.reported.append({"host": host, "worker": wid, "at": t, "answered": time.time(),
+                                      "epoch_after": p.get("epoch")})
                 self._check_epoch(p)
 
     def _check_epoch(self, placement: dict) -> None:
