@@ -435,7 +435,8 @@ class TransformWithState:
         # A batch that runs again (a failover moved a primary: a new epoch, same routing table)
         # reuses the first attempt's shuffle: the same RDD object keeps its ShuffleDependency, so
         # Spark's DAG scheduler skips the map stage whose outputs it still has and recomputes only
-        # those lost with a dead executor. Only the stateful stage runs again, pinned anew.
+        # those lost with a dead executor (with input_copies, none: the shuffled partitions are
+        # cached twice, see _cache_input). Only the stateful stage runs again, pinned anew.
         # Partition p of the shuffle is instance instances[p]: instance numbers are not
         # 0..P-1 once a rescale retired some (a retired number is never reused).
         instances = instance_order(placement)
@@ -460,8 +461,8 @@ class TransformWithState:
                           assignment=list(placement["assignment"]), tokens=token_of)
             # Each partition sorted by key (Spark's external sort, which spills), as Spark's own
             # operator sorts: the task then streams it a window of whole keys at a time.
-            tagged = self._cache_input(df.mapInArrow(tag, tagged_schema))
-            routed = tagged.repartition(nparts, PART_COLUMN).sortWithinPartitions(*sort)
+            tagged = df.mapInArrow(tag, tagged_schema)
+            routed = self._cache_input(tagged.repartition(nparts, PART_COLUMN).sortWithinPartitions(*sort))
             # Spark's own RDD of InternalRows (the shuffle's output, no Python round trip)
             shuffled.clear()
             shuffled[route_key] = (routed._jdf.queryExecution().toRdd(), routed._jdf.schema())
@@ -506,21 +507,24 @@ class TransformWithState:
                 sc.removeJobTag(watch.tag)
         return data, take(spec.meta, b, attempt)
 
-    def _cache_input(self, tagged: Any) -> Any:
-        """With ``input_copies`` > 1, the batch's tagged input cached on the executors with that
-        many copies on distinct executors (Spark's block replication, memory then disk).
+    def _cache_input(self, routed: Any) -> Any:
+        """With ``input_copies`` > 1, the batch's routed input (after the shuffle, sorted) cached
+        on the executors with that many copies on distinct executors (Spark's block
+        replication, memory then disk).
 
         The shuffle's map output lives only on the executor that wrote it. When a host is lost
         mid-batch with a map task's output, Spark runs that map task again before any rerun
         task can start, reading and routing its source split again (1.7-2.3 s of the 2.5-2.9 s
-        rerun launch in bench/results/spark_recovery.md, one-partition source). With a second
-        copy on another host, the map task reads that copy instead and only writes its shuffle
-        output again."""
+        rerun launch in bench/results/spark_recovery.md, one-partition source). Cached after
+        the shuffle, each instance's partition is stored, with its copy sent to another
+        executor, when its task of the first attempt begins (Spark unrolls a cached partition
+        before the task reads it): a rerun task reads the surviving copy, and the DAG
+        scheduler, which finds every partition cached, runs no map stage at all."""
         if self.input_copies <= 1:
-            return tagged
+            return routed
         from pyspark import StorageLevel
 
-        cached = tagged.persist(StorageLevel(True, True, False, False, self.input_copies))
+        cached = routed.persist(StorageLevel(True, True, False, False, self.input_copies))
         self._cached_inputs.append(cached)
         return cached
 
@@ -711,12 +715,13 @@ def transform_with_state(processor: Any, *, key: str | Sequence[str], output_sch
       Spark's driver lost to the coordinator (failover in a fraction of a second instead of
       the heartbeat timeout), and cancel an attempt that can no longer commit
       (``scheduling/host_loss.py``).
-    - ``input_copies`` (default 1): with 2 (or 3), each batch's input, read and routed, is
-      cached on the executors with that many copies on distinct executors (memory, then
-      disk), and dropped when the batch ends. A host lost mid-batch then does not take the
-      batch's only input with it: the rerun reads the other copy instead of reading the
-      source again. It costs a copy of each batch's input in the executors' storage memory
-      (or disk), sent to another executor while the batch runs.
+    - ``input_copies`` (default 1): with 2 (or 3), each batch's input, read, routed and
+      shuffled, is cached on the executors with that many copies on distinct executors
+      (memory, then disk), and dropped when the batch ends. A host lost mid-batch then does
+      not take the batch's only input with it: the rerun reads the other copy, with no map
+      stage to run again and no source to read again. It costs a copy of each batch's
+      input in the executors' storage memory (or disk), sent to another executor while the
+      batch runs.
 
     Use: ``query = stream.writeStream.foreachBatch(op.for_each_batch(sink)).start()``, or
     ``out = op.transform(df, batch_id)`` inside any ``foreachBatch`` function (the output
