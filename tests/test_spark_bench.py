@@ -122,3 +122,19 @@ def test_summaries_from_records():
          "locality": 1.0, "critical_task_breakdown_s": {"commit_s": 0.2}},
         {"record": "throughput", "config": "spark-rocksdb", "events_per_s": 50.0, "latency_median_s": 2.0}])
     assert t["r2_vs_spark"] == 1.9 and t["r2_cost_target_met"] and t["r2_minus_r0_critical_task_s"]["commit_s"] == 0.1
+
+
+def test_the_rerun_timeline_from_a_record():
+    rec = {"system": "rhino", "spark_executor_removed_s": 0.3, "attempt_cancelled_s": 0.4,
+           "watch": [{"reported": [{"at": 0.41, "answered": 0.6}], "exited_at": 0.65}],
+           "job_attempt_start_s": 0.7, "rerun_job_setup_s": 0.05, "rerun_task_start_s": 0.95,
+           "stages_after_kill": [
+               {"stage": "9.0", "status": "FAILED", "submitted_s": -3.0, "stateful": True},
+               {"stage": "10.0", "status": "COMPLETE", "submitted_s": 0.8, "tasks": 3, "stateful": True},
+               {"stage": "11.0", "status": "COMPLETE", "submitted_s": 5.0, "tasks": 1, "stateful": False}]}
+    steps = recovery._rerun_steps(rec)
+    assert [t for _, t in steps] == [0.3, 0.4, 0.6, 0.65, 0.7, 0.75, 0.8, 0.95]
+    assert "stateful stage" in steps[6][0] and "rerun task" in steps[7][0]
+    # a record of before the watch's answer and the setup time: those steps are left out
+    old = {k: v for k, v in rec.items() if k not in ("watch", "rerun_job_setup_s")}
+    assert [t for _, t in recovery._rerun_steps(old)] == [0.3, 0.4, 0.7, 0.8, 0.95]

@@ -23,7 +23,8 @@ Per (size, system), on a fresh 3-host :class:`~rhino_bench.harness.spark_cluster
 3. The query runs on until ``--after-batches`` batches completed after the kill, then
    stops; the cluster is taken down.
 
-Fields (seconds; the kill is t=0):
+Fields (seconds; t=0 is the kill's first SIGKILL, after the harness listed the host's
+processes: ``kill_listing_s`` says how long that listing took):
 
 * ``recovery_s``: to the end of the first batch that completed after the kill (its
   ``foreachBatch`` sink returned).
@@ -59,6 +60,12 @@ Fields (seconds; the kill is t=0):
   repair, its metadata); the next attempt begins after it. ``coordinator_fence_s``: of that,
   the takeovers and re-opens. The takeover's ``restore`` also has its open's own CPU time
   and run-queue wait (``open_cpu_s``, ``open_wait_s``).
+* ``watch`` (Rhino): the driver's batch watch of each attempt the loss touched:
+  ``cancelled_at`` (it cancelled the attempt's job), its report of the lost worker to the
+  coordinator (``at``, and ``answered``: the coordinator's failover was done), ``exited_at``
+  (the attempt's Spark job returned, failed) and ``failed_at`` (the attempt was given up).
+  ``job_attempt_start_s``: the successful attempt began (after ``begin_batch``);
+  ``rerun_job_setup_s``: from there to its Spark action (the driver's own planning).
 * ``rerun_batch_s``: the recovered batch's own duration; ``steady_batch_s``: the median
   batch before the kill.
 * ``locality``: the share of Rhino tasks that ran on their primary's host in the steady
@@ -656,6 +663,29 @@ def _takeover_opens(rr: list[dict]) -> list[dict]:
     return out
 
 
+def _rerun_steps(r: dict) -> list[tuple[str, float]]:
+    """Rhino's rerun launch, step by step (seconds from the kill), from one record's fields;
+    what a record predating a field lacks is left out."""
+    steps: list[tuple[str, Optional[float]]] = [("Spark removed the executor", r.get("spark_executor_removed_s")),
+                                               ("the batch watch cancelled the attempt", r.get("attempt_cancelled_s"))]
+    for w in r.get("watch") or []:
+        for rep in w.get("reported") or []:
+            steps.append(("the coordinator's failover answered the watch's report", rep.get("answered")))
+        steps.append(("the cancelled attempt's job returned", w.get("exited_at")))
+    start = r.get("job_attempt_start_s")
+    steps.append(("the next attempt began (after begin_batch)", start))
+    if start is not None and r.get("rerun_job_setup_s") is not None:
+        steps.append(("it called its Spark action", start + r["rerun_job_setup_s"]))
+    for st in r.get("stages_after_kill") or []:
+        if (st.get("submitted_s") or -1) >= 0 and st.get("status") == "COMPLETE":
+            kind = "stateful stage" if st.get("stateful") else f"stage {st['stage']} ({st.get('tasks')} task(s))"
+            steps.append((f"the {kind} was submitted", st["submitted_s"]))
+            if st.get("stateful"):
+                break
+    steps.append(("the lost instance's rerun task launched", r.get("rerun_task_start_s")))
+    return [(what, t) for what, t in steps if t is not None]
+
+
 def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     if a is None or not b:
         return None
@@ -791,6 +821,11 @@ def report(records: list[dict], path: str, *, command: str, setup: dict) -> None
               f"CPU {1000 * o['open_cpu_s']:.0f} ms and run-queue wait {1000 * o['open_wait_s']:.0f} ms"
               + (f"; the coordinator's whole failover {o['failover_s']:.3f} s" if o.get("failover_s") else "")
               for o in opens]
+    timelines = [(r, _rerun_steps(r)) for r in rr if r.get("system") == "rhino"]
+    if any(steps for _, steps in timelines):
+        L += ["", "Rhino's rerun launch, step by step (seconds from the kill):", ""]
+        L += [f"- {r['size_bytes'] / 2**30:g} GiB, trial {r.get('trial', 0) + 1}: "
+              + "; ".join(f"{t:.2f} {what}" for what, t in steps) for r, steps in timelines if steps]
     L += ["", "Definitions: see the docstring of `bench/rhino_bench/spark/recovery.py` and the "
           "`Spark recovery` section of `bench/README.md`.", ""]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
