@@ -131,3 +131,31 @@ def test_the_process_ends_while_its_main_thread_is_blocked(tmp_path):
     assert time.monotonic() - t0 < 30
     assert "not ended" not in p.stdout
     assert "the task of instance 2 is doomed (the operator moved to epoch 7" in p.stderr
+
+
+def test_the_primarys_epoch_ends_the_process_before_the_coordinator_publishes_it():
+    # the failover has re-opened the instance on its primary at epoch 4 (the fence); the
+    # coordinator still says 3 (the takeover is under way)
+    coord = Placements(3)
+    exits: list[int] = []
+    w = DoomedAttemptWatch(lambda: coord, "op", 3, local_epoch=lambda: 4, exit=exits.append,
+                           interval_s=0.01, grace_s=0.0)
+    with w:
+        assert _wait(lambda: exits)
+    assert exits == [1] and coord.calls == 0
+
+
+def test_the_coordinator_is_asked_every_other_look_when_the_primary_has_no_news():
+    local = {"calls": 0}
+
+    def unreachable() -> int:
+        local["calls"] += 1
+        raise RhinoIOError("connection refused")
+
+    coord = Placements(3, 3, 3, 3, 5)
+    exits: list[int] = []
+    w = DoomedAttemptWatch(lambda: coord, "op", 3, local_epoch=unreachable, exit=exits.append,
+                           interval_s=0.01, grace_s=0.0)
+    with w:
+        assert _wait(lambda: exits)
+    assert coord.calls == 5 and local["calls"] == 10  # the coordinator's 5th answer: epoch 5

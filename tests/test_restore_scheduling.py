@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -64,3 +65,32 @@ def test_a_background_restore_keeps_the_callers_policy(tmp_path, store):
     seen, after, _ = _restore_under_batch(store, tmp_path / "background", critical=False)
     assert seen == {os.SCHED_BATCH}
     assert after == os.SCHED_BATCH
+
+
+def _may_lower_nice() -> bool:
+    """Whether this process may lower a thread's nice value (root, CAP_SYS_NICE, RLIMIT_NICE)."""
+    tid = threading.get_native_id()
+    now = os.getpriority(os.PRIO_PROCESS, tid)
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, now - 1)
+    except PermissionError:
+        return False
+    os.setpriority(os.PRIO_PROCESS, tid, now)
+    return True
+
+
+def test_a_latency_critical_restore_runs_at_a_lower_nice_value_where_allowed(tmp_path, store):
+    _checkpointed(tmp_path, store)
+    tid = threading.get_native_id()
+    before = os.getpriority(os.PRIO_PROCESS, tid)
+    seen: set[int] = set()
+    for critical in (True, False):
+        seen.clear()
+        db = store.restore(OP, 0, 1, str(tmp_path / f"nice-{critical}"), sync=False, latency_critical=critical,
+                           progress=lambda *_: seen.add(os.getpriority(os.PRIO_PROCESS, tid)))
+        db.close()
+        assert os.getpriority(os.PRIO_PROCESS, tid) == before  # given back
+        if critical and _may_lower_nice():
+            assert seen == {max(-20, before - 10)}
+        else:  # a background restore, or no privilege: the thread's own nice value
+            assert seen == {before}

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from rhino.errors import RhinoIOError
+from rhino.errors import RhinoError, RhinoIOError
 
 pyspark = pytest.importorskip("pyspark")
 import pandas as pd  # noqa: E402
@@ -139,6 +139,74 @@ def test_coordinator_errors_are_kept_not_raised():
     w, cancels = _watch(coord, [{"10.0.0.1"}], {"10.0.0.1"})
     _run(w)
     assert not cancels and w.errors and "RhinoIOError" in w.errors[0]
+
+
+def test_the_watch_settles_once_the_lost_host_is_reported_and_answered():
+    """``settled``: cancelled, and the coordinator answered the report (its failover is done)."""
+    answered = threading.Event()
+
+    class Slow(FakeCoordinator):
+        def report_unreachable(self, op, instance, worker):
+            time.sleep(0.2)  # the coordinator's failover
+            out = super().report_unreachable(op, instance, worker)
+            answered.set()
+            return out
+
+    coord = Slow(dead={"wb"})
+    known = {"10.0.0.1", "10.0.0.2", "10.0.0.3"}
+    w, cancels = _watch(coord, [{"10.0.0.1", "10.0.0.3"}], known)
+    with w:
+        assert _wait_for(lambda: cancels)
+        assert not w.settled.is_set()  # cancelled, but the failover is still under way
+        assert w.settled.wait(2.0) and answered.is_set()
+
+
+def test_a_new_epoch_seen_alone_settles_and_a_failed_report_does_not():
+    coord = FakeCoordinator(epoch=5)
+    w, _ = _watch(coord, [None], {"10.0.0.1"})
+    with w:
+        assert w.settled.wait(2.0)
+
+    class Failing(FakeCoordinator):
+        def report_unreachable(self, op, instance, worker):
+            raise RhinoIOError("coordinator unreachable")
+
+    known = {"10.0.0.1", "10.0.0.2", "10.0.0.3"}
+    w, cancels = _watch(Failing(dead={"wb"}), [{"10.0.0.1", "10.0.0.3"}], known)
+    _run(w)
+    # cancelled all the same, but the driver waits for the job: nobody said the failover is done
+    assert cancels and not w.settled.is_set() and w.errors
+
+
+def test_an_action_is_abandoned_once_the_watch_settles():
+    from rhino.spark.operator import TransformWithState
+
+    class Watch:
+        def __init__(self) -> None:
+            self.settled = threading.Event()
+
+    op = TransformWithState.__new__(TransformWithState)
+    op.operator_id = "op"
+    assert op._act(lambda: 42, None) == 42 and op._act(lambda: 43, Watch()) == 43
+    with pytest.raises(ValueError, match="bad"):  # the action's own error comes back as itself
+        op._act(lambda: (_ for _ in ()).throw(ValueError("bad")), Watch())
+    release = threading.Event()
+    w = Watch()
+    threading.Timer(0.1, w.settled.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(RhinoError, match="not waiting for its Spark job"):
+        op._act(lambda: release.wait(10), w)  # a cancelled job whose error is slow to come back
+    assert time.monotonic() - t0 < 2.0
+    release.set()
+
+
+def _wait_for(pred, timeout: float = 2.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.005)
+    return False
 
 
 # ------------------------------------------------------------------ on a real cluster

@@ -5,6 +5,7 @@ dropped when the worker behind it is found unreachable."""
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any, Optional
 
 from ..client.client import Client, connect
@@ -14,7 +15,10 @@ __all__ = ["WorkerClients", "primary_address"]
 
 
 class WorkerClients:
-    """A client cache: one open :class:`~rhino.client.Client` per worker address."""
+    """A client cache: one open :class:`~rhino.client.Client` per worker address. Thread-safe
+    (a task's doomed-attempt watch asks its primary for the instance's epoch while the task
+    works): two threads never each connect one, which would leave a session on a client the
+    cache no longer holds."""
 
     def __init__(self, *, secret: Any, client_id: str, request_timeout: float = 120.0, tls: Any = None) -> None:
         self._secret = secret
@@ -22,20 +26,23 @@ class WorkerClients:
         self.client_id = client_id
         self.request_timeout = request_timeout
         self._clients: dict[str, Client] = {}
+        self._lock = threading.Lock()
 
     def get(self, address: str) -> Client:
         """The open client of ``address`` (a Unix socket path or ``host:port``), connected
         on first use or again after its connection closed."""
-        c = self._clients.get(address)
-        if c is None or not c.is_open:
-            c = connect(address, secret=self._secret, client_id=self.client_id,
-                        request_timeout=self.request_timeout, tls=self._tls)
-            self._clients[address] = c
-        return c
+        with self._lock:
+            c = self._clients.get(address)
+            if c is None or not c.is_open:
+                c = connect(address, secret=self._secret, client_id=self.client_id,
+                            request_timeout=self.request_timeout, tls=self._tls)
+                self._clients[address] = c
+            return c
 
     def drop(self, address: Optional[str]) -> None:
         """Closes and forgets the client of ``address`` (its worker was found unreachable)."""
-        c = self._clients.pop(address, None) if address else None
+        with self._lock:
+            c = self._clients.pop(address, None) if address else None
         if c is not None:
             try:
                 c.close()

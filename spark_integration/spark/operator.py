@@ -62,7 +62,7 @@ import pyarrow as pa
 
 from rhino.engine import (BUSY_FIELDS, Action, Attempt, AttemptResult, BatchDriver, RerunBatch, classify,
                           classify_failure)
-from rhino.errors import InvalidArgumentError
+from rhino.errors import InvalidArgumentError, RhinoError
 from rhino.tls.config import TLS, for_host
 
 from .errors import InputLostError
@@ -501,11 +501,46 @@ class TransformWithState:
                 # Materialized once, on the executors (memory, spilling to disk): the job that
                 # runs the stateful tasks. The DataFrame's lineage ends here, so nothing the
                 # sink does can run them again.
-                data = result.localCheckpoint(eager=True)
+                data = self._act(lambda: result.localCheckpoint(eager=True), watch)
         finally:
             if watch is not None:
                 sc.removeJobTag(watch.tag)
         return data, take(spec.meta, b, attempt)
+
+    def _act(self, action: Callable[[], Any], watch: Optional[Any]) -> Any:
+        """Runs the attempt's Spark action and returns its result.
+
+        With a batch watch, the action runs in a thread that inherits this one's Spark local
+        properties (the job tag the watch cancels by, the streaming query's properties), and
+        this thread stops waiting for it once the watch is ``settled``: the attempt is
+        cancelled and the coordinator has failed the lost host over. The cancelled job's error
+        would still have to come back: PySpark converts it with a py4j round trip per
+        exception class it checks, each a context switch to the driver's JVM and back, which
+        took 0.5 s on a loaded 2-core host (the recovery bench's ``watch`` timeline, 2026-11-27).
+        The abandoned thread ends when the job's error arrives; nothing reads its result."""
+        if watch is None:
+            return action()
+        from pyspark.util import InheritableThread
+
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                box["value"] = action()
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+                box["error"] = e
+            finally:
+                done.set()
+
+        InheritableThread(run, name=f"rhino-action-{self.operator_id}", daemon=True).start()
+        while not done.wait(0.01):
+            if watch.settled.is_set():
+                raise RhinoError(f"operator {self.operator_id}: the attempt was cancelled (a lost host, a new "
+                                 "epoch) and the coordinator has acted: not waiting for its Spark job to unwind")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
 
     def _cache_input(self, routed: Any) -> Any:
         """With ``input_copies`` > 1, the batch's routed input (after the shuffle, sorted) cached

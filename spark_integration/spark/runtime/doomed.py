@@ -11,8 +11,9 @@ next attempt's task for the instance that moved there, the one that ends the rec
 waits for it: up to 2.2 s, 1.2 s on average, measured as up to 0.9 s of a recovery of
 about 4 s (bench/results/spark_recovery.4G-2trials.md).
 
-So each task watches the operator's epoch itself (one small ``placement`` call to the
-coordinator every ``interval_s``) and, when it has moved past the task's, ends its own
+So each task watches the operator's epoch itself (its instance's epoch on the primary
+every 50 ms, the coordinator's ``placement`` every 0.1 s) and, when it has moved past the
+task's, ends its own
 process, as Spark's monitor would have, but at once. The worker's connections close
 with it, so the instance's primary aborts the task's session (protocol §7.2) and the next
 attempt can open one. It waits ``grace_s`` (50 ms) first, and looks again as it ends: the
@@ -39,15 +40,26 @@ __all__ = ["DoomedAttemptWatch"]
 
 
 class DoomedAttemptWatch:
-    """Ends this process once ``coordinator().placement(operator_id)["epoch"]`` has stayed
-    above ``epoch`` for ``grace_s``, unless :meth:`stop` returned first. A coordinator that
-    cannot be reached ends nothing (the commit protocol alone keeps batches exactly-once).
-    ``exit`` is how the process ends (``os._exit``; a test passes its own)."""
+    """Ends this process once the operator's epoch has stayed above ``epoch`` for ``grace_s``,
+    unless :meth:`stop` returned first. The epoch is the instance's on its primary
+    (``local_epoch()``: the worker the task's session is on, every ``interval_s``), or the
+    coordinator's (``coordinator().placement(operator_id)["epoch"]``, every
+    ``coordinator_every`` looks, or every look without ``local_epoch``). The primary's comes
+    first: the coordinator's failover re-opens the instance there at the new epoch (the
+    fence), and only publishes the epoch once every takeover is done; meanwhile this task's
+    CPU is what the takeover's open on the same host waits for. A session fenced at its
+    primary can no longer commit, so either is final. What cannot be reached ends nothing
+    (the commit protocol alone keeps batches exactly-once). ``exit`` is how the process
+    ends (``os._exit``; a test passes its own)."""
 
     def __init__(self, coordinator: Callable[[], Any], operator_id: str, epoch: int, *, what: str = "",
-                 interval_s: float = 0.1, grace_s: float = 0.05,
+                 local_epoch: Optional[Callable[[], Optional[int]]] = None, interval_s: float = 0.05,
+                 coordinator_every: int = 2, grace_s: float = 0.05,
                  exit: Callable[[int], None] = os._exit) -> None:
         self.coordinator = coordinator
+        self.local_epoch = local_epoch
+        self.coordinator_every = max(1, int(coordinator_every))
+        self._looks = 0
         self.operator_id = operator_id
         self.epoch = int(epoch)
         self.what = what or f"a task of {operator_id} at epoch {epoch}"
@@ -76,6 +88,16 @@ class DoomedAttemptWatch:
         # sees the stop under the lock and returns without acting
 
     def _epoch(self) -> Optional[int]:
+        self._looks += 1
+        if self.local_epoch is not None:
+            try:
+                e = self.local_epoch()
+            except Exception:  # noqa: BLE001 - a worker restarting, a dropped connection: no news
+                e = None
+            if e is not None and int(e) > self.epoch:
+                return int(e)
+            if self._looks % self.coordinator_every:
+                return e
         try:
             return int(self.coordinator().placement(self.operator_id)["epoch"])
         except Exception:  # noqa: BLE001 - a coordinator restarting, a dropped connection: no news

@@ -45,14 +45,14 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
 
 import rhino
 from rhino.client.session import CommitResult, Session
-from rhino.engine import InstanceRun, WorkerClients, vnode_load
+from rhino.engine import InstanceRun, WorkerClients, primary_address, vnode_load
 from rhino.tls.config import for_host
 
 from ..state.encoding import decode_key
@@ -138,6 +138,21 @@ def _clients(spec: TaskSpec) -> WorkerClients:
                           request_timeout=spec.request_timeout, tls=for_host(spec.tls, this_host()))
         _CLIENTS[key] = c
     return c
+
+
+def _primary_epoch(spec: TaskSpec, instance: int, host: str) -> Optional[Callable[[], Optional[int]]]:
+    """The instance's epoch on its primary, as the placement the task runs with names it
+    (None: not hosted there), for the doomed-attempt watch; None if the placement lacks it."""
+    info = (spec.placement.get("instances") or {}).get(str(instance))
+    if not info or not info.get("address"):
+        return None
+    address, _ = primary_address(info, host)
+
+    def epoch() -> Optional[int]:
+        st = _clients(spec).get(address).status(spec.operator_id, instance)
+        return int(st["epoch"]) if st.get("hosted") and st.get("epoch") is not None else None
+
+    return epoch
 
 
 def _coordinator(spec: TaskSpec) -> Any:
@@ -263,6 +278,7 @@ def run_partition(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator
     watch: Any = contextlib.nullcontext()
     if not spec.wait_for_failover:
         watch = DoomedAttemptWatch(lambda: _coordinator(spec), spec.operator_id, spec.epoch,
+                                   local_epoch=_primary_epoch(spec, instance, host),
                                    what=f"the task of instance {instance}, batch {spec.batch} (driver attempt "
                                         f"{spec.driver_attempt}, epoch {spec.epoch})")
     with watch:

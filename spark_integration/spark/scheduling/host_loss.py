@@ -18,7 +18,10 @@ While a batch's Spark job runs, a :class:`BatchWatch` thread in the driver does 
    before it reports the host, so that Spark unwinds the job while the coordinator fails
    the instances over. Otherwise the attempt would run on: its retried task on the lost host's
    partition waits out ``spark.locality.wait`` for a host that is gone, then for the
-   failover, before the batch can run again.
+   failover, before the batch can run again. Once the attempt is cancelled and the
+   coordinator has answered every report (or the new epoch was seen), the watch is
+   ``settled``: the driver begins the next attempt without waiting for the cancelled job's
+   error to come back through py4j.
 
 The watch only reads Spark's status tracker and the coordinator's placement; the commit
 protocol alone keeps batches exactly-once, with the watch or without it.
@@ -84,6 +87,10 @@ class BatchWatch:
         self.epoch_interval_s = epoch_interval_s
         self.cancelled_at: Optional[float] = None
         self.exited_at: Optional[float] = None
+        # set once the attempt is cancelled and the coordinator has acted on it (the lost
+        # workers reported and answered, or the new epoch seen): the driver may begin the next
+        # attempt without waiting for this one's Spark job to unwind (TransformWithState._act)
+        self.settled = threading.Event()
         self.new_epoch: Optional[int] = None
         self.reported: list[dict] = []  # {"host", "worker", "at", "declared_dead"}
         self.errors: list[str] = []
@@ -160,9 +167,14 @@ class BatchWatch:
                 # answered: the coordinator's failover is done (the next attempt waits for it)
                 self.reported.append({"host": host, "worker": wid, "at": t, "answered": time.time(),
                                       "epoch_after": p.get("epoch")})
-                self._check_epoch(p)
+                self._check_epoch(p, settle=False)
+        if self.cancelled:
+            self.settled.set()  # every lost worker reported and answered
 
-    def _check_epoch(self, placement: dict) -> None:
+    def _check_epoch(self, placement: dict, settle: bool = True) -> None:
+        """Cancels the attempt once the operator's epoch has moved past its own; ``settle``:
+        the move is the coordinator's last word on it (not one of several reports of a lost
+        host, whose others are still to be sent)."""
         e = int(placement.get("epoch", self.epoch))
         if e > self.epoch:
             self.new_epoch = e
@@ -171,3 +183,5 @@ class BatchWatch:
             log.warning("rhino.spark %s: epoch %d -> %d during the batch: cancelling the attempt",
                         self.operator_id, self.epoch, e)
             self.cancel()
+            if settle:
+                self.settled.set()
