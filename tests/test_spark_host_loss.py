@@ -182,20 +182,37 @@ def test_an_action_is_abandoned_once_the_watch_settles():
     from rhino.spark.operator import TransformWithState
 
     class Watch:
+        tag = "rhino-op-7-1"
+
         def __init__(self) -> None:
             self.settled = threading.Event()
 
+    class Context:  # the job tags of the thread that runs the action
+        def __init__(self) -> None:
+            self.tags: dict[str, set] = {}
+
+        def addJobTag(self, tag: str) -> None:
+            self.tags.setdefault(threading.current_thread().name, set()).add(tag)
+
+        def removeJobTag(self, tag: str) -> None:
+            self.tags[threading.current_thread().name].discard(tag)
+
     op = TransformWithState.__new__(TransformWithState)
     op.operator_id = "op"
-    assert op._act(lambda: 42, None) == 42 and op._act(lambda: 43, Watch()) == 43
+    sc = Context()
+    seen: list = []
+    assert op._act(sc, lambda: 42, None) == 42 and not sc.tags  # no watch: no thread, no tag
+    assert op._act(sc, lambda: seen.append({k: set(v) for k, v in sc.tags.items()}) or 43, Watch()) == 43
+    # the action ran in its own thread, under the watch's tag, taken back after
+    assert seen == [{"rhino-action-op": {"rhino-op-7-1"}}] and sc.tags == {"rhino-action-op": set()}
     with pytest.raises(ValueError, match="bad"):  # the action's own error comes back as itself
-        op._act(lambda: (_ for _ in ()).throw(ValueError("bad")), Watch())
+        op._act(sc, lambda: (_ for _ in ()).throw(ValueError("bad")), Watch())
     release = threading.Event()
     w = Watch()
     threading.Timer(0.1, w.settled.set).start()
     t0 = time.monotonic()
     with pytest.raises(RhinoError, match="not waiting for its Spark job"):
-        op._act(lambda: release.wait(10), w)  # a cancelled job whose error is slow to come back
+        op._act(sc, lambda: release.wait(10), w)  # a cancelled job whose error is slow to come back
     assert time.monotonic() - t0 < 2.0
     release.set()
 

@@ -485,34 +485,36 @@ class TransformWithState:
 
         out_schema = from_arrow_schema(output_arrow_schema(self.output_schema))
         result = routed.mapInArrow(partial(run_partition, spec), out_schema)
-        # The job tag is a property of this thread's jobs (Spark's streaming thread, when called
-        # from foreachBatch): the watch cancels by it, and it goes before the next batch.
+        # The job tag the watch cancels by is a property of a thread's jobs: of the action's
+        # own thread (_act), or of this one (Spark's streaming thread, when called from
+        # foreachBatch) for the sink's jobs, taken back before the next batch.
         sc = spark.sparkContext
+        self._action_at = time.time()
+        if sink is None:
+            # Materialized once, on the executors (memory, spilling to disk): the job that
+            # runs the stateful tasks. The DataFrame's lineage ends here, so nothing the
+            # sink does can run them again.
+            return self._act(sc, lambda: result.localCheckpoint(eager=True), watch), take(spec.meta, b, attempt)
+        # the sink's own jobs, in this thread (the user's code), tagged for the watch
         if watch is not None:
             sc.addJobTag(watch.tag)
-        self._action_at = time.time()
         try:
-            if sink is not None:
-                sink(result, b)
-                if seen(spec.meta, b, attempt) != set(instances):
-                    result.write.format("noop").mode("overwrite").save()
-                data = None
-            else:
-                # Materialized once, on the executors (memory, spilling to disk): the job that
-                # runs the stateful tasks. The DataFrame's lineage ends here, so nothing the
-                # sink does can run them again.
-                data = self._act(lambda: result.localCheckpoint(eager=True), watch)
+            sink(result, b)
+            if seen(spec.meta, b, attempt) != set(instances):
+                result.write.format("noop").mode("overwrite").save()
         finally:
             if watch is not None:
                 sc.removeJobTag(watch.tag)
-        return data, take(spec.meta, b, attempt)
+        return None, take(spec.meta, b, attempt)
 
-    def _act(self, action: Callable[[], Any], watch: Optional[Any]) -> Any:
+    def _act(self, sc: Any, action: Callable[[], Any], watch: Optional[Any]) -> Any:
         """Runs the attempt's Spark action and returns its result.
 
         With a batch watch, the action runs in a thread that inherits this one's Spark local
-        properties (the job tag the watch cancels by, the streaming query's properties), and
-        this thread stops waiting for it once the watch is ``settled``: the attempt is
+        properties (the streaming query's), adds the job tag the watch cancels by (the tag is
+        a property of the thread's jobs: this thread has nothing to take back, no py4j call
+        to make, when it gives up), and this thread stops waiting for it once the watch is
+        ``settled``: the attempt is
         cancelled and the coordinator has failed the lost host over. The cancelled job's error
         would still have to come back: PySpark converts it with a py4j round trip per
         exception class it checks, each a context switch to the driver's JVM and back, which
@@ -522,12 +524,17 @@ class TransformWithState:
             return action()
         from pyspark.util import InheritableThread
 
+
         box: dict[str, Any] = {}
         done = threading.Event()
 
         def run() -> None:
             try:
-                box["value"] = action()
+                sc.addJobTag(watch.tag)
+                try:
+                    box["value"] = action()
+                finally:
+                    sc.removeJobTag(watch.tag)
             except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
                 box["error"] = e
             finally:

@@ -70,6 +70,10 @@ __all__ = ["TaskSpec", "run_partition", "output_arrow_schema"]
 # Per Python worker process: Spark reuses the process across tasks, and its clients with it.
 _CLIENTS: dict[tuple, WorkerClients] = {}  # by the cluster's secret and TLS files
 _COORDS: dict[tuple, Any] = {}  # by the coordinator's address and TLS files
+# the doomed-attempt watch's own connections (a short timeout: a worker's instance requests
+# run one at a time, and a look at the epoch must not wait behind a bulk copy)
+_WATCH_CLIENTS: dict[tuple, WorkerClients] = {}
+WATCH_REQUEST_TIMEOUT_S = 1.0
 
 
 @dataclass
@@ -147,9 +151,15 @@ def _primary_epoch(spec: TaskSpec, instance: int, host: str) -> Optional[Callabl
     if not info or not info.get("address"):
         return None
     address, _ = primary_address(info, host)
+    key = (spec.secret, _tls_key(spec))
 
     def epoch() -> Optional[int]:
-        st = _clients(spec).get(address).status(spec.operator_id, instance)
+        clients = _WATCH_CLIENTS.get(key)
+        if clients is None:
+            clients = _WATCH_CLIENTS[key] = WorkerClients(
+                secret=spec.secret, client_id=f"spark-task-watch-{os.getpid()}",
+                request_timeout=WATCH_REQUEST_TIMEOUT_S, tls=for_host(spec.tls, this_host()))
+        st = clients.get(address).status(spec.operator_id, instance)
         return int(st["epoch"]) if st.get("hosted") and st.get("epoch") is not None else None
 
     return epoch

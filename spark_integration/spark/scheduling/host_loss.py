@@ -74,7 +74,7 @@ class BatchWatch:
 
     def __init__(self, *, operator_id: str, epoch: int, placement: dict, coordinator: Any,
                  hosts: Callable[[], Optional[set[str]]], cancel: Callable[[], None], known_hosts: set[str],
-                 tag: str = "", interval_s: float = 0.1, epoch_interval_s: float = 0.1) -> None:
+                 tag: str = "", interval_s: float = 0.05, epoch_interval_s: float = 0.1) -> None:
         self.operator_id = operator_id
         self.tag = tag  # the Spark job tag of the attempt (what ``cancel`` cancels)
         self.epoch = int(epoch)
