@@ -522,8 +522,11 @@ class TransformWithState:
         The abandoned thread ends when the job's error arrives; nothing reads its result."""
         if watch is None:
             return action()
+        from pyspark import SparkContext
         from pyspark.util import InheritableThread
 
+        # InheritableThread copies the active context's properties (none without one: a test)
+        thread = InheritableThread if SparkContext._active_spark_context is not None else threading.Thread
 
         box: dict[str, Any] = {}
         done = threading.Event()
@@ -540,7 +543,7 @@ class TransformWithState:
             finally:
                 done.set()
 
-        InheritableThread(run, name=f"rhino-action-{self.operator_id}", daemon=True).start()
+        thread(target=run, name=f"rhino-action-{self.operator_id}", daemon=True).start()
         while not done.wait(0.01):
             if watch.settled.is_set():
                 raise RhinoError(f"operator {self.operator_id}: the attempt was cancelled (a lost host, a new "
