@@ -194,11 +194,17 @@ class Client:
         """What the worker hosts: one dict per instance (epoch, version, vnodes, chain, ...)."""
         return self._call("list", "", 0, 0, {})["instances"]
 
-    def status(self, operator_id: str, instance: int, *, checkpoint: Optional[int] = None) -> dict:
-        """One instance as this worker sees it: its checkpoints here, and if it is
-        hosted here its epoch, version and, for ``checkpoint``, that checkpoint's
-        replication ("complete", "pending", "failed" or "unknown")."""
-        return self._call("status", operator_id, instance, 0, {"checkpoint": checkpoint})
+    def status(self, operator_id: str, instance: int, *, checkpoint: Optional[int] = None,
+               wait: bool = True) -> dict:
+        """One instance as this worker sees it: its checkpoints here, ``fence_epoch``
+        (the highest epoch seen for it here), and if it is hosted here its epoch,
+        version and, for ``checkpoint``, that checkpoint's replication ("complete",
+        "pending", "failed" or "unknown"). With ``wait`` False it never waits for
+        the instance: while a commit holds it, the answer has ``busy`` True and no
+        hosted fields."""
+        if not isinstance(wait, bool):
+            raise TypeError(f"wait must be a bool, got {type(wait).__name__}")
+        return self._call("status", operator_id, instance, 0, {"checkpoint": checkpoint, "wait": wait})
 
     def _call(self, action: str, operator_id: str, instance: int, epoch: int, args: dict) -> dict:
         _check_uint("instance", instance)

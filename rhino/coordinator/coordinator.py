@@ -230,13 +230,17 @@ class Coordinator:
             with self.meta.tx() as c:
                 self.meta.mark_worker_dead(c, worker_id)
                 self.meta.event(c, "worker_dead", worker=worker_id, reason=reason)
+            dead_tx_s = time.monotonic() - t0
             self._seen.pop(worker_id, None)
             self.workers.drop_client(worker_id)
             self.log("worker_dead", worker=worker_id, reason=reason)
             out = self.rm.recover_from_loss(worker_id)
             out["recovery_s"] = time.monotonic() - t0
+            # per operator, where the time went (replication_manager.reconfigure_operator)
+            phases = {op: {k: rep[k] for k in _FAILOVER_PHASES if k in rep} for op, rep in out["operators"].items()}
             with self.meta.tx() as c:
                 self.meta.event(c, "failover_done", worker=worker_id, recovery_s=round(out["recovery_s"], 4),
+                                dead_tx_s=round(dead_tx_s, 4), phases=phases,
                                 operators=sorted(out["operators"]), errors=out.get("errors", {}))
             return out
 
@@ -742,4 +746,6 @@ _METHODS = frozenset({"register", "heartbeat", "create_operator", "placement", "
                       "report_unreachable", "handover", "rescale", "rebalance", "cancel_plan", "status",
                       "declare_dead", "decommission", "state_schema", "set_state_schema", "autoscale"})
 
+# a failover's phases, per operator, in its failover_done event (seconds)
+_FAILOVER_PHASES = ("decide_s", "plan_tx_s", "fence_s", "copy_s", "commit_tx_s", "asked")
 _AUTOSCALE_KEY = "autoscale:"  # + operator id: the metadata's entry of its autoscaling (JSON)

@@ -40,6 +40,7 @@ class ReplicationManager:
     the coordinator's lock around each call."""
 
     def __init__(self, meta: Metadata, workers: WorkerGateway, log: Callable[..., None]) -> None:
+        self._asked: list[dict] = []  # the last decision's questions to chain members (their figures)
         self.meta = meta
         self.workers = workers
         self.log = log
@@ -184,6 +185,8 @@ class ReplicationManager:
         a chain member, which holds the last complete checkpoint (the primary's
         live state at a barrier), and the chains they are in are repaired from
         the primaries. Their instances are closed afterwards (``drain``)."""
+        t0 = time.monotonic()
+        self._asked: list[dict] = []
         op = self.meta.require_operator(operator_id)
         alive = self.workers.alive_ids() - set(leaving)
         workers = self.workers.workers_info()
@@ -223,10 +226,17 @@ class ReplicationManager:
             changed = step["chain"] != r.chain or step["primary"] != r.primary_worker
             step["chain_version"] = r.chain_version + (1 if changed else 0)
         doc = {"epoch": epoch, "reason": reason, "steps": plan, "leaving": sorted(leaving)}
+        t1 = time.monotonic()
         with self.meta.tx() as c:
             self.meta.set_pending_reconfiguration(c, operator_id, doc)
             self.meta.event(c, "reconfigure_planned", operator=operator_id, epoch=epoch, reason=reason)
-        return self.carry_out(operator_id, doc)
+        t2 = time.monotonic()
+        report = self.carry_out(operator_id, doc)
+        # where a failover's time goes: the decision (the chain members asked which
+        # checkpoints they hold), the durable plan, then carry_out's own phases
+        report["decide_s"], report["plan_tx_s"] = round(t1 - t0, 4), round(t2 - t1, 4)
+        report["asked"] = self._asked
+        return report
 
     def _failover_target(self, r: InstanceRow, alive: set[str]) -> Optional[str]:
         """The first live chain member holding the last complete checkpoint."""
@@ -236,7 +246,12 @@ class ReplicationManager:
             if r.last_complete is None:
                 return wid
             try:
-                ids = self.workers.client(wid).status(r.operator_id, r.instance)["checkpoints"]
+                t = time.monotonic()
+                st = self.workers.client(wid).status(r.operator_id, r.instance)
+                ids = st["checkpoints"]
+                # a failover's decision waits for these answers (replication_manager's report)
+                self._asked.append({"worker": wid, "instance": r.instance, "request_s": round(time.monotonic() - t, 4),
+                                    "queued_s": st.get("queued_s")})
             except RhinoError:
                 continue
             if r.last_complete in ids:
@@ -281,6 +296,7 @@ class ReplicationManager:
                 chain_version=r.chain_version, checkpoint=r.last_complete, timeout=self.workers.copy_timeout)
             report["copies"][str(r.instance)] = {"to": s["added"], "bytes": res["bytes_sent"], "seconds": res["seconds"]}
         report["copy_s"] = time.monotonic() - t1
+        t2 = time.monotonic()
         with self.meta.tx() as c:
             for r in new_rows:
                 self.meta.put_instance(c, r)
@@ -288,8 +304,10 @@ class ReplicationManager:
             self.meta.clear_pending_reconfiguration(c, operator_id)
             self.meta.event(c, "reconfigured", operator=operator_id, epoch=epoch, reason=doc["reason"],
                             takeovers=sorted(report["takeovers"]), copies=sorted(report["copies"]),
-                            takeover_figures=report["takeovers"], fence_s=round(report["fence_s"], 4),
+                            takeover_figures=report["takeovers"], reopen_figures=report["reopens"],
+                            fence_s=round(report["fence_s"], 4),
                             copy_s=round(report["copy_s"], 4))
+        report["commit_tx_s"] = round(time.monotonic() - t2, 4)
         self.log("reconfigured", operator=operator_id, epoch=epoch, reason=doc["reason"])
         return report
 
@@ -310,14 +328,16 @@ class ReplicationManager:
                                redo_version=r.redo_version, redo=r.redo)
             report["takeovers"][str(r.instance)] = {"worker": s["primary"], "restore_s": info.get("restore_s"),
                                                     "request_s": time.monotonic() - t,
-                                                    "sent_unix": sent, "restore": info.get("restore")}
+                                                    "sent_unix": sent, "restore": info.get("restore"),
+                                                    "queued_s": info.get("queued_s")}
         else:
             # A takeover of an instance that never completed a checkpoint starts it empty.
             vn = [v for v, i in enumerate(assignment) if i == r.instance] if s.get("takeover") else None
-            cl.open_instance(operator_id, r.instance, epoch=epoch, vnodes=vn, chain=chain_addr,
-                             chain_version=s["chain_version"], **op.partitioner_args())
+            info = cl.open_instance(operator_id, r.instance, epoch=epoch, vnodes=vn, chain=chain_addr,
+                                    chain_version=s["chain_version"], **op.partitioner_args())
             report["reopens"][str(r.instance)] = {"worker": s["primary"], "request_s": round(time.monotonic() - t, 4),
-                                                  "sent_unix": sent}
+                                                  "sent_unix": sent, "reopen": (info or {}).get("reopen"),
+                                                  "queued_s": (info or {}).get("queued_s")}
         return replace(r, primary_worker=s["primary"], chain=s["chain"], chain_version=s["chain_version"])
 
     def _drop_earlier_stints(self, operator_id: str, instance: int, added: list[str], epoch: int) -> None:

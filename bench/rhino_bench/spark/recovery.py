@@ -59,7 +59,13 @@ processes: ``kill_listing_s`` says how long that listing took):
   (``failover_done``: the takeover, the other instances re-opened at the new epoch, chain
   repair, its metadata); the next attempt begins after it. ``coordinator_fence_s``: of that,
   the takeovers and re-opens. The takeover's ``restore`` also has its open's own CPU time
-  and run-queue wait (``open_cpu_s``, ``open_wait_s``).
+  and run-queue wait (``open_cpu_s``, ``open_wait_s``); ``reopens``, per surviving instance,
+  its re-open at the new epoch (``request_s``; the worker's ``fence_s``, ``lock_wait_s``
+  for the instance, ``save_s`` of its placement). ``coordinator_failover_phases``:
+  the whole failover in parts: the worker marked dead (``dead_tx_s``, a metadata commit),
+  then this operator's decision (``decide_s``: the chain members asked which checkpoints
+  they hold), its plan made durable (``plan_tx_s``), the fence (``fence_s``), chain-repair
+  copies (``copy_s``) and the commit of the new epoch (``commit_tx_s``).
 * ``watch`` (Rhino): the driver's batch watch of each attempt the loss touched:
   ``cancelled_at`` (it cancelled the attempt's job), its report of the lost worker to the
   coordinator (``at``, and ``answered``: the coordinator's failover was done), ``exited_at``
@@ -365,16 +371,22 @@ def _rhino_breakdown(run: Any, st: dict, cl: Any, victim: Any, ui: str, app_id: 
     status = cl.coordinator_status()
     wid = victim.rhino_worker.id
     dead_since = next((w.get("dead_since") for w in status["workers"] if w["id"] == wid), None)
-    takeovers = {}
+    takeovers, reopens = {}, {}
     fence = None
     for ev in status.get("events", []):
         if ev.get("kind") == "reconfigured" and ev.get("at", 0) >= k - 1 and ev.get("takeover_figures"):
             takeovers.update(ev["takeover_figures"])
+            reopens.update(ev.get("reopen_figures") or {})
             fence = ev.get("fence_s", fence)
     # the coordinator's whole failover of the lost worker (declare_dead: takeovers, re-opens at
     # the new epoch, chain repair, its metadata); the next attempt begins after it (host_loss.py)
-    failover = next((ev.get("recovery_s") for ev in status.get("events", [])
-                     if ev.get("kind") == "failover_done" and ev.get("worker") == wid), None)
+    done = next((ev for ev in status.get("events", [])
+                 if ev.get("kind") == "failover_done" and ev.get("worker") == wid), {})
+    failover = done.get("recovery_s")
+    # its phases: the worker marked dead, then this operator's decision, durable plan, fence,
+    # copies and commit (coordinator.py's _FAILOVER_PHASES)
+    failover_phases = dict((done.get("phases") or {}).get(run.operator.operator_id) or {},
+                           dead_tx_s=done.get("dead_tx_s"))
     figs = [takeovers[str(i)] for i in lost if str(i) in takeovers] or list(takeovers.values())
     takeover_restore = max((f.get("restore_s") or 0.0) for f in figs) if figs else None
     detection = (dead_since - k) if dead_since else None
@@ -418,6 +430,7 @@ def _rhino_breakdown(run: Any, st: dict, cl: Any, victim: Any, ui: str, app_id: 
         "stages_after_kill": rest.get("stages_after_kill"),
         "takeover_restore_s": takeover_restore, "session_open_s": open_s,
         "coordinator_failover_s": failover, "coordinator_fence_s": fence,
+        "coordinator_failover_phases": failover_phases, "reopens": reopens,
         "rerun_fetch_s": task.get("fetch_s"), "rerun_task_s": task["end"] - task["start"],
         "rerun_batch_s": rep.ended - rep.started, "attempts": rep.attempts, "epoch_after": rep.epoch,
         "batch_errors": rep.errors[:4], "lost_instances": lost, "rerun_host": task.get("host"),

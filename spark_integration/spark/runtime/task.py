@@ -159,8 +159,13 @@ def _primary_epoch(spec: TaskSpec, instance: int, host: str) -> Optional[Callabl
             clients = _WATCH_CLIENTS[key] = WorkerClients(
                 secret=spec.secret, client_id=f"spark-task-watch-{os.getpid()}",
                 request_timeout=WATCH_REQUEST_TIMEOUT_S, tls=for_host(spec.tls, this_host()))
-        st = clients.get(address).status(spec.operator_id, instance)
-        return int(st["epoch"]) if st.get("hosted") and st.get("epoch") is not None else None
+        st = clients.get(address).status(spec.operator_id, instance, wait=False)
+        if not st.get("hosted"):
+            return None
+        # the fence, raised before the instance takes a new epoch, is answered even while
+        # the instance is busy in a commit (then "epoch" is left out: protocol.md §7.1)
+        e = st.get("fence_epoch", st.get("epoch"))
+        return int(e) if e is not None else None
 
     return epoch
 

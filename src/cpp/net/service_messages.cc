@@ -566,6 +566,7 @@ Status DecodeInstanceArgs(std::string_view text, MoveVnodesArgs* out) {
 Status DecodeInstanceArgs(std::string_view text, StatusArgs* out) {
   json args;
   RHINO_RETURN_IF_ERROR(ParseArgs(text, &args));
+  RHINO_RETURN_IF_ERROR(Arg(args, "wait", &out->wait, false));
   return OptionalArg(args, "checkpoint", &out->checkpoint);
 }
 

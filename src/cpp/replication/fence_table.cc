@@ -57,4 +57,9 @@ Status FenceTable::Check(const std::string& operator_id, uint32_t instance, uint
   return Status::OK();
 }
 
+uint64_t FenceTable::Highest(const std::string& operator_id, uint32_t instance) {
+  std::lock_guard<std::mutex> l(mu_);
+  return LoadLocked(operator_id, instance);
+}
+
 }  // namespace rhino

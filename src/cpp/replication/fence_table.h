@@ -33,6 +33,8 @@ class FenceTable {
   Status Observe(const std::string& operator_id, uint32_t instance, uint64_t version, bool* raised);
   // StaleChainVersion if a version above `version` has been seen.
   Status Check(const std::string& operator_id, uint32_t instance, uint64_t version);
+  // The highest version seen (0: none).
+  uint64_t Highest(const std::string& operator_id, uint32_t instance);
 
  private:
   uint64_t LoadLocked(const std::string& operator_id, uint32_t instance);  // REQUIRES: mu_ held

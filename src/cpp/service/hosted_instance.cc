@@ -523,6 +523,7 @@ void HostedInstance::Commit(uint64_t token, CommitMode mode, std::optional<int64
   };
   Status s = CheckSession(token);
   if (!s.ok()) return fail(s);
+  DelayPoint("service.commit");  // a test's slow commit, holding the instance (mu_)
   std::unique_ptr<Session> sess = std::move(session_);
   // Fenced while the session ran: nothing of it is written (design §5).
   s = check_epoch();

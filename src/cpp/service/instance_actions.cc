@@ -108,14 +108,23 @@ Status StateService::OpenInstance(const InstanceReq& req, std::string* result) {
                                   std::to_string(a.partitioner.num_vnodes) + ")");
     }
   }
+  const auto t0 = std::chrono::steady_clock::now();
   RHINO_RETURN_IF_ERROR(RaiseEpoch(op, i, req.epoch));
   if (auto inst = Find(op, i)) {
+    // A re-open at a new epoch is a failover's fence of the surviving
+    // instances: its parts are timed, as the takeover's restore is.
+    const double fence_s = SecondsSince(t0);
+    const auto t1 = std::chrono::steady_clock::now();
     std::lock_guard<std::mutex> l(inst->mu());
+    const double lock_wait_s = SecondsSince(t1);
     if (!SamePartitioner(inst->config().partitioner, a.partitioner)) {
       return Status::InvalidArgument(what + " is hosted here with another partitioner");
     }
+    const auto t2 = std::chrono::steady_clock::now();
     RHINO_RETURN_IF_ERROR(inst->SetPlacement(req.epoch, a.chain, a.chain_version));
-    return Answer(InfoJson(*inst), result);
+    json out = InfoJson(*inst);
+    out["reopen"] = {{"fence_s", fence_s}, {"lock_wait_s", lock_wait_s}, {"save_s", SecondsSince(t2)}};
+    return Answer(out, result);
   }
   InstanceConfig c;
   Status saved = HostedInstance::ReadSavedConfig(options_.state_dir, op, i, &c);
@@ -284,11 +293,21 @@ Status StateService::InstanceStatus(const InstanceReq& req, std::string* result)
   RHINO_RETURN_IF_ERROR(DecodeInstanceArgs(req.args, &a));
   std::vector<uint64_t> ids;
   RHINO_RETURN_IF_ERROR(store_->ListCheckpoints(req.operator_id, req.instance, &ids));
-  json out{{"checkpoints", ids}};
+  json out{{"checkpoints", ids}, {"fence_epoch", epochs_.Highest(req.operator_id, req.instance)}};
   auto inst = Find(req.operator_id, req.instance);
   out["hosted"] = inst != nullptr;
   if (inst) {
-    std::lock_guard<std::mutex> l(inst->mu());
+    // Without `wait`, never wait for the instance: a commit holds it for
+    // seconds, and a task polling for a new epoch has its answer in
+    // fence_epoch (the fence is raised before the instance takes the epoch).
+    std::unique_lock<std::mutex> l(inst->mu(), std::defer_lock);
+    if (a.wait) {
+      l.lock();
+    } else if (!l.try_lock()) {
+      out["busy"] = true;
+      return Answer(out, result);
+    }
+    out["busy"] = false;
     out.update(InfoJson(*inst));
     if (a.checkpoint) {
       std::string message;

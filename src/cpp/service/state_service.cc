@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include <nlohmann/json.hpp>
+
 #include "rhino/manifest.h"
 #include "rhino/state_client.h"
 #include "service/session_stream.h"
@@ -216,9 +218,18 @@ std::shared_ptr<net::StreamListener> StateService::OnUnclaimed(const std::shared
       }
       std::weak_ptr<net::Connection> weak = conn;
       const uint32_t sid = h.stream_id;
-      asio::post(admin_, [this, weak, sid, req]() {
-        if (auto c = weak.lock()) HandleInstanceReq(c, sid, req);
-      });
+      const auto queued = std::chrono::steady_clock::now();
+      auto handle = [this, weak, sid, req, queued]() {
+        if (auto c = weak.lock()) HandleInstanceReq(c, sid, req, queued);
+      };
+      // `status` only reads: it runs beside the admin strand, so a failover's
+      // question to a chain member never queues behind a long request there
+      // (a takeover, a bulk copy, or a status that waits for a commit).
+      if (static_cast<InstanceAction>(req.action) == InstanceAction::kStatus) {
+        asio::post(pool_, std::move(handle));
+      } else {
+        asio::post(admin_, std::move(handle));
+      }
       return nullptr;
     }
     case MessageType::kSessionOpenReq: {
@@ -284,12 +295,27 @@ std::shared_ptr<net::StreamListener> StateService::OpenReader(const std::shared_
 }
 
 void StateService::HandleInstanceReq(const std::shared_ptr<net::Connection>& conn, uint32_t stream_id,
-                                     const InstanceReq& req) {
+                                     const InstanceReq& req, std::chrono::steady_clock::time_point queued) {
   InstanceRsp rsp;
+  // How long the request waited for the admin strand (behind other admin
+  // requests, or for a free service thread): a failover's requests report it.
+  const double queued_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - queued).count();
   Status s = DoInstanceReq(req, &rsp.result);
   rsp.code = WireCode(s);
   rsp.message = s.message();
-  if (!s.ok()) rsp.result.clear();
+  if (!s.ok()) {
+    rsp.result.clear();
+  } else if (!rsp.result.empty() && rsp.result.front() == '{') {
+    nlohmann::json out = nlohmann::json::parse(rsp.result, nullptr, /*allow_exceptions=*/false);
+    if (out.is_object()) {
+      out["queued_s"] = queued_s;
+      rsp.result = out.dump();
+    }
+  }
+  if (queued_s > 0.5) {
+    std::fprintf(stderr, "rhino worker %s: an instance request (action %u) waited %.3f s to run\n",
+                 options_.worker_id.c_str(), static_cast<unsigned>(req.action), queued_s);
+  }
   conn->Send(MessageType::kInstanceRsp, stream_id, 0, rsp.Encode());
 }
 

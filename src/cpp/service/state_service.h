@@ -20,6 +20,7 @@
 
 #include <asio.hpp>
 
+#include <chrono>
 #include <condition_variable>
 #include <map>
 #include <thread>
@@ -81,7 +82,8 @@ class StateService {
  private:
   using Key = std::pair<std::string, uint32_t>;
 
-  void HandleInstanceReq(const std::shared_ptr<net::Connection>& conn, uint32_t stream_id, const InstanceReq& req);
+  void HandleInstanceReq(const std::shared_ptr<net::Connection>& conn, uint32_t stream_id, const InstanceReq& req,
+                         std::chrono::steady_clock::time_point queued);
   Status DoInstanceReq(const InstanceReq& req, std::string* result);
   // One handler per InstanceAction (protocol §7.1; service/instance_actions.cc):
   // each decodes its typed arguments (rhino/service_messages.h) and writes

@@ -3,7 +3,9 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <chrono>
 #include <string>
+#include <thread>
 
 namespace rhino {
 
@@ -23,6 +25,24 @@ bool FaultPoint(const char* name) {
     return std::string(v ? v : "");
   }();
   return !target.empty() && target == name;
+}
+
+void DelayPoint(const char* name) {
+  struct Target {
+    std::string name;
+    long ms = 0;
+  };
+  static const Target target = [] {
+    Target t;
+    const char* v = std::getenv("RHINO_DELAY_POINT");
+    const char* colon = v ? std::strrchr(v, ':') : nullptr;
+    if (colon != nullptr) {
+      t.name.assign(v, colon);
+      t.ms = std::strtol(colon + 1, nullptr, 10);
+    }
+    return t;
+  }();
+  if (target.ms > 0 && target.name == name) std::this_thread::sleep_for(std::chrono::milliseconds(target.ms));
 }
 
 }  // namespace rhino

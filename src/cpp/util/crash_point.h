@@ -14,4 +14,10 @@ void CrashPoint(const char* name);
 // true, every time, so that a test can drive an error path that real
 // hardware rarely takes (an fsync that fails). Same cost as CrashPoint.
 bool FaultPoint(const char* name);
+
+// Delay points: RHINO_DELAY_POINT=<name>:<ms> makes DelayPoint("<name>") sleep
+// that long, every time, so that a test can hold a lock or a state open for as
+// long as it needs (a commit that a busy disk makes slow). Same cost as
+// CrashPoint when unset.
+void DelayPoint(const char* name);
 }  // namespace rhino

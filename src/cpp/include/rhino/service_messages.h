@@ -258,6 +258,9 @@ struct MoveVnodesArgs {
 
 struct StatusArgs {
   std::optional<uint64_t> checkpoint;  // the replication state of this one
+  // Wait for a hosted instance that a commit or another request holds; false:
+  // answer `busy` at once (a task polling for a new epoch, protocol.md §7.1).
+  bool wait = true;
 };
 
 struct DiscardAfterArgs {
