@@ -87,6 +87,8 @@ static void BindStoreValues(py::module_& m) {
                     "a hard link failed across filesystems (EXDEV) and the file was copied")
       .def_readonly("from_standby", &RestoreStats::from_standby,
                     "True if the replica's standby directory was renamed into place (one rename, no links).")
+      .def_readonly("lock_wait_seconds", &RestoreStats::lock_wait_seconds,
+                    "the wait for the store's lock (a garbage collection holds it)")
       .def_readonly("build_seconds", &RestoreStats::build_seconds)
       .def_readonly("open_seconds", &RestoreStats::open_seconds)
       .def_readonly("open_cpu_seconds", &RestoreStats::open_cpu_seconds,

@@ -97,6 +97,9 @@ def test_takeover_after_sigkill(workers, tmp_path: Path) -> None:
     rs = info["restore"]
     assert ssts and rs["linked_files"] == len(ssts) and rs["files"] == len(manifest.files)
     assert rs["copied_files"] == len(manifest.files) - len(ssts)  # MANIFEST, CURRENT, OPTIONS, WAL
+    # the takeover's time, in parts that add up to no more than the whole (protocol.md §7.1)
+    parts = [rs[k] for k in ("lock_wait_s", "discard_s", "build_s", "open_s", "save_s")]
+    assert all(p >= 0 for p in parts) and sum(parts) <= info["restore_s"] and info["queued_s"] >= 0
     # ... made ahead of time: the takeover renamed B's standby directory into place.
     assert rs["from_standby"] is True and not marker.exists()
     assert not (Path(b.dir) / "standby" / OP / "0" / "db").exists()

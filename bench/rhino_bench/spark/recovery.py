@@ -146,8 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--keep", action="store_true", help="keep each run's directory (state, logs)")
     ap.add_argument("--events-per-batch", type=positive_int, default=100_000)
     ap.add_argument("--payload-bytes", type=positive_int, default=8192,
-                    help="Person and Auction payload bytes (default 8192; a hot seller's record must fit "
-                         "a Rhino frame, 4 MiB)")
+                    help="Person and Auction payload bytes (default 8192)")
     ap.add_argument("--parallelism", type=positive_int, default=3, help="Rhino instances (default 3)")
     ap.add_argument("--replicas", type=positive_int, default=2, help="Rhino's r (default 2)")
     ap.add_argument("--input-copies", type=positive_int, default=2, choices=(1, 2, 3),

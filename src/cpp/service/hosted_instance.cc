@@ -227,7 +227,7 @@ Status HostedInstance::Open(const InstanceEnv& env, InstanceConfig config, asio:
 }
 
 Status HostedInstance::Takeover(const InstanceEnv& env, InstanceConfig config, uint64_t checkpoint_id,
-                                asio::thread_pool& pool, std::shared_ptr<HostedInstance>* out, RestoreStats* stats) {
+                                asio::thread_pool& pool, std::shared_ptr<HostedInstance>* out, TakeoverStats* stats) {
   Manifest m;
   RHINO_RETURN_IF_ERROR(env.store->ReadManifest(config.operator_id, config.instance, checkpoint_id, &m));
   config.partitioner = m.partitioner;
@@ -237,12 +237,14 @@ Status HostedInstance::Takeover(const InstanceEnv& env, InstanceConfig config, u
   const std::string old_db = h->config_.db_name;
   // Checkpoints after the one taken over belong to a history that ends here.
   std::vector<uint64_t> dropped;
+  auto t0 = std::chrono::steady_clock::now();
   RHINO_RETURN_IF_ERROR(env.store->DiscardAfter(h->config_.operator_id, h->config_.instance, checkpoint_id, &dropped));
+  stats->discard_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   h->config_.db_name = "db-" + fs::RandomHex(6);
   RHINO_RETURN_IF_ERROR(fs::MakeDirs(h->Dir()));
   RHINO_RETURN_IF_ERROR(StateBackend::Restore(*env.store, h->config_.operator_id, h->config_.instance, checkpoint_id,
                                               h->DbDir(h->config_.db_name), UnsyncedRestore(), h->UnsyncedOptions(),
-                                              &h->db_, stats));
+                                              &h->db_, &stats->restore));
   SyncInBackground(env.worker_id, h->DbDir(h->config_.db_name));
   if (h->config_.redo_version && *h->config_.redo_version == checkpoint_id) {
     RHINO_RETURN_IF_ERROR(h->ApplyOps(h->config_.redo));
@@ -254,7 +256,9 @@ Status HostedInstance::Takeover(const InstanceEnv& env, InstanceConfig config, u
   // The new chain may hold checkpoints after c of the old primary's history.
   h->config_.discard_pending = !h->config_.chain.empty();
   h->config_.discard_after = checkpoint_id;
+  t0 = std::chrono::steady_clock::now();
   RHINO_RETURN_IF_ERROR(h->SaveConfig());
+  stats->save_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!old_db.empty() && old_db != h->config_.db_name) fs::RemoveAll(h->DbDir(old_db));
   h->m_.has_complete = true;
   h->m_.last_complete = checkpoint_id;

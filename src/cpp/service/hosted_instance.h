@@ -84,6 +84,14 @@ struct InstanceEnv {
   std::function<Status(const InstanceConfig&, std::optional<uint64_t> after)> discard_on_chain;
 };
 
+// Where a takeover's time goes, besides the store's restore: the `takeover`
+// answer gives each (protocol.md §7.1).
+struct TakeoverStats {
+  RestoreStats restore;
+  double discard_seconds = 0;  // dropping the store's checkpoints after the one taken over
+  double save_seconds = 0;     // making the instance's new config durable
+};
+
 class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
  public:
   using CommitReply = std::function<void(const SessionCommitRsp&)>;
@@ -114,7 +122,7 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   // applied on top of that checkpoint at the old primary: it runs again here
   // if the checkpoint taken over is that version.
   static Status Takeover(const InstanceEnv& env, InstanceConfig config, uint64_t checkpoint_id,
-                         asio::thread_pool& pool, std::shared_ptr<HostedInstance>* out, RestoreStats* stats);
+                         asio::thread_pool& pool, std::shared_ptr<HostedInstance>* out, TakeoverStats* stats);
   // When Open (or the Recover after it) fails on a restarted worker: builds
   // the instance again from the newest checkpoint of this worker's store.
   // A takeover or rollback builds its directory without syncing, so a host

@@ -52,7 +52,8 @@ json InfoJsonLocked(HostedInstance& inst) {
 }
 
 json RestoreJson(const RestoreStats& rs) {
-  return {{"files", rs.files},
+  return {{"lock_wait_s", rs.lock_wait_seconds},
+          {"files", rs.files},
           {"linked_files", rs.linked_files},
           {"copied_files", rs.copied_files},
           {"copied_bytes", rs.copied_bytes},
@@ -210,13 +211,15 @@ Status StateService::TakeoverInstance(const InstanceReq& req, std::string* resul
   }
   const auto t0 = std::chrono::steady_clock::now();
   std::shared_ptr<HostedInstance> inst;
-  RestoreStats rs;
-  RHINO_RETURN_IF_ERROR(HostedInstance::Takeover(env_, c, checkpoint, pool_, &inst, &rs));
+  TakeoverStats ts;
+  RHINO_RETURN_IF_ERROR(HostedInstance::Takeover(env_, c, checkpoint, pool_, &inst, &ts));
   const double secs = SecondsSince(t0);
   json out = InfoJsonLocked(*inst);
   out["checkpoint"] = checkpoint;
   out["restore_s"] = secs;
-  out["restore"] = RestoreJson(rs);
+  out["restore"] = RestoreJson(ts.restore);
+  out["restore"]["discard_s"] = ts.discard_seconds;
+  out["restore"]["save_s"] = ts.save_seconds;
   Host(inst);
   return Answer(out, result);
 }

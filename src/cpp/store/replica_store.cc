@@ -323,12 +323,16 @@ Status ReplicaStore::Restore(const std::string& operator_id, uint32_t instance, 
     return Status::AlreadyExists("restore target " + target_dir + " already exists; refusing to overwrite it");
   }
   std::unique_ptr<Lock> lock;
+  const auto locking = std::chrono::steady_clock::now();
   RHINO_RETURN_IF_ERROR(AcquireLock(false, &lock));  // GC must not reclaim files under us
+  const double lock_wait = Seconds(locking);
   Manifest m;
   RHINO_RETURN_IF_ERROR(ReadManifest(operator_id, instance, checkpoint_id, &m));
+  stats->lock_wait_seconds = lock_wait;
   if (options.take_standby && options.mode == PlaceMode::kLink && options.verify == VerifyLevel::kSize) {
     bool taken = false;
     RHINO_RETURN_IF_ERROR(TakeStandby(m, target_dir, stats, &taken));
+    stats->lock_wait_seconds = lock_wait;  // TakeStandby sets *stats anew
     if (taken) return Status::OK();
   }
   std::vector<std::string> sources;

@@ -94,6 +94,7 @@ struct RestoreStats {
   uint64_t total_bytes = 0;
   bool fell_back_to_copy = false;  // a link failed with EXDEV and we copied instead
   bool from_standby = false;       // the standby directory was renamed into place
+  double lock_wait_seconds = 0;     // waiting for the store's lock (held by a GC pass)
   double build_seconds = 0;         // building the directory (link/copy + fsync + rename)
   double open_seconds = 0;          // opening RocksDB on it (filled in by StateBackend)
   // Of open_seconds, on the opening thread (/proc/thread-self/schedstat): the
