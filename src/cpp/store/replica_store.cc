@@ -57,6 +57,18 @@ double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
+// A file placed by a restore, counted in its stats.
+void CountPlaced(uint64_t size, bool linked, RestoreStats* stats) {
+  ++stats->files;
+  stats->total_bytes += size;
+  if (linked) {
+    ++stats->linked_files;
+  } else {
+    ++stats->copied_files;
+    stats->copied_bytes += size;
+  }
+}
+
 }  // namespace
 
 bool IsImmutableDbFile(const std::string& name) {
@@ -325,14 +337,12 @@ Status ReplicaStore::Restore(const std::string& operator_id, uint32_t instance, 
   std::unique_ptr<Lock> lock;
   const auto locking = std::chrono::steady_clock::now();
   RHINO_RETURN_IF_ERROR(AcquireLock(false, &lock));  // GC must not reclaim files under us
-  const double lock_wait = Seconds(locking);
+  stats->lock_wait_seconds = Seconds(locking);
   Manifest m;
   RHINO_RETURN_IF_ERROR(ReadManifest(operator_id, instance, checkpoint_id, &m));
-  stats->lock_wait_seconds = lock_wait;
   if (options.take_standby && options.mode == PlaceMode::kLink && options.verify == VerifyLevel::kSize) {
     bool taken = false;
     RHINO_RETURN_IF_ERROR(TakeStandby(m, target_dir, stats, &taken));
-    stats->lock_wait_seconds = lock_wait;  // TakeStandby sets *stats anew
     if (taken) return Status::OK();
   }
   std::vector<std::string> sources;
@@ -407,16 +417,7 @@ Status ReplicaStore::Restore(const std::string& operator_id, uint32_t instance, 
       s = fs::CopyFile(sources[i], dst, options.durable);
       if (s.ok()) ::chmod(dst.c_str(), 0644);
     }
-    if (s.ok()) {
-      ++stats->files;
-      stats->total_bytes += f.size;
-      if (linked) {
-        ++stats->linked_files;
-      } else {
-        ++stats->copied_files;
-        stats->copied_bytes += f.size;
-      }
-    }
+    if (s.ok()) CountPlaced(f.size, linked, stats);
     if (i == m.files.size() / 2) CrashPoint("restore.mid_files");
     if (s.ok()) {
       ++progress.files_done;

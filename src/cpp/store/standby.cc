@@ -183,6 +183,7 @@ Status ReplicaStore::TakeStandby(const Manifest& m, const std::string& target_di
   }
   st.from_standby = true;
   st.build_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  st.lock_wait_seconds = stats->lock_wait_seconds;  // the caller's (ReplicaStore::Restore)
   *stats = st;
   *taken = true;
   return Status::OK();
