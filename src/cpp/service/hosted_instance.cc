@@ -89,6 +89,19 @@ HostedInstance::HostedInstance(const InstanceEnv& env, InstanceConfig config, as
     : env_(env), strand_(asio::make_strand(pool.get_executor())), config_(std::move(config)) {
   m_.operator_id = config_.operator_id;
   m_.instance = config_.instance;
+  placed_epoch_ = config_.epoch;
+  placed_chain_version_ = config_.chain_version;
+}
+
+void InstanceMutex::lock() {
+  m_.lock();
+  owner_->ApplyDeferredPlacement();
+}
+
+bool InstanceMutex::try_lock() {
+  if (!m_.try_lock()) return false;
+  owner_->ApplyDeferredPlacement();
+  return true;
 }
 
 HostedInstance::~HostedInstance() { Close(); }
@@ -98,7 +111,29 @@ namespace {
 constexpr char kInstancesDir[] = "instances";
 constexpr char kTmpDir[] = "tmp";
 constexpr char kConfigFile[] = "instance.json";
+constexpr char kPlacementFile[] = "placement.json";
 constexpr char kClosedMarker[] = "CLOSED";
+
+// A placement a re-open deferred (DeferPlacement) is newer than the saved
+// configuration until the instance saves its own again: read over it.
+Status OverlayDeferredPlacement(const std::string& dir, InstanceConfig* c) {
+  std::string text;
+  if (!fs::Exists(fs::Join(dir, kPlacementFile))) return Status::OK();
+  RHINO_RETURN_IF_ERROR(fs::ReadFile(fs::Join(dir, kPlacementFile), &text));
+  try {
+    json j = json::parse(text);
+    const uint64_t epoch = j.at("epoch").get<uint64_t>();
+    const uint64_t chain_version = j.at("chain_version").get<uint64_t>();
+    if (epoch > c->epoch || (epoch == c->epoch && chain_version > c->chain_version)) {
+      c->epoch = epoch;
+      c->chain = j.at("chain").get<std::vector<std::string>>();
+      c->chain_version = chain_version;
+    }
+  } catch (const std::exception& e) {
+    return Status::Corruption(std::string("malformed placement.json: ") + e.what());
+  }
+  return Status::OK();
+}
 
 }  // namespace
 
@@ -133,6 +168,7 @@ Status HostedInstance::ListHostable(const std::string& state_dir, std::vector<In
       if (!fs::ReadFile(fs::Join(dir, kConfigFile), &text).ok()) continue;
       InstanceConfig c;
       Status s = ParseInstanceConfig(text, &c);
+      if (s.ok()) s = OverlayDeferredPlacement(dir, &c);
       if (!s.ok()) {
         bad(op + "/" + id, s);
         continue;
@@ -146,9 +182,11 @@ Status HostedInstance::ListHostable(const std::string& state_dir, std::vector<In
 Status HostedInstance::ReadSavedConfig(const std::string& state_dir, const std::string& operator_id,
                                        uint32_t instance, InstanceConfig* out) {
   std::string text;
-  Status s = fs::ReadFile(fs::Join(DirOf(state_dir, operator_id, instance), kConfigFile), &text);
+  const std::string dir = DirOf(state_dir, operator_id, instance);
+  Status s = fs::ReadFile(fs::Join(dir, kConfigFile), &text);
   if (!s.ok()) return Status::NotFound(operator_id + "/" + std::to_string(instance) + " was never hosted here");
-  return ParseInstanceConfig(text, out);
+  RHINO_RETURN_IF_ERROR(ParseInstanceConfig(text, out));
+  return OverlayDeferredPlacement(dir, out);
 }
 
 Status HostedInstance::CloseAndMark() {
@@ -214,7 +252,7 @@ Status HostedInstance::SaveConfig() {
 Status HostedInstance::Open(const InstanceEnv& env, InstanceConfig config, asio::thread_pool& pool,
                             std::shared_ptr<HostedInstance>* out) {
   std::shared_ptr<HostedInstance> h(new HostedInstance(env, std::move(config), pool));
-  std::lock_guard<std::mutex> l(h->mu_);
+  std::lock_guard<InstanceMutex> l(h->mu_);
   const bool create = h->config_.db_name.empty();
   if (create) h->config_.db_name = "db-" + fs::RandomHex(6);
   RHINO_RETURN_IF_ERROR(fs::MakeDirs(h->Dir()));
@@ -233,7 +271,7 @@ Status HostedInstance::Takeover(const InstanceEnv& env, InstanceConfig config, u
   config.partitioner = m.partitioner;
   config.vnodes = m.vnodes;
   std::shared_ptr<HostedInstance> h(new HostedInstance(env, std::move(config), pool));
-  std::lock_guard<std::mutex> l(h->mu_);
+  std::lock_guard<InstanceMutex> l(h->mu_);
   const std::string old_db = h->config_.db_name;
   // Checkpoints after the one taken over belong to a history that ends here.
   std::vector<uint64_t> dropped;
@@ -276,7 +314,7 @@ Status HostedInstance::Rebuild(const InstanceEnv& env, InstanceConfig config, as
   }
   const uint64_t newest = ids.back();
   std::shared_ptr<HostedInstance> h(new HostedInstance(env, std::move(config), pool));
-  std::lock_guard<std::mutex> l(h->mu_);
+  std::lock_guard<InstanceMutex> l(h->mu_);
   const std::string old_db = h->config_.db_name;
   h->config_.db_name = "db-" + fs::RandomHex(6);
   RHINO_RETURN_IF_ERROR(fs::MakeDirs(h->Dir()));
@@ -309,7 +347,50 @@ Status HostedInstance::SetPlacement(uint64_t epoch, const std::vector<std::strin
   config_.epoch = epoch;
   config_.chain = chain;
   config_.chain_version = chain_version;
+  {
+    std::lock_guard<std::mutex> l(deferred_mu_);
+    placed_epoch_ = epoch;
+    placed_chain_version_ = chain_version;
+  }
   return SaveConfig();
+}
+
+Status HostedInstance::DeferPlacement(uint64_t epoch, const std::vector<std::string>& chain, uint64_t chain_version) {
+  std::lock_guard<std::mutex> l(deferred_mu_);
+  // Stale against what is placed or already deferred: the same checks as SetPlacement's.
+  const uint64_t e = deferred_ ? deferred_->epoch : placed_epoch_;
+  const uint64_t v = deferred_ ? deferred_->chain_version : placed_chain_version_;
+  if (epoch < e) {
+    return Status::StaleEpoch(Describe(config_) + " is placed here at epoch " +
+                              std::to_string(e) + ", above " + std::to_string(epoch));
+  }
+  if (chain_version < v) {
+    return Status::StaleChainVersion(Describe(config_) + " has chain version " +
+                                     std::to_string(v) + ", above " + std::to_string(chain_version));
+  }
+  // Durable before the answer: a worker restarted before mu is next taken
+  // hosts the instance at this placement (OverlayDeferredPlacement).
+  json j{{"epoch", epoch}, {"chain", chain}, {"chain_version", chain_version}};
+  RHINO_RETURN_IF_ERROR(fs::WriteFileAtomic(fs::Join(Dir(), kPlacementFile), j.dump() + "\n"));
+  deferred_ = Placement{epoch, chain, chain_version};
+  return Status::OK();
+}
+
+void HostedInstance::ApplyDeferredPlacement() {
+  std::optional<Placement> p;
+  {
+    std::lock_guard<std::mutex> l(deferred_mu_);
+    p.swap(deferred_);
+    if (!p) return;
+    if (p->epoch < config_.epoch || (p->epoch == config_.epoch && p->chain_version < config_.chain_version)) return;
+    placed_epoch_ = p->epoch;
+    placed_chain_version_ = p->chain_version;
+  }
+  config_.epoch = p->epoch;
+  config_.chain = std::move(p->chain);
+  config_.chain_version = p->chain_version;
+  // placement.json holds it durably until instance.json is saved again:
+  // nothing to write here, on the path of whoever took the lock.
 }
 
 std::optional<uint64_t> HostedInstance::version() const {
@@ -530,7 +611,14 @@ void HostedInstance::Commit(uint64_t token, CommitMode mode, std::optional<int64
   DelayPoint("service.commit");  // a test's slow commit, holding the instance (mu_)
   std::unique_ptr<Session> sess = std::move(session_);
   // Fenced while the session ran: nothing of it is written (design §5).
+  // Placed at a new epoch meanwhile (a re-open between its frames, or one
+  // deferred until this commit took the instance) counts as fenced too.
   s = check_epoch();
+  if (s.ok() && sess->epoch != config_.epoch) {
+    s = Status::StaleEpoch("the session on " + Describe(config_) + " was opened at epoch " +
+                           std::to_string(sess->epoch) + "; the instance has moved to epoch " +
+                           std::to_string(config_.epoch));
+  }
   if (!s.ok()) {
     m_.sessions_aborted++;
     return fail(s);
@@ -626,11 +714,11 @@ void HostedInstance::StartDiscard(uint64_t id) {
     auto self = weak.lock();
     if (!self) return;
     {
-      std::lock_guard<std::mutex> l(self->mu_);
+      std::lock_guard<InstanceMutex> l(self->mu_);
       if (generation != self->repl_generation_) return;  // closed or rolled back meanwhile
     }
     Status s = self->env_.discard_on_chain(asked, asked.discard_after);
-    std::lock_guard<std::mutex> l(self->mu_);
+    std::lock_guard<InstanceMutex> l(self->mu_);
     self->OnDiscardDone(id, generation, asked, s);
   });
 }
@@ -665,7 +753,7 @@ Status HostedInstance::StartReplication(uint64_t id) {
     // On the replication's own thread: hand over to the instance's strand.
     asio::post(exec, [weak, id, result]() {
       if (auto self = weak.lock()) {
-        std::lock_guard<std::mutex> l(self->mu_);
+        std::lock_guard<InstanceMutex> l(self->mu_);
         self->OnReplicationDone(id, result);
       }
     });

@@ -13,8 +13,8 @@
 //                   restarted worker does not host it again; `open` reopens it
 // and <state_dir>/tmp/ holds the work directories of imports and moves.
 //
-// Thread-safety: every method runs with mu() held; the state service runs
-// them on the instance's strand, so the frames of a session are handled in
+// Thread-safety: every method runs with mu() held (but DeferPlacement); the
+// state service runs them on the instance's strand, so the frames of a session are handled in
 // order, and takes mu() of two instances (in address order) to move vnodes.
 // No call to a peer is made with mu() held (the discard of §7.3 runs on the
 // strand without it); replications run on their own threads.
@@ -92,6 +92,26 @@ struct TakeoverStats {
   double save_seconds = 0;     // making the instance's new config durable
 };
 
+class HostedInstance;
+
+// The instance's mutex. Taking it first applies a placement that a re-open
+// deferred while the instance was busy (HostedInstance::DeferPlacement), so
+// whoever holds the instance next sees the epoch and chain it was fenced at.
+// A Lockable: use it with std::lock_guard, std::unique_lock, std::scoped_lock.
+class InstanceMutex {
+ public:
+  explicit InstanceMutex(HostedInstance* owner) : owner_(owner) {}
+  InstanceMutex(const InstanceMutex&) = delete;
+  InstanceMutex& operator=(const InstanceMutex&) = delete;
+  void lock();
+  bool try_lock();
+  void unlock() { m_.unlock(); }
+
+ private:
+  HostedInstance* owner_;
+  std::mutex m_;
+};
+
 class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
  public:
   using CommitReply = std::function<void(const SessionCommitRsp&)>;
@@ -132,12 +152,20 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
                         std::shared_ptr<HostedInstance>* out);
   ~HostedInstance();
 
-  std::mutex& mu() { return mu_; }
+  InstanceMutex& mu() { return mu_; }
   asio::strand<asio::thread_pool::executor_type>& strand() { return strand_; }
   const InstanceConfig& config() const { return config_; }
 
   // ---- configuration (REQUIRES: mu held) ----
   Status SetPlacement(uint64_t epoch, const std::vector<std::string>& chain, uint64_t chain_version);
+  // A failover's re-open of an instance that is busy (a commit of the
+  // cancelled attempt holds mu for seconds): the placement is made durable
+  // (placement.json) and applied when mu is next taken, by whatever comes
+  // next (the rerun's session, a replicate), instead of the failover waiting
+  // for the doomed commit. The epoch fence itself is already durable
+  // (state service's RaiseEpoch), so the commit cannot complete at the old
+  // epoch after its last check. Does NOT need mu: it takes only its own.
+  Status DeferPlacement(uint64_t epoch, const std::vector<std::string>& chain, uint64_t chain_version);
   // After a restart: brings the live state back to the newest checkpoint of
   // the store (a commit whose checkpoint never completed was never acknowledged).
   Status Recover();
@@ -242,10 +270,26 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   void FailReplication(uint64_t id, const Status& why);
   void OnReplicationDone(uint64_t checkpoint_id, const ReplicationResult& result);
 
+  // Applies a deferred placement (InstanceMutex::lock, with mu held).
+  friend class InstanceMutex;
+  void ApplyDeferredPlacement();
+
   const InstanceEnv env_;
   asio::strand<asio::thread_pool::executor_type> strand_;
-  std::mutex mu_;
+  InstanceMutex mu_{this};
   InstanceConfig config_;
+  // A placement a re-open deferred, and the epoch and chain version of
+  // config_ as last placed (readable without mu): under deferred_mu_, which
+  // is taken after mu_ or alone, never before it.
+  struct Placement {
+    uint64_t epoch = 0;
+    std::vector<std::string> chain;
+    uint64_t chain_version = 0;
+  };
+  std::mutex deferred_mu_;
+  std::optional<Placement> deferred_;
+  uint64_t placed_epoch_ = 0;
+  uint64_t placed_chain_version_ = 0;
   std::unique_ptr<StateBackend> db_;
   bool compacting_ = false;                  // between BeginCompaction and EndCompaction
   std::condition_variable_any compacted_;    // notified by EndCompaction; waits on mu_

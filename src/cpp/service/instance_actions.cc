@@ -47,7 +47,7 @@ json InfoJson(HostedInstance& inst) {
 }
 
 json InfoJsonLocked(HostedInstance& inst) {
-  std::lock_guard<std::mutex> l(inst.mu());
+  std::lock_guard<InstanceMutex> l(inst.mu());
   return InfoJson(inst);
 }
 
@@ -116,15 +116,29 @@ Status StateService::OpenInstance(const InstanceReq& req, std::string* result) {
     // instances: its parts are timed, as the takeover's restore is.
     const double fence_s = SecondsSince(t0);
     const auto t1 = std::chrono::steady_clock::now();
-    std::lock_guard<std::mutex> l(inst->mu());
-    const double lock_wait_s = SecondsSince(t1);
-    if (!SamePartitioner(inst->config().partitioner, a.partitioner)) {
+    std::unique_lock<InstanceMutex> l(inst->mu(), std::try_to_lock);
+    if (!SamePartitioner(inst->config().partitioner, a.partitioner)) {  // fixed once hosted: no lock needed
       return Status::InvalidArgument(what + " is hosted here with another partitioner");
     }
+    if (!l.owns_lock()) {
+      // Busy: most often the cancelled attempt's commit, which holds the
+      // instance for seconds on a loaded disk. The fence above is durable,
+      // so that commit cannot complete at the old epoch after its last
+      // check; the placement is made durable and applied before anything
+      // else uses the instance (HostedInstance::DeferPlacement). The
+      // failover's next batch need not wait for the doomed commit.
+      RHINO_RETURN_IF_ERROR(inst->DeferPlacement(req.epoch, a.chain, a.chain_version));
+      json out{{"operator_id", op},   {"instance", i},   {"epoch", req.epoch}, {"chain", a.chain},
+               {"chain_version", a.chain_version}, {"deferred", true}};
+      out["reopen"] = {{"fence_s", fence_s}, {"lock_wait_s", 0.0}, {"save_s", SecondsSince(t1)}, {"deferred", true}};
+      return Answer(out, result);
+    }
+    const double lock_wait_s = SecondsSince(t1);
     const auto t2 = std::chrono::steady_clock::now();
     RHINO_RETURN_IF_ERROR(inst->SetPlacement(req.epoch, a.chain, a.chain_version));
     json out = InfoJson(*inst);
-    out["reopen"] = {{"fence_s", fence_s}, {"lock_wait_s", lock_wait_s}, {"save_s", SecondsSince(t2)}};
+    out["reopen"] = {{"fence_s", fence_s}, {"lock_wait_s", lock_wait_s}, {"save_s", SecondsSince(t2)},
+                     {"deferred", false}};
     return Answer(out, result);
   }
   InstanceConfig c;
@@ -149,7 +163,7 @@ Status StateService::OpenInstance(const InstanceReq& req, std::string* result) {
   RHINO_RETURN_IF_ERROR(HostedInstance::Open(env_, c, pool_, &inst));
   json out;
   {
-    std::lock_guard<std::mutex> l(inst->mu());
+    std::lock_guard<InstanceMutex> l(inst->mu());
     RHINO_RETURN_IF_ERROR(inst->Recover());
     out = InfoJson(*inst);
   }
@@ -165,7 +179,7 @@ Status StateService::CloseInstance(const InstanceReq& req, std::string* result) 
   std::shared_ptr<HostedInstance> inst;
   RHINO_RETURN_IF_ERROR(FindHosted(req.operator_id, req.instance, &inst));
   {
-    std::lock_guard<std::mutex> l(inst->mu());
+    std::lock_guard<InstanceMutex> l(inst->mu());
     if (inst->has_session()) {
       return Status::SessionBusy(Describe(req.operator_id, req.instance) + " has an open session");
     }
@@ -204,7 +218,7 @@ Status StateService::TakeoverInstance(const InstanceReq& req, std::string* resul
   c.redo = a.redo;
   if (auto old = Find(op, i)) {
     // A stale hosting of the same instance here (e.g. before a restart): replaced.
-    std::lock_guard<std::mutex> l(old->mu());
+    std::lock_guard<InstanceMutex> l(old->mu());
     c.db_name = old->config().db_name;
     old->Close();
     Unhost(op, i);
@@ -243,7 +257,7 @@ Status StateService::ImportVnodes(const InstanceReq& req, std::string* result) {
   RHINO_RETURN_IF_ERROR(CheckEpoch(req.operator_id, req.instance, req.epoch));
   std::shared_ptr<HostedInstance> inst;
   RHINO_RETURN_IF_ERROR(FindHosted(req.operator_id, req.instance, &inst));
-  std::lock_guard<std::mutex> l(inst->mu());
+  std::lock_guard<InstanceMutex> l(inst->mu());
   if (inst->config().epoch != req.epoch) {
     return Status::StaleEpoch("import at epoch " + std::to_string(req.epoch) + " into " +
                               Describe(req.operator_id, req.instance) + ", hosted here at epoch " +
@@ -303,7 +317,7 @@ Status StateService::InstanceStatus(const InstanceReq& req, std::string* result)
     // Without `wait`, never wait for the instance: a commit holds it for
     // seconds, and a task polling for a new epoch has its answer in
     // fence_epoch (the fence is raised before the instance takes the epoch).
-    std::unique_lock<std::mutex> l(inst->mu(), std::defer_lock);
+    std::unique_lock<InstanceMutex> l(inst->mu(), std::defer_lock);
     if (a.wait) {
       l.lock();
     } else if (!l.try_lock()) {
@@ -349,7 +363,7 @@ Status StateService::Reconfigure(const InstanceReq& req, std::string* result) {
   bool replicating = false;
   json out;
   {
-    std::lock_guard<std::mutex> l(inst->mu());
+    std::lock_guard<InstanceMutex> l(inst->mu());
     if (inst->config().epoch != req.epoch) {
       return Status::StaleEpoch("reconfigure at epoch " + std::to_string(req.epoch) + " of " + what +
                                 ", hosted here at epoch " + std::to_string(inst->config().epoch));
@@ -382,7 +396,7 @@ Status StateService::CompactInstance(const InstanceReq& req, std::string* result
   RHINO_RETURN_IF_ERROR(FindHosted(req.operator_id, req.instance, &inst));
   StateBackend* db = nullptr;
   {
-    std::lock_guard<std::mutex> l(inst->mu());
+    std::lock_guard<InstanceMutex> l(inst->mu());
     if (inst->config().epoch != req.epoch) {
       return Status::StaleEpoch("compact at epoch " + std::to_string(req.epoch) + " of " +
                                 Describe(req.operator_id, req.instance) + ", hosted here at epoch " +
@@ -395,7 +409,7 @@ Status StateService::CompactInstance(const InstanceReq& req, std::string* result
   Status s = db->CompactVnodes(&before, &after);
   const std::optional<int64_t> clock = db->ttl_clock();
   {
-    std::lock_guard<std::mutex> l(inst->mu());
+    std::lock_guard<InstanceMutex> l(inst->mu());
     inst->EndCompaction();
   }
   RHINO_RETURN_IF_ERROR(s);

@@ -19,7 +19,7 @@ void SessionStream::OnConnectionClosed(const Status&) {
   // The client died or went away: nothing of its session is visible.
   auto self = shared_from_this();
   asio::post(inst_->strand(), [self]() {
-    std::lock_guard<std::mutex> l(self->inst_->mu());
+    std::lock_guard<InstanceMutex> l(self->inst_->mu());
     self->inst_->Abort(self->token_);
   });
 }
@@ -30,7 +30,7 @@ void SessionStream::Open(const SessionOpenReq& req) {
     SessionOpenRsp rsp;
     Status s;
     {
-      std::lock_guard<std::mutex> l(self->inst_->mu());
+      std::lock_guard<InstanceMutex> l(self->inst_->mu());
       s = self->env_->check_epoch(req.operator_id, req.instance, req.epoch);
       if (s.ok()) s = self->inst_->OpenSession(self->token_, req.batch, req.epoch, &rsp);
     }
@@ -80,7 +80,7 @@ void SessionStream::OnGet(const std::string& payload) {
   if (!s.ok()) return Malformed("GetReq", s);
   std::string out;
   {
-    std::lock_guard<std::mutex> l(inst_->mu());
+    std::lock_guard<InstanceMutex> l(inst_->mu());
     s = inst_->CheckSession(token_);
     if (s.ok()) s = AnswerGet(*inst_->session_batch(), env_->max_frame_bytes, req, &out);
   }
@@ -117,7 +117,7 @@ void SessionStream::OnWrite(const std::string& payload) {
   if (!s.ok()) return Malformed("WriteReq", s);
   SessionRsp rsp;
   {
-    std::lock_guard<std::mutex> l(inst_->mu());
+    std::lock_guard<InstanceMutex> l(inst_->mu());
     s = inst_->CheckSession(token_);
     if (s.ok()) s = ApplyWrite(req);
     rsp.count = req.keys.size();
@@ -151,7 +151,7 @@ void SessionStream::OnScan(const std::string& payload) {
   if (!s.ok()) return Malformed("ScanReq", s);
   std::string out;
   {
-    std::lock_guard<std::mutex> l(inst_->mu());
+    std::lock_guard<InstanceMutex> l(inst_->mu());
     s = inst_->CheckSession(token_);
     if (s.ok()) s = AnswerScan(*inst_->session_batch(), env_->max_frame_bytes, req, &out);
   }
@@ -196,7 +196,7 @@ void SessionStream::OnCommit(const std::string& payload) {
                  Status::InvalidArgument("unknown commit mode " + std::to_string(req.mode)));
   }
   auto self = shared_from_this();
-  std::lock_guard<std::mutex> l(inst_->mu());
+  std::lock_guard<InstanceMutex> l(inst_->mu());
   const std::string op = inst_->config().operator_id;
   const uint32_t i = inst_->config().instance;
   const uint64_t epoch = inst_->config().epoch;
@@ -216,7 +216,7 @@ void SessionStream::OnAbort(const std::string& payload) {
   Status s = SessionAbortReq::Decode(payload, &req);
   if (!s.ok()) return Malformed("SessionAbortReq", s);
   {
-    std::lock_guard<std::mutex> l(inst_->mu());
+    std::lock_guard<InstanceMutex> l(inst_->mu());
     inst_->Abort(token_);
   }
   Send(MessageType::kSessionRsp, SessionRsp().Encode());

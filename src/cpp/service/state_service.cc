@@ -70,7 +70,7 @@ Status StateService::Start() {
     std::shared_ptr<HostedInstance> inst;
     Status s = HostedInstance::Open(env_, c, pool_, &inst);
     if (s.ok()) {
-      std::lock_guard<std::mutex> l(inst->mu());
+      std::lock_guard<InstanceMutex> l(inst->mu());
       s = inst->Recover();
     }
     if (!s.ok()) {
@@ -107,7 +107,7 @@ void StateService::SweepIdleSessions() {
     for (auto& inst : all) {
       // On the instance's strand, in order with its session's frames.
       asio::post(inst->strand(), [inst, idle]() {
-        std::lock_guard<std::mutex> g(inst->mu());
+        std::lock_guard<InstanceMutex> g(inst->mu());
         inst->ExpireIdleSession(idle);
       });
     }
@@ -128,7 +128,7 @@ void StateService::Shutdown() {
   if (sweeper_.joinable()) sweeper_.join();
   for (auto& r : readers_->All()) r->End("ended: worker " + options_.worker_id + " shut down");
   for (auto& [key, inst] : all) {
-    std::lock_guard<std::mutex> l(inst->mu());
+    std::lock_guard<InstanceMutex> l(inst->mu());
     inst->Close();
   }
   pool_.join();
@@ -350,7 +350,7 @@ std::optional<uint64_t> StateService::RetentionFloor(const std::string& op, uint
   if (!inst) return std::nullopt;
   // Never wait: a commit holds the instance for seconds, and retention can
   // come back next pass. Until then, it keeps everything of this instance.
-  std::unique_lock<std::mutex> l(inst->mu(), std::try_to_lock);
+  std::unique_lock<InstanceMutex> l(inst->mu(), std::try_to_lock);
   if (!l.owns_lock()) return 0;
   return inst->last_complete().value_or(0);
 }
@@ -363,7 +363,7 @@ std::vector<InstanceMetrics> StateService::Metrics() {
   }
   std::vector<InstanceMetrics> out;
   for (auto& inst : all) {
-    std::lock_guard<std::mutex> l(inst->mu());
+    std::lock_guard<InstanceMutex> l(inst->mu());
     out.push_back(inst->Metrics());
   }
   return out;
