@@ -214,7 +214,18 @@ def test_an_action_is_abandoned_once_the_watch_settles():
     with pytest.raises(RhinoError, match="not waiting for its Spark job"):
         op._act(sc, lambda: release.wait(10), w)  # a cancelled job whose error is slow to come back
     assert time.monotonic() - t0 < 2.0
+    assert getattr(op, "_unwinding_sink", None) is None  # no user code in it: nothing to wait for
     release.set()
+    # an abandoned sink call is kept: the rerun does not call the sink before it has returned
+    unwound = threading.Event()
+    w = Watch()
+    threading.Timer(0.1, w.settled.set).start()
+    with pytest.raises(RhinoError, match="not waiting for its Spark job"):
+        op._act(sc, lambda: unwound.wait(10), w, user_code=True)
+    assert op._unwinding_sink is not None and op._unwinding_sink.is_alive()
+    unwound.set()
+    op._unwinding_sink.join(5)
+    assert not op._unwinding_sink.is_alive()
 
 
 def _wait_for(pred, timeout: float = 2.0) -> bool:
@@ -277,6 +288,28 @@ def test_the_driver_reports_a_killed_host_before_any_heartbeat_timeout(tmp_path,
             release(op)
 
         monkeypatch.setattr(TransformWithState, "_release_inputs", seen_then_release)
+        # A sink slow to unwind its cancelled job (as a file sink's abort is): the rerun
+        # must not wait for it to start its stateful tasks, nor call the sink while the
+        # cancelled call is still running (operator.py, _run_job).
+        for_each_batch = TransformWithState.for_each_batch
+        calls: dict = {"active": 0, "overlaps": [], "unwound": []}
+
+        def slow_to_unwind(op, sink=None, **kw):
+            def wrapped(df, batch_id):
+                calls["active"] += 1
+                if calls["active"] > 1:
+                    calls["overlaps"].append(batch_id)
+                try:
+                    return sink(df, batch_id)
+                except Exception:
+                    time.sleep(4.0)
+                    calls["unwound"].append(batch_id)
+                    raise
+                finally:
+                    calls["active"] -= 1
+            return for_each_batch(op, wrapped, **kw)
+
+        monkeypatch.setattr(TransformWithState, "for_each_batch", slow_to_unwind)
         try:
             victim = cl.host(host).rhino_worker.id
             killed: dict = {}
@@ -317,6 +350,11 @@ def test_the_driver_reports_a_killed_host_before_any_heartbeat_timeout(tmp_path,
     assert dead["dead_since"] >= reports[0]["at"], (dead, reports)
     ev = [e for e in status.get("events", []) if e.get("kind") == "worker_dead" and e.get("worker") == victim]
     assert ev and ev[0]["reason"].startswith("reported unreachable"), ev
+    # the killed batch's cancelled sink call unwound slowly; the rerun materialized its output
+    # meanwhile and called the sink only after that call had returned
+    assert calls["unwound"] and not calls["overlaps"], calls
+    waits = run.operator.sink_unwind_waits
+    assert waits and waits[0]["batch"] == calls["unwound"][0] and waits[0]["waited_s"] > 0.5, (waits, calls)
 
     # exactly-once all the same: the closed windows equal pandas over the same events
     events_pdf = generate(0, EVENTS_PER_BATCH * BATCHES, config=config_from_options(SOURCE)).to_pandas()

@@ -33,7 +33,11 @@ Fused, a task that Spark runs again (a lost executor, a second action of the sin
 starts from b-1 in a session of the same epoch, with the batch's fixed time and
 watermark: the same output, as with Spark's own operator (for a deterministic
 processor). A host lost meanwhile moves the operator to a new epoch, so the commit
-is refused and the whole batch, sink included, runs again.
+is refused and the whole batch, sink included, runs again. The rerun's stateful
+tasks do not wait for the cancelled sink call to return (a cancelled job's error takes
+0.2-0.5 s to reach Python on a loaded host): while it is still returning, the rerun
+materializes its output and hands it to the sink once that call has returned. The
+sink is never called twice at once.
 
 Materialized, the output DataFrame never runs the stateful tasks again: its lineage
 ends at the checkpoint. If an executor holding part of it is lost before the sink has
@@ -206,6 +210,10 @@ class TransformWithState:
         self.last_output: Any = None
         self._meta_acc: Any = None  # the tasks' meta rows (runtime/meta.py), one per operator
         self.output_reruns: list[dict] = []  # batches run again because their output was lost
+        # a fused sink call an attempt gave up on while its cancelled job unwinds (_act), and
+        # how long a rerun waited for it before calling the sink again
+        self._unwinding_sink: Optional[threading.Thread] = None
+        self.sink_unwind_waits: list[dict] = []
         self._coord: Any = None
         self._created = False
         self._lock = threading.Lock()
@@ -495,19 +503,48 @@ class TransformWithState:
             # runs the stateful tasks. The DataFrame's lineage ends here, so nothing the
             # sink does can run them again.
             return self._act(sc, lambda: result.localCheckpoint(eager=True), watch), take(spec.meta, b, attempt)
-        # the sink's own jobs, in this thread (the user's code), tagged for the watch
-        if watch is not None:
-            sc.addJobTag(watch.tag)
-        try:
-            sink(result, b)
-            if seen(spec.meta, b, attempt) != set(instances):
-                result.write.format("noop").mode("overwrite").save()
-        finally:
-            if watch is not None:
-                sc.removeJobTag(watch.tag)
+        self._run_sink(sc, sink, result, b, spec, instances, watch)
         return None, take(spec.meta, b, attempt)
 
-    def _act(self, sc: Any, action: Callable[[], Any], watch: Optional[Any]) -> Any:
+    def _run_sink(self, sc: Any, sink: Callable[[Any, int], None], result: Any, b: int, spec: TaskSpec,
+                  instances: list[int], watch: Optional[Any]) -> None:
+        """``_run_job``'s fused form: the sink's own jobs run the stateful tasks (``result``
+        is the stateful stage's lazy output); instances whose task the sink did not run to
+        its end are completed by one more job, its output dropped."""
+
+        def sink_jobs() -> None:
+            sink(result, b)
+            if seen(spec.meta, b, spec.driver_attempt) != set(instances):
+                result.write.format("noop").mode("overwrite").save()
+
+        if watch is None:
+            sink_jobs()  # the user's code, in this thread
+            return
+        earlier = self._unwinding_sink
+        if earlier is not None and earlier.is_alive():
+            # An earlier attempt's sink call, given up when its watch settled (_act), is
+            # still unwinding its cancelled job. The sink is never called twice at once (a
+            # file sink's abort deletes the _temporary directory the next call writes
+            # into), but the rerun's stateful tasks need not wait for that: they run now,
+            # materialized on the executors as transform's are, and the sink gets their
+            # output once the earlier call has returned. The batch still commits after the
+            # sink returned, at the epoch every task ran at.
+            out = self._act(sc, lambda: result.localCheckpoint(eager=True), watch)
+            t = time.time()
+            earlier.join()
+            self.sink_unwind_waits.append({"batch": b, "attempt": spec.driver_attempt,
+                                           "waited_s": round(time.time() - t, 4)})
+            self._unwinding_sink = None
+            try:
+                self._act(sc, lambda: sink(out, b), watch, user_code=True)
+            except Exception as e:
+                if _output_lost(e):  # our own output, not an upstream operator's: run the batch again
+                    raise RerunBatch(f"output lost while the sink ran: {_first_error_line(str(e))}") from None
+                raise
+            return
+        self._act(sc, sink_jobs, watch, user_code=True)
+
+    def _act(self, sc: Any, action: Callable[[], Any], watch: Optional[Any], user_code: bool = False) -> Any:
         """Runs the attempt's Spark action and returns its result.
 
         With a batch watch, the action runs in a thread that inherits this one's Spark local
@@ -519,7 +556,9 @@ class TransformWithState:
         would still have to come back: PySpark converts it with a py4j round trip per
         exception class it checks, each a context switch to the driver's JVM and back, which
         took 0.5 s on a loaded 2-core host (the recovery bench's ``watch`` timeline, 2026-11-27).
-        The abandoned thread ends when the job's error arrives; nothing reads its result."""
+        The abandoned thread ends when the job's error arrives; nothing reads its result.
+        With ``user_code`` (the action calls the user's sink), the abandoned thread is kept
+        (``_unwinding_sink``): the sink is not called again before it has returned."""
         if watch is None:
             return action()
         from pyspark import SparkContext
@@ -543,9 +582,12 @@ class TransformWithState:
             finally:
                 done.set()
 
-        thread(target=run, name=f"rhino-action-{self.operator_id}", daemon=True).start()
+        th = thread(target=run, name=f"rhino-action-{self.operator_id}", daemon=True)
+        th.start()
         while not done.wait(0.01):
             if watch.settled.is_set():
+                if user_code:
+                    self._unwinding_sink = th
                 raise RhinoError(f"operator {self.operator_id}: the attempt was cancelled (a lost host, a new "
                                  "epoch) and the coordinator has acted: not waiting for its Spark job to unwind")
         if "error" in box:

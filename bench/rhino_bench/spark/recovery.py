@@ -61,7 +61,11 @@ processes: ``kill_listing_s`` says how long that listing took):
   the takeovers and re-opens. The takeover's ``restore`` also has its open's own CPU time
   and run-queue wait (``open_cpu_s``, ``open_wait_s``); ``reopens``, per surviving instance,
   its re-open at the new epoch (``request_s``; the worker's ``fence_s``, ``lock_wait_s``
-  for the instance, ``save_s`` of its placement). ``coordinator_failover_phases``:
+  for the instance, ``save_s`` of its placement; ``deferred``: the instance was busy, with
+  the cancelled attempt's commit, and the placement applies when that commit lets go).
+  ``sink_unwind_waits``: how long the rerun waited, with its output already materialized,
+  for the cancelled attempt's sink call to return before calling the sink again
+  (operator.py). ``coordinator_failover_phases``:
   the whole failover in parts: the worker marked dead (``dead_tx_s``, a metadata commit),
   then this operator's decision (``decide_s``: the chain members asked which checkpoints
   they hold), its plan made durable (``plan_tx_s``), the fence (``fence_s``), chain-repair
@@ -430,6 +434,7 @@ def _rhino_breakdown(run: Any, st: dict, cl: Any, victim: Any, ui: str, app_id: 
         "takeover_restore_s": takeover_restore, "session_open_s": open_s,
         "coordinator_failover_s": failover, "coordinator_fence_s": fence,
         "coordinator_failover_phases": failover_phases, "reopens": reopens,
+        "sink_unwind_waits": [w for w in getattr(run.operator, "sink_unwind_waits", []) if w["batch"] == rep.batch],
         "rerun_fetch_s": task.get("fetch_s"), "rerun_task_s": task["end"] - task["start"],
         "rerun_batch_s": rep.ended - rep.started, "attempts": rep.attempts, "epoch_after": rep.epoch,
         "batch_errors": rep.errors[:4], "lost_instances": lost, "rerun_host": task.get("host"),
