@@ -250,7 +250,9 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   StateOptions Options(bool create) const;
   // Options(false) for a restore whose open does not fsync (open_without_sync.h).
   StateOptions UnsyncedOptions() const;
-  Status SaveConfig();
+  // sync false: atomic but not yet durable (a takeover's, made durable in the
+  // background with its directory).
+  Status SaveConfig(bool sync = true);
   // Rebuilds the live state at `version` (empty if unset) and drops the
   // store's checkpoints after it (design §5: re-execution).
   Status RollbackTo(std::optional<uint64_t> version);

@@ -165,7 +165,7 @@ Status ReadFile(const std::string& path, std::string* data) {
   return Status::OK();
 }
 
-Status WriteFileAtomic(const std::string& path, const std::string& data) {
+Status WriteFileAtomic(const std::string& path, const std::string& data, bool sync) {
   std::string tmp = path + ".tmp-" + RandomHex(6);
   {
     Fd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
@@ -181,7 +181,7 @@ Status WriteFileAtomic(const std::string& path, const std::string& data) {
       }
       off += static_cast<size_t>(n);
     }
-    if (::fsync(f.fd) != 0) {
+    if (sync && ::fsync(f.fd) != 0) {
       Status s = Status::FromErrno(errno, "fsync " + tmp);
       ::unlink(tmp.c_str());
       return s;
@@ -192,7 +192,7 @@ Status WriteFileAtomic(const std::string& path, const std::string& data) {
     ::unlink(tmp.c_str());
     return s;
   }
-  return FsyncParent(path);
+  return sync ? FsyncParent(path) : Status::OK();
 }
 
 std::string Join(const std::string& a, const std::string& b) {

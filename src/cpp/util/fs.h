@@ -30,7 +30,9 @@ Status FsyncDirTree(const std::string& dir);
 Status Link(const std::string& from, const std::string& to, bool* cross_device);
 Status ReadFile(const std::string& path, std::string* data);
 // Writes `data` to path.tmp, fsyncs, renames over `path`, fsyncs the directory.
-Status WriteFileAtomic(const std::string& path, const std::string& data);
+// With sync false, no fsync: atomic (a crash leaves the old or the new file)
+// but not yet durable; the caller makes it durable later (FsyncPath, FsyncParent).
+Status WriteFileAtomic(const std::string& path, const std::string& data, bool sync = true);
 std::string Join(const std::string& a, const std::string& b);
 std::string Parent(const std::string& path);
 std::string Basename(const std::string& path);
