@@ -602,7 +602,7 @@ class TransformWithState:
         The shuffle's map output lives only on the executor that wrote it. When a host is lost
         mid-batch with a map task's output, Spark runs that map task again before any rerun
         task can start, reading and routing its source split again (1.7-2.3 s of the 2.5-2.9 s
-        rerun launch in bench/results/spark_recovery.md, one-partition source). Cached after
+        rerun launch in bench/results/spark_recovery.2026-11-26.md, one-partition source). Cached after
         the shuffle, each instance's partition is stored, with its copy sent to another
         executor, when its task of the first attempt begins (Spark unrolls a cached partition
         before the task reads it): a rerun task reads the surviving copy, and the DAG
