@@ -315,15 +315,18 @@ class TransformWithState:
     def _release_output(self) -> None:
         """Frees the previous batch's output blocks on the executors."""
         out, self.last_output = self.last_output, None
-        if out is None:
-            return
+        if out is not None:
+            self._unpersist_checkpoint(out)
+
+    def _unpersist_checkpoint(self, out: Any) -> None:
+        """Frees the blocks of a DataFrame made by ``localCheckpoint`` (``_run_job``)."""
         try:
             # SparkContext.unpersistRDD drops the blocks as RDD.unpersist does, without its
             # warning that a locally checkpointed RDD cannot be recomputed (we know).
             rdd = out._jdf.queryExecution().logical().rdd()
             out.sparkSession.sparkContext._jsc.sc().unpersistRDD(rdd.id(), False)
         except Exception as e:  # noqa: BLE001 - a cleanup: Spark's ContextCleaner frees it later anyway
-            log.debug("rhino.spark %s: releasing the last output: %s", self.operator_id, e)
+            log.debug("rhino.spark %s: releasing a materialized output: %s", self.operator_id, e)
 
     def _process(self, df: Any, b: int, sink: Optional[Callable[[Any, int], None]] = None) -> Any:
         spark = df.sparkSession
@@ -535,8 +538,15 @@ class TransformWithState:
             self.sink_unwind_waits.append({"batch": b, "attempt": spec.driver_attempt,
                                            "waited_s": round(time.time() - t, 4)})
             self._unwinding_sink = None
+
+            def sink_then_release() -> None:
+                try:
+                    sink(out, b)
+                finally:  # in the sink's thread: a given-up call still frees its input when it returns
+                    self._unpersist_checkpoint(out)
+
             try:
-                self._act(sc, lambda: sink(out, b), watch, user_code=True)
+                self._act(sc, sink_then_release, watch, user_code=True)
             except Exception as e:
                 if _output_lost(e):  # our own output, not an upstream operator's: run the batch again
                     raise RerunBatch(f"output lost while the sink ran: {_first_error_line(str(e))}") from None
