@@ -127,12 +127,12 @@ def test_the_jar_is_found_or_compiled(tmp_path, monkeypatch) -> None:
     jar = jarmod.jar_path()  # compiled with javac into the (empty) cache
     assert jar.parent == tmp_path / "cache" / "spark" and jar.name.startswith("rhino-spark-locality-")
     with zipfile.ZipFile(jar) as z:
-        assert "io/rhino/spark/PreferredLocationsRDD.class" in z.namelist()
+        assert {"io/rhino/spark/PreferredLocationsRDD.class", "io/rhino/spark/KeyRouter.class"} <= set(z.namelist())
     mtime = jar.stat().st_mtime_ns
     assert jarmod.jar_path() == jar and jar.stat().st_mtime_ns == mtime  # found, not rebuilt
     assert spark_conf_for_locality() == {"spark.jars": str(jar)}
     # the Java source ships inside the package (so a wheel can compile it too)
-    assert [p.name for p in jarmod.java_sources()] == ["PreferredLocationsRDD.java"]
+    assert [p.name for p in jarmod.java_sources()] == ["KeyRouter.java", "PreferredLocationsRDD.java"]
     import rhino.spark
 
     assert jarmod.java_sources()[0].is_relative_to(Path(rhino.spark.__file__).resolve().parent / "scheduling")

@@ -120,6 +120,7 @@ def test_value_list_map_state_across_batches_equal_a_pandas_replay(cluster, spar
         pd.testing.assert_frame_equal(out, want, check_dtype=False)
         rep = op.reports[-1]
         assert rep.attempts == 1 and len(rep.tasks) == 3
+        assert rep.routing == "jvm"  # a long key: routed by KeyRouter (test_spark_routing_jvm.py)
         # a constant number of round trips whatever the keys and variables: one get_batch, one
         # scan_many, one delete_batch, one put_batch, the commit (the open is counted apart)
         assert all(t["round_trips"] <= 5 and t["large_reads"] == 0 for t in rep.tasks), rep.tasks
@@ -130,6 +131,22 @@ def test_value_list_map_state_across_batches_equal_a_pandas_replay(cluster, spar
     pdf = pd.DataFrame({"k": [1], "v": [7]})
     out = op.process_batch(spark.createDataFrame(pdf), 4).to_pylist()
     assert out[0]["count"] == len(seen[1]) + 1
+
+
+def test_a_key_only_python_encodes_is_routed_by_the_python_pass(cluster, spark):
+    """A double key: KeyRouter does not encode it (runtime/routing.py), the mapInArrow pass does."""
+    op = _op(cluster, CountProcessor(), "count-double", "k double, count long, seen_sum long, mod0 long")
+    seen: dict[float, list[int]] = {}
+    for b in range(2):
+        pdf = pd.DataFrame({"k": [(i * 7 + b) % 11 + 0.5 for i in range(40)], "v": [b * 100 + i for i in range(40)]})
+        out = op.process_batch(spark.createDataFrame(pdf), b).to_pandas().sort_values("k").reset_index(drop=True)
+        for k, v in zip(pdf["k"], pdf["v"]):
+            seen.setdefault(float(k), []).append(int(v))
+        keys = sorted(set(pdf["k"]))
+        want = pd.DataFrame({"k": keys, "count": [len(seen[k]) for k in keys], "seen_sum": [sum(seen[k]) for k in keys],
+                             "mod0": [sum(1 for v in seen[k] if v % 3 == 0) for k in keys]})
+        pd.testing.assert_frame_equal(out, want, check_dtype=False)
+        assert op.reports[-1].routing == "python"
 
 
 def _stages(spark, group):
@@ -512,7 +529,13 @@ def test_timer_values_equal_sparks_own_operator(cluster, spark, tmp_path, time_m
          .writeStream.outputMode(mode.lower())
          .foreachBatch(lambda df, b: got_spark.append(df.toPandas().assign(batch=b)))
          .option("checkpointLocation", str(tmp_path / "ck-spark")).trigger(availableNow=True).start())
-    q.awaitTermination(180)
+    # Spark's own operator with processing-time timers keeps running no-data batches even with
+    # availableNow, and neither awaitTermination nor processAllAvailable returns: wait for the
+    # three files' rows (4 each), then stop it
+    deadline = time.monotonic() + 180
+    while sum(len(f) for f in got_spark) < 12 and q.isActive and time.monotonic() < deadline:
+        time.sleep(0.2)
+    q.stop()
     kw = dict(event_time="ts", watermark_delay="500 ms") if time_mode == "EventTime" else {}
     op = _op(cluster, TimerValuesProbe(), f"timervalues-{time_mode.lower()}", out_schema, time_mode=time_mode,
              checkpoint_location=str(tmp_path / "ck-rhino"), **kw)

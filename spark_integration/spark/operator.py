@@ -5,8 +5,8 @@ Per micro-batch b (Spark's batch id; checkpoint id = b, design §5):
 1. ``begin_batch(b)`` at the coordinator (through the engine,
    :class:`rhino.engine.BatchDriver`): the barrier where due handovers run; it
    returns the routing table and each instance's primary.
-2. Route: a ``mapInArrow`` pass tags each row with its instance's shuffle token
-   (``runtime/routing.py``), and ``repartition(P, token)`` makes partition p =
+2. Route: each row is tagged with its instance's shuffle token, in the JVM
+   (``KeyRouter``) or by a ``mapInArrow`` pass (``runtime/routing.py``), and ``repartition(P, token)`` makes partition p =
    instance ``instance_order(placement)[p]``, the p-th instance number in order
    (numbers have gaps once a rescale retired some).
 3. Pin: partition p prefers the host of its instance's primary (the JVM helper
@@ -72,7 +72,7 @@ from rhino.tls.config import TLS, for_host
 from .errors import InputLostError
 from .runtime.initial import SIDE, initial_frame, with_initial_state
 from .runtime.meta import new_meta_accumulator, seen, take
-from .runtime.routing import PART_COLUMN, partition_tokens, tag_batches
+from .runtime.routing import PART_COLUMN, jvm_key_kinds, partition_tokens, tag_batches, tag_in_jvm
 from .runtime.task import TaskSpec, output_arrow_schema, run_partition, this_host
 
 __all__ = ["TransformWithState", "transform_with_state", "BatchReport"]
@@ -116,6 +116,8 @@ class BatchReport:
     # from the last attempt's start to its Spark action (the job that runs the stateful
     # tasks): the driver's own planning (pinning, the task spec, the query plan)
     job_setup_s: Optional[float] = None
+    # how rows were routed to instances: "jvm" (KeyRouter) or "python" (runtime/routing.py)
+    routing: Optional[str] = None
 
     @property
     def seconds(self) -> float:
@@ -197,6 +199,8 @@ class TransformWithState:
         self.failover_wait_s = failover_wait_s
         self.watch_hosts = bool(watch_hosts)
         self.input_copies = input_copies
+        self._routing: Optional[str] = None  # the last batch's (BatchReport.routing)
+        self._jvm_router_in: dict[str, bool] = {}  # application id -> routing in the JVM (_tag)
         self._cached_inputs: list[Any] = []  # this batch's routed input, cached (input_copies > 1)
         # the batch clock, in ms (a test's manual clock; the wall clock by default)
         self.clock: Callable[[], float] = clock if clock is not None else (lambda: time.time() * 1000)
@@ -357,7 +361,8 @@ class TransformWithState:
                           ended=done.committed_at, begin_s=a.started_at - a.begun_at,
                           job_s=done.ran_at - a.started_at, commit_s=done.committed_at - done.ran_at,
                           tasks=sorted(tasks, key=lambda t: t["instance"]), errors=done.errors,
-                          job_setup_s=(self._action_at - a.started_at) if self._action_at else None)
+                          job_setup_s=(self._action_at - a.started_at) if self._action_at else None,
+                          routing=self._routing)
         self.reports.append(rep)
         return data
 
@@ -441,8 +446,6 @@ class TransformWithState:
         part of the output) are completed by one more job, whose output is dropped."""
         from functools import partial
 
-        from pyspark.sql.types import LongType, StructField, StructType
-
         # A batch that runs again (a failover moved a primary: a new epoch, same routing table)
         # reuses the first attempt's shuffle: the same RDD object keeps its ShuffleDependency, so
         # Spark's DAG scheduler skips the map stage whose outputs it still has and recomputes only
@@ -466,13 +469,9 @@ class TransformWithState:
             token_of = [-1] * (max(instances) + 1)
             for p, i in enumerate(instances):
                 token_of[i] = tokens[p]
-            tagged_schema = StructType(list(df.schema.fields) + [StructField(PART_COLUMN, LongType(), False)])
-            tag = partial(tag_batches, key_columns=self.key_columns, num_key_groups=placement["num_key_groups"],
-                          num_vnodes=placement["num_vnodes"], seed=placement["seed"],
-                          assignment=list(placement["assignment"]), tokens=token_of)
             # Each partition sorted by key (Spark's external sort, which spills), as Spark's own
             # operator sorts: the task then streams it a window of whole keys at a time.
-            tagged = df.mapInArrow(tag, tagged_schema)
+            tagged = self._tag(df, placement, token_of)
             routed = self._cache_input(tagged.repartition(nparts, PART_COLUMN).sortWithinPartitions(*sort))
             # Spark's own RDD of InternalRows (the shuffle's output, no Python round trip)
             shuffled.clear()
@@ -508,6 +507,41 @@ class TransformWithState:
             return self._act(sc, lambda: result.localCheckpoint(eager=True), watch), take(spec.meta, b, attempt)
         self._run_sink(sc, sink, result, b, spec, instances, watch)
         return None, take(spec.meta, b, attempt)
+
+    def _tag(self, df: Any, placement: dict, token_of: list[int]) -> Any:
+        """``df`` with the routing column (``runtime/routing.py``): computed in the JVM where
+        the key's types and the helper jar allow, so the rows make no trip through a Python
+        worker before the stateful stage; else by a ``mapInArrow`` pass."""
+        from functools import partial
+
+        from pyspark.sql.types import LongType, StructField, StructType
+
+        table = dict(num_key_groups=placement["num_key_groups"], num_vnodes=placement["num_vnodes"],
+                     seed=placement["seed"], assignment=list(placement["assignment"]), tokens=token_of)
+        kinds = jvm_key_kinds(df.schema, self.key_columns)
+        if kinds is not None and self._jvm_routing(df.sparkSession.sparkContext):
+            self._routing = "jvm"
+            return tag_in_jvm(df, self.key_columns, kinds, **table)
+        self._routing = "python"
+        schema = StructType(list(df.schema.fields) + [StructField(PART_COLUMN, LongType(), False)])
+        return df.mapInArrow(partial(tag_batches, key_columns=self.key_columns, **table), schema)
+
+    def _jvm_routing(self, sc: Any) -> bool:
+        """Whether ``io.rhino.spark.KeyRouter`` can route in this application (checked once)."""
+        app = sc.applicationId
+        if app not in self._jvm_router_in:
+            from .scheduling.locality import _ensure_class
+
+            try:
+                _ensure_class(sc)  # the helper jar, in the driver and the executors
+                self._jvm_router_in[app] = bool(sc._jvm.io.rhino.spark.KeyRouter.available())
+                why = "XXH3 (Parquet's shaded OpenHFT hashing) is not on Spark's class path"
+            except Exception as e:  # noqa: BLE001 - no jar, no javac, an old jar: the Python pass routes
+                self._jvm_router_in[app] = False
+                why = _first_error_line(str(e))
+            if not self._jvm_router_in[app]:
+                log.info("rhino.spark %s: rows are routed by a Python pass (%s)", self.operator_id, why)
+        return self._jvm_router_in[app]
 
     def _run_sink(self, sc: Any, sink: Callable[[Any, int], None], result: Any, b: int, spec: TaskSpec,
                   instances: list[int], watch: Optional[Any]) -> None:

@@ -12,11 +12,18 @@ partition p, so that partition p of the shuffle is exactly that instance (the
 driver passes ``tokens`` indexed by instance number). Tokens are found once per P
 by asking Spark itself to hash a range of numbers (no re-implementation of its
 hash to drift from it).
+
+The column is computed in the JVM where it can be (``tag_in_jvm``: a Java UDF,
+``io.rhino.spark.KeyRouter``, for keys of integer, string, binary and boolean
+columns), so a batch's rows make no trip through a Python worker before the
+stateful stage; otherwise by ``tag_batches``, a ``mapInArrow`` pass over the
+C++ partitioner. Both encode the key as ``encode_key`` does and hash it with
+XXH3 and the job's seed; a test checks that they agree.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +33,7 @@ import rhino
 from ..state.encoding import encode_key
 from ..state.layout import vnodes_of
 
-__all__ = ["PART_COLUMN", "partition_tokens", "tag_batches", "routing_keys"]
+__all__ = ["PART_COLUMN", "partition_tokens", "tag_batches", "routing_keys", "jvm_key_kinds", "tag_in_jvm"]
 
 PART_COLUMN = "_rhino_part"
 _TOKENS: dict[int, list[int]] = {}
@@ -77,3 +84,46 @@ def tag_batches(batches: Iterator[pa.RecordBatch], *, key_columns: list[str], nu
         vn = np.asarray(vnodes_of(part, routing_keys(b, key_columns)))
         col = pa.array(tok[inst_of_vnode[vn]], pa.int64())
         yield pa.RecordBatch.from_arrays(list(b.columns) + [col], names=list(b.schema.names) + [PART_COLUMN])
+
+
+def jvm_key_kinds(schema: Any, key_columns: list[str]) -> Optional[str]:
+    """``KeyRouter``'s tag of each key column (``i`` integer, ``s`` string, ``b`` binary,
+    ``B`` boolean), or None if a column has a type only the Python pass encodes
+    (floats, dates and timestamps, whose conversions to Python values are Spark's)."""
+    from pyspark.sql.types import (BinaryType, BooleanType, ByteType, IntegerType, LongType, ShortType,
+                                   StringType)
+
+    kinds = []
+    for c in key_columns:
+        t = schema[c].dataType
+        if isinstance(t, (ByteType, ShortType, IntegerType, LongType)):
+            kinds.append("i")
+        elif isinstance(t, StringType) and t == StringType():  # a collated string compares otherwise
+            kinds.append("s")
+        elif isinstance(t, BinaryType):
+            kinds.append("b")
+        elif isinstance(t, BooleanType):
+            kinds.append("B")
+        else:
+            return None
+    return "".join(kinds)
+
+
+def tag_in_jvm(df: Any, key_columns: list[str], kinds: str, *, num_key_groups: int, num_vnodes: int,
+               seed: int, assignment: list[int], tokens: list[int]) -> Any:
+    """``df`` with ``_rhino_part`` computed in the JVM (``KeyRouter``); the same column as
+    ``tag_batches`` gives. ``io.rhino.spark.KeyRouter`` must be loadable (the helper jar,
+    ``scheduling/jar.py``) and ``KeyRouter.available()``."""
+    from pyspark.sql import DataFrame
+
+    spark = df.sparkSession
+    gw = spark.sparkContext._gateway
+    jkeys = gw.new_array(gw.jvm.java.lang.String, len(key_columns))
+    for i, c in enumerate(key_columns):
+        jkeys[i] = c
+    # one byte[] (py4j sets a Java array's elements one round trip each)
+    jtokens = np.asarray([tokens[assignment[v]] for v in range(num_vnodes)], dtype=">i8").tobytes()
+    jseed = seed - (1 << 64) if seed >= (1 << 63) else seed  # the same 64 bits as a Java long
+    jdf = gw.jvm.io.rhino.spark.KeyRouter.withTokens(df._jdf, jkeys, kinds, PART_COLUMN, jseed,
+                                                      num_key_groups, num_vnodes, jtokens)
+    return DataFrame(jdf, spark)

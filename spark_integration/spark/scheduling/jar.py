@@ -1,4 +1,6 @@
-"""The jar of the JVM side of placement-aware scheduling (``io.rhino.spark.PreferredLocationsRDD``).
+"""The jar of rhino.spark's JVM helpers: placement-aware scheduling
+(``io.rhino.spark.PreferredLocationsRDD``) and routing rows to instances without a Python
+pass (``io.rhino.spark.KeyRouter``, used by ``runtime/routing.py``).
 
 How the jar is found, in this order (:func:`jar_path`):
 

@@ -8,6 +8,10 @@ differently). Each component is a type tag and a fixed-width or
 length-prefixed body, so an encoded key is never a proper prefix of another of
 the same columns: a prefix scan of ``head + encode_key(k)`` finds k's entries
 only.
+
+``scheduling/java/io/rhino/spark/KeyRouter.java`` encodes keys of integer, string,
+binary and boolean columns the same way, to route rows in the JVM: change both
+together (``tests/test_spark_routing_jvm.py`` compares them).
 """
 
 from __future__ import annotations
