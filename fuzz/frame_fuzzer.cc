@@ -9,7 +9,8 @@
 // get past the checksums into the payload decoders.
 //
 // An InstanceReq's JSON arguments are decoded too, as the arguments of its
-// action (rhino/service_messages.h DecodeInstanceArgs).
+// action (rhino/service_messages.h DecodeInstanceArgs), and a CoordReq's are
+// checked and parsed as the coordinator does (net/json_bounds.h).
 //
 // Beyond "no crash, no sanitizer report", it checks two properties:
 // - a frame that decodes re-encodes to the same bytes;
@@ -20,6 +21,7 @@
 #include <string>
 #include <string_view>
 
+#include "net/json_bounds.h"
 #include "replication/manifest_check.h"
 #include "rhino/frame.h"
 #include "rhino/manifest.h"
@@ -90,6 +92,17 @@ void DecodeMessage(MessageType type, std::string_view payload) {
       if (!InstanceReq::Decode(payload, &m).ok()) return;
       Check(m.Encode() == payload);
       DecodeInstanceArgsOf(static_cast<InstanceAction>(m.action), m.args);  // a Status, never a crash
+      return;
+    }
+    case MessageType::kCoordReq: {
+      // The coordinator hands the args to its handler only if they pass this
+      // check (coord_server.cc); a document that passes is parsed and walked
+      // as the handler would.
+      CoordReq m;
+      if (!CoordReq::Decode(payload, &m).ok()) return;
+      Check(m.Encode() == payload);
+      nlohmann::json j;
+      if (ParseJsonBounded(m.args, kMaxCoordArgsDepth, "args", &j).ok()) (void)j.dump();
       return;
     }
     default: {

@@ -89,6 +89,19 @@ def main() -> None:
         "type20-reader": (20, u32(0) + enc_bytes(b"") + b"\x01" + u64(9) + b"\x00" + u64(9) + u32(2) + u32(0) + u32(1)),
         "type27-batch-time": (27, b"\x00" + u64(1_700_000_000_000)),  # SessionCommitReq with batch_time_ms
     }
+    # Deeply nested JSON for every request that carries JSON (net/json_bounds.h):
+    # each InstanceReq action's arguments, and a CoordReq's. The reconfigure's
+    # `ops` and the takeover's `redo` are decoded from the DOM, so theirs nest
+    # 100,000 levels (the request that once crashed a worker); the others need
+    # only to pass the bound.
+    for action in range(1, 13):
+        levels = 100_000 if action in (3, 10) else 1_000
+        field = {3: "redo", 10: "ops"}.get(action, "x")
+        extra = {3: '"redo_version":1,', 10: '"version":1,'}.get(action, "")
+        deep = ("{" + extra + f'"{field}":' + "[" * levels + "]" * levels + "}").encode()
+        variants[f"type17-deep-action{action:02d}"] = (17, bytes([action]) + enc_bytes(b"op") + u32(1) + u64(7)
+                                                      + enc_bytes(deep))
+    variants["type30-deep"] = (30, enc_bytes(b"report_batch") + enc_bytes(("{\"a\":" * 1_000 + "1" + "}" * 1_000).encode()))
     seeds = [(f"type{t:02d}", t, p) for t, p in payloads.items()] + [(n, t, p) for n, (t, p) in variants.items()]
     for name, t, p in seeds:
         frame = wire.frame(t, p, stream_id=1 if t not in (1, 2, 3, 4, 12, 13) else 0, chain_version=3)

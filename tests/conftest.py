@@ -40,3 +40,25 @@ def read_rocksdb() -> Callable[[str | Path], dict[str, dict[bytes, bytes]]]:
     Close the Rhino handle first, or read a directory nobody writes to.
     """
     return _read_rocksdb
+
+
+# ---- markers -------------------------------------------------------------------------------
+
+_SPARK_WORDS = ("pyspark", "local_spark", "spark_fixtures", "LocalCluster")
+_spark_modules: dict[str, bool] = {}
+
+
+def _uses_spark(path: Path) -> bool:
+    key = str(path)
+    if key not in _spark_modules:
+        text = path.read_text(errors="replace")
+        _spark_modules[key] = any(w in text for w in _SPARK_WORDS)
+    return _spark_modules[key]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks ``spark`` every test of a module that starts Spark (it names PySpark or the Spark
+    fixtures), so that ``make test-quick`` (``-m "not spark"``) leaves them out."""
+    for item in items:
+        if _uses_spark(Path(str(item.fspath))):
+            item.add_marker(pytest.mark.spark)

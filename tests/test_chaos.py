@@ -105,6 +105,8 @@ def _chaos(tmp_path, trials: int, tls) -> None:
             version += 1
             victim = rng.choice(chain)
             point = rng.choice(CRASH_POINTS) if rng.random() < 0.35 else None
+            if trial == 1:  # at least one kill inside a transfer, however few the trials
+                point = "replica.after_chunk_write"
             if point is not None:  # re-arm the victim: it kills itself when it gets there
                 victim.kill()
                 victim.env = {"RHINO_CRASH_POINT": point}

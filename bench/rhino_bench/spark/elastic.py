@@ -1060,7 +1060,7 @@ def run_system(system: str, args: argparse.Namespace, em: Emitter, base: Path, s
                 new = cl.add_host(progress=lambda s: say(f"  [cluster] {s}"))
                 cl.wait_for_executors(spark, timeout=120)
                 info.update(spare_host=new.ip, spare_worker=new.rhino_worker.id, executor_warmed=warm_executor(
-                    spark, new.ip), host_join_s=round(time.time() - t_h, 2))
+                    spark, new.ip, say), host_join_s=round(time.time() - t_h, 2))
                 say(f"{system}: the spare host {new.ip} joined in {info['host_join_s']:.1f} s, before the query")
             info["executors"] = sum(cl.executor_hosts(spark).values())
             run = SystemRun(system, args, em, cl, spark, work, shared)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "net/connection.h"
+#include "net/json_bounds.h"
 #include "rhino/coord_messages.h"
 #include "rhino/messages.h"
 
@@ -297,11 +298,11 @@ class CoordServer::Impl {
 
   void Handle(const CoordReq& req, CoordRsp* rsp) {
     Status s;
-    // The args come from the network; the handler gets a JSON document or is
-    // not called (nlohmann's parser also rejects strings that are not UTF-8).
-    if (!nlohmann::json::accept(req.args)) {
-      s = Status::InvalidArgument("the args of " + req.method + " are not a JSON document");
-    } else {
+    // The args come from the network; the handler gets a JSON document of
+    // bounded depth or is not called (nlohmann's parser also rejects strings
+    // that are not UTF-8; net/json_bounds.h says why the depth).
+    s = CheckJson(req.args, kMaxCoordArgsDepth, "the args of " + req.method);
+    if (s.ok()) {
       try {
         s = handler_(req.method, req.args, &rsp->result);
       } catch (const std::exception& e) {

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "rhino/coord_messages.h"
-#include "rhino/manifest.h"  // IsValidOperatorId: a reconfiguration step may be kept and redone
+#include "net/json_bounds.h"
 
 namespace rhino {
 namespace {
@@ -428,16 +428,13 @@ namespace {
 using json = nlohmann::json;
 
 // The request's JSON arguments; InvalidArgument names the field at fault.
+// Bounded in depth before any DOM is built (net/json_bounds.h says why).
 Status ParseArgs(std::string_view text, json* out) {
   if (text.empty()) {
     *out = json::object();
     return Status::OK();
   }
-  try {
-    *out = json::parse(text);
-  } catch (const std::exception& e) {
-    return Status::InvalidArgument(std::string("the request's arguments are not JSON: ") + e.what());
-  }
+  RHINO_RETURN_IF_ERROR(ParseJsonBounded(text, kMaxInstanceArgsDepth, "the request's arguments", out));
   if (!out->is_object()) return Status::InvalidArgument("the request's arguments are not a JSON object");
   return Status::OK();
 }
@@ -473,32 +470,9 @@ Status OptionalArg(const json& args, const char* name, std::optional<T>* out) {
 
 Status ParseReconfigOps(std::string_view text, std::vector<ReconfigOp>* out) {
   out->clear();
-  try {
-    json j = json::parse(text);
-    if (!j.is_array()) return Status::InvalidArgument("reconfiguration steps must be a JSON list");
-    for (const auto& e : j) {
-      ReconfigOp op;
-      const std::string kind = e.at("op").get<std::string>();
-      op.vnodes = e.at("vnodes").get<std::vector<uint32_t>>();
-      if (kind == "drop") {
-        op.kind = ReconfigOp::Kind::kDrop;
-      } else if (kind == "import") {
-        op.kind = ReconfigOp::Kind::kImport;
-        op.from_operator = e.at("from_operator").get<std::string>();
-        op.from_instance = e.at("from_instance").get<uint32_t>();
-        op.checkpoint = e.at("checkpoint").get<uint64_t>();
-        if (!IsValidOperatorId(op.from_operator)) {
-          return Status::InvalidArgument("invalid operator id '" + op.from_operator + "' in an import step");
-        }
-      } else {
-        return Status::InvalidArgument("unknown reconfiguration step '" + kind + "' (want drop or import)");
-      }
-      out->push_back(std::move(op));
-    }
-  } catch (const std::exception& e) {
-    return Status::InvalidArgument(std::string("malformed reconfiguration steps: ") + e.what());
-  }
-  return Status::OK();
+  json j;
+  RHINO_RETURN_IF_ERROR(ParseJsonBounded(text, kMaxInstanceArgsDepth, "the reconfiguration steps", &j));
+  return ParseReconfigOps(j, out);
 }
 
 std::string ReconfigOpsJson(const std::vector<ReconfigOp>& ops) {
@@ -541,7 +515,7 @@ Status DecodeInstanceArgs(std::string_view text, TakeoverArgs* out) {
   RHINO_RETURN_IF_ERROR(OptionalArg(args, "checkpoint", &out->checkpoint));
   RHINO_RETURN_IF_ERROR(OptionalArg(args, "redo_version", &out->redo_version));
   // The redo belongs to its version: without one there is nothing to redo.
-  if (out->redo_version && args.contains("redo")) return ParseReconfigOps(args["redo"].dump(), &out->redo);
+  if (out->redo_version && args.contains("redo")) return ParseReconfigOps(args["redo"], &out->redo);
   return Status::OK();
 }
 
@@ -586,7 +560,7 @@ Status DecodeInstanceArgs(std::string_view text, ReconfigureArgs* out) {
   RHINO_RETURN_IF_ERROR(Arg(args, "version", &out->version, true));
   RHINO_RETURN_IF_ERROR(Arg(args, "timeout_s", &out->timeout_s, false));
   if (!args.contains("ops")) return Status::InvalidArgument("reconfigure needs 'ops'");
-  return ParseReconfigOps(args["ops"].dump(), &out->ops);
+  return ParseReconfigOps(args["ops"], &out->ops);
 }
 
 Status DecodeInstanceArgs(std::string_view text, ReplicateArgs* out) {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "net/json_bounds.h"
 #include "util/crash_point.h"
 #include "util/fs.h"
 
@@ -74,7 +75,7 @@ Status ParseInstanceConfig(const std::string& text, InstanceConfig* c) {
     if (j.contains("discard_after") && !j["discard_after"].is_null()) c->discard_after = j["discard_after"].get<uint64_t>();
     if (j.contains("redo_version") && !j["redo_version"].is_null()) c->redo_version = j["redo_version"].get<uint64_t>();
     if (j.contains("redo")) {
-      Status s = ParseReconfigOps(j["redo"].dump(), &c->redo);
+      Status s = ParseReconfigOps(j["redo"], &c->redo);
       if (!s.ok()) return Status::Corruption("instance.json: " + s.message());
     }
   } catch (const std::exception& e) {

@@ -4,7 +4,10 @@
 
 #include <cctype>
 #include <cstdio>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <type_traits>
 
 namespace rhino {
 namespace {
@@ -60,6 +63,35 @@ std::string Manifest::Serialize() const {
   return body + "\nxxh3:" + Hex64(XXH3_64bits(body.data(), body.size())) + "\n";
 }
 
+namespace {
+
+// A field of type T (an unsigned integer, or int64_t) read exactly: nlohmann's
+// get<T>() converts a negative, fractional or too large number without a word
+// (-1 as instance 4294967295), and a manifest is data from the network (an
+// OpenStreamReq's, protocol §4) or a disk: a number out of range is Corruption.
+template <typename T>
+T Exact(const json& v, const char* name) {
+  static_assert(std::is_integral_v<T>);
+  if constexpr (std::is_unsigned_v<T>) {
+    if (!v.is_number_unsigned() || v.get<uint64_t>() > std::numeric_limits<T>::max()) {
+      throw std::out_of_range(std::string("'") + name + "' is " + v.dump() + ", not an integer in [0, " +
+                              std::to_string(std::numeric_limits<T>::max()) + "]");
+    }
+  } else {
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))) {
+      throw std::out_of_range(std::string("'") + name + "' is " + v.dump() + ", not a 64-bit integer");
+    }
+  }
+  return v.get<T>();
+}
+
+template <typename T>
+T Exact(const json& obj, const char* name, int) {
+  return Exact<T>(obj.at(name), name);
+}
+
+}  // namespace
+
 Status Manifest::Parse(const std::string& data, Manifest* out) {
   auto nl = data.find('\n');
   if (nl == std::string::npos) return Status::Corruption("manifest has no checksum trailer (truncated?)");
@@ -76,27 +108,28 @@ Status Manifest::Parse(const std::string& data, Manifest* out) {
     }
     Manifest m;
     m.operator_id = j.at("operator_id").get<std::string>();
-    m.instance = j.at("instance").get<uint32_t>();
-    m.checkpoint_id = j.at("checkpoint_id").get<uint64_t>();
+    m.instance = Exact<uint32_t>(j, "instance", 0);
+    m.checkpoint_id = Exact<uint64_t>(j, "checkpoint_id", 0);
     m.has_parent = !j.at("parent_id").is_null();
-    m.parent_id = m.has_parent ? j.at("parent_id").get<uint64_t>() : 0;
-    m.epoch = j.at("epoch").get<uint64_t>();
-    m.version = j.at("version").get<uint64_t>();
+    m.parent_id = m.has_parent ? Exact<uint64_t>(j, "parent_id", 0) : 0;
+    m.epoch = Exact<uint64_t>(j, "epoch", 0);
+    m.version = Exact<uint64_t>(j, "version", 0);
     const auto& p = j.at("partitioner");
-    m.partitioner.num_key_groups = p.at("num_key_groups").get<uint32_t>();
-    m.partitioner.num_vnodes = p.at("num_vnodes").get<uint32_t>();
-    m.partitioner.seed = p.at("seed").get<uint64_t>();
-    m.vnodes = j.at("vnodes").get<std::vector<uint32_t>>();
+    m.partitioner.num_key_groups = Exact<uint32_t>(p, "num_key_groups", 0);
+    m.partitioner.num_vnodes = Exact<uint32_t>(p, "num_vnodes", 0);
+    m.partitioner.seed = Exact<uint64_t>(p, "seed", 0);
+    if (!j.at("vnodes").is_array()) throw std::out_of_range("'vnodes' is not a list");
+    for (const auto& v : j.at("vnodes")) m.vnodes.push_back(Exact<uint32_t>(v, "vnodes"));
     for (const auto& f : j.at("files")) {
       FileEntry e;
       e.name = f.at("name").get<std::string>();
-      e.size = f.at("size").get<uint64_t>();
+      e.size = Exact<uint64_t>(f, "size", 0);
       e.checksum = f.at("checksum").get<std::string>();
       e.identity = f.at("identity").get<std::string>();
       e.in_delta = f.at("in_delta").get<bool>();
       m.files.push_back(std::move(e));
     }
-    m.created_unix_ms = j.at("created_unix_ms").get<int64_t>();
+    m.created_unix_ms = Exact<int64_t>(j, "created_unix_ms", 0);
     *out = std::move(m);
   } catch (const std::exception& e) {
     return Status::Corruption(std::string("malformed manifest: ") + e.what());

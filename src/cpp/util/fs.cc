@@ -37,7 +37,11 @@ Status MakeDirs(const std::string& path) {
   if (path.empty() || IsDir(path)) return Status::OK();
   std::string parent = Parent(path);
   if (!parent.empty() && parent != path) RHINO_RETURN_IF_ERROR(MakeDirs(parent));
-  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return Status::FromErrno(errno, "mkdir " + path);
+  if (::mkdir(path.c_str(), 0755) != 0) {
+    if (errno != EEXIST) return Status::FromErrno(errno, "mkdir " + path);
+    // Made meanwhile by someone else is fine; a file in the way is not (mkdir -p fails too).
+    if (!IsDir(path)) return Status::AlreadyExists("mkdir " + path + ": exists and is not a directory");
+  }
   return Status::OK();
 }
 
