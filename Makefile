@@ -1,7 +1,11 @@
 # Rhino: every target does its own setup on a fresh Debian 12 machine.
 #   make demo   - setup, then the main job: NEXMark Q8 on a local 3-host Spark + Rhino cluster, surviving
 #                 a killed host (rhino-bench demo --data-plane: the single-host data-plane demonstration)
-#   make test   - setup, then the whole test suite
+#   make test   - setup, then the whole test suite: the C++ unit tests under ASan+UBSan (ctest), pytest,
+#                 each fuzz target for FUZZ_SMOKE_SECONDS (docs/testing.md)
+#   make test-quick - the C++ unit tests and every Python test that starts no Spark (the inner loop)
+#   make sanitize - the core, its unit tests and rhino._core under ASan+UBSan, then TSan, with the data
+#                 plane's and the state service's Python tests
 #   make bench  - setup, then micro-benchmarks, the restore sweep, chain replication throughput, the
 #                 steady-state overhead of replication and the state service (results in bench/results/)
 #   make wheel  - a self-contained wheel (auditwheel-repaired), checked in a fresh venv
@@ -9,7 +13,8 @@
 #                 NEXMark Q8 on Spark with a host SIGKILLed mid-run, then 20 of two Rhino operators chained
 #                 in one foreachBatch query with a host SIGKILLed mid-run (each output identical to the
 #                 failure-free run), then 20 trials of random reconfigurations of a running query
-#                 (rescales, handovers, rebalances, a host joining, decommissioned, SIGKILLed)
+#                 (rescales, handovers, rebalances, a host joining, decommissioned, SIGKILLed), then the
+#                 coordinator model with 24 examples
 #   make fuzz   - the frame-decoder and TLS-listener fuzz targets (libFuzzer under clang), FUZZ_SECONDS each (default 60)
 
 SHELL := /bin/bash
@@ -98,7 +103,7 @@ cpptest-build: apt $(VENV)/.deps $(ROCKSDB_PREFIX)/.complete
 	@mkdir -p build
 	@echo "[cpptest] building the C++ unit tests with ASan + UBSan in $(CPPTEST_DIR)"
 	flock build/.cpptest.lock sh -c '$(CMAKE) -S . -B $(CPPTEST_DIR) -G Ninja -DCMAKE_MAKE_PROGRAM=$(CURDIR)/$(VENV)/bin/ninja \
-	  -DRHINO_TESTS=ON -DRHINO_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g" \
+	  -DRHINO_TESTS=ON -DRHINO_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O0 -g" \
 	  > build/cpptest-configure.log && $(CMAKE) --build $(CPPTEST_DIR) -j2'
 
 cpptest: cpptest-build
@@ -159,6 +164,7 @@ chaos: setup
 	RHINO_EXACTLY_ONCE_TRIALS=$${RHINO_EXACTLY_ONCE_TRIALS:-20} $(PY) -m pytest tests/test_spark_exactly_once.py -q $(PYTEST_ARGS)
 	RHINO_CHAIN_TRIALS=$${RHINO_CHAIN_TRIALS:-20} $(PY) -m pytest tests/test_spark_chain_exactly_once.py -q $(PYTEST_ARGS)
 	RHINO_ELASTIC_TRIALS=$${RHINO_ELASTIC_TRIALS:-20} $(PY) -m pytest tests/test_spark_elastic_chaos.py -q $(PYTEST_ARGS)
+	RHINO_COORD_EXAMPLES=$${RHINO_COORD_EXAMPLES:-24} $(PY) -m pytest tests/test_coordinator_model.py -q $(PYTEST_ARGS)
 
 FUZZ_SECONDS ?= 60
 FUZZ_SOURCES := fuzz/frame_fuzzer.cc src/cpp/net/frame.cc src/cpp/net/messages.cc src/cpp/net/service_messages.cc \

@@ -23,6 +23,7 @@
 
 #include "net/json_bounds.h"
 #include "replication/manifest_check.h"
+#include "rhino/coord_messages.h"
 #include "rhino/frame.h"
 #include "rhino/manifest.h"
 #include "rhino/messages.h"

@@ -103,12 +103,13 @@ def test_spark_initial_state_tiny(tmp_path):
 @pyspark_needed
 @pytest.mark.spark
 def test_spark_elastic_tiny(tmp_path):
-    """The smallest run of both systems that passes every phase: a warm-up batch, two rate
-    steps of two batches, the spare host joining (Rhino before the query, Spark before its
-    restart) and Spark's remedy with one batch after the restart."""
+    """The smallest run that passes through the command: Rhino with the autoscaler on, a
+    warm-up batch and two rate steps of two batches, the spare host joining before the query.
+    (Spark's own side is the same Q8 query as ``spark throughput``'s smoke run; its remedy is
+    left to ``make bench``: it doubles the run.)"""
     out = tmp_path / "el.jsonl"
-    p = _bench("spark", "elastic", "--rates", "1,2", "--batches-per-step", "2", "--trigger-interval", "2",
-               "--base-events", "2000", "--warmup-batches", "1", "--drain-batches", "1", "--restart-batches", "1",
+    p = _bench("spark", "elastic", "--systems", "rhino", "--rates", "1,2", "--batches-per-step", "2", "--trigger-interval", "2",
+               "--base-events", "2000", "--warmup-batches", "1", "--drain-batches", "1", "--restart-batches", "0",
                "--max-parallelism", "2", "--first-host", "180", "--timeout", "400",
                "--dir", str(tmp_path / "w"), "--json", "--out", str(out), "--report", str(tmp_path / "el.md"),
                "--plot", str(tmp_path / "el.png"), timeout=900)
@@ -118,10 +119,10 @@ def test_spark_elastic_tiny(tmp_path):
     kinds = [r["record"] for r in recs]
     assert kinds[0] == "setup" and "summary" in kinds, kinds
     runs = {r["system"]: r for r in recs if r["record"] == "run"}
-    assert set(runs) == {"rhino", "spark-rocksdb"}, runs
+    assert set(runs) == {"rhino"}, runs
     assert runs["rhino"].get("spare_host") and "executor_warmed" in runs["rhino"]
     batches = [r for r in recs if r["record"] == "batch"]
-    assert {b["system"] for b in batches} == {"rhino", "spark-rocksdb"}
-    assert any(r["record"] == "restart" for r in recs), kinds
+    assert batches and {b["system"] for b in batches} == {"rhino"}
+    assert any(b.get("parallelism") for b in batches), batches[:2]
     assert re.search(r"spark elastic", (tmp_path / "el.md").read_text())
     assert (tmp_path / "el.png").stat().st_size > 1000

@@ -58,7 +58,7 @@ from rhino_bench.harness.engine import MicroBatchEngine
 V = 16
 R = 2
 N_KEYS = 600
-EXAMPLES = int(os.environ.get("RHINO_COORD_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("RHINO_COORD_EXAMPLES", "6"))
 STEPS = int(os.environ.get("RHINO_COORD_STEPS", "12"))
 
 

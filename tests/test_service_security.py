@@ -188,3 +188,23 @@ def test_oversized_frame_is_refused(worker) -> None:
         assert h["type"] == "ErrorRsp" and decode_status(p)[0] == CORRUPTION
         assert raw.closed_by_peer()
     committed_intact(worker)
+
+
+@pytest.mark.parametrize("action, field, extra", [(10, "ops", '"version": 1, '), (3, "redo", '"redo_version": 1, '),
+                                                  (1, "vnodes", "")])
+def test_deeply_nested_json_arguments_are_refused_and_the_worker_stays_up(worker, action, field, extra) -> None:
+    """A 200 KB request whose JSON nests 100,000 levels deep (a reconfigure's `ops` once crashed
+    a worker with a stack overflow): InvalidArgument naming the bound, a log line, and the
+    worker serves on with its committed state."""
+    levels = 100_000
+    args = ("{" + extra + f'"{field}": ' + "[" * levels + "]" * levels + "}").encode()
+    assert len(args) > 200_000
+    with authed(str(worker.unix_socket)) as raw:
+        raw.send(frame("InstanceReq", Enc().u8(action).bytes_(OP).u32(0).u64(1).bytes_(args).done(), stream_id=11))
+        h, p = raw.recv_skipping_heartbeats()
+        code, message = decode_status(p)
+        assert h["type"] == "InstanceRsp" and code == INVALID_ARGUMENT, message
+        assert "nested deeper than 8 levels" in message
+    assert worker.alive()
+    assert f"refused an instance request (action {action}, operator '{OP}')" in worker.log_path.read_text()
+    committed_intact(worker)

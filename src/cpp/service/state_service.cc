@@ -312,6 +312,13 @@ void StateService::HandleInstanceReq(const std::shared_ptr<net::Connection>& con
       rsp.result = out.dump();
     }
   }
+  if (s.code() == Status::Code::kInvalidArgument) {
+    // Bad input from a peer (malformed or too deeply nested arguments, an unknown action):
+    // answered with its name, and left in the log for whoever sent it.
+    std::fprintf(stderr, "rhino worker %s: refused an instance request (action %u, operator '%.128s'): %.300s\n",
+                 options_.worker_id.c_str(), static_cast<unsigned>(req.action), req.operator_id.c_str(),
+                 s.message().c_str());
+  }
   if (queued_s > 0.5) {
     std::fprintf(stderr, "rhino worker %s: an instance request (action %u) waited %.3f s to run\n",
                  options_.worker_id.c_str(), static_cast<unsigned>(req.action), queued_s);
