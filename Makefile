@@ -132,7 +132,7 @@ sanitize: setup
 	  (cd $$dir && $(SAN_ENV) TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tools/tsan.supp" \
 	    setarch $$(uname -m) -R $(CTEST) --output-on-failure -j2 --timeout 600) || exit 1; \
 	  echo "[sanitize] $$san: Python tests of the data plane and the state service on the sanitized rhino._core"; \
-	  bash tools/sanitized_python.sh $$san $$dir -m pytest -p no:cacheprovider -q $(SANITIZE_TESTS) $(PYTEST_ARGS) || exit 1; \
+	  bash tools/sanitized_python.sh $$san $$dir -m pytest -p no:cacheprovider -q --capture=sys $(SANITIZE_TESTS) $(PYTEST_ARGS) || exit 1; \
 	done
 	@echo "[sanitize] passed: ASan+UBSan and TSan"
 

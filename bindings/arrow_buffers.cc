@@ -85,7 +85,7 @@ py::object BuildArray(const MultiGetResult& r, size_t total, size_t nulls, py::m
     for (size_t j = 0; j < n; ++j) {
       if (!r.found_at(j)) continue;
       std::string_view v = r.value_at(j);
-      std::memcpy(d + o[r.key_index(j)], v.data(), v.size());
+      if (!v.empty()) std::memcpy(d + o[r.key_index(j)], v.data(), v.size());  // an empty view may be nullptr
     }
   }
   py::list buffers;
@@ -118,7 +118,9 @@ py::object BuildArrayFromViews(const std::vector<uint8_t>& found, const std::vec
     for (size_t i = 0; i < n; ++i) {
       const size_t len = found[i] ? values[i].size() : 0;
       if (found[i] && bits != nullptr) bits[i / 8] |= static_cast<uint8_t>(1u << (i % 8));  // LSB first
-      std::memcpy(d + o[i], values[i].data(), len);
+      // An absent or empty value may be a view of nullptr: memcpy's arguments must not be
+      // null even for 0 bytes (UBSan, make sanitize; docs/testing.md).
+      if (len > 0) std::memcpy(d + o[i], values[i].data(), len);
       o[i + 1] = o[i] + static_cast<Offset>(len);
     }
   }
