@@ -37,7 +37,7 @@ case "$san" in
   *thread*)
     runtime=$(gcc -print-file-name=libtsan.so)
     # Python and RocksDB are not instrumented: what TSan reports inside them is not ours to fix.
-    export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 report_signal_unsafe=0 suppressions=$repo/tools/tsan.supp log_path=$reports/tsan"
+    export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 report_signal_unsafe=0 ignore_noninstrumented_modules=1 suppressions=$repo/tools/tsan.supp log_path=$reports/tsan"
     ;;
   *address*)
     runtime=$(gcc -print-file-name=libasan.so)

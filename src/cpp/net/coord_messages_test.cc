@@ -12,18 +12,9 @@
 namespace rhino {
 namespace {
 
-// ---- an independent little-endian writer (not rhino's Encoder) ----
-std::string U32(uint32_t v) {
-  std::string s;
-  for (int i = 0; i < 4; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  return s;
-}
-std::string Str(std::string_view s) { return U32(static_cast<uint32_t>(s.size())) + std::string(s); }
-
-::testing::AssertionResult IsCorruption(const Status& s) {
-  if (s.code() == Status::Code::kCorruption) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "expected Corruption, got " << s.ToString();
-}
+using testing::IsCorruption;
+using testing::Str;
+using testing::U32;
 
 TEST(CoordMessagesTest, RequestAndAnswerMatchTheDocumentedLayout) {
   CoordReq q;

@@ -14,15 +14,10 @@
 namespace rhino {
 namespace {
 
-// ---- an independent little-endian writer (not rhino's Encoder) ----
-std::string LE(uint64_t v, int bytes) {
-  std::string s;
-  for (int i = 0; i < bytes; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  return s;
-}
-std::string U16(uint16_t v) { return LE(v, 2); }
-std::string U32(uint32_t v) { return LE(v, 4); }
-std::string U64(uint64_t v) { return LE(v, 8); }
+using testing::IsCorruption;
+using testing::U16;
+using testing::U32;
+using testing::U64;
 uint32_t Low32Xxh3(std::string_view s) {
   return static_cast<uint32_t>(XXH3_64bits(s.data(), s.size()) & 0xffffffffu);
 }
@@ -47,12 +42,6 @@ struct RawHeader {
     return h;
   }
 };
-
-// For checks in loops, which name the case that failed (EXPECT_CODE cannot stream).
-::testing::AssertionResult IsCorruption(const Status& s) {
-  if (s.code() == Status::Code::kCorruption) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "expected Corruption, got " << s.ToString();
-}
 
 ::testing::AssertionResult IsOk(const Status& s) {
   if (s.ok()) return ::testing::AssertionSuccess();

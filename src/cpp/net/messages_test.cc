@@ -11,45 +11,13 @@
 namespace rhino {
 namespace {
 
-// ---- an independent little-endian writer (not rhino's Encoder) ----
-std::string LE(uint64_t v, int bytes) {
-  std::string s;
-  for (int i = 0; i < bytes; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  return s;
-}
-std::string U8(uint8_t v) { return LE(v, 1); }
-std::string U32(uint32_t v) { return LE(v, 4); }
-std::string U64(uint64_t v) { return LE(v, 8); }
-std::string Str(std::string_view s) { return U32(static_cast<uint32_t>(s.size())) + std::string(s); }
-
-::testing::AssertionResult IsCorruption(const Status& s) {
-  if (s.code() == Status::Code::kCorruption) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "expected Corruption, got " << s.ToString();
-}
-
-template <typename M>
-M MustDecode(const std::string& payload) {
-  M m;
-  Status s = M::Decode(payload, &m);
-  EXPECT_TRUE(s.ok()) << s.ToString();
-  return m;
-}
-
-// The payload decodes and re-encodes to itself; each of its strict prefixes,
-// and it with one byte more, is Corruption (every field of these is required).
-template <typename M>
-void ExpectExactAndCanonical(const std::string& payload, const char* what) {
-  SCOPED_TRACE(what);
-  M m;
-  ASSERT_OK(M::Decode(payload, &m));
-  EXPECT_EQ(m.Encode(), payload);
-  for (size_t n = 0; n < payload.size(); ++n) {
-    M t;
-    EXPECT_TRUE(IsCorruption(M::Decode(std::string_view(payload).substr(0, n), &t))) << "prefix of " << n;
-  }
-  M t;
-  EXPECT_TRUE(IsCorruption(M::Decode(payload + '\0', &t))) << "a trailing byte";
-}
+using testing::ExpectExactAndCanonical;
+using testing::IsCorruption;
+using testing::MustDecode;
+using testing::Str;
+using testing::U32;
+using testing::U64;
+using testing::U8;
 
 const std::string kNonce = "0123456789abcdef";                  // 16 bytes
 const std::string kMac = "0123456789abcdef0123456789ABCDEF";    // 32 bytes

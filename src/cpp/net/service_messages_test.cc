@@ -14,53 +14,18 @@
 namespace rhino {
 namespace {
 
-// ---- an independent little-endian writer (not rhino's Encoder) ----
-std::string LE(uint64_t v, int bytes) {
-  std::string s;
-  for (int i = 0; i < bytes; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  return s;
-}
-std::string U8(uint8_t v) { return LE(v, 1); }
-std::string U32(uint32_t v) { return LE(v, 4); }
-std::string U64(uint64_t v) { return LE(v, 8); }
-std::string Str(std::string_view s) { return U32(static_cast<uint32_t>(s.size())) + std::string(s); }
+using testing::IsCorruption;
+using testing::MustDecode;
+using testing::Str;
+using testing::U32;
+using testing::U64;
+using testing::U8;
 
-::testing::AssertionResult IsCorruption(const Status& s) {
-  if (s.code() == Status::Code::kCorruption) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "expected Corruption, got " << s.ToString();
-}
-
-template <typename M>
-M MustDecode(const std::string& payload) {
-  M m;
-  Status s = M::Decode(payload, &m);
-  EXPECT_TRUE(s.ok()) << s.ToString();
-  return m;
-}
-
-// The payload decodes and re-encodes to itself; each strict prefix except
-// those in `valid_prefixes` (the end of a shorter valid form, before an
-// optional tail), and the payload with a byte more, is Corruption.
+// testing::ExpectExactAndCanonical with three trailing bytes tried, not one.
 template <typename M>
 void ExpectExactAndCanonical(const std::string& payload, const char* what,
                              const std::set<size_t>& valid_prefixes = {}) {
-  SCOPED_TRACE(what);
-  M m;
-  ASSERT_OK(M::Decode(payload, &m));
-  EXPECT_EQ(m.Encode(), payload);
-  for (size_t n = 0; n < payload.size(); ++n) {
-    M t;
-    Status s = M::Decode(std::string_view(payload).substr(0, n), &t);
-    if (valid_prefixes.count(n)) {
-      EXPECT_TRUE(s.ok()) << "prefix of " << n << ": " << s.ToString();
-    } else {
-      EXPECT_TRUE(IsCorruption(s)) << "prefix of " << n;
-    }
-  }
-  for (char extra : {'\0', '\1', '\xff'}) {
-    M t;
-    EXPECT_TRUE(IsCorruption(M::Decode(payload + extra, &t))) << "a trailing byte " << int(extra);
-  }
+  testing::ExpectExactAndCanonical<M>(payload, what, valid_prefixes, std::string("\0\1\xff", 3));
 }
 
 TEST(ServiceMessagesTest, InstanceEnvelopeMatchesTheDocumentedLayout) {

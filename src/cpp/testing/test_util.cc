@@ -1,6 +1,13 @@
 #include "testing/test_util.h"
 
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <cstdlib>
+#include <fstream>
+#include <random>
+#include <sstream>
 #include <stdexcept>
 
 #include "util/fs.h"
@@ -17,5 +24,64 @@ TempDir::TempDir() {
 TempDir::~TempDir() { (void)fs::RemoveAll(path_); }
 
 std::string TempDir::Sub(const std::string& name) const { return fs::Join(path_, name); }
+
+std::string LE(uint64_t v, int bytes) {
+  std::string s;
+  for (int i = 0; i < bytes; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  return s;
+}
+
+std::string RoutedKey(const std::string& head, const std::string& routing, const std::string& tail, uint8_t flags) {
+  std::string s = head + routing + tail;
+  s.push_back(static_cast<char>(head.size() >> 8));
+  s.push_back(static_cast<char>(head.size() & 0xff));
+  s.push_back(static_cast<char>(routing.size() >> 8));
+  s.push_back(static_cast<char>(routing.size() & 0xff));
+  s.push_back(static_cast<char>(flags));
+  s.push_back(static_cast<char>(0xF5));
+  return s;
+}
+
+::testing::AssertionResult IsCorruption(const Status& s) {
+  if (s.code() == Status::Code::kCorruption) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "expected Corruption, got " << s.ToString();
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void WriteBytes(const std::string& path, std::string_view bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string RandomBytes(size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::string s(n, '\0');
+  for (auto& c : s) c = static_cast<char>(rng() & 0xff);
+  return s;
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::vector<std::string> List(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return names;
+  while (dirent* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n != "." && n != "..") names.push_back(n);
+  }
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
 
 }  // namespace rhino::testing
