@@ -9,17 +9,13 @@
 // checked through the fence file the protocol says a member persists.
 #include "client/chain_client.h"
 
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,24 +33,8 @@ namespace {
 
 constexpr char kSecret[] = "chain-credit-test-secret";
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void WriteBytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-std::string RandomBytes(size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::string s(n, '\0');
-  for (auto& c : s) c = static_cast<char>(rng() & 0xff);
-  return s;
-}
+using testing::RandomBytes;
+using testing::Slurp;
 
 using Files = std::map<std::string, std::string>;  // name -> bytes
 
@@ -110,18 +90,10 @@ class ChainCreditTest : public ::testing::Test {
 
   // Pools files_ into the primary's store as checkpoint `id` of op/0.
   void CommitCheckpoint(uint64_t id) {
-    const std::string src = dir_.Sub("src-" + std::to_string(id));
-    ASSERT_EQ(::mkdir(src.c_str(), 0755), 0) << src;
     Manifest m;
     m.operator_id = "op";
     m.checkpoint_id = id;
-    for (const auto& [name, bytes] : files_) {
-      WriteBytes(src + "/" + name, bytes);
-      FileEntry e;
-      e.name = name;
-      ASSERT_OK(store_->PoolFile(src + "/" + name, nullptr, &e));
-      m.files.push_back(e);
-    }
+    ASSERT_OK(testing::PoolFiles(store_.get(), dir_.Sub("src-" + std::to_string(id)), files_, &m.files));
     ASSERT_OK(store_->CommitManifest(m));
   }
 

@@ -35,23 +35,8 @@ uint32_t ModelVnode(uint32_t kg, uint32_t v, uint32_t k) {
   return static_cast<uint32_t>((static_cast<unsigned __int128>(kg) * v) / k);
 }
 // The 8 little-endian bytes of an int64, built byte by byte.
-std::string LittleEndian(int64_t key) {
-  std::string s(8, '\0');
-  uint64_t u = static_cast<uint64_t>(key);
-  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>(u >> (8 * i));
-  return s;
-}
-// head | routing | tail | u16be len(head) | u16be len(routing) | flags | 0xF5, by hand.
-std::string Routed(const std::string& head, const std::string& routing, const std::string& tail, uint8_t flags) {
-  std::string s = head + routing + tail;
-  s.push_back(static_cast<char>(head.size() >> 8));
-  s.push_back(static_cast<char>(head.size() & 0xff));
-  s.push_back(static_cast<char>(routing.size() >> 8));
-  s.push_back(static_cast<char>(routing.size() & 0xff));
-  s.push_back(static_cast<char>(flags));
-  s.push_back(static_cast<char>(0xF5));
-  return s;
-}
+std::string LittleEndian(int64_t key) { return testing::U64(static_cast<uint64_t>(key)); }
+using testing::RoutedKey;
 
 Partitioner Make(uint32_t k, uint32_t v, uint64_t seed = 0) {
   PartitionerOptions o;
@@ -193,7 +178,7 @@ TEST(PartitionerTest, RoutedKeyIsHashedByItsRoutingPart) {
   for (const std::string& routing : {std::string("user-42"), std::string(""), std::string("\0\xF5", 2)}) {
     for (const std::string& head : {std::string(""), std::string("L")}) {
       for (uint8_t flags : {uint8_t{0}, uint8_t{1}}) {
-        const std::string key = Routed(head, routing, "tail-bytes", flags);
+        const std::string key = RoutedKey(head, routing, "tail-bytes", flags);
         EXPECT_EQ(p.KeyGroupOfBytes(key), ModelKeyGroup(routing, 3, 1u << 15));
         EXPECT_EQ(p.VnodeOfBytes(key), ModelVnode(ModelKeyGroup(routing, 3, 1u << 15), 256, 1u << 15));
       }
@@ -261,7 +246,7 @@ TEST(PartitionerTest, VectorizedFormsMatchTheModelKeyByKey) {
   for (int64_t i = -100; i < 100; ++i) ikeys.push_back(i * 7919);
   std::vector<std::string> skeys;
   for (int i = 0; i < 200; ++i) skeys.push_back("key-" + std::to_string(i));
-  skeys.push_back(Routed("h", "key-3", "t", 0));
+  skeys.push_back(RoutedKey("h", "key-3", "t", 0));
   std::vector<std::string_view> views(skeys.begin(), skeys.end());
 
   std::vector<int32_t> kgs(ikeys.size(), -1), vns(ikeys.size(), -1);

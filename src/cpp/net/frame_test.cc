@@ -18,6 +18,7 @@ using testing::IsCorruption;
 using testing::U16;
 using testing::U32;
 using testing::U64;
+
 uint32_t Low32Xxh3(std::string_view s) {
   return static_cast<uint32_t>(XXH3_64bits(s.data(), s.size()) & 0xffffffffu);
 }

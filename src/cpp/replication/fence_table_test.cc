@@ -3,14 +3,8 @@
 // is the oracle: files are read back and written by hand here.
 #include "replication/fence_table.h"
 
-#include <dirent.h>
-#include <sys/stat.h>
-
-#include <algorithm>
 #include <cstdint>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,35 +13,10 @@
 namespace rhino {
 namespace {
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-bool Exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
-}
-
-void WriteText(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-}
-
-std::vector<std::string> List(const std::string& dir) {
-  std::vector<std::string> names;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return names;
-  while (dirent* e = ::readdir(d)) {
-    std::string n = e->d_name;
-    if (n != "." && n != "..") names.push_back(n);
-  }
-  ::closedir(d);
-  std::sort(names.begin(), names.end());
-  return names;
-}
+using testing::Exists;
+using testing::List;
+using testing::Slurp;
+using testing::WriteBytes;
 
 TEST(FenceTableTest, NothingSeenIsZeroAndEveryVersionPasses) {
   testing::TempDir dir;
@@ -128,7 +97,7 @@ TEST(FenceTableTest, ANewTableOnTheSameStoreStaysFenced) {
   }
   EXPECT_EQ(Slurp(dir.Sub("fences/op/3")), "18446744073709551615\n");
   // A fence file written by hand, in the documented format, counts too.
-  WriteText(dir.Sub("fences/op/5"), "42\n");
+  WriteBytes(dir.Sub("fences/op/5"), "42\n");
   FenceTable restarted(dir.path());
   EXPECT_EQ(restarted.Highest("op", 3), top);
   EXPECT_CODE(restarted.Check("op", 3, top - 1), kStaleChainVersion);
@@ -186,7 +155,7 @@ TEST(FenceTableTest, AnOperatorIdThatEscapesTheStoreIsRefused) {
   testing::TempDir dir;
   // A file where "../x" would lead: fences/../x/0 = <store>/x/0.
   ASSERT_EQ(::mkdir(dir.Sub("x").c_str(), 0755), 0);
-  WriteText(dir.Sub("x/0"), "99\n");
+  WriteBytes(dir.Sub("x/0"), "99\n");
   FenceTable t(dir.path());
   bool raised = true;
   EXPECT_CODE(t.Observe("../x", 0, 100, &raised), kPathOutsideStore);

@@ -20,14 +20,7 @@ constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
 // head | routing | tail | u16be len(head) | u16be len(routing) | flags | 0xF5
 std::string RoutedKey(uint8_t flags, const std::string& head = "h", const std::string& routing = "user-1",
                       const std::string& tail = "t") {
-  std::string k = head + routing + tail;
-  k.push_back(static_cast<char>(head.size() >> 8));
-  k.push_back(static_cast<char>(head.size()));
-  k.push_back(static_cast<char>(routing.size() >> 8));
-  k.push_back(static_cast<char>(routing.size()));
-  k.push_back(static_cast<char>(flags));
-  k.push_back(static_cast<char>(0xF5));
-  return k;
+  return testing::RoutedKey(head, routing, tail, flags);
 }
 // An 8-byte big-endian expiry followed by the payload.
 std::string Value(int64_t expiry, const std::string& payload = "payload") {

@@ -7,18 +7,14 @@
 // takes a real RocksDB checkpoint with StateBackend and reads the values back.
 #include "rhino/replica_store.h"
 
-#include <dirent.h>
 #include <sys/stat.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <random>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -28,24 +24,10 @@
 namespace rhino {
 namespace {
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void WriteBytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-std::string RandomBytes(size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::string s(n, '\0');
-  for (auto& c : s) c = static_cast<char>(rng() & 0xff);
-  return s;
-}
+using testing::List;
+using testing::RandomBytes;
+using testing::Slurp;
+using testing::WriteBytes;
 
 // The identity replica_store.h promises: XXH3-128 as 32 hex digits, "-", size.
 std::string IdentityOf(const std::string& bytes) {
@@ -79,19 +61,6 @@ bool SameInode(const std::string& a, const std::string& b) {
   return x.ok && y.ok && x.ino == y.ino && x.dev == y.dev;
 }
 
-std::vector<std::string> List(const std::string& dir) {
-  std::vector<std::string> names;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return names;
-  while (dirent* e = ::readdir(d)) {
-    std::string n = e->d_name;
-    if (n != "." && n != "..") names.push_back(n);
-  }
-  ::closedir(d);
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 // A hand-built "checkpoint": files with known bytes, pooled and committed.
 class StoreTest : public ::testing::Test {
  protected:
@@ -100,21 +69,13 @@ class StoreTest : public ::testing::Test {
   // Writes name -> bytes into a fresh source directory, pools every file and
   // commits checkpoint `id` of op/0.
   Manifest Commit(uint64_t id, const std::map<std::string, std::string>& files) {
-    const std::string src = dir_.Sub("src-" + std::to_string(id));
-    EXPECT_EQ(::mkdir(src.c_str(), 0755), 0);
     Manifest m;
     m.operator_id = "op";
     m.instance = 0;
     m.checkpoint_id = id;
     m.version = id;
-    for (const auto& [name, bytes] : files) {
-      WriteBytes(src + "/" + name, bytes);
-      FileEntry e;
-      e.name = name;
-      EXPECT_OK(store_->PoolFile(src + "/" + name, nullptr, &e));
-      e.in_delta = true;
-      m.files.push_back(e);
-    }
+    EXPECT_OK(testing::PoolFiles(store_.get(), dir_.Sub("src-" + std::to_string(id)), files, &m.files));
+    for (FileEntry& e : m.files) e.in_delta = true;
     EXPECT_OK(store_->CommitManifest(m));
     return m;
   }

@@ -4,9 +4,6 @@
 // also everything from its last complete checkpoint on.
 #include "store/retention.h"
 
-#include <dirent.h>
-
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <set>
@@ -38,7 +35,7 @@ class RetentionTest : public ::testing::Test {
     for (const auto& [name, bytes] : {std::pair<std::string, std::string>{"unique.sst", unique},
                                       std::pair<std::string, std::string>{"shared.sst", "SHARED"}}) {
       const std::string path = tmp_.Sub("src-" + std::to_string(next_++));
-      { std::ofstream(path, std::ios::binary) << bytes; }
+      testing::WriteBytes(path, bytes);
       FileEntry e;
       e.name = name;
       ASSERT_OK(store_->PoolFile(path, nullptr, &e));
@@ -58,16 +55,10 @@ class RetentionTest : public ::testing::Test {
 
   // The pool's file names, read with opendir (not through the store).
   std::set<std::string> Pool() {
-    std::set<std::string> names;
-    DIR* d = ::opendir(tmp_.Sub("store/pool").c_str());
-    EXPECT_NE(d, nullptr);
-    if (d == nullptr) return names;
-    while (dirent* e = ::readdir(d)) {
-      std::string n = e->d_name;
-      if (n != "." && n != "..") names.insert(n);
-    }
-    ::closedir(d);
-    return names;
+    const std::string pool = tmp_.Sub("store/pool");
+    EXPECT_TRUE(testing::Exists(pool)) << pool;
+    const std::vector<std::string> names = testing::List(pool);
+    return {names.begin(), names.end()};
   }
 
   testing::TempDir tmp_;

@@ -5,15 +5,11 @@
 //
 // Oracles: stat() for inodes, files read back byte for byte, the marker read
 // as text, and hand-built checkpoints whose bytes the test knows.
-#include <dirent.h>
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -23,46 +19,15 @@
 namespace rhino {
 namespace {
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void WriteBytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-std::string RandomBytes(size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::string s(n, '\0');
-  for (auto& c : s) c = static_cast<char>(rng() & 0xff);
-  return s;
-}
-
-bool Exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
-}
+using testing::Exists;
+using testing::List;
+using testing::RandomBytes;
+using testing::Slurp;
+using testing::WriteBytes;
 
 ino_t InodeOf(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 ? st.st_ino : 0;
-}
-
-std::vector<std::string> List(const std::string& dir) {
-  std::vector<std::string> names;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return names;
-  while (dirent* e = ::readdir(d)) {
-    std::string n = e->d_name;
-    if (n != "." && n != "..") names.push_back(n);
-  }
-  ::closedir(d);
-  std::sort(names.begin(), names.end());
-  return names;
 }
 
 using Files = std::map<std::string, std::string>;  // name -> bytes
@@ -72,18 +37,10 @@ class StandbyTest : public ::testing::Test {
   void SetUp() override { ASSERT_OK(ReplicaStore::Open(dir_.Sub("store"), &store_)); }
 
   Manifest Commit(uint64_t id, const Files& files) {
-    const std::string src = dir_.Sub("src-" + std::to_string(id));
-    EXPECT_EQ(::mkdir(src.c_str(), 0755), 0);
     Manifest m;
     m.operator_id = "op";
     m.checkpoint_id = id;
-    for (const auto& [name, bytes] : files) {
-      WriteBytes(src + "/" + name, bytes);
-      FileEntry e;
-      e.name = name;
-      EXPECT_OK(store_->PoolFile(src + "/" + name, nullptr, &e));
-      m.files.push_back(e);
-    }
+    EXPECT_OK(testing::PoolFiles(store_.get(), dir_.Sub("src-" + std::to_string(id)), files, &m.files));
     EXPECT_OK(store_->CommitManifest(m));
     return m;
   }

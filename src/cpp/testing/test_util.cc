@@ -4,12 +4,14 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <fstream>
 #include <random>
 #include <sstream>
 #include <stdexcept>
 
+#include "rhino/replica_store.h"
 #include "util/fs.h"
 
 namespace rhino::testing {
@@ -82,6 +84,20 @@ std::vector<std::string> List(const std::string& dir) {
   ::closedir(d);
   std::sort(names.begin(), names.end());
   return names;
+}
+
+Status PoolFiles(ReplicaStore* store, const std::string& src, const std::map<std::string, std::string>& files,
+                 std::vector<FileEntry>* entries) {
+  Status first = ::mkdir(src.c_str(), 0755) == 0 ? Status::OK() : Status::FromErrno(errno, "mkdir " + src);
+  for (const auto& [name, bytes] : files) {  // on an error, the rest are still pooled; the first error is returned
+    WriteBytes(src + "/" + name, bytes);
+    FileEntry e;
+    e.name = name;
+    Status s = store->PoolFile(src + "/" + name, nullptr, &e);
+    if (first.ok()) first = s;
+    entries->push_back(e);
+  }
+  return first;
 }
 
 }  // namespace rhino::testing

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <string_view>
@@ -30,6 +31,11 @@
     const ::rhino::Status _s = (expr);                               \
     EXPECT_EQ(_s.code(), ::rhino::Status::Code::code_name) << _s.ToString(); \
   } while (0)
+
+namespace rhino {
+class ReplicaStore;
+struct FileEntry;
+}  // namespace rhino
 
 namespace rhino::testing {
 
@@ -118,5 +124,9 @@ std::string RandomBytes(size_t n, unsigned seed);
 bool Exists(const std::string& path);
 // The names in dir, sorted, without "." and ".."; empty if it cannot be opened.
 std::vector<std::string> List(const std::string& dir);
+
+// Writes files (name -> bytes) into the new directory src and pools each into store, appending its entry.
+Status PoolFiles(ReplicaStore* store, const std::string& src, const std::map<std::string, std::string>& files,
+                 std::vector<FileEntry>* entries);
 
 }  // namespace rhino::testing

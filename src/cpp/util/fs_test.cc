@@ -3,14 +3,11 @@
 // helpers themselves.
 #include "util/fs.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,26 +16,11 @@
 namespace rhino {
 namespace {
 
+using testing::List;
+using testing::Slurp;
 using testing::TempDir;
+using testing::WriteBytes;
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-void Spit(const std::string& path, const std::string& data) { std::ofstream(path, std::ios::binary) << data; }
-std::vector<std::string> Entries(const std::string& dir) {  // unsorted, via readdir
-  std::vector<std::string> out;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return out;
-  while (dirent* e = ::readdir(d)) {
-    std::string n = e->d_name;
-    if (n != "." && n != "..") out.push_back(n);
-  }
-  ::closedir(d);
-  return out;
-}
 bool PathExists(const std::string& p) {
   struct stat st;
   return ::lstat(p.c_str(), &st) == 0;
@@ -56,7 +38,7 @@ TEST(FsTest, WriteFileAtomicCreatesReplacesAndLeavesNoTemporary) {
     EXPECT_EQ(Slurp(p), big);
     ASSERT_OK(fs::WriteFileAtomic(p, "", sync));
     EXPECT_EQ(Slurp(p), "");
-    EXPECT_EQ(Entries(t.path()), (std::vector<std::string>{"meta.json"}));
+    EXPECT_EQ(List(t.path()), (std::vector<std::string>{"meta.json"}));
   }
   // Into a directory that does not exist: an error, and nothing created.
   EXPECT_CODE(fs::WriteFileAtomic(t.Sub("no/such/file"), "x"), kNotFound);
@@ -67,11 +49,11 @@ TEST(FsTest, ReadFileReadsBinaryBeyondOneBufferAndMissingIsNotFound) {
   TempDir t;
   std::string data(3 * 65536 + 7, '\0');
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i % 251);
-  Spit(t.Sub("f"), data);
+  WriteBytes(t.Sub("f"), data);
   std::string got = "stale";
   ASSERT_OK(fs::ReadFile(t.Sub("f"), &got));
   EXPECT_EQ(got, data);
-  Spit(t.Sub("empty"), "");
+  WriteBytes(t.Sub("empty"), "");
   ASSERT_OK(fs::ReadFile(t.Sub("empty"), &got));
   EXPECT_EQ(got, "");
   EXPECT_CODE(fs::ReadFile(t.Sub("missing"), &got), kNotFound);
@@ -79,7 +61,7 @@ TEST(FsTest, ReadFileReadsBinaryBeyondOneBufferAndMissingIsNotFound) {
 
 TEST(FsTest, ListDirIsSortedWithoutDotEntries) {
   TempDir t;
-  for (const char* n : {"b", "a10", "A", "a2", ".hidden", "z"}) Spit(t.Sub(n), "");
+  for (const char* n : {"b", "a10", "A", "a2", ".hidden", "z"}) WriteBytes(t.Sub(n), "");
   ASSERT_OK(fs::MakeDirs(t.Sub("dir")));
   std::vector<std::string> names = {"stale"};
   ASSERT_OK(fs::ListDir(t.path(), &names));
@@ -101,7 +83,7 @@ TEST(FsTest, MakeDirsCreatesEveryLevelAndIsIdempotent) {
   EXPECT_OK(fs::MakeDirs(deep + "/"));
   EXPECT_TRUE(fs::IsDir(deep));
   // A regular file on the way down is an error.
-  Spit(t.Sub("file"), "x");
+  WriteBytes(t.Sub("file"), "x");
   EXPECT_FALSE(fs::MakeDirs(t.Sub("file/sub")).ok());
 }
 
@@ -109,7 +91,7 @@ TEST(FsTest, MakeDirsCreatesEveryLevelAndIsIdempotent) {
 // path is a directory, so MakeDirs("<regular file>") returns OK and no directory exists.
 TEST(FsTest, MakeDirsOnARegularFileIsAnError) {
   TempDir t;
-  Spit(t.Sub("file"), "x");
+  WriteBytes(t.Sub("file"), "x");
   EXPECT_FALSE(fs::MakeDirs(t.Sub("file")).ok()) << "mkdir -p on a file must fail";
   EXPECT_FALSE(fs::IsDir(t.Sub("file")));
 }
@@ -117,10 +99,10 @@ TEST(FsTest, MakeDirsOnARegularFileIsAnError) {
 TEST(FsTest, RemoveAllRemovesATreeButNotWhatASymlinkPointsTo) {
   TempDir t;
   ASSERT_OK(fs::MakeDirs(t.Sub("keep")));
-  Spit(t.Sub("keep/precious"), "data");
+  WriteBytes(t.Sub("keep/precious"), "data");
   ASSERT_OK(fs::MakeDirs(t.Sub("tree/x/y")));
-  Spit(t.Sub("tree/f"), "1");
-  Spit(t.Sub("tree/x/y/g"), "2");
+  WriteBytes(t.Sub("tree/f"), "1");
+  WriteBytes(t.Sub("tree/x/y/g"), "2");
   ASSERT_EQ(::chmod(t.Sub("tree/f").c_str(), 0444), 0);  // read-only files go too (pool files are 0444)
   ASSERT_EQ(::symlink(t.Sub("keep").c_str(), t.Sub("tree/x/link").c_str()), 0);
   ASSERT_OK(fs::RemoveAll(t.Sub("tree")));
@@ -128,7 +110,7 @@ TEST(FsTest, RemoveAllRemovesATreeButNotWhatASymlinkPointsTo) {
   EXPECT_EQ(Slurp(t.Sub("keep/precious")), "data");
   // Absent is fine; a single file is removed.
   EXPECT_OK(fs::RemoveAll(t.Sub("tree")));
-  Spit(t.Sub("single"), "s");
+  WriteBytes(t.Sub("single"), "s");
   ASSERT_OK(fs::RemoveAll(t.Sub("single")));
   EXPECT_FALSE(PathExists(t.Sub("single")));
 }
@@ -137,7 +119,7 @@ TEST(FsTest, CopyFileCopiesBytesAndRefusesToOverwrite) {
   TempDir t;
   std::string data(1 << 20, '\0');
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 7) ^ (i >> 9));
-  Spit(t.Sub("src"), data);
+  WriteBytes(t.Sub("src"), data);
   ASSERT_OK(fs::CopyFile(t.Sub("src"), t.Sub("dst")));
   EXPECT_EQ(Slurp(t.Sub("dst")), data);
   struct stat a, b;
@@ -146,11 +128,11 @@ TEST(FsTest, CopyFileCopiesBytesAndRefusesToOverwrite) {
   EXPECT_NE(a.st_ino, b.st_ino);  // a copy, not a link
   ASSERT_OK(fs::CopyFile(t.Sub("src"), t.Sub("dst-nosync"), /*sync=*/false));
   EXPECT_EQ(Slurp(t.Sub("dst-nosync")), data);
-  Spit(t.Sub("empty"), "");
+  WriteBytes(t.Sub("empty"), "");
   ASSERT_OK(fs::CopyFile(t.Sub("empty"), t.Sub("empty2")));
   EXPECT_EQ(Slurp(t.Sub("empty2")), "");
 
-  Spit(t.Sub("other"), "do not clobber");
+  WriteBytes(t.Sub("other"), "do not clobber");
   EXPECT_CODE(fs::CopyFile(t.Sub("src"), t.Sub("other")), kAlreadyExists);
   EXPECT_EQ(Slurp(t.Sub("other")), "do not clobber");
   EXPECT_CODE(fs::CopyFile(t.Sub("missing"), t.Sub("dst2")), kNotFound);
@@ -159,7 +141,7 @@ TEST(FsTest, CopyFileCopiesBytesAndRefusesToOverwrite) {
 
 TEST(FsTest, LinkSharesTheInodeAndRefusesAnExistingTarget) {
   TempDir t;
-  Spit(t.Sub("a"), "content");
+  WriteBytes(t.Sub("a"), "content");
   bool cross = true;
   ASSERT_OK(fs::Link(t.Sub("a"), t.Sub("b"), &cross));
   EXPECT_FALSE(cross);
@@ -182,7 +164,7 @@ TEST(FsTest, LinkSharesTheInodeAndRefusesAnExistingTarget) {
 
 TEST(FsTest, RenameFileSizeAndFsyncReportMissingPathsAsNotFound) {
   TempDir t;
-  Spit(t.Sub("a"), "12345");
+  WriteBytes(t.Sub("a"), "12345");
   uint64_t size = 0;
   ASSERT_OK(fs::FileSize(t.Sub("a"), &size));
   EXPECT_EQ(size, 5u);
