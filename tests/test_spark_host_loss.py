@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from rhino.errors import RhinoError, RhinoIOError
+from rhino.errors import RhinoIOError
 
 pyspark = pytest.importorskip("pyspark")
 import pandas as pd  # noqa: E402
@@ -178,56 +178,6 @@ def test_a_new_epoch_seen_alone_settles_and_a_failed_report_does_not():
     assert cancels and not w.settled.is_set() and w.errors
 
 
-def test_an_action_is_abandoned_once_the_watch_settles():
-    from rhino.spark.operator import TransformWithState
-
-    class Watch:
-        tag = "rhino-op-7-1"
-
-        def __init__(self) -> None:
-            self.settled = threading.Event()
-
-    class Context:  # the job tags of the thread that runs the action
-        def __init__(self) -> None:
-            self.tags: dict[str, set] = {}
-
-        def addJobTag(self, tag: str) -> None:
-            self.tags.setdefault(threading.current_thread().name, set()).add(tag)
-
-        def removeJobTag(self, tag: str) -> None:
-            self.tags[threading.current_thread().name].discard(tag)
-
-    op = TransformWithState.__new__(TransformWithState)
-    op.operator_id = "op"
-    sc = Context()
-    seen: list = []
-    assert op._act(sc, lambda: 42, None) == 42 and not sc.tags  # no watch: no thread, no tag
-    assert op._act(sc, lambda: seen.append({k: set(v) for k, v in sc.tags.items()}) or 43, Watch()) == 43
-    # the action ran in its own thread, under the watch's tag, taken back after
-    assert seen == [{"rhino-action-op": {"rhino-op-7-1"}}] and sc.tags == {"rhino-action-op": set()}
-    with pytest.raises(ValueError, match="bad"):  # the action's own error comes back as itself
-        op._act(sc, lambda: (_ for _ in ()).throw(ValueError("bad")), Watch())
-    release = threading.Event()
-    w = Watch()
-    threading.Timer(0.1, w.settled.set).start()
-    t0 = time.monotonic()
-    with pytest.raises(RhinoError, match="not waiting for its Spark job"):
-        op._act(sc, lambda: release.wait(10), w)  # a cancelled job whose error is slow to come back
-    assert time.monotonic() - t0 < 2.0
-    assert getattr(op, "_unwinding_sink", None) is None  # no user code in it: nothing to wait for
-    release.set()
-    # an abandoned sink call is kept: the rerun does not call the sink before it has returned
-    unwound = threading.Event()
-    w = Watch()
-    threading.Timer(0.1, w.settled.set).start()
-    with pytest.raises(RhinoError, match="not waiting for its Spark job"):
-        op._act(sc, lambda: unwound.wait(10), w, user_code=True)
-    assert op._unwinding_sink is not None and op._unwinding_sink.is_alive()
-    unwound.set()
-    op._unwinding_sink.join(5)
-    assert not op._unwinding_sink.is_alive()
-
-
 def _wait_for(pred, timeout: float = 2.0) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -268,6 +218,7 @@ def _cached_inputs(ui: str, app: str, sc) -> list[dict]:
 
 
 def test_the_driver_reports_a_killed_host_before_any_heartbeat_timeout(tmp_path, monkeypatch):
+    from rhino.spark.driver.routing import BatchInput
     from rhino.spark.operator import TransformWithState
     from rhino_bench.harness.spark_cluster import LocalCluster
     from rhino_bench.nexmark import oracle
@@ -281,16 +232,16 @@ def test_the_driver_reports_a_killed_host_before_any_heartbeat_timeout(tmp_path,
         spark = cl.spark_session("rhino-host-loss")
         sc = spark.sparkContext
         cached: list[list[dict]] = []
-        release = TransformWithState._release_inputs
+        release = BatchInput.release
 
-        def seen_then_release(op) -> None:  # what was cached while the batch ran, then its release
+        def seen_then_release(batch_input) -> None:  # what was cached while the batch ran, then its release
             cached.append(_cached_inputs(sc.uiWebUrl, sc.applicationId, sc))
-            release(op)
+            release(batch_input)
 
-        monkeypatch.setattr(TransformWithState, "_release_inputs", seen_then_release)
+        monkeypatch.setattr(BatchInput, "release", seen_then_release)
         # A sink slow to unwind its cancelled job (as a file sink's abort is): the rerun
         # must not wait for it to start its stateful tasks, nor call the sink while the
-        # cancelled call is still running (operator.py, _run_job).
+        # cancelled call is still running (driver/sink.py).
         for_each_batch = TransformWithState.for_each_batch
         calls: dict = {"active": 0, "overlaps": [], "unwound": []}
 

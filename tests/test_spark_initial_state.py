@@ -129,8 +129,7 @@ def test_initial_state_equals_sparks_own_and_counts_once_when_batch_0_runs_again
     assert max(ids_s, default=-1) >= len(BATCHES) - 1, "Spark's own query did not run its batches in time"
 
     op = _op(cluster, op_id="initial", initial_state=init_df.groupBy("k"))
-    op.coordinator()
-    op._coord = RefuseFirstCommit(op._coord, 0)
+    op.control.client = RefuseFirstCommit(op.coordinator(), 0)
     got_r: dict[int, pd.DataFrame] = {}  # an idempotent sink, by batch id
     calls: list[int] = []
 
@@ -141,7 +140,7 @@ def test_initial_state_equals_sparks_own_and_counts_once_when_batch_0_runs_again
     q = (stream().writeStream.foreachBatch(op.for_each_batch(sink))
          .option("checkpointLocation", str(tmp_path / "ck-rhino")).trigger(availableNow=True).start())
     q.awaitTermination(180)
-    assert op._coord.refused == 1 and op.reports[0].attempts == 2
+    assert op.control.client.refused == 1 and op.reports[0].attempts == 2
     # the sink is fused with the stateful stage: it saw the refused attempt's output too,
     # which the accepted attempt's replaced
     assert calls.count(0) == 2 and len(calls) == len(got_r) + 1, calls

@@ -161,15 +161,14 @@ def test_a_batch_run_again_reuses_its_shuffle_and_stays_exactly_once(cluster, sp
     op = _op(cluster, CountProcessor(), "rerun", "k long, count long, seen_sum long, mod0 long")
     pdf0 = pd.DataFrame({"k": [i % 7 for i in range(50)], "v": list(range(50))})
     op.process_batch(spark.createDataFrame(pdf0), 0)
-    op.coordinator()
-    op._coord = RefuseFirstCommit(op._coord, 1)
+    op.control.client = RefuseFirstCommit(op.coordinator(), 1)
     pdf1 = pd.DataFrame({"k": [i % 5 for i in range(40)], "v": [1000 + i for i in range(40)]})
     spark.sparkContext.setJobGroup("rhino-rerun-b1", "batch 1 of the rerun test")
     try:
         out = op.process_batch(spark.createDataFrame(pdf1), 1).to_pandas().sort_values("k").reset_index(drop=True)
     finally:
         spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
-    assert op._coord.refused == 1 and op.reports[-1].attempts == 2
+    assert op.control.client.refused == 1 and op.reports[-1].attempts == 2
     # exactly once: the counts of a pandas replay of batches 0 and 1, not of batch 1 applied twice
     both = pd.concat([pdf0, pdf1])
     want = (both[both["k"].isin(pdf1["k"])].groupby("k")["v"].agg(["count", "sum"]).reset_index()

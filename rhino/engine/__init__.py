@@ -55,7 +55,8 @@ job was cancelled by someone else or Spark stopped (RAISE).
 
 from __future__ import annotations
 
-from .classify import Action, classify, classify_failure, classify_name, failure_class_name
+from .classify import (Action, checkpoint_blocks_lost, classify, classify_failure, classify_job_failure, classify_name,
+                       failure_class_name, first_error_line)
 from .clients import WorkerClients, primary_address
 from .driver import Attempt, AttemptResult, BatchDriver, BatchOutcome, RerunBatch
 from .instance import InstanceRun
@@ -67,7 +68,10 @@ __all__ = [
     "classify",
     "classify_name",
     "classify_failure",
+    "classify_job_failure",
     "failure_class_name",
+    "first_error_line",
+    "checkpoint_blocks_lost",
     "WorkerClients",
     "primary_address",
     "BatchDriver",

@@ -18,7 +18,8 @@ from .. import errors as _errors
 from ..errors import (AbortedError, NoSpaceError, PeerDeadError, RhinoIOError, RhinoTimeoutError, SessionBusyError,
                       StaleChainVersionError, StaleEpochError, UnknownInstanceError)
 
-__all__ = ["Action", "classify", "classify_name", "classify_failure", "failure_class_name"]
+__all__ = ["Action", "classify", "classify_name", "classify_failure", "classify_job_failure", "failure_class_name",
+           "first_error_line", "checkpoint_blocks_lost"]
 
 
 class Action(enum.Enum):
@@ -119,3 +120,28 @@ def classify_failure(text: str) -> Action:
     if _NOT_A_RERUN.search(text):
         return Action.RAISE
     return Action.RERUN
+
+
+def classify_job_failure(exc: BaseException) -> Action:
+    """What a failed Spark action calls for: a failure Spark reports (a py4j or PySpark
+    exception: the task's exception travels as text) by the class named in its text
+    (:func:`classify_failure`), any other exception (the driver's own) by its class."""
+    if any(c.__module__.split(".")[0] in ("py4j", "pyspark") for c in type(exc).__mro__):
+        return classify_failure(str(exc))
+    return classify(exc)
+
+
+def first_error_line(text: str) -> str:
+    """The most telling line of a Spark job failure: the Python exception, if there is one."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ln.startswith(("rhino.errors.", "pyspark.", "Caused by")) or "Error:" in ln:
+            return ln[:400]
+    return lines[0][:400] if lines else ""
+
+
+def checkpoint_blocks_lost(text: str) -> bool:
+    """True if a job failed because blocks of a locally checkpointed DataFrame were lost
+    with their executor (Spark's ``CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND``): its lineage ends
+    at the checkpoint, so Spark cannot compute them again."""
+    return "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND" in text or ("Checkpoint block" in text and "not found" in text)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rhino.errors import RhinoError
 
-__all__ = ["InputLostError"]
+__all__ = ["InputLostError", "output_lost"]
 
 
 class InputLostError(RhinoError):
@@ -14,3 +14,11 @@ class InputLostError(RhinoError):
     cannot help. Nothing was committed. Run the chain again from its first operator (each
     runs the batch again from b-1, the one that had committed it as a replay): see
     docs/spark.md, "One micro-batch"."""
+
+
+def output_lost(e: BaseException) -> bool:
+    """True if a job failed because blocks of a materialized output were lost with their
+    executor, ours or (reported as :class:`InputLostError`) an upstream operator's."""
+    from rhino.engine import checkpoint_blocks_lost
+
+    return isinstance(e, InputLostError) or checkpoint_blocks_lost(str(e))

@@ -101,7 +101,7 @@ class RhinoGroupState:
         if self._timeout != "processingtimetimeout":
             raise InvalidArgumentError("setTimeoutDuration needs timeout='ProcessingTimeTimeout' (Spark: cannot "
                                        "set a timeout duration without enabling processing time timeout)")
-        from .operator import parse_delay_ms
+        from .driver.config import parse_delay_ms
 
         ms = parse_delay_ms(durationMs)
         if ms <= 0:

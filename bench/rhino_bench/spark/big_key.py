@@ -87,7 +87,7 @@ SESSION_LIMIT = 1 << 30  # a worker session's uncommitted writes (key and value 
 # Per-entry bytes besides the payload, about: key = head 3 + routing (encode_key((k,))) + map key
 # 9 + trailer 6; value = schema version 2 + null bitmap 1 + seq 8 + payload length 4.
 ENTRY_OVERHEAD_EST = 48
-PREFETCH = 64  # rhino.spark's prefetch per collection and key (TaskSpec.prefetch_entries)
+PREFETCH = 64  # rhino.spark's prefetch per collection and key (rhino.spark.driver.config.PREFETCH_ENTRIES)
 STEPS = ("fill", "read_processor", "read_state_reader", "handover", "read_processor_after_handover",
          "read_state_reader_after_handover")
 

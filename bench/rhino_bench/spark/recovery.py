@@ -65,7 +65,7 @@ processes: ``kill_listing_s`` says how long that listing took):
   the cancelled attempt's commit, and the placement applies when that commit lets go).
   ``sink_unwind_waits``: how long the rerun waited, with its output already materialized,
   for the cancelled attempt's sink call to return before calling the sink again
-  (operator.py). ``coordinator_failover_phases``:
+  (driver/sink.py). ``coordinator_failover_phases``:
   the whole failover in parts: the worker marked dead (``dead_tx_s``, a metadata commit),
   then this operator's decision (``decide_s``: the chain members asked which checkpoints
   they hold), its plan made durable (``plan_tx_s``), the fence (``fence_s``), chain-repair

@@ -24,7 +24,7 @@ the change says the old epoch again. When a host is lost the driver cancels befo
 reports the host, so the grace is spent after the cancellation, never before it: it is
 kept short, since the next attempt's task for the moved instance waits for this core.
 
-Only with the driver's watch on (``TaskSpec.wait_for_failover`` False): without it
+Only with the driver's watch on (``OperatorConfig.watch_hosts`` True): without it
 nobody cancels the attempt, and a task waits for the failover itself.
 """
 

@@ -44,7 +44,6 @@ import json
 import os
 import socket
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
@@ -61,11 +60,13 @@ from ..state.layout import vnodes_of
 from ..state.store import BatchState
 from ..state.variables import variables_of
 from ..state.writeback import write_back
+from ..driver.attempt import AttemptSpec
+from ..driver.config import PREFETCH_ENTRIES, OperatorConfig
 from .doomed import DoomedAttemptWatch
 from .glue import concat_frames, group_rows
 from .initial import SIDE, Sides
 
-__all__ = ["TaskSpec", "run_partition", "output_arrow_schema"]
+__all__ = ["run_partition", "output_arrow_schema", "this_host"]
 
 # Per Python worker process: Spark reuses the process across tasks, and its clients with it.
 _CLIENTS: dict[tuple, WorkerClients] = {}  # by the cluster's secret and TLS files
@@ -74,45 +75,6 @@ _COORDS: dict[tuple, Any] = {}  # by the coordinator's address and TLS files
 # run one at a time, and a look at the epoch must not wait behind a bulk copy)
 _WATCH_CLIENTS: dict[tuple, WorkerClients] = {}
 WATCH_REQUEST_TIMEOUT_S = 1.0
-
-
-@dataclass
-class TaskSpec:
-    operator_id: str
-    batch: int
-    epoch: int
-    watermark_ms: int
-    key_columns: list[str]
-    processor: Any
-    mode: str  # "pandas" | "rows"
-    time_mode: str  # "none" | "eventtime" | "processingtime"
-    event_time: Optional[str]
-    input_schema_json: str
-    output_schema_json: str
-    timezone: str
-    secret: bytes
-    coordinator: str
-    placement: dict
-    tls: Optional[dict] = None  # rhino.TLS.as_dict(), "{host}" in its paths (rhino.tls.for_host); None: plaintext
-    state_doc: Optional[dict] = None  # the operator's state schema document (state/variables.py)
-    batch_time_ms: int = 0  # the batch's time (the coordinator's; the same when it runs again)
-    prefetch_entries: int = 64  # per collection and key: more is read on demand
-    window_rows: int = 100_000  # input rows (whole keys) per window; due timers per window
-    request_timeout: float = 120.0
-    failover_wait_s: float = 60.0
-    # False when the driver's batch watch runs (operator watch_hosts): it cancels the attempt
-    # and runs the batch again at the new epoch, so a task need not wait for it itself
-    wait_for_failover: bool = True
-    # the driver's accumulator of the tasks' meta rows (runtime/meta.py), and its attempt number
-    meta: Any = None
-    driver_attempt: int = 1
-    # batch 0 with an initial state (runtime/initial.py): the input's own columns, and the
-    # initial state's (its rows carry them under INIT_PREFIX); None otherwise
-    input_columns: Optional[list[str]] = None
-    initial_columns: Optional[list[str]] = None
-    # the instance of each partition (partition p runs instance instances[p]); None: p itself
-    instances: Optional[list[int]] = None
-    extra: dict = field(default_factory=dict)
 
 
 # ---- connections --------------------------------------------------------------------------
@@ -130,36 +92,36 @@ def this_host() -> str:
         return "127.0.0.1"
 
 
-def _tls_key(spec: TaskSpec) -> tuple:
-    return tuple(sorted(spec.tls.items())) if spec.tls else ()
+def _tls_key(cfg: OperatorConfig) -> tuple:
+    return tuple(sorted(cfg.tls.as_dict().items())) if cfg.tls else ()
 
 
-def _clients(spec: TaskSpec) -> WorkerClients:
-    key = (spec.secret, _tls_key(spec))
+def _clients(cfg: OperatorConfig) -> WorkerClients:
+    key = (cfg.secret, _tls_key(cfg))
     c = _CLIENTS.get(key)
     if c is None:
-        c = WorkerClients(secret=spec.secret, client_id=f"spark-task-{os.getpid()}",
-                          request_timeout=spec.request_timeout, tls=for_host(spec.tls, this_host()))
+        c = WorkerClients(secret=cfg.secret, client_id=f"spark-task-{os.getpid()}",
+                          request_timeout=cfg.request_timeout, tls=for_host(cfg.tls, this_host()))
         _CLIENTS[key] = c
     return c
 
 
-def _primary_epoch(spec: TaskSpec, instance: int, host: str) -> Optional[Callable[[], Optional[int]]]:
+def _primary_epoch(cfg: OperatorConfig, spec: AttemptSpec, instance: int, host: str) -> Optional[Callable[[], Optional[int]]]:
     """The instance's epoch on its primary, as the placement the task runs with names it
     (None: not hosted there), for the doomed-attempt watch; None if the placement lacks it."""
     info = (spec.placement.get("instances") or {}).get(str(instance))
     if not info or not info.get("address"):
         return None
     address, _ = primary_address(info, host)
-    key = (spec.secret, _tls_key(spec))
+    key = (cfg.secret, _tls_key(cfg))
 
     def epoch() -> Optional[int]:
         clients = _WATCH_CLIENTS.get(key)
         if clients is None:
             clients = _WATCH_CLIENTS[key] = WorkerClients(
-                secret=spec.secret, client_id=f"spark-task-watch-{os.getpid()}",
-                request_timeout=WATCH_REQUEST_TIMEOUT_S, tls=for_host(spec.tls, this_host()))
-        st = clients.get(address).status(spec.operator_id, instance, wait=False)
+                secret=cfg.secret, client_id=f"spark-task-watch-{os.getpid()}",
+                request_timeout=WATCH_REQUEST_TIMEOUT_S, tls=for_host(cfg.tls, this_host()))
+        st = clients.get(address).status(cfg.operator_id, instance, wait=False)
         if not st.get("hosted"):
             return None
         # the fence, raised before the instance takes a new epoch, is answered even while
@@ -170,13 +132,13 @@ def _primary_epoch(spec: TaskSpec, instance: int, host: str) -> Optional[Callabl
     return epoch
 
 
-def _coordinator(spec: TaskSpec) -> Any:
-    key = (spec.coordinator, _tls_key(spec))
+def _coordinator(cfg: OperatorConfig) -> Any:
+    key = (cfg.coordinator, _tls_key(cfg))
     c = _COORDS.get(key)
     if c is None:
         from rhino.coordinator.client import connect_coordinator
 
-        c = connect_coordinator(spec.coordinator, secret=spec.secret, tls=for_host(spec.tls, this_host()))
+        c = connect_coordinator(cfg.coordinator, secret=cfg.secret, tls=for_host(cfg.tls, this_host()))
         _COORDS[key] = c
     return c
 
@@ -272,42 +234,38 @@ def windows(batches: Iterator[pa.RecordBatch], names: list[str], key_columns: li
         yield buf
 
 
-def run_partition(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def run_partition(cfg: OperatorConfig, spec: AttemptSpec,
+                  batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The task of partition p (instance ``spec.instances[p]``) of one attempt."""
     from pyspark import TaskContext
 
     t_start = time.time()
     ctx = TaskContext.get()
-    part = ctx.partitionId() if ctx is not None else None
-    if part is None:
-        instance = int(spec.extra.get("instance", 0))
-    else:
-        instance = spec.instances[part] if spec.instances is not None else part
+    instance = spec.instances[ctx.partitionId() if ctx is not None else 0]
     attempt = ctx.attemptNumber() if ctx is not None else 0
-    in_schema = _schema(spec.input_schema_json)
-    out_schema = _schema(spec.output_schema_json)
-    out_arrow = output_arrow_schema(out_schema)
-
     host = this_host()
     # with the driver's batch watch on, a task of an attempt it cancels ends itself
     # (runtime/doomed.py); without it, the task waits for a failover itself (InstanceRun)
     watch: Any = contextlib.nullcontext()
-    if not spec.wait_for_failover:
-        watch = DoomedAttemptWatch(lambda: _coordinator(spec), spec.operator_id, spec.epoch,
-                                   local_epoch=_primary_epoch(spec, instance, host),
+    if cfg.watch_hosts:
+        watch = DoomedAttemptWatch(lambda: _coordinator(cfg), cfg.operator_id, spec.epoch,
+                                   local_epoch=_primary_epoch(cfg, spec, instance, host),
                                    what=f"the task of instance {instance}, batch {spec.batch} (driver attempt "
-                                        f"{spec.driver_attempt}, epoch {spec.epoch})")
+                                        f"{spec.attempt}, epoch {spec.epoch})")
     with watch:
-        yield from _run_instance(spec, instance, attempt, host, t_start, in_schema, out_schema, out_arrow, batches)
+        yield from _run_instance(cfg, spec, instance, attempt, host, t_start, batches)
 
 
-def _run_instance(spec: TaskSpec, instance: int, attempt: int, host: str, t_start: float, in_schema: Any,
-                  out_schema: Any, out_arrow: pa.Schema,
+def _run_instance(cfg: OperatorConfig, spec: AttemptSpec, instance: int, attempt: int, host: str, t_start: float,
                   batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    run = InstanceRun(_clients(spec), lambda: _coordinator(spec), spec.operator_id, instance, batch=spec.batch,
+    out_arrow = output_arrow_schema(cfg.output_schema)
+    # with the driver's watch on, the driver cancels the attempt and runs the batch again at
+    # the new epoch, so the task need not wait for a failover itself
+    run = InstanceRun(_clients(cfg), lambda: _coordinator(cfg), cfg.operator_id, instance, batch=spec.batch,
                       placement=spec.placement, epoch=spec.epoch, host=host,
-                      wait_for_failover=spec.wait_for_failover, failover_wait_s=spec.failover_wait_s)
+                      wait_for_failover=not cfg.watch_hosts, failover_wait_s=cfg.failover_wait_s)
     s = run.open()
-    ib = _InstanceBatch(spec, instance, run.placement, in_schema, out_schema)
+    ib = _InstanceBatch(cfg, spec, instance, run.placement)
     try:
         with s:
             for rb in ib.run(s, run.started_at, batches):
@@ -318,7 +276,7 @@ def _run_instance(spec: TaskSpec, instance: int, attempt: int, host: str, t_star
         run.failed(e)
         raise
     info = run.info
-    meta = {"batch": spec.batch, "driver_attempt": spec.driver_attempt, "instance": instance, "attempt": attempt,
+    meta = {"batch": spec.batch, "driver_attempt": spec.attempt, "instance": instance, "attempt": attempt,
             "host": host, "local": run.local, "primary": info.get("primary"), "primary_host": info.get("host"),
             "epoch": run.epoch, "start": t_start, "end": time.time(), "errors": run.errors, **ib.stats()}
     if spec.meta is not None:  # to the driver with the task's completion (runtime/meta.py)
@@ -329,17 +287,18 @@ class _InstanceBatch:
     """One run of the processor over the batch in one session of the instance: the
     steps of the module docstring, window by window, with their timings."""
 
-    def __init__(self, spec: TaskSpec, instance: int, placement: dict, in_schema: Any, out_schema: Any) -> None:
-        self.spec = spec
+    def __init__(self, cfg: OperatorConfig, spec: AttemptSpec, instance: int, placement: dict) -> None:
+        self.cfg, self.spec = cfg, spec
+        self.keys = cfg.keys
         self.placement = placement
-        self.in_schema = in_schema
-        self.out_schema = out_schema
+        self.in_schema = _schema(spec.input_schema_json)
+        self.out_schema = cfg.output_schema
         self.part = rhino.Partitioner(num_key_groups=placement["num_key_groups"],
                                       num_vnodes=placement["num_vnodes"], seed=placement["seed"])
         assignment = np.asarray(placement["assignment"], dtype=np.int64)
         self.my_vnodes = np.flatnonzero(assignment == instance)
         self.variables = variables_of(spec.state_doc)
-        self.handle = RhinoProcessorHandle(spec.time_mode, self.variables)
+        self.handle = RhinoProcessorHandle(cfg.time_mode, self.variables)
         self.handle.watermark_ms = spec.watermark_ms
         self.st: Optional[BatchState] = None
         self.key_of: dict[bytes, tuple] = {}
@@ -367,32 +326,32 @@ class _InstanceBatch:
                 self.store_stats[k] = self.store_stats.get(k, 0) + v
         spec = self.spec
         self.st = BatchState(s, self.part, self.variables, batch=spec.batch, now_ms=spec.batch_time_ms,
-                             timers=spec.time_mode != "none", small=spec.prefetch_entries)
+                             timers=self.cfg.time_mode != "none", small=PREFETCH_ENTRIES)
         self.handle._bind(self.st)
         return self.st
 
     def run(self, s: Session, t0: float, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Steps 2-4 in the open session ``s`` (opened at ``t0``): yields the output."""
-        spec = self.spec
+        cfg = self.cfg
         self.open_s = time.time() - t0
         rt0 = getattr(s, "round_trips", 0)
-        spec.processor.init(self.handle)
+        cfg.processor.init(self.handle)
         self._drop_variables(s)
         tv = self._timer_values()
         names = [f.name for f in self.in_schema.fields]
         t = time.time()
-        for window in windows(batches, names, spec.key_columns, max(1, spec.window_rows)):
+        for window in windows(batches, names, self.keys, cfg.task_window_rows):
             t = self._clock("read", t)
             out = self._input_window(s, window, tv)
             if out is not None:
                 yield out
             t = time.time()
         self._clock("read", t)
-        if spec.time_mode != "none":
+        if cfg.time_mode != "none":
             yield from self._timers(s, tv)
-        spec.processor.close()
+        cfg.processor.close()
         t = time.time()
-        self.result = s.commit("barrier", batch_time_ms=spec.batch_time_ms)
+        self.result = s.commit("barrier", batch_time_ms=self.spec.batch_time_ms)
         self._clock("commit", t)
         self._state(s)  # folds the last window's store stats in
         self.round_trips = getattr(s, "round_trips", 0) - rt0
@@ -416,7 +375,7 @@ class _InstanceBatch:
         self.n["dropped_entries"] = n
 
     def _input_window(self, s: Session, table: pa.Table, tv: Any) -> Optional[pa.RecordBatch]:
-        spec = self.spec
+        cfg, spec = self.cfg, self.spec
         table = self._drop_late(table)
         self.n["windows"] += 1
         self.n["max_window_rows"] = max(self.n["max_window_rows"], table.num_rows)
@@ -424,10 +383,10 @@ class _InstanceBatch:
             return None
         st = self._state(s)
         t = time.time()
-        if spec.mode == "rows":
-            pdf, groups = _row_groups(table, spec.key_columns)
+        if cfg.mode == "rows":
+            pdf, groups = _row_groups(table, self.keys)
         else:
-            pdf, groups = group_rows(table, _to_pandas(table, self.in_schema, spec.timezone), spec.key_columns)
+            pdf, groups = group_rows(table, _to_pandas(table, self.in_schema, spec.timezone), self.keys)
         # the key tuples as handleInputRows gets them, for timers fired in this window (only its
         # keys: memory stays bounded; timers of other keys get decode_key's tuples)
         self.key_of = {g: kt for g, kt, _, _ in groups}
@@ -435,20 +394,20 @@ class _InstanceBatch:
         st.prefetch([g[0] for g in groups])
         t = self._clock("fetch", t)
         outputs: list = []
-        sides = Sides(pdf, spec.key_columns, spec.input_columns or [f.name for f in self.in_schema.fields],
+        sides = Sides(pdf, self.keys, spec.input_columns or [f.name for f in self.in_schema.fields],
                       spec.initial_columns)
         for g, kt, a, b in groups:
             st.current = g
             init, a = sides.split(a, b)
             if init is not None:
                 # what it returns is dropped, as Spark drops it (it has no output)
-                for one in (_rows_of(init) if spec.mode == "rows" else [init]):
-                    spec.processor.handleInitialState(kt, one, tv)
+                for one in (_rows_of(init) if cfg.mode == "rows" else [init]):
+                    cfg.processor.handleInitialState(kt, one, tv)
             if a == b:
                 continue
             rows = sides.data.iloc[a:b]
-            it = iter(_rows_of(rows)) if spec.mode == "rows" else iter([rows])
-            _collect(spec.processor.handleInputRows(kt, it, tv), outputs, spec.mode)
+            it = iter(_rows_of(rows)) if cfg.mode == "rows" else iter([rows])
+            _collect(cfg.processor.handleInputRows(kt, it, tv), outputs, cfg.mode)
         st.current = None
         self.n["keys"] += len(groups)
         self.load_keys += [g[0] for g in groups]
@@ -465,9 +424,10 @@ class _InstanceBatch:
         if spec.initial_columns is not None and table.num_rows:
             data = table.column(SIDE).to_numpy(zero_copy_only=False) == 1
         self.n["rows_in"] += table.num_rows if data is None else int(data.sum())
-        if not spec.event_time or not table.num_rows or (data is not None and not data.any()):
+        event_time = self.cfg.event_time
+        if not event_time or not table.num_rows or (data is not None and not data.any()):
             return table
-        ev = _event_ms(table.column(spec.event_time))
+        ev = _event_ms(table.column(event_time))
         mx = int(ev.max() if data is None else ev[data].max())
         self.max_event = mx if self.max_event is None else max(self.max_event, mx)
         if spec.watermark_ms > 0:
@@ -486,8 +446,7 @@ class _InstanceBatch:
         self._clock("write", t)
 
     def _output(self, outputs: list) -> Optional[pa.RecordBatch]:
-        spec = self.spec
-        out = (_to_arrow(outputs, self.out_schema, spec.timezone) if spec.mode == "pandas"
+        out = (_to_arrow(outputs, self.out_schema, self.spec.timezone) if self.cfg.mode == "pandas"
                else _rows_to_arrow(outputs, self.out_schema))
         if out is not None:
             self.n["output_rows"] += out.num_rows
@@ -499,7 +458,7 @@ class _InstanceBatch:
         spec = self.spec
         # Spark's (PySpark's get_timestamps): -1 and -1 in time mode None; otherwise the batch's
         # time and the watermark, which is 0 in processing time (no event-time watermark)
-        given = spec.time_mode != "none"
+        given = self.cfg.time_mode != "none"
         return TimerValues(currentProcessingTimeInMs=spec.batch_time_ms if given else -1,
                            currentWatermarkInMs=spec.watermark_ms if given else -1)
 
@@ -507,9 +466,9 @@ class _InstanceBatch:
         """Step 3: the stored timers due now (those registered by this batch's input too, which
         the session has), fired in (time, key) order, a window of them at a time."""
         t = time.time()
-        due = self._state(s).due_timers(self.my_vnodes, _timer_time(self.spec))
+        due = self._state(s).due_timers(self.my_vnodes, _timer_time(self.cfg, self.spec))
         t = self._clock("timers", t)
-        step = max(1, self.spec.window_rows)
+        step = self.cfg.task_window_rows
         for i in range(0, len(due), step):
             chunk = due[i:i + step]
             st = self._state(s) if i else self.st
@@ -540,8 +499,8 @@ class _InstanceBatch:
             key = self.key_of.get(g)
             if key is None:
                 key = decode_key(g)
-            _collect(self.spec.processor.handleExpiredTimer(key, tv, ExpiredTimerInfo(ts)), outputs,
-                     self.spec.mode)
+            _collect(self.cfg.processor.handleExpiredTimer(key, tv, ExpiredTimerInfo(ts)), outputs,
+                     self.cfg.mode)
         st.current = None
 
     def stats(self) -> dict:
@@ -559,9 +518,9 @@ class _InstanceBatch:
                     rolled_back=self.rolled_back, load=load, **self.store_stats)
 
 
-def _timer_time(spec: TaskSpec) -> int:
+def _timer_time(cfg: OperatorConfig, spec: AttemptSpec) -> int:
     """The time timers fire at: the watermark in event time, the batch's time in processing time."""
-    return spec.watermark_ms if spec.time_mode == "eventtime" else spec.batch_time_ms
+    return spec.watermark_ms if cfg.time_mode == "eventtime" else spec.batch_time_ms
 
 
 def _collect(result: Any, outputs: list, mode: str) -> None:

@@ -89,7 +89,7 @@ class BatchWatch:
         self.exited_at: Optional[float] = None
         # set once the attempt is cancelled and the coordinator has acted on it (the lost
         # workers reported and answered, or the new epoch seen): the driver may begin the next
-        # attempt without waiting for this one's Spark job to unwind (TransformWithState._act)
+        # attempt without waiting for this one's Spark job to unwind (driver/sink.py, SinkRunner.act)
         self.settled = threading.Event()
         self.new_epoch: Optional[int] = None
         self.reported: list[dict] = []  # {"host", "worker", "at", "declared_dead"}

@@ -1,0 +1,126 @@
+"""What an operator is: the arguments of :func:`rhino.spark.transform_with_state`,
+validated once, frozen, and shipped to the executors with each attempt (design §5).
+
+Everything that describes the operator and does not change from batch to batch lives
+here; what changes per attempt (batch, epoch, watermark, placement) is an
+:class:`~rhino.spark.driver.attempt.AttemptSpec`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from rhino.errors import InvalidArgumentError
+from rhino.tls.config import TLS
+
+__all__ = ["OperatorConfig", "parse_delay_ms", "PREFETCH_ENTRIES"]
+
+# Per collection and key, what a window's prefetch reads; more is read on demand (state/store.py).
+PREFETCH_ENTRIES = 64
+
+_DELAY = re.compile(r"^\s*(\d+)\s*(ms|milliseconds?|s|sec|seconds?|m|min|minutes?|h|hours?)\s*$", re.I)
+_UNIT_MS = {"ms": 1, "millisecond": 1, "milliseconds": 1, "s": 1000, "sec": 1000, "second": 1000, "seconds": 1000,
+            "m": 60_000, "min": 60_000, "minute": 60_000, "minutes": 60_000, "h": 3_600_000, "hour": 3_600_000,
+            "hours": 3_600_000}
+_TIME_MODES = ("none", "eventtime", "processingtime")
+
+
+def parse_delay_ms(delay: Any) -> int:
+    """'10 seconds' / '500 ms' / an int of ms -> ms."""
+    if isinstance(delay, (int, float)) and not isinstance(delay, bool):
+        if delay < 0:
+            raise InvalidArgumentError(f"watermark delay must be >= 0, not {delay}")
+        return int(delay)
+    m = _DELAY.match(str(delay))
+    if not m:
+        raise InvalidArgumentError(f"watermark delay {delay!r}: write it as '<n> ms|seconds|minutes|hours'")
+    return int(m.group(1)) * _UNIT_MS[m.group(2).lower()]
+
+
+def _positive_int(name: str, v: Any, hi: Optional[int] = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1 or (hi is not None and v > hi):
+        bound = f"an int in 1..{hi}" if hi is not None else "a positive int"
+        raise InvalidArgumentError(f"{name} must be {bound}, not {v!r}")
+    return v
+
+
+@dataclass(frozen=True, eq=False)
+class OperatorConfig:
+    """One operator's settings (see :func:`rhino.spark.transform_with_state` for each)."""
+
+    processor: Any
+    key_columns: tuple[str, ...]
+    output_schema: Any  # a pyspark StructType
+    operator_id: str
+    coordinator: str  # the coordinator's "host:port"
+    secret: bytes
+    tls: Optional[TLS] = None  # its paths may hold {host}: each process's own host (runtime/task.py)
+    parallelism: int = 2
+    replicas: int = 2
+    num_vnodes: int = 64
+    time_mode: str = "none"  # "none" | "eventtime" | "processingtime"
+    event_time: Optional[str] = None
+    delay_ms: int = 0
+    mode: str = "pandas"  # "pandas" | "rows"
+    checkpoint_location: Optional[str] = None
+    locality: bool = True
+    max_batch_attempts: int = 5
+    placement: str = "balanced"
+    request_timeout: float = 120.0
+    failover_wait_s: float = 60.0
+    watch_hosts: bool = True
+    task_window_rows: int = 100_000
+    input_copies: int = 1
+
+    def __repr__(self) -> str:  # never the secret
+        return f"OperatorConfig({self.operator_id!r}, parallelism={self.parallelism}, replicas={self.replicas})"
+
+    @property
+    def keys(self) -> list[str]:
+        """The key columns as a list (pandas reads a tuple as one column name)."""
+        return list(self.key_columns)
+
+    @classmethod
+    def of(cls, processor: Any, *, key: str | Sequence[str], output_schema: Any, operator_id: str,
+           coordinator: str, secret: Any = None, secret_file: Optional[str] = None, time_mode: str = "None",
+           watermark_delay: Any = 0, num_vnodes: Optional[int] = None, checkpoint_location: Optional[str] = None,
+           parallelism: int = 2, replicas: int = 2, **kw: Any) -> "OperatorConfig":
+        """The config of :func:`~rhino.spark.transform_with_state`'s arguments, or
+        InvalidArgumentError naming the first bad one."""
+        from pyspark.sql.types import StructType
+
+        from rhino._secret import secret_bytes
+
+        if not operator_id or not isinstance(operator_id, str):
+            raise InvalidArgumentError("operator_id must be a non-empty string")
+        if kw.get("mode", "pandas") not in ("pandas", "rows"):
+            raise InvalidArgumentError(f"mode must be 'pandas' (transformWithStateInPandas) or 'rows' "
+                                       f"(transformWithState), not {kw['mode']!r}")
+        tm = str(time_mode).lower()
+        if tm not in _TIME_MODES:
+            raise InvalidArgumentError(f"time_mode must be 'None', 'EventTime' or 'ProcessingTime', not {time_mode!r}")
+        if tm == "eventtime" and not kw.get("event_time"):
+            raise InvalidArgumentError("time_mode='EventTime' needs event_time=<the event-time column>")
+        _positive_int("task_window_rows", kw.get("task_window_rows", 100_000))
+        _positive_int("input_copies", kw.get("input_copies", 1), hi=3)
+        if int(parallelism) < 1 or int(replicas) < 0:
+            raise InvalidArgumentError("parallelism must be >= 1 and replicas >= 0")
+        if secret is None and secret_file is None:
+            raise InvalidArgumentError("pass secret= or secret_file= (the cluster's shared secret)")
+        if secret is None:
+            secret = Path(secret_file).read_bytes().strip()
+        tls = kw.get("tls")
+        if tls is not None and not isinstance(tls, TLS):
+            raise InvalidArgumentError(f"tls must be a rhino.TLS or None, not {type(tls).__name__}")
+        keys = (key,) if isinstance(key, str) else tuple(key)
+        if not keys:
+            raise InvalidArgumentError("key must name at least one column")
+        schema = StructType.fromDDL(output_schema) if isinstance(output_schema, str) else output_schema
+        return cls(processor=processor, key_columns=keys, output_schema=schema, operator_id=operator_id,
+                   coordinator=coordinator, secret=secret_bytes(secret), time_mode=tm,
+                   delay_ms=parse_delay_ms(watermark_delay), parallelism=int(parallelism), replicas=int(replicas),
+                   num_vnodes=int(num_vnodes) if num_vnodes else max(64, 16 * int(parallelism)),
+                   checkpoint_location=str(checkpoint_location) if checkpoint_location else None,
+                   **{k: v for k, v in kw.items()})
