@@ -3,37 +3,9 @@
 namespace py = pybind11;
 
 namespace rhino::py_bindings {
-namespace {
 
-// Status code -> class in rhino/errors.py. Every class also inherits the
-// builtin a Python user would expect (see rhino/errors.py).
-struct Mapping {
-  Status::Code code;
-  const char* python_class;
-};
-constexpr Mapping kTable[] = {
-    {Status::Code::kNotFound, "NotFoundError"},
-    {Status::Code::kCorruption, "CorruptionError"},
-    {Status::Code::kInvalidArgument, "InvalidArgumentError"},
-    {Status::Code::kIOError, "RhinoIOError"},
-    {Status::Code::kAlreadyExists, "AlreadyExistsError"},
-    {Status::Code::kUnknownVnode, "UnknownVnodeError"},
-    {Status::Code::kKeyType, "KeyTypeError"},
-    {Status::Code::kPathOutsideStore, "PathOutsideStoreError"},
-    {Status::Code::kNoSpace, "NoSpaceError"},
-    {Status::Code::kBusy, "BusyError"},
-    {Status::Code::kTimeout, "RhinoTimeoutError"},
-    {Status::Code::kPeerDead, "PeerDeadError"},
-    {Status::Code::kAborted, "AbortedError"},
-    {Status::Code::kStaleChainVersion, "StaleChainVersionError"},
-    {Status::Code::kAuthFailed, "AuthFailedError"},
-    {Status::Code::kUnknownInstance, "UnknownInstanceError"},
-    {Status::Code::kSessionBusy, "SessionBusyError"},
-    {Status::Code::kStaleEpoch, "StaleEpochError"},
-    {Status::Code::kTlsFailed, "TLSError"},
-};
-
-}  // namespace
+// The table both ways is kStatusCodes (rhino/status.h): each row of
+// status_codes.h names its class in rhino/errors.py.
 
 Status::Code StatusCodeOfException(py::handle exc, bool* mapped) {
   if (mapped != nullptr) *mapped = false;
@@ -42,7 +14,7 @@ Status::Code StatusCodeOfException(py::handle exc, bool* mapped) {
   // most derived on: the first one in the table is the closest mapping.
   py::tuple mro = py::type::handle_of(exc).attr("__mro__");
   for (py::handle cls : mro) {
-    for (const auto& row : kTable) {
+    for (const StatusCodeInfo& row : kStatusCodes) {
       if (cls.is(errors.attr(row.python_class))) {
         if (mapped != nullptr) *mapped = true;
         return row.code;
@@ -52,14 +24,24 @@ Status::Code StatusCodeOfException(py::handle exc, bool* mapped) {
   return Status::Code::kIOError;
 }
 
-void RegisterErrorTranslator(py::module_& m) {
-  (void)m;
+void BindErrors(py::module_& m) {
+  // The list of status_codes.h, for tests/test_status_codes.py to hold
+  // rhino/errors.py and docs/protocol.md against.
+  m.def(
+      "status_codes",
+      [] {
+        py::list codes;
+        for (const StatusCodeInfo& row : kStatusCodes)
+          codes.append(py::make_tuple(static_cast<int>(row.code), row.name, row.python_class));
+        return codes;
+      },
+      "Every status code but OK, as (number, name, python_class): the list of rhino/status_codes.h.");
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const StatusError& e) {
       const char* name = "RhinoError";
-      for (const auto& row : kTable)
+      for (const StatusCodeInfo& row : kStatusCodes)
         if (row.code == e.status.code()) name = row.python_class;
       py::object cls = py::module_::import("rhino.errors").attr(name);
       // A message may quote bytes a peer sent (an operator id, a file name),

@@ -17,7 +17,9 @@ inline void ThrowIfError(const Status& s) {
   if (!s.ok()) throw StatusError{s};
 }
 
-void RegisterErrorTranslator(pybind11::module_& m);
+// Registers the translator, and rhino._core.status_codes(): the list of
+// rhino/status_codes.h as [(number, name, python_class)].
+void BindErrors(pybind11::module_& m);
 
 // The reverse of the translator, by the same table: the Status code of a
 // Python exception instance, from the most derived class of the table in its

@@ -31,7 +31,7 @@ PYBIND11_MODULE(_core, m) {
                               std::to_string(ROCKSDB_PATCH);
   m.attr("ROCKSDB_BUILD") = RHINO_ROCKSDB_BUILD;
   m.attr("ROCKSDB_CRC32C") = rocksdb::crc32c::IsFastCrc32Supported();
-  rhino::py_bindings::RegisterErrorTranslator(m);
+  rhino::py_bindings::BindErrors(m);
   rhino::py_bindings::BindRouting(m);
   rhino::py_bindings::BindStore(m);
   rhino::py_bindings::BindState(m);

@@ -11,6 +11,9 @@ ROCKSDB_VERSION: str
 ROCKSDB_BUILD: str
 ROCKSDB_CRC32C: str
 
+# Every status code but OK (src/cpp/include/rhino/status_codes.h): (number, name, class in rhino.errors).
+def status_codes() -> list[tuple[int, str, str]]: ...
+
 Key = bytes | bytearray | memoryview | str | int | np.integer[Any]
 # Keys may also be a pyarrow int64 or binary/string array (no nulls).
 Keys = npt.NDArray[np.int64] | Sequence[Key] | Any

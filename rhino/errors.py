@@ -1,9 +1,11 @@
 """Rhino's exceptions.
 
-Every C++ ``Status`` code maps to exactly one class here (the table is in
-``bindings/errors.cc``). Each class also inherits the builtin exception a
-Python user would catch for that situation, so ``except KeyError`` or
-``except OSError`` keep working.
+Every C++ ``Status`` code maps to exactly one class here, and every class
+here to a code: the list, with each code's class, is
+``src/cpp/include/rhino/status_codes.h`` (``rhino._core.status_codes()``), and
+``tests/test_status_codes.py`` holds this module to it. Each class also
+inherits the builtin exception a Python user would catch for that situation,
+so ``except KeyError`` or ``except OSError`` keep working.
 """
 
 from __future__ import annotations

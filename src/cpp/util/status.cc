@@ -23,9 +23,13 @@ Status Status::FromErrno(int err, const std::string& context) {
 
 Status Status::FromCode(uint32_t code, std::string msg) {
   switch (code) {
-    case 0: return OK();
-    case 1: case 2: case 3: case 4: case 5: case 6: case 7: case 8: case 9: case 10:
-    case 11: case 12: case 13: case 14: case 15: case 16: case 100: case 101: case 102:
+    case 0:
+      return OK();
+    // A case per row: two rows with one number are a duplicate case, which
+    // does not compile.
+#define RHINO_STATUS_CASE(name, number, python_class) case number:
+    RHINO_STATUS_CODES(RHINO_STATUS_CASE)
+#undef RHINO_STATUS_CASE
       return Status(static_cast<Code>(code), std::move(msg));
     default:
       return IOError("peer reported unknown error code " + std::to_string(code) + ": " + msg);
@@ -33,30 +37,11 @@ Status Status::FromCode(uint32_t code, std::string msg) {
 }
 
 std::string Status::ToString() const {
-  const char* name = "Unknown";
-  switch (code_) {
-    case Code::kOk: name = "OK"; break;
-    case Code::kNotFound: name = "NotFound"; break;
-    case Code::kCorruption: name = "Corruption"; break;
-    case Code::kInvalidArgument: name = "InvalidArgument"; break;
-    case Code::kIOError: name = "IOError"; break;
-    case Code::kAlreadyExists: name = "AlreadyExists"; break;
-    case Code::kUnknownVnode: name = "UnknownVnode"; break;
-    case Code::kKeyType: name = "KeyType"; break;
-    case Code::kPathOutsideStore: name = "PathOutsideStore"; break;
-    case Code::kNoSpace: name = "NoSpace"; break;
-    case Code::kBusy: name = "Busy"; break;
-    case Code::kTimeout: name = "Timeout"; break;
-    case Code::kUnknownInstance: name = "UnknownInstance"; break;
-    case Code::kSessionBusy: name = "SessionBusy"; break;
-    case Code::kTlsFailed: name = "TlsFailed"; break;
-    case Code::kStaleEpoch: name = "StaleEpoch"; break;
-    case Code::kPeerDead: name = "PeerDead"; break;
-    case Code::kAborted: name = "Aborted"; break;
-    case Code::kStaleChainVersion: name = "StaleChainVersion"; break;
-    case Code::kAuthFailed: name = "AuthFailed"; break;
-  }
-  return ok() ? std::string(name) : std::string(name) + ": " + msg_;
+  if (ok()) return "OK";
+  const char* name = "Unknown";  // not printed: a Status only holds a row's code (FromCode checks)
+  for (const StatusCodeInfo& row : kStatusCodes)
+    if (row.code == code_) name = row.name;
+  return std::string(name) + ": " + msg_;
 }
 
 }  // namespace rhino

@@ -1,7 +1,12 @@
-// Status: codes, messages and the errno mapping (a full disk is NoSpace).
+// Status: codes, messages, the wire numbers of status_codes.h and the errno
+// mapping (a full disk is NoSpace).
 #include "rhino/status.h"
 
 #include <cerrno>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "testing/test_util.h"
 
@@ -30,19 +35,31 @@ TEST(StatusTest, FullDiskErrnosAreNoSpace) {
   EXPECT_EQ(Status::FromErrno(EACCES, "open").code(), Status::Code::kIOError);
 }
 
-TEST(StatusTest, WireCodesRoundTrip) {
-  for (auto code : {Status::Code::kStaleChainVersion, Status::Code::kAuthFailed, Status::Code::kStaleEpoch,
-                    Status::Code::kNotFound, Status::Code::kCorruption}) {
-    Status s = Status::FromCode(static_cast<uint32_t>(code), "m");
-    EXPECT_EQ(s.code(), code);
-    EXPECT_EQ(s.message(), "m");
+// Every row of status_codes.h: FromCode rebuilds it from its number (as a
+// peer's answer is decoded), and ToString names it.
+TEST(StatusTest, EveryCodeRoundTripsThroughItsNumberAndIsNamed) {
+  for (const StatusCodeInfo& row : kStatusCodes) {
+    Status s = Status::FromCode(static_cast<uint32_t>(row.code), "m");
+    EXPECT_EQ(s.code(), row.code) << row.name;
+    EXPECT_EQ(s.message(), "m") << row.name;
+    EXPECT_EQ(s.ToString(), std::string(row.name) + ": m");
   }
+  EXPECT_EQ(Status::FromCode(0, "m").ToString(), "OK");
 }
 
+// FromCode accepts exactly the list: any other number, in the gap before the
+// wire codes included, is an IOError that keeps the number.
 TEST(StatusTest, UnknownWireCodeIsIOErrorNamingTheNumber) {
-  Status s = Status::FromCode(4242, "m");
-  EXPECT_EQ(s.code(), Status::Code::kIOError);
-  EXPECT_NE(s.message().find("4242"), std::string::npos) << s.message();
+  std::set<uint32_t> known = {0};
+  for (const StatusCodeInfo& row : kStatusCodes) known.insert(static_cast<uint32_t>(row.code));
+  std::vector<uint32_t> unknown = {4242, UINT32_MAX};
+  for (uint32_t n = 0; n <= *known.rbegin() + 1; ++n)
+    if (!known.count(n)) unknown.push_back(n);
+  for (uint32_t n : unknown) {
+    Status s = Status::FromCode(n, "m");
+    EXPECT_EQ(s.code(), Status::Code::kIOError) << n;
+    EXPECT_NE(s.message().find(std::to_string(n)), std::string::npos) << s.message();
+  }
 }
 
 Status FailsAt(int step, int* reached) {

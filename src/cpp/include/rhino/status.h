@@ -1,65 +1,38 @@
 // Status: the error value every fallible Rhino call returns (LevelDB style).
 //
 // A Status is either ok() or carries a Code and a human-readable message.
-// Errors never cross into Python as raw C++ exceptions: bindings/errors.cc maps
-// each Code to one Python exception class, in one table.
+// The codes are listed once, in status_codes.h. Errors never cross into Python
+// as raw C++ exceptions: bindings/errors.cc maps each Code to one Python
+// exception class, by that list.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <utility>
 
+#include "rhino/status_codes.h"
+
 namespace rhino {
 
 class Status {
  public:
-  // Stable numeric codes: bindings/errors.cc and rhino/errors.py key on them.
+  // Stable numeric codes, one per row of RHINO_STATUS_CODES: they travel on
+  // the wire, and bindings/errors.cc and rhino/errors.py key on them.
   enum class Code : int {
     kOk = 0,
-    kNotFound = 1,         // a checkpoint, file or key that does not exist
-    kCorruption = 2,       // checksum mismatch, truncated or malformed data
-    kInvalidArgument = 3,  // a bad parameter (e.g. K not a power of two)
-    kIOError = 4,          // the OS refused an operation
-    kAlreadyExists = 5,    // a target that must not exist does
-    kUnknownVnode = 6,     // a vnode this instance does not hold
-    kKeyType = 7,          // a key of an unsupported type / dtype
-    kPathOutsideStore = 8, // a path escaping the store directory
-    kNoSpace = 9,          // ENOSPC / EDQUOT / EFBIG: the disk is full
-    kBusy = 10,            // a lock is held by another process
-    kTimeout = 11,         // a deadline passed (e.g. a chain did not ack in time)
-    kPeerDead = 12,        // a peer closed its connection or stopped answering heartbeats
-    kAborted = 13,         // a stream was aborted (by a peer, a cancel or a shutdown)
-    kUnknownInstance = 14, // an instance the worker does not host (state service, protocol §7)
-    kSessionBusy = 15,     // an instance already has an open session (protocol §7)
-    kTlsFailed = 16,       // a TLS handshake failed: a certificate refused, or a plaintext peer (protocol §2)
-    // Wire codes of docs/protocol.md §3: numbered apart so that they stay
-    // stable whatever local codes are added above.
-    kStaleChainVersion = 100,  // a frame of an older replica chain (fenced, protocol §5)
-    kAuthFailed = 101,         // the peer does not know the shared secret (protocol §2)
-    kStaleEpoch = 102,         // a request of an older configuration epoch (fenced, protocol §7.5)
+#define RHINO_STATUS_ENUMERATOR(name, number, python_class) k##name = number,
+    RHINO_STATUS_CODES(RHINO_STATUS_ENUMERATOR)
+#undef RHINO_STATUS_ENUMERATOR
   };
 
   Status() = default;
   static Status OK() { return Status(); }
-  static Status NotFound(std::string msg) { return Status(Code::kNotFound, std::move(msg)); }
-  static Status Corruption(std::string msg) { return Status(Code::kCorruption, std::move(msg)); }
-  static Status InvalidArgument(std::string msg) { return Status(Code::kInvalidArgument, std::move(msg)); }
-  static Status IOError(std::string msg) { return Status(Code::kIOError, std::move(msg)); }
-  static Status AlreadyExists(std::string msg) { return Status(Code::kAlreadyExists, std::move(msg)); }
-  static Status UnknownVnode(std::string msg) { return Status(Code::kUnknownVnode, std::move(msg)); }
-  static Status KeyType(std::string msg) { return Status(Code::kKeyType, std::move(msg)); }
-  static Status PathOutsideStore(std::string msg) { return Status(Code::kPathOutsideStore, std::move(msg)); }
-  static Status NoSpace(std::string msg) { return Status(Code::kNoSpace, std::move(msg)); }
-  static Status Busy(std::string msg) { return Status(Code::kBusy, std::move(msg)); }
-  static Status Timeout(std::string msg) { return Status(Code::kTimeout, std::move(msg)); }
-  static Status PeerDead(std::string msg) { return Status(Code::kPeerDead, std::move(msg)); }
-  static Status Aborted(std::string msg) { return Status(Code::kAborted, std::move(msg)); }
-  static Status StaleChainVersion(std::string msg) { return Status(Code::kStaleChainVersion, std::move(msg)); }
-  static Status AuthFailed(std::string msg) { return Status(Code::kAuthFailed, std::move(msg)); }
-  static Status UnknownInstance(std::string msg) { return Status(Code::kUnknownInstance, std::move(msg)); }
-  static Status SessionBusy(std::string msg) { return Status(Code::kSessionBusy, std::move(msg)); }
-  static Status TlsFailed(std::string msg) { return Status(Code::kTlsFailed, std::move(msg)); }
-  static Status StaleEpoch(std::string msg) { return Status(Code::kStaleEpoch, std::move(msg)); }
+  // One factory per row: Status::NotFound(msg), Status::Corruption(msg), ...
+#define RHINO_STATUS_FACTORY(name, number, python_class) \
+  static Status name(std::string msg) { return Status(Code::k##name, std::move(msg)); }
+  RHINO_STATUS_CODES(RHINO_STATUS_FACTORY)
+#undef RHINO_STATUS_FACTORY
+
   // Rebuilds a Status from a code received on the wire (docs/protocol.md §3).
   // An unknown code becomes IOError, keeping the number in the message.
   static Status FromCode(uint32_t code, std::string msg);
@@ -82,6 +55,17 @@ class Status {
   Code code_ = Code::kOk;
   std::string msg_;
 };
+
+// One row of RHINO_STATUS_CODES, for what walks every code: ToString, the
+// Python bindings (the exception table, rhino._core.status_codes()) and tests.
+struct StatusCodeInfo {
+  Status::Code code;
+  const char* name;          // the factory's name, which ToString prints
+  const char* python_class;  // the class it raises in rhino/errors.py
+};
+#define RHINO_STATUS_CODE_INFO(name, number, python_class) {Status::Code::k##name, #name, python_class},
+inline constexpr StatusCodeInfo kStatusCodes[] = {RHINO_STATUS_CODES(RHINO_STATUS_CODE_INFO)};
+#undef RHINO_STATUS_CODE_INFO
 
 // Returns early from the enclosing function if `expr` is not ok.
 #define RHINO_RETURN_IF_ERROR(expr)        \
