@@ -1,8 +1,8 @@
 # Rhino: every target does its own setup on a fresh Debian 12 machine.
 #   make demo   - setup, then the main job: NEXMark Q8 on a local 3-host Spark + Rhino cluster, surviving
 #                 a killed host (rhino-bench demo --data-plane: the single-host data-plane demonstration)
-#   make test   - setup, then the whole test suite: the C++ unit tests under ASan+UBSan (ctest), pytest,
-#                 each fuzz target for FUZZ_SMOKE_SECONDS (docs/testing.md)
+#   make test   - setup, then the whole test suite: the C++ unit tests under ASan+UBSan (ctest), the
+#                 thread-safety analysis, pytest, each fuzz target for FUZZ_SMOKE_SECONDS (docs/testing.md)
 #   make test-quick - the C++ unit tests and every Python test that starts no Spark (the inner loop)
 #   make sanitize - the core, its unit tests and rhino._core under ASan+UBSan, then TSan, with the data
 #                 plane's and the state service's Python tests
@@ -16,6 +16,7 @@
 #                 (rescales, handovers, rebalances, a host joining, decommissioned, SIGKILLed), then the
 #                 coordinator model with 24 examples
 #   make fuzz   - the frame-decoder and TLS-listener fuzz targets (libFuzzer under clang), FUZZ_SECONDS each (default 60)
+#   make thread-safety - clang's thread-safety analysis (-Wthread-safety) over the core's sources
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -35,7 +36,7 @@ CPP_SOURCES := $(shell find src bindings -name '*.cc' -o -name '*.h') CMakeLists
 PYTEST_ARGS ?=
 export PIP_NO_INPUT := 1
 
-.PHONY: all setup apt demo test test-quick cpptest cpptest-build fuzz-smoke sanitize bench wheel chaos fuzz clean distclean
+.PHONY: all setup apt demo test test-quick cpptest cpptest-build thread-safety fuzz-smoke sanitize bench wheel chaos fuzz clean distclean
 
 all: setup
 
@@ -85,7 +86,7 @@ TLS ?=
 demo: setup
 	$(VENV)/bin/rhino-bench demo --dir .demo-spark --state $(DEMO_STATE) $(if $(TLS),--tls) $(DEMO_ARGS)
 
-test: setup cpptest
+test: setup cpptest thread-safety
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory fuzz-smoke
 
@@ -108,6 +109,19 @@ cpptest-build: apt $(VENV)/.deps $(ROCKSDB_PREFIX)/.complete
 
 cpptest: cpptest-build
 	cd $(CPPTEST_DIR) && $(SAN_ENV) $(CTEST) --output-on-failure -j2 --timeout 300
+
+# ---- make thread-safety: clang's thread-safety analysis of the core (docs/testing.md) ---------
+# The GUARDED_BY/REQUIRES annotations of rhino/thread_annotations.h, checked: each source of the
+# rhino_core library (not the tests) with clang++ -fsyntax-only -Wthread-safety -Werror=thread-safety
+# and the real build's include paths and defines, from the compile commands CMake writes when it
+# configures $(THREAD_SAFETY_DIR) with clang++ (nothing is built there).
+THREAD_SAFETY_DIR := build/thread-safety
+thread-safety: apt $(VENV)/.deps $(ROCKSDB_PREFIX)/.complete
+	@mkdir -p build
+	@flock build/.thread-safety.lock sh -c '$(CMAKE) -S . -B $(THREAD_SAFETY_DIR) -G Ninja \
+	  -DCMAKE_MAKE_PROGRAM=$(CURDIR)/$(VENV)/bin/ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
+	  > build/thread-safety-configure.log' || { tail -30 build/thread-safety-configure.log; exit 1; }
+	$(PY) tools/thread_safety.py $(THREAD_SAFETY_DIR)/compile_commands.json -j 2
 
 # ---- make sanitize: the core under ASan+UBSan and under TSan (docs/testing.md) ------------
 # For each: the C++ unit tests (real in-process workers, replication and sessions among them); under

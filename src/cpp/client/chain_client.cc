@@ -7,15 +7,14 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <condition_variable>
 #include <future>
-#include <mutex>
 #include <thread>
 
 #include "net/connection.h"
 #include "rhino/manifest.h"
 #include "rhino/messages.h"
 #include "rhino/replica_store.h"
+#include "rhino/thread_annotations.h"
 #include "util/buffer_pool.h"
 
 namespace rhino {
@@ -66,27 +65,31 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
     if (runner_.joinable() && runner_.get_id() != std::this_thread::get_id()) runner_.join();
   }
 
-  void Cancel() {
-    std::lock_guard<std::mutex> l(mu_);
+  void Cancel() EXCLUDES(mu_) {
+    MutexLock l(&mu_);
     cancelled_ = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
-  ReplicationProgress Progress() const {
-    std::lock_guard<std::mutex> l(mu_);
+  ReplicationProgress Progress() const EXCLUDES(mu_) {
+    MutexLock l(&mu_);
     return progress_;
   }
 
-  bool Done() const {
-    std::lock_guard<std::mutex> l(mu_);
+  bool Done() const EXCLUDES(mu_) {
+    MutexLock l(&mu_);
     return done_;
   }
 
-  bool Wait(int64_t timeout_ms, ReplicationResult* out) const {
-    std::unique_lock<std::mutex> l(mu_);
+  bool Wait(int64_t timeout_ms, ReplicationResult* out) const EXCLUDES(mu_) {
+    MutexLock l(&mu_);
+    auto done = [this]() {
+      mu_.AssertHeld();
+      return done_;
+    };
     if (timeout_ms < 0) {
-      cv_.wait(l, [this]() { return done_; });
-    } else if (!cv_.wait_for(l, std::chrono::milliseconds(timeout_ms), [this]() { return done_; })) {
+      cv_.Wait(&mu_, done);
+    } else if (!cv_.WaitFor(&mu_, std::chrono::milliseconds(timeout_ms), done)) {
       return false;
     }
     *out = result_;
@@ -94,8 +97,8 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
   }
 
   // ---- called on the connection's strand ----
-  void OnFrame(const FrameHeader& h, const std::string& payload) {
-    std::lock_guard<std::mutex> l(mu_);
+  void OnFrame(const FrameHeader& h, const std::string& payload) EXCLUDES(mu_) {
+    MutexLock l(&mu_);
     Status s;
     if (h.chain_version != chain_version_) {
       s = Status::Corruption("w1 answered with chain version " + std::to_string(h.chain_version));
@@ -131,15 +134,15 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
       }
     }
     if (!s.ok() && failure_.ok()) failure_ = s;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
-  void OnClosed(const Status& why) {
-    std::lock_guard<std::mutex> l(mu_);
+  void OnClosed(const Status& why) EXCLUDES(mu_) {
+    MutexLock l(&mu_);
     if (failure_.ok()) {
       failure_ = why.ok() ? Status::PeerDead("connection to w1 closed") : why;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
  private:
@@ -153,13 +156,14 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
     std::shared_ptr<Job> job_;
   };
 
+  // Until pred() (called with mu_ held), a failure, a cancel or the deadline.
   template <typename Pred>
-  Status WaitFor(std::unique_lock<std::mutex>& l, Pred pred, const char* what) {
+  Status WaitFor(Pred pred, const char* what) REQUIRES(mu_) {
     for (;;) {
       if (pred()) return Status::OK();
       if (!failure_.ok()) return failure_;
       if (cancelled_) return Status::Aborted("replication of checkpoint " + std::to_string(checkpoint_id_) + " cancelled");
-      if (cv_.wait_until(l, deadline_) == std::cv_status::timeout && !pred() && failure_.ok() && !cancelled_) {
+      if (!cv_.WaitUntil(&mu_, deadline_) && !pred() && failure_.ok() && !cancelled_) {
         // §4 step 5: no ack within the timeout means not complete.
         return Status::Timeout("checkpoint " + std::to_string(checkpoint_id_) + " of " + operator_id_ + "/" +
                                std::to_string(instance_) + " was not acknowledged within " +
@@ -168,8 +172,8 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
     }
   }
 
-  void SetState(ReplicationState s) {
-    std::lock_guard<std::mutex> l(mu_);
+  void SetState(ReplicationState s) EXCLUDES(mu_) {
+    MutexLock l(&mu_);
     progress_.state = s;
   }
 
@@ -200,19 +204,19 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
     bool connected = false;
     Status connect_status;
     conn_->StartClient(host, port, [this, &connected, &connect_status](const Status& s) {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       connected = true;
       connect_status = s;
-      cv_.notify_all();
+      cv_.SignalAll();
     });
-    std::unique_lock<std::mutex> l(mu_);
-    Status s = WaitFor(l, [&]() { return connected; }, "connecting to w1");
+    MutexLock l(&mu_);
+    Status s = WaitFor([&]() { return connected; }, "connecting to w1");
     if (!s.ok()) {
       // The ready callback refers to locals: make sure it has run.
-      l.unlock();
+      l.Unlock();
       conn_->Close(s);
-      l.lock();
-      cv_.wait(l, [&]() { return connected; });
+      l.Lock();
+      cv_.Wait(&mu_, [&]() { return connected; });
       return s;
     }
     return connect_status;
@@ -232,8 +236,13 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
     req.manifest = m.Serialize();
     SetState(ReplicationState::kOpening);
     conn_->Send(MessageType::kOpenStreamReq, sid_, chain_version_, req.Encode());
-    std::unique_lock<std::mutex> l(mu_);
-    RHINO_RETURN_IF_ERROR(WaitFor(l, [&]() { return have_open_; }, "opening the stream"));
+    MutexLock l(&mu_);
+    RHINO_RETURN_IF_ERROR(WaitFor(
+        [this]() {
+          mu_.AssertHeld();
+          return have_open_;
+        },
+        "opening the stream"));
     if (open_rsp_.code != 0) return Status::FromCode(open_rsp_.code, open_rsp_.message);
     *needed = open_rsp_.needed;
     result->member_needed_files = open_rsp_.member_needed_files;
@@ -262,8 +271,13 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
     Status s;
     for (uint64_t off = 0; off < f.size && s.ok();) {
       {
-        std::unique_lock<std::mutex> l(mu_);
-        s = WaitFor(l, [&]() { return progress_.credits > 0; }, "waiting for credits");
+        MutexLock l(&mu_);
+        s = WaitFor(
+            [this]() {
+              mu_.AssertHeld();
+              return progress_.credits > 0;
+            },
+            "waiting for credits");
         if (!s.ok()) break;
         --progress_.credits;
         ++progress_.in_flight;
@@ -274,7 +288,7 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
     }
     if (fd >= 0) ::close(fd);
     RHINO_RETURN_IF_ERROR(s);
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     ++progress_.files_sent;
     return Status::OK();
   }
@@ -295,7 +309,7 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
       done += static_cast<size_t>(r);
     }
     conn_->Send(MessageType::kChunkReq, sid_, chain_version_, std::shared_ptr<const std::string>(payload));
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     progress_.bytes_sent += n;
     return Status::OK();
   }
@@ -304,8 +318,13 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
   Status CommitStream() {
     SetState(ReplicationState::kCommitting);
     conn_->Send(MessageType::kCommitReq, sid_, chain_version_, CommitReq().Encode());
-    std::unique_lock<std::mutex> l(mu_);
-    RHINO_RETURN_IF_ERROR(WaitFor(l, [&]() { return have_commit_; }, "waiting for the chain to commit"));
+    MutexLock l(&mu_);
+    RHINO_RETURN_IF_ERROR(WaitFor(
+        [this]() {
+          mu_.AssertHeld();
+          return have_commit_;
+        },
+        "waiting for the chain to commit"));
     if (commit_rsp_.code != 0) return Status::FromCode(commit_rsp_.code, commit_rsp_.message);
     return Status::OK();
   }
@@ -335,7 +354,7 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
     conn_.reset();
     ReplicationResult done_copy;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       result.status = s;
       result.bytes_sent = progress_.bytes_sent;
       result.files_sent = progress_.files_sent;
@@ -344,7 +363,7 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
       result_ = std::move(result);
       done_ = true;
       done_copy = result_;
-      cv_.notify_all();
+      cv_.SignalAll();
     }
     // Outside the lock: the callback may start the next replication or
     // answer a client (the state service's barrier commit).
@@ -365,17 +384,17 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
   std::shared_ptr<net::Connection> conn_;  // runner thread only
   uint32_t sid_ = 0;                       // runner thread only
 
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  ReplicationProgress progress_;  // GUARDED_BY(mu_)
-  Status failure_;                // GUARDED_BY(mu_): first failure seen on the connection
-  bool cancelled_ = false;        // GUARDED_BY(mu_)
-  bool have_open_ = false;        // GUARDED_BY(mu_)
-  OpenStreamRsp open_rsp_;        // GUARDED_BY(mu_)
-  bool have_commit_ = false;      // GUARDED_BY(mu_)
-  CommitRsp commit_rsp_;          // GUARDED_BY(mu_)
-  bool done_ = false;             // GUARDED_BY(mu_)
-  ReplicationResult result_;      // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  mutable CondVar cv_;
+  ReplicationProgress progress_ GUARDED_BY(mu_);
+  Status failure_ GUARDED_BY(mu_);  // first failure seen on the connection
+  bool cancelled_ GUARDED_BY(mu_) = false;
+  bool have_open_ GUARDED_BY(mu_) = false;
+  OpenStreamRsp open_rsp_ GUARDED_BY(mu_);
+  bool have_commit_ GUARDED_BY(mu_) = false;
+  CommitRsp commit_rsp_ GUARDED_BY(mu_);
+  bool done_ GUARDED_BY(mu_) = false;
+  ReplicationResult result_ GUARDED_BY(mu_);
 };
 
 ReplicationHandle::ReplicationHandle(std::shared_ptr<Job> job) : job_(std::move(job)) {}

@@ -11,6 +11,7 @@
 
 #include "net/address.h"
 #include "net/connection.h"
+#include "rhino/thread_annotations.h"
 
 namespace rhino {
 namespace {
@@ -102,7 +103,7 @@ class StateClient::Impl {
     // Kept for the calls made after the close: "closed" alone does not say
     // whether the server shut down, refused a frame or stopped answering.
     conn_->set_close_handler([this](const Status& why) {
-      std::lock_guard<std::mutex> l(close_reason_mu_);
+      MutexLock l(&close_reason_mu_);
       close_reason_ = why;
     });
     auto ready = std::make_shared<std::pair<std::mutex, std::condition_variable>>();
@@ -146,7 +147,7 @@ class StateClient::Impl {
   std::shared_ptr<Inbox> NewStream(uint32_t* id) {
     auto inbox = std::make_shared<Inbox>();
     if (!conn_ || !conn_->is_open()) {
-      std::lock_guard<std::mutex> l(close_reason_mu_);
+      MutexLock l(&close_reason_mu_);
       inbox->Fail(Status::PeerDead("the connection to " + address_ + " is closed" +
                                    (close_reason_.ok() ? std::string() : ": " + close_reason_.message())));
       *id = 0;
@@ -176,8 +177,8 @@ class StateClient::Impl {
   std::mutex close_mu_;
   bool closed_ = false;
   std::string address_;  // set by Start, before any call
-  std::mutex close_reason_mu_;
-  Status close_reason_;  // GUARDED_BY(close_reason_mu_): why the connection closed
+  Mutex close_reason_mu_;
+  Status close_reason_ GUARDED_BY(close_reason_mu_);  // why the connection closed
 };
 
 Status StateClient::Connect(const std::string& address, const StateClientOptions& options,

@@ -6,10 +6,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -17,6 +15,7 @@
 #include "net/json_bounds.h"
 #include "rhino/coord_messages.h"
 #include "rhino/messages.h"
+#include "rhino/thread_annotations.h"
 
 namespace rhino {
 namespace {
@@ -71,9 +70,9 @@ class CoordServer::Impl {
     work_ = std::make_unique<asio::executor_work_guard<asio::io_context::executor_type>>(io_.get_executor());
     io_thread_ = std::thread([this]() {
       io_.run();
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       io_done_ = true;
-      cv_.notify_all();
+      cv_.SignalAll();
     });
     for (uint32_t i = 0; i < options_.threads; ++i) workers_.emplace_back([this]() { HandlerLoop(); });
     return Status::OK();
@@ -84,26 +83,26 @@ class CoordServer::Impl {
   const std::string& address() const { return address_; }
   bool InHandlerThread() const { return tls_handler_of == this; }
 
-  void Shutdown() {
+  void Shutdown() EXCLUDES(mu_, shutdown_mu_) {
     BeginShutdown();
     // The rest waits for the handler threads, so a handler cannot do it.
     if (InHandlerThread()) return;
-    std::lock_guard<std::mutex> once(shutdown_mu_);  // a concurrent Shutdown waits for this one
+    MutexLock once(&shutdown_mu_);  // a concurrent Shutdown waits for this one
     if (shut_down_) return;
     // 1. The handlers under way finish and their answers are sent; what is
     //    still queued is answered Aborted (BeginShutdown set stopping_).
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       quit_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     for (auto& t : workers_) t.join();
     workers_.clear();
     // 2. Every connection is told why it closes (an ErrorRsp on stream 0), so
     //    that a client's calls fail with "shutting down", not a bare EOF.
     std::vector<std::shared_ptr<net::Connection>> conns;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       for (auto& [raw, weak] : conns_)
         if (auto c = weak.lock()) conns.push_back(std::move(c));
     }
@@ -115,8 +114,11 @@ class CoordServer::Impl {
     work_.reset();
     if (io_thread_.joinable()) {
       {
-        std::unique_lock<std::mutex> l(mu_);
-        cv_.wait_for(l, std::chrono::milliseconds(kCloseDrainMs), [this]() { return io_done_; });
+        MutexLock l(&mu_);
+        cv_.WaitFor(&mu_, std::chrono::milliseconds(kCloseDrainMs), [this]() {
+          mu_.AssertHeld();
+          return io_done_;
+        });
       }
       io_.stop();
       io_thread_.join();
@@ -124,7 +126,7 @@ class CoordServer::Impl {
     shut_down_ = true;
   }
 
-  CoordServerMetrics Metrics() const {
+  CoordServerMetrics Metrics() const EXCLUDES(mu_) {
     CoordServerMetrics m;
     m.frames_in = counters_.frames_in.load();
     m.frames_out = counters_.frames_out.load();
@@ -139,7 +141,7 @@ class CoordServer::Impl {
     m.requests = requests_.load();
     m.requests_failed = requests_failed_.load();
     m.requests_refused = requests_refused_.load();
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     m.handlers_running = running_;
     m.requests_queued = queue_.size();
     return m;
@@ -172,13 +174,13 @@ class CoordServer::Impl {
   }
 
   // Refuses new connections and requests. Any thread, any number of times.
-  void BeginShutdown() {
+  void BeginShutdown() EXCLUDES(mu_) {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       if (stopping_) return;
       stopping_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     asio::post(io_, [this]() {
       asio::error_code ec;
       acceptor_.close(ec);
@@ -196,7 +198,7 @@ class CoordServer::Impl {
   void OnAccepted(const std::shared_ptr<net::Connection>& conn, const asio::error_code& ec) {
     if (ec == asio::error::operation_aborted) return;  // Shutdown closed the acceptor
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       if (stopping_) return;
       if (!ec) conns_[conn.get()] = conn;
     }
@@ -215,7 +217,7 @@ class CoordServer::Impl {
       return OnUnclaimed(c, h, std::move(payload));
     });
     conn->set_close_handler([this, raw](const Status&) {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       conns_.erase(raw);
     });
     conn->StartServer([](const Status&) {});  // the handshake (§2) is the connection's own business
@@ -245,11 +247,11 @@ class CoordServer::Impl {
     t.conn = conn;
     t.stream_id = h.stream_id;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       if (!stopping_) {
         requests_.fetch_add(1);
         queue_.push_back(std::move(t));
-        cv_.notify_one();
+        cv_.Signal();
         return std::make_shared<InFlight>(this, conn);
       }
     }
@@ -270,8 +272,8 @@ class CoordServer::Impl {
       Task t;
       bool refuse = false;
       {
-        std::unique_lock<std::mutex> l(mu_);
-        cv_.wait(l, [this]() { return !queue_.empty() || quit_; });
+        MutexLock l(&mu_);
+        while (queue_.empty() && !quit_) cv_.Wait(&mu_);
         if (queue_.empty()) break;  // quit_, and nothing left to answer
         t = std::move(queue_.front());
         queue_.pop_front();
@@ -290,7 +292,7 @@ class CoordServer::Impl {
       }
       if (rsp.code != 0) requests_failed_.fetch_add(1);
       Answer(t, std::move(rsp));
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       --running_;
     }
     tls_handler_of = nullptr;
@@ -360,17 +362,17 @@ class CoordServer::Impl {
   std::thread io_thread_;
   std::vector<std::thread> workers_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;                                             // GUARDED_BY(mu_)
-  bool quit_ = false;                                                 // GUARDED_BY(mu_): handler threads exit when idle
-  bool io_done_ = false;                                              // GUARDED_BY(mu_)
-  std::deque<Task> queue_;                                            // GUARDED_BY(mu_)
-  uint64_t running_ = 0;                                              // GUARDED_BY(mu_)
-  std::map<net::Connection*, std::weak_ptr<net::Connection>> conns_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  bool quit_ GUARDED_BY(mu_) = false;  // handler threads exit when idle
+  bool io_done_ GUARDED_BY(mu_) = false;
+  std::deque<Task> queue_ GUARDED_BY(mu_);
+  uint64_t running_ GUARDED_BY(mu_) = 0;
+  std::map<net::Connection*, std::weak_ptr<net::Connection>> conns_ GUARDED_BY(mu_);
 
-  std::mutex shutdown_mu_;  // serializes the waiting part of Shutdown
-  bool shut_down_ = false;  // GUARDED_BY(shutdown_mu_)
+  Mutex shutdown_mu_;  // serializes the waiting part of Shutdown
+  bool shut_down_ GUARDED_BY(shutdown_mu_) = false;
 };
 
 Status CoordServer::Start(const CoordServerOptions& options, CoordHandler handler,

@@ -13,7 +13,7 @@ void ConnectionPool::Get(const std::string& address, GetHandler cb) {
   Status s = ParseAddress(address, &host, &port);
   std::shared_ptr<Connection> ready_conn, dial;
   if (s.ok()) {
-    std::lock_guard<std::mutex> l(shared_->mu);
+    MutexLock l(&shared_->mu);
     auto& entries = shared_->entries;
     auto it = entries.find(address);
     if (shared_->closed) {
@@ -40,7 +40,7 @@ void ConnectionPool::Get(const std::string& address, GetHandler cb) {
   dial->set_close_handler([weak_shared, weak_conn, address](const Status&) {
     auto sh = weak_shared.lock();
     if (sh == nullptr) return;
-    std::lock_guard<std::mutex> l(sh->mu);
+    MutexLock l(&sh->mu);
     auto it = sh->entries.find(address);
     if (it != sh->entries.end() && it->second.conn == weak_conn.lock() && it->second.ready) sh->entries.erase(it);
   });
@@ -48,7 +48,7 @@ void ConnectionPool::Get(const std::string& address, GetHandler cb) {
     std::vector<GetHandler> waiters;
     std::shared_ptr<Connection> conn = weak_conn.lock();
     if (auto sh = weak_shared.lock()) {
-      std::lock_guard<std::mutex> l(sh->mu);
+      MutexLock l(&sh->mu);
       auto it = sh->entries.find(address);
       if (it != sh->entries.end() && it->second.conn == conn) {
         waiters = std::move(it->second.waiters);
@@ -67,7 +67,7 @@ void ConnectionPool::Get(const std::string& address, GetHandler cb) {
 void ConnectionPool::CloseAll(const Status& why) {
   std::map<std::string, Entry> entries;
   {
-    std::lock_guard<std::mutex> l(shared_->mu);
+    MutexLock l(&shared_->mu);
     shared_->closed = true;
     entries.swap(shared_->entries);
   }

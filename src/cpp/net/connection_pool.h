@@ -11,11 +11,11 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "net/connection.h"
+#include "rhino/thread_annotations.h"
 
 namespace rhino::net {
 
@@ -45,9 +45,9 @@ class ConnectionPool {
   // Held by weak pointers in connection callbacks, so a connection that
   // outlives the pool (a stream still holds it) never touches a dead pool.
   struct Shared {
-    std::mutex mu;
-    std::map<std::string, Entry> entries;  // GUARDED_BY(mu)
-    bool closed = false;                   // GUARDED_BY(mu)
+    Mutex mu;
+    std::map<std::string, Entry> entries GUARDED_BY(mu);
+    bool closed GUARDED_BY(mu) = false;
   };
 
   asio::io_context& io_;

@@ -29,7 +29,7 @@ Status FenceTable::Observe(const std::string& operator_id, uint32_t instance, ui
   if (!IsValidOperatorId(operator_id)) {
     return Status::PathOutsideStore("operator id '" + operator_id + "' is not [A-Za-z0-9_.-]{1,128}");
   }
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   uint64_t highest = LoadLocked(operator_id, instance);
   if (version < highest) {
     return Status::StaleChainVersion(noun_ + " " + std::to_string(version) + " of " + operator_id + "/" +
@@ -47,7 +47,7 @@ Status FenceTable::Observe(const std::string& operator_id, uint32_t instance, ui
 }
 
 Status FenceTable::Check(const std::string& operator_id, uint32_t instance, uint64_t version) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   uint64_t highest = LoadLocked(operator_id, instance);
   if (version < highest) {
     return Status::StaleChainVersion(noun_ + " " + std::to_string(version) + " of " + operator_id + "/" +
@@ -58,7 +58,7 @@ Status FenceTable::Check(const std::string& operator_id, uint32_t instance, uint
 }
 
 uint64_t FenceTable::Highest(const std::string& operator_id, uint32_t instance) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return LoadLocked(operator_id, instance);
 }
 

@@ -12,11 +12,11 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 
 #include "rhino/status.h"
+#include "rhino/thread_annotations.h"
 
 namespace rhino {
 
@@ -30,20 +30,20 @@ class FenceTable {
   // Records that a stream of `version` opened for the instance.
   // StaleChainVersion if a higher version was seen before; *raised is set if
   // `version` is new and higher (older streams of the instance must go).
-  Status Observe(const std::string& operator_id, uint32_t instance, uint64_t version, bool* raised);
+  Status Observe(const std::string& operator_id, uint32_t instance, uint64_t version, bool* raised) EXCLUDES(mu_);
   // StaleChainVersion if a version above `version` has been seen.
-  Status Check(const std::string& operator_id, uint32_t instance, uint64_t version);
+  Status Check(const std::string& operator_id, uint32_t instance, uint64_t version) EXCLUDES(mu_);
   // The highest version seen (0: none).
-  uint64_t Highest(const std::string& operator_id, uint32_t instance);
+  uint64_t Highest(const std::string& operator_id, uint32_t instance) EXCLUDES(mu_);
 
  private:
-  uint64_t LoadLocked(const std::string& operator_id, uint32_t instance);  // REQUIRES: mu_ held
+  uint64_t LoadLocked(const std::string& operator_id, uint32_t instance) REQUIRES(mu_);
   std::string PathOf(const std::string& operator_id, uint32_t instance) const;
 
   const std::string dir_;
   const std::string noun_;
-  std::mutex mu_;
-  std::map<std::pair<std::string, uint32_t>, uint64_t> highest_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::map<std::pair<std::string, uint32_t>, uint64_t> highest_ GUARDED_BY(mu_);
 };
 
 }  // namespace rhino

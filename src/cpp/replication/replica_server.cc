@@ -101,7 +101,7 @@ void ReplicaServer::OnAccepted(const std::shared_ptr<net::Connection>& conn, con
                                bool unix_socket) {
   if (ec == asio::error::operation_aborted) return;  // Shutdown
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (stopping_) return;
     if (!ec) conns_[conn.get()] = conn;
   }
@@ -119,7 +119,7 @@ void ReplicaServer::OnAccepted(const std::shared_ptr<net::Connection>& conn, con
       return OnUnclaimed(c, h, std::move(payload));
     });
     conn->set_close_handler([this, raw](const Status&) {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       conns_.erase(raw);
     });
     conn->StartServer([](const Status&) {});
@@ -147,7 +147,7 @@ std::shared_ptr<net::StreamListener> ReplicaServer::OnUnclaimed(const std::share
       }
       std::shared_ptr<ReplicaStream> stream;
       {
-        std::lock_guard<std::mutex> l(mu_);
+        MutexLock l(&mu_);
         if (stopping_) {
           OpenStreamRsp rsp;
           rsp.code = static_cast<uint32_t>(Status::Code::kAborted);
@@ -191,7 +191,7 @@ void ReplicaServer::AnswerStoreQuery(const std::shared_ptr<net::Connection>& con
 void ReplicaServer::FenceOlder(const std::string& operator_id, uint32_t instance, uint64_t version) {
   std::vector<std::shared_ptr<ReplicaStream>> fenced;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (auto& [raw, s] : streams_) {
       if (s->operator_id() == operator_id && s->instance() == instance && s->chain_version() < version) {
         fenced.push_back(s);
@@ -206,20 +206,20 @@ void ReplicaServer::FenceOlder(const std::string& operator_id, uint32_t instance
 
 void ReplicaServer::OnStreamFinished(ReplicaStream* stream) {
   std::shared_ptr<ReplicaStream> keep;  // released outside the lock
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   auto it = streams_.find(stream);
   if (it != streams_.end()) {
     keep = std::move(it->second);
     streams_.erase(it);
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void ReplicaServer::Shutdown(int wait_ms) {
   std::vector<std::shared_ptr<ReplicaStream>> streams;
   std::vector<std::shared_ptr<net::Connection>> conns;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     stopping_ = true;
     for (auto& [raw, s] : streams_) streams.push_back(s);
     for (auto& [raw, c] : conns_)
@@ -236,8 +236,11 @@ void ReplicaServer::Shutdown(int wait_ms) {
   });
   for (auto& s : streams) s->Abort(Status::Aborted("worker is shutting down"));
   {
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait_for(l, std::chrono::milliseconds(wait_ms), [this]() { return streams_.empty(); });
+    MutexLock l(&mu_);
+    cv_.WaitFor(&mu_, std::chrono::milliseconds(wait_ms), [this]() {
+      mu_.AssertHeld();
+      return streams_.empty();
+    });
   }
   for (auto& c : conns) c->Close(Status::Aborted("worker is shutting down"));
 }

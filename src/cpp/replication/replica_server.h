@@ -15,10 +15,8 @@
 
 #include <asio.hpp>
 
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 
@@ -28,6 +26,7 @@
 #include "replication/replica_stream.h"
 #include "replication/server_metrics.h"
 #include "rhino/replica_store.h"
+#include "rhino/thread_annotations.h"
 
 namespace rhino {
 
@@ -59,18 +58,20 @@ class ReplicaServer {
   // Stops accepting, aborts every stream ("worker shutting down"), closes
   // every accepted connection, and waits up to `wait_ms` for the streams to
   // finish their cleanup (staging removed).
-  void Shutdown(int wait_ms);
+  void Shutdown(int wait_ms) EXCLUDES(mu_);
 
  private:
   void Accept();
   void AcceptUnix();
-  void OnAccepted(const std::shared_ptr<net::Connection>& conn, const asio::error_code& ec, bool unix_socket);
+  void OnAccepted(const std::shared_ptr<net::Connection>& conn, const asio::error_code& ec, bool unix_socket)
+      EXCLUDES(mu_);
   std::shared_ptr<net::StreamListener> OnUnclaimed(const std::shared_ptr<net::Connection>& conn,
-                                                   const FrameHeader& h, std::shared_ptr<std::string> payload);
+                                                   const FrameHeader& h, std::shared_ptr<std::string> payload)
+      EXCLUDES(mu_);
   void AnswerStoreQuery(const std::shared_ptr<net::Connection>& conn, const FrameHeader& h,
                         const std::string& payload);
-  void FenceOlder(const std::string& operator_id, uint32_t instance, uint64_t version);
-  void OnStreamFinished(ReplicaStream* stream);
+  void FenceOlder(const std::string& operator_id, uint32_t instance, uint64_t version) EXCLUDES(mu_);
+  void OnStreamFinished(ReplicaStream* stream) EXCLUDES(mu_);
 
   asio::io_context& io_;
   asio::thread_pool& disk_;
@@ -87,11 +88,11 @@ class ReplicaServer {
   asio::steady_timer accept_retry_;
   uint16_t port_ = 0;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;                                              // GUARDED_BY(mu_)
-  std::map<ReplicaStream*, std::shared_ptr<ReplicaStream>> streams_;  // GUARDED_BY(mu_)
-  std::map<net::Connection*, std::weak_ptr<net::Connection>> conns_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::map<ReplicaStream*, std::shared_ptr<ReplicaStream>> streams_ GUARDED_BY(mu_);
+  std::map<net::Connection*, std::weak_ptr<net::Connection>> conns_ GUARDED_BY(mu_);
 };
 
 }  // namespace rhino

@@ -141,7 +141,6 @@ class ReplicaStream : public std::enable_shared_from_this<ReplicaStream> {
   Phase phase_ = Phase::kOpening;
   std::unique_ptr<asio::steady_timer> idle_timer_;
   std::chrono::steady_clock::time_point last_activity_ = std::chrono::steady_clock::now();
-  bool registered_open_ = false;
 
   // request (immutable after construction: the server reads the identity)
   const std::string operator_id_;

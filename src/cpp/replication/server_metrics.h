@@ -4,10 +4,10 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 
+#include "rhino/thread_annotations.h"
 #include "rhino/worker.h"
 
 namespace rhino {
@@ -24,24 +24,24 @@ struct ServerMetrics {
   std::atomic<uint64_t> checkpoints_aborted{0};
   std::atomic<uint64_t> stale_rejections{0};
 
-  void NoteOpened(const std::string& op, uint32_t inst, uint64_t checkpoint_id, uint64_t chain_version) {
-    std::lock_guard<std::mutex> l(mu);
+  void NoteOpened(const std::string& op, uint32_t inst, uint64_t checkpoint_id, uint64_t chain_version) EXCLUDES(mu) {
+    MutexLock l(&mu);
     InstanceReplicaState& s = Get(op, inst);
     if (checkpoint_id > s.last_opened) s.last_opened = checkpoint_id;
     if (chain_version > s.chain_version) s.chain_version = chain_version;
   }
-  void NoteCommitted(const std::string& op, uint32_t inst, uint64_t checkpoint_id) {
-    std::lock_guard<std::mutex> l(mu);
+  void NoteCommitted(const std::string& op, uint32_t inst, uint64_t checkpoint_id) EXCLUDES(mu) {
+    MutexLock l(&mu);
     InstanceReplicaState& s = Get(op, inst);
     if (!s.has_committed || checkpoint_id > s.last_committed) s.last_committed = checkpoint_id;
     s.has_committed = true;
   }
 
-  std::mutex mu;
-  std::map<std::pair<std::string, uint32_t>, InstanceReplicaState> instances;  // GUARDED_BY(mu)
+  Mutex mu;
+  std::map<std::pair<std::string, uint32_t>, InstanceReplicaState> instances GUARDED_BY(mu);
 
  private:
-  InstanceReplicaState& Get(const std::string& op, uint32_t inst) {  // REQUIRES: mu held
+  InstanceReplicaState& Get(const std::string& op, uint32_t inst) REQUIRES(mu) {
     InstanceReplicaState& s = instances[std::make_pair(op, inst)];
     s.operator_id = op;
     s.instance = inst;

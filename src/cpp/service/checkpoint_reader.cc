@@ -77,17 +77,17 @@ CheckpointView::~CheckpointView() {
 // ---------------------------------------------------------------- the table
 
 void ReaderTable::Add(uint64_t token, const std::shared_ptr<ReaderStream>& r) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   readers_[token] = r;
 }
 
 void ReaderTable::Remove(uint64_t token) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   readers_.erase(token);
 }
 
 std::vector<std::shared_ptr<ReaderStream>> ReaderTable::All() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   std::vector<std::shared_ptr<ReaderStream>> out;
   for (auto it = readers_.begin(); it != readers_.end();) {
     if (auto r = it->second.lock()) {
@@ -135,7 +135,7 @@ void ReaderStream::Open(const SessionOpenReq& req) {
 void ReaderStream::Opened(const SessionOpenReq& req, Status s, std::unique_ptr<CheckpointView> view) {
   SessionOpenRsp rsp;
   if (s.ok()) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (ended_) {
       s = Status::Aborted("the reader " + why_);  // the view goes with `view`, off the lock
     } else {
@@ -163,7 +163,7 @@ void ReaderStream::ExpireIfIdle(std::chrono::steady_clock::duration idle) {
   auto self = shared_from_this();
   asio::post(strand_, [self, idle]() {
     {
-      std::lock_guard<std::mutex> l(self->mu_);
+      MutexLock l(&self->mu_);
       if (!self->view_ || std::chrono::steady_clock::now() - self->last_activity_ < idle) return;
     }
     const auto secs = std::chrono::duration_cast<std::chrono::seconds>(idle).count();
@@ -175,7 +175,7 @@ void ReaderStream::ExpireIfIdle(std::chrono::steady_clock::duration idle) {
 void ReaderStream::End(const std::string& why) {
   std::unique_ptr<CheckpointView> view;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (ended_) return;
     ended_ = true;
     why_ = why;
@@ -237,7 +237,7 @@ void ReaderStream::OnRead(const FrameHeader& h, const std::string& payload) {
   if (!s.ok()) return Malformed(get ? "GetReq" : "ScanReq", s);
   std::string out;
   {
-    std::lock_guard<std::mutex> l(mu_);  // End waits for this request
+    MutexLock l(&mu_);  // End waits for this request
     s = CheckOpen();
     if (s.ok()) {
       s = get ? SessionStream::AnswerGet(view_->reads(), env_->max_frame_bytes, get_req, &out)

@@ -23,7 +23,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,6 +32,7 @@
 #include "rhino/service_messages.h"
 #include "rhino/session_batch.h"
 #include "rhino/state_backend.h"
+#include "rhino/thread_annotations.h"
 
 namespace rhino {
 
@@ -77,13 +77,13 @@ class ReaderStream;
 // The readers open on a worker, for the idle sweep and the shutdown.
 class ReaderTable {
  public:
-  void Add(uint64_t token, const std::shared_ptr<ReaderStream>& r);
-  void Remove(uint64_t token);
-  std::vector<std::shared_ptr<ReaderStream>> All();
+  void Add(uint64_t token, const std::shared_ptr<ReaderStream>& r) EXCLUDES(mu_);
+  void Remove(uint64_t token) EXCLUDES(mu_);
+  std::vector<std::shared_ptr<ReaderStream>> All() EXCLUDES(mu_);
 
  private:
-  std::mutex mu_;
-  std::map<uint64_t, std::weak_ptr<ReaderStream>> readers_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::map<uint64_t, std::weak_ptr<ReaderStream>> readers_ GUARDED_BY(mu_);
 };
 
 class ReaderStream : public net::StreamListener, public std::enable_shared_from_this<ReaderStream> {
@@ -102,7 +102,7 @@ class ReaderStream : public net::StreamListener, public std::enable_shared_from_
   void ExpireIfIdle(std::chrono::steady_clock::duration idle);
   // Drops the checkpoint and its directory; later requests are answered
   // Aborted with `why`. Idempotent.
-  void End(const std::string& why);
+  void End(const std::string& why) EXCLUDES(mu_);
 
  private:
   void Send(MessageType type, std::string payload);
@@ -112,7 +112,7 @@ class ReaderStream : public net::StreamListener, public std::enable_shared_from_
   void OnRead(const FrameHeader& h, const std::string& payload);   // GetReq, ScanReq
   void OnAbort(const std::string& payload);
   void Opened(const SessionOpenReq& req, Status s, std::unique_ptr<CheckpointView> view);
-  Status CheckOpen();  // REQUIRES: mu_ held
+  Status CheckOpen() REQUIRES(mu_);
 
   const ReaderEnv* const env_;
   const std::shared_ptr<ReaderTable> table_;
@@ -121,12 +121,12 @@ class ReaderStream : public net::StreamListener, public std::enable_shared_from_
   const uint32_t stream_id_;
   const uint64_t token_;
 
-  std::mutex mu_;
-  std::unique_ptr<CheckpointView> view_;  // GUARDED_BY(mu_): set by the open, dropped by End
-  std::string what_;                      // GUARDED_BY(mu_): "checkpoint c of op/i", for errors
-  bool ended_ = false;                    // GUARDED_BY(mu_)
-  std::string why_;                       // GUARDED_BY(mu_): why it ended
-  std::chrono::steady_clock::time_point last_activity_ = std::chrono::steady_clock::now();  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::unique_ptr<CheckpointView> view_ GUARDED_BY(mu_);  // set by the open, dropped by End
+  std::string what_ GUARDED_BY(mu_);                      // "checkpoint c of op/i", for errors
+  bool ended_ GUARDED_BY(mu_) = false;
+  std::string why_ GUARDED_BY(mu_);  // why it ended
+  std::chrono::steady_clock::time_point last_activity_ GUARDED_BY(mu_) = std::chrono::steady_clock::now();
 };
 
 }  // namespace rhino

@@ -295,7 +295,7 @@ Status StateService::ListInstances(const InstanceReq& req, std::string* result) 
   RHINO_RETURN_IF_ERROR(DecodeInstanceArgs(req.args, &a));
   std::vector<std::shared_ptr<HostedInstance>> all;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (auto& [k, inst] : instances_) all.push_back(inst);
   }
   json list = json::array();

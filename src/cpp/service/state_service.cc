@@ -97,13 +97,13 @@ void StateService::SweepIdleSessions() {
   const auto idle = std::chrono::milliseconds(options_.session_idle_timeout_ms);
   const auto tick = std::min<std::chrono::milliseconds>(idle / 4 + std::chrono::milliseconds(1),
                                                          std::chrono::milliseconds(1000));
-  std::unique_lock<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   while (!stopped_) {
-    sweep_cv_.wait_for(l, tick);
+    sweep_cv_.WaitFor(&mu_, tick);
     if (stopped_) break;
     std::vector<std::shared_ptr<HostedInstance>> all;
     for (auto& [k, inst] : instances_) all.push_back(inst);
-    l.unlock();
+    l.Unlock();
     for (auto& inst : all) {
       // On the instance's strand, in order with its session's frames.
       asio::post(inst->strand(), [inst, idle]() {
@@ -112,19 +112,19 @@ void StateService::SweepIdleSessions() {
       });
     }
     for (auto& r : readers_->All()) r->ExpireIfIdle(idle);
-    l.lock();
+    l.Lock();
   }
 }
 
 void StateService::Shutdown() {
   std::map<Key, std::shared_ptr<HostedInstance>> all;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (stopped_) return;
     stopped_ = true;
     all.swap(instances_);
   }
-  sweep_cv_.notify_all();
+  sweep_cv_.SignalAll();
   if (sweeper_.joinable()) sweeper_.join();
   for (auto& r : readers_->All()) r->End("ended: worker " + options_.worker_id + " shut down");
   for (auto& [key, inst] : all) {
@@ -135,7 +135,7 @@ void StateService::Shutdown() {
 }
 
 std::shared_ptr<HostedInstance> StateService::Find(const std::string& op, uint32_t instance) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   auto it = instances_.find({op, instance});
   return it == instances_.end() ? nullptr : it->second;
 }
@@ -147,12 +147,12 @@ Status StateService::FindHosted(const std::string& op, uint32_t instance, std::s
 }
 
 void StateService::Host(const std::shared_ptr<HostedInstance>& inst) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   instances_[{inst->config().operator_id, inst->config().instance}] = inst;
 }
 
 void StateService::Unhost(const std::string& op, uint32_t instance) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   instances_.erase({op, instance});
 }
 
@@ -281,7 +281,7 @@ std::shared_ptr<net::StreamListener> StateService::OpenReader(const std::shared_
   auto reader = std::make_shared<ReaderStream>(&reader_env_, readers_, pool_, conn, h.stream_id, token);
   {
     // In the table before Shutdown can look, or refused: none is left open.
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (stopped_) {
       conn->Send(MessageType::kSessionOpenRsp, h.stream_id, 0,
                  ServiceErrorPayload(MessageType::kSessionOpenRsp,
@@ -328,7 +328,7 @@ void StateService::HandleInstanceReq(const std::shared_ptr<net::Connection>& con
 
 Status StateService::DoInstanceReq(const InstanceReq& req, std::string* result) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (stopped_) return Status::Aborted("worker " + options_.worker_id + " is shutting down");
   }
   const auto action = static_cast<InstanceAction>(req.action);
@@ -365,7 +365,7 @@ std::optional<uint64_t> StateService::RetentionFloor(const std::string& op, uint
 std::vector<InstanceMetrics> StateService::Metrics() {
   std::vector<std::shared_ptr<HostedInstance>> all;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (auto& [k, inst] : instances_) all.push_back(inst);
   }
   std::vector<InstanceMetrics> out;

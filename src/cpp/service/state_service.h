@@ -21,11 +21,9 @@
 #include <asio.hpp>
 
 #include <chrono>
-#include <condition_variable>
 #include <map>
 #include <thread>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,6 +31,7 @@
 #include "net/connection.h"
 #include "replication/fence_table.h"
 #include "rhino/service_messages.h"
+#include "rhino/thread_annotations.h"
 #include "service/checkpoint_reader.h"
 #include "service/hosted_instance.h"
 #include "service/session_stream.h"
@@ -66,7 +65,7 @@ class StateService {
   // newest checkpoint in the store (HostedInstance::Recover).
   Status Start();
   // Closes every instance (open sessions are aborted). Idempotent.
-  void Shutdown();
+  void Shutdown() EXCLUDES(mu_);
 
   static bool Handles(MessageType type);
   // From the server's unclaimed-frame handler (on the connection's strand).
@@ -101,11 +100,11 @@ class StateService {
   Status ReplicateTo(const InstanceReq& req, std::string* result);
   Status CompactInstance(const InstanceReq& req, std::string* result);
 
-  std::shared_ptr<HostedInstance> Find(const std::string& op, uint32_t instance);
+  std::shared_ptr<HostedInstance> Find(const std::string& op, uint32_t instance) EXCLUDES(mu_);
   // Find, or UnknownInstance naming this worker.
   Status FindHosted(const std::string& op, uint32_t instance, std::shared_ptr<HostedInstance>* out);
-  void Host(const std::shared_ptr<HostedInstance>& inst);
-  void Unhost(const std::string& op, uint32_t instance);
+  void Host(const std::shared_ptr<HostedInstance>& inst) EXCLUDES(mu_);
+  void Unhost(const std::string& op, uint32_t instance) EXCLUDES(mu_);
   // The newest checkpoint of the instance in this worker's store, or `wanted`
   // if the store holds it; NotFound otherwise.
   Status PickCheckpoint(const std::string& op, uint32_t instance, std::optional<uint64_t> wanted, uint64_t* out);
@@ -131,11 +130,11 @@ class StateService {
   std::atomic<uint64_t> next_token_{1};  // one per session: a late frame of an ended session is refused
 
   std::thread sweeper_;
-  std::condition_variable sweep_cv_;
+  CondVar sweep_cv_;  // with mu_: wakes the sweeper at Shutdown
 
-  std::mutex mu_;
-  bool stopped_ = false;                                     // GUARDED_BY(mu_)
-  std::map<Key, std::shared_ptr<HostedInstance>> instances_; // GUARDED_BY(mu_)
+  Mutex mu_;
+  bool stopped_ GUARDED_BY(mu_) = false;
+  std::map<Key, std::shared_ptr<HostedInstance>> instances_ GUARDED_BY(mu_);
 };
 
 }  // namespace rhino

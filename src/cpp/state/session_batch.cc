@@ -7,7 +7,6 @@
 #include <deque>
 #include <limits>
 #include <mutex>
-#include <shared_mutex>
 #include <unordered_map>
 
 #include "rhino/state_backend.h"
@@ -64,7 +63,7 @@ Status SessionBatch::Add(bool put, const std::vector<std::string_view>& keys,
     return Status::InvalidArgument(std::to_string(keys.size()) + " keys but " + std::to_string(values->size()) +
                                    " values");
   }
-  std::shared_lock lock(db_->cf_mu_);
+  ReaderMutexLock lock(&db_->cf_mu_);
   // Route every key first: a batch with one key of a vnode not held adds nothing.
   std::vector<rocksdb::ColumnFamilyHandle*> cfs(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) RHINO_RETURN_IF_ERROR(db_->Route(keys[i], &cfs[i]));
@@ -161,18 +160,17 @@ Status SessionBatch::MultiGetAll(
 Status SessionBatch::Scan(std::optional<uint32_t> vnode, std::string_view prefix, std::optional<uint32_t> after_vnode,
                           std::optional<std::string_view> after_key,
                           const std::function<bool(uint32_t, std::string_view, std::string_view)>& fn) const {
-  std::shared_lock lock(db_->cf_mu_);
-  const auto& cfs = db_->cf_by_vnode_;
-  if (vnode && (*vnode >= cfs.size() || cfs[*vnode] == nullptr)) {
+  ReaderMutexLock lock(&db_->cf_mu_);
+  if (vnode && (*vnode >= db_->cf_by_vnode_.size() || db_->cf_by_vnode_[*vnode] == nullptr)) {
     return Status::UnknownVnode("cannot scan vnode " + std::to_string(*vnode) + ": instance " +
                                 std::to_string(db_->instance_) + " of '" + db_->operator_id_ + "' does not hold it");
   }
   const Rep& r = *rep_;
   const rocksdb::Slice pfx(prefix.data(), prefix.size());
   const rocksdb::Comparator* cmp = rocksdb::BytewiseComparator();
-  for (uint32_t v = vnode ? *vnode : 0; v < cfs.size(); ++v) {
+  for (uint32_t v = vnode ? *vnode : 0; v < db_->cf_by_vnode_.size(); ++v) {
     if (vnode && v != *vnode) break;
-    if (cfs[v] == nullptr) continue;
+    if (db_->cf_by_vnode_[v] == nullptr) continue;
     if (after_vnode && v < *after_vnode) continue;
     const bool resume = after_vnode && after_key && v == *after_vnode;
     // The session's last write of each key of this vnode in range, sorted.
@@ -190,7 +188,7 @@ Status SessionBatch::Scan(std::optional<uint32_t> vnode, std::string_view prefix
       return cmp->Compare(rocksdb::Slice(a->key.data(), a->key.size()), rocksdb::Slice(b->key.data(), b->key.size())) < 0;
     });
     rocksdb::ReadOptions ro;
-    std::unique_ptr<rocksdb::Iterator> it(db_->db_->NewIterator(ro, cfs[v]));
+    std::unique_ptr<rocksdb::Iterator> it(db_->db_->NewIterator(ro, db_->cf_by_vnode_[v]));
     if (resume) {
       it->Seek(rocksdb::Slice(after_key->data(), after_key->size()));
       if (it->Valid() && it->key() == rocksdb::Slice(after_key->data(), after_key->size())) it->Next();
@@ -229,7 +227,7 @@ Status SessionBatch::Commit(uint64_t version, std::optional<int64_t> batch_time_
   if (batch_time_ms && *batch_time_ms == std::numeric_limits<int64_t>::min()) {
     return Status::InvalidArgument("a batch time of INT64_MIN is not a TTL clock");
   }
-  std::shared_lock lock(db_->cf_mu_);
+  ReaderMutexLock lock(&db_->cf_mu_);
   rocksdb::Status s = rep_->batch.Put(db_->default_cf_, kVersionKey, EncodeU64(version));
   // The clock goes with the version: a checkpoint of this version, and every
   // restore of it, has the clock its compactions must use.

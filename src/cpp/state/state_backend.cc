@@ -327,7 +327,10 @@ Status StateBackend::Open(const std::string& dir, const StateOptions& options,
   if (unsynced) {
     // The file system refused the OPTIONS file during the open: it is written
     // now, off the caller's critical path (open_without_sync.h).
-    b->options_file_deferred_ = true;
+    {
+      MutexLock l(&b->options_file_mu_);  // no other thread sees b yet: for the analysis
+      b->options_file_deferred_ = true;
+    }
     b->options_file_writer_ = std::thread([raw = b.get()] {
       Status ws = raw->WriteDeferredOptionsFile();
       if (!ws.ok()) std::fprintf(stderr, "rhino: %s\n", ws.ToString().c_str());
@@ -411,6 +414,7 @@ Status StateBackend::LoadMetadata(const StateOptions& options, bool exists, rock
 
 Status StateBackend::MapColumnFamilies(const std::vector<std::string>& cf_names,
                                        const std::vector<rocksdb::ColumnFamilyHandle*>& handles) {
+  WriterMutexLock lock(&cf_mu_);  // Open's, before anybody else sees this object: for the analysis
   cf_by_vnode_.assign(partitioner_.num_vnodes(), nullptr);
   for (size_t i = 1; i < handles.size(); ++i) {  // 0: the default column family, metadata only
     uint32_t v;
@@ -425,7 +429,7 @@ Status StateBackend::MapColumnFamilies(const std::vector<std::string>& cf_names,
 }
 
 Status StateBackend::WriteDeferredOptionsFile() {
-  std::lock_guard<std::mutex> l(options_file_mu_);
+  MutexLock l(&options_file_mu_);
   if (!options_file_deferred_ || !db_) return Status::OK();
   options_file_deferred_ = false;
   // SetOptions persists every option to a new OPTIONS file (DBImpl::
@@ -481,14 +485,13 @@ Status StateBackend::Restore(const ReplicaStore& store, const std::string& opera
 // ---------------------------------------------------------------- routing
 
 std::vector<uint32_t> StateBackend::vnodes() const {
-  std::shared_lock lock(cf_mu_);
+  ReaderMutexLock lock(&cf_mu_);
   std::vector<uint32_t> r;
   for (uint32_t v = 0; v < cf_by_vnode_.size(); ++v)
     if (cf_by_vnode_[v]) r.push_back(v);
   return r;
 }
 
-// REQUIRES: cf_mu_ held (shared).
 Status StateBackend::Route(std::string_view key, rocksdb::ColumnFamilyHandle** cf) const {
   uint32_t v = partitioner_.VnodeOfBytes(key);
   *cf = cf_by_vnode_[v];
@@ -531,7 +534,7 @@ Status StateBackend::WriteResult(const rocksdb::Status& s, const std::string& co
 // ---------------------------------------------------------------- single keys
 
 Status StateBackend::Get(std::string_view key, std::string* value) const {
-  std::shared_lock lock(cf_mu_);
+  ReaderMutexLock lock(&cf_mu_);
   rocksdb::ColumnFamilyHandle* cf;
   RHINO_RETURN_IF_ERROR(Route(key, &cf));
   SkipPerfCounters();
@@ -542,7 +545,7 @@ Status StateBackend::Get(std::string_view key, std::string* value) const {
 
 Status StateBackend::Put(std::string_view key, std::string_view value) {
   RHINO_RETURN_IF_ERROR(CheckWritable());
-  std::shared_lock lock(cf_mu_);
+  ReaderMutexLock lock(&cf_mu_);
   rocksdb::ColumnFamilyHandle* cf;
   RHINO_RETURN_IF_ERROR(Route(key, &cf));
   SkipPerfCounters();
@@ -553,7 +556,7 @@ Status StateBackend::Put(std::string_view key, std::string_view value) {
 
 Status StateBackend::Delete(std::string_view key) {
   RHINO_RETURN_IF_ERROR(CheckWritable());
-  std::shared_lock lock(cf_mu_);
+  ReaderMutexLock lock(&cf_mu_);
   rocksdb::ColumnFamilyHandle* cf;
   RHINO_RETURN_IF_ERROR(Route(key, &cf));
   SkipPerfCounters();
@@ -629,7 +632,7 @@ Status StateBackend::OrderKeys(const std::vector<std::string_view>& keys, VnodeO
 // if any key's vnode is not held.
 Status StateBackend::AddToBatch(WriteBatch* batch, const std::vector<std::string_view>& keys,
                                 const std::vector<std::string_view>* values) const {
-  std::shared_lock lock(cf_mu_);
+  ReaderMutexLock lock(&cf_mu_);
   VnodeOrder vo;
   RHINO_RETURN_IF_ERROR(OrderKeys(keys, &vo));
   rocksdb::WriteBatch& wb = batch->rep_->batch;
@@ -657,7 +660,7 @@ Status StateBackend::Write(WriteBatch* batch, std::optional<uint64_t> version, s
     return Status::InvalidArgument(version ? "a batch time of INT64_MIN is not a TTL clock"
                                            : "a batch time is written with a version only");
   }
-  std::shared_lock lock(cf_mu_);
+  ReaderMutexLock lock(&cf_mu_);
   if (version) {
     rocksdb::Status s = batch->rep_->batch.Put(default_cf_, kVersionKey, EncodeU64(*version));
     if (s.ok() && batch_time_ms) {
@@ -673,7 +676,7 @@ Status StateBackend::Write(WriteBatch* batch, std::optional<uint64_t> version, s
 }
 
 Status StateBackend::MultiGet(const std::vector<std::string_view>& keys, MultiGetResult* out) const {
-  std::shared_lock lock(cf_mu_);
+  ReaderMutexLock lock(&cf_mu_);
   const size_t n = keys.size();
   MultiGetResult::Rep& r = *out->rep_;
   r.pinned.clear();
@@ -741,7 +744,7 @@ Status StateBackend::MultiGet(const std::vector<std::string_view>& keys, MultiGe
 }
 
 Status StateBackend::BatchOrder(const std::vector<std::string_view>& keys, std::vector<size_t>* order) const {
-  std::shared_lock lock(cf_mu_);
+  ReaderMutexLock lock(&cf_mu_);
   VnodeOrder vo;
   RHINO_RETURN_IF_ERROR(OrderKeys(keys, &vo));
   *order = std::move(vo.order);
@@ -750,7 +753,7 @@ Status StateBackend::BatchOrder(const std::vector<std::string_view>& keys, std::
 
 Status StateBackend::Scan(uint32_t vnode,
                           const std::function<bool(std::string_view, std::string_view)>& fn) const {
-  std::shared_lock lock(cf_mu_);
+  ReaderMutexLock lock(&cf_mu_);
   if (vnode >= cf_by_vnode_.size() || cf_by_vnode_[vnode] == nullptr) {
     return Status::UnknownVnode("instance " + std::to_string(instance_) + " of '" + operator_id_ +
                                 "' does not hold vnode " + std::to_string(vnode));
@@ -806,7 +809,7 @@ Status StateBackend::CompactVnodes(uint64_t* bytes_before, uint64_t* bytes_after
   // Checkpoints may have left recent writes in the memtables (and the WAL):
   // flushed first, they are counted in bytes_before and filtered like the rest.
   RHINO_RETURN_IF_ERROR(FlushColumnFamilies());
-  std::shared_lock lock(cf_mu_);
+  ReaderMutexLock lock(&cf_mu_);
   *bytes_before = LiveVnodeBytes();
   rocksdb::CompactRangeOptions o;
   // Rewrite the bottommost level too, which holds most of the data: the
@@ -827,7 +830,7 @@ Status StateBackend::CompactVnodes(uint64_t* bytes_before, uint64_t* bytes_after
 void StateBackend::AbortCompaction() { compaction_aborted_.store(true); }
 
 Status StateBackend::Stats(std::vector<VnodeStats>* out) const {
-  std::shared_lock lock(cf_mu_);
+  ReaderMutexLock lock(&cf_mu_);
   out->clear();
   for (uint32_t v = 0; v < cf_by_vnode_.size(); ++v) {
     if (!cf_by_vnode_[v]) continue;
@@ -846,7 +849,7 @@ Status StateBackend::Flush() {
 }
 
 Status StateBackend::FlushColumnFamilies() {
-  std::shared_lock lock(cf_mu_);
+  ReaderMutexLock lock(&cf_mu_);
   std::vector<rocksdb::ColumnFamilyHandle*> cfs{default_cf_};
   for (auto* h : cf_by_vnode_)
     if (h) cfs.push_back(h);

@@ -24,7 +24,7 @@ using namespace state_internal;
 Status StateBackend::ExportVnodes(const std::vector<uint32_t>& vnodes, const std::string& export_dir) {
   std::lock_guard admin(admin_mu_);
   if (fs::Exists(export_dir)) return Status::AlreadyExists("export directory " + export_dir + " already exists");
-  std::shared_lock lock(cf_mu_);
+  ReaderMutexLock lock(&cf_mu_);
   std::set<uint32_t> uniq(vnodes.begin(), vnodes.end());
   if (uniq.empty()) return Status::InvalidArgument("no vnodes to export");
   for (uint32_t v : uniq) {
@@ -130,7 +130,7 @@ Status StateBackend::ImportVnodes(const std::string& export_dir, std::vector<uin
     return Status::Corruption("malformed vnode export at " + export_dir + ": " + e.what());
   }
 
-  std::unique_lock lock(cf_mu_);
+  WriterMutexLock lock(&cf_mu_);
   for (const auto& [v, meta] : todo) {
     if (v >= cf_by_vnode_.size()) {
       return Status::UnknownVnode("export holds vnode " + std::to_string(v) + ", outside [0, " +
@@ -172,7 +172,7 @@ Status StateBackend::ImportVnodes(const std::string& export_dir, std::vector<uin
 Status StateBackend::DropVnodes(const std::vector<uint32_t>& vnodes) {
   RHINO_RETURN_IF_ERROR(CheckWritable());
   std::lock_guard admin(admin_mu_);
-  std::unique_lock lock(cf_mu_);
+  WriterMutexLock lock(&cf_mu_);
   for (uint32_t v : vnodes) {
     if (v >= cf_by_vnode_.size() || !cf_by_vnode_[v]) {
       return Status::UnknownVnode("cannot drop vnode " + std::to_string(v) + ": not held");

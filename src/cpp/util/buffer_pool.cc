@@ -15,7 +15,7 @@ std::shared_ptr<std::string> BufferPool::Get(size_t size) {
   if (size < min_pooled_) return std::make_shared<std::string>(size, '\0');
   std::string* s = nullptr;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     // Prefer a buffer already at least this long: resize() then only moves
     // the end, while growing a string zero-fills the new part.
     size_t pick = free_.size();
@@ -39,7 +39,7 @@ std::shared_ptr<std::string> BufferPool::Get(size_t size) {
 
 void BufferPool::Put(std::string* s) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (free_bytes_ + s->capacity() <= max_cached_bytes_) {
       free_bytes_ += s->capacity();
       free_.push_back(s);
@@ -50,12 +50,12 @@ void BufferPool::Put(std::string* s) {
 }
 
 size_t BufferPool::cached() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return free_.size();
 }
 
 size_t BufferPool::cached_bytes() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return free_bytes_;
 }
 

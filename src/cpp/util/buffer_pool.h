@@ -11,9 +11,10 @@
 
 #include <cstddef>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
+
+#include "rhino/thread_annotations.h"
 
 namespace rhino {
 
@@ -47,9 +48,9 @@ class BufferPool {
 
   const size_t max_cached_bytes_;
   const size_t min_pooled_;
-  mutable std::mutex mu_;
-  std::vector<std::string*> free_;  // GUARDED_BY(mu_)
-  size_t free_bytes_ = 0;           // GUARDED_BY(mu_): the capacity of free_
+  mutable Mutex mu_;
+  std::vector<std::string*> free_ GUARDED_BY(mu_);
+  size_t free_bytes_ GUARDED_BY(mu_) = 0;  // the capacity of free_
 };
 
 }  // namespace rhino

@@ -1,8 +1,6 @@
 #include "rhino/worker.h"
 
 #include <csignal>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 
 #include "net/connection.h"
@@ -12,6 +10,7 @@
 #include "rhino/frame.h"
 #include "rhino/messages.h"
 #include "rhino/replica_store.h"
+#include "rhino/thread_annotations.h"
 #include "service/state_service.h"
 #include "store/retention.h"
 #include "util/buffer_pool.h"
@@ -23,8 +22,8 @@ class Worker::Impl {
  public:
   ~Impl() { Stop(); }
 
-  Status Start(const WorkerOptions& o) {
-    std::lock_guard<std::mutex> l(mu_);
+  Status Start(const WorkerOptions& o) EXCLUDES(mu_) {
+    MutexLock l(&mu_);
     if (started_) return Status::InvalidArgument("worker already started");
     RHINO_RETURN_IF_ERROR(CheckOptions(o));
     // RLIMIT_FSIZE must give EFBIG (a clean NoSpace abort), not SIGXFSZ.
@@ -73,16 +72,16 @@ class Worker::Impl {
     return Status::OK();
   }
 
-  void Stop() {
-    std::unique_lock<std::mutex> l(mu_);
+  void Stop() EXCLUDES(mu_) {
+    MutexLock l(&mu_);
     if (!started_ || stopped_) return;
     if (stopping_) {
-      cv_.wait(l, [this]() { return stopped_; });
+      while (!stopped_) cv_.Wait(&mu_);
       return;
     }
     stopping_ = true;
-    retention_cv_.notify_all();
-    l.unlock();
+    retention_cv_.SignalAll();
+    l.Unlock();
     if (retention_.joinable()) retention_.join();
     // Streams first (they tell their peers and remove their staging), then
     // connections, then the threads.
@@ -103,29 +102,29 @@ class Worker::Impl {
     server_.reset();
     dispatcher_.reset();
     {
-      std::lock_guard<std::mutex> g(mu_);
+      MutexLock g(&mu_);
       service_.reset();
     }
     pool_.reset();
     io_.reset();
     disk_.reset();
-    l.lock();
+    l.Lock();
     stopped_ = true;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
-  void Join() {
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [this]() { return !started_ || stopped_; });
+  void Join() EXCLUDES(mu_) {
+    MutexLock l(&mu_);
+    while (started_ && !stopped_) cv_.Wait(&mu_);
   }
 
   uint16_t port() const { return port_; }
 
-  WorkerMetrics Metrics() {
+  WorkerMetrics Metrics() EXCLUDES(mu_, retention_mu_, metrics_.mu) {
     WorkerMetrics m;
     {
       // Stop resets service_ under mu_: a metrics scrape never sees it freed.
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       if (service_ && !stopping_) m.hosted = service_->Metrics();
     }
     m.bytes_received = metrics_.bytes_received.load();
@@ -146,14 +145,14 @@ class Worker::Impl {
     m.open_connections = counters_.open_connections.load();
     m.buffer_pool_cached_bytes = BufferPool::Shared().cached_bytes();
     {
-      std::lock_guard<std::mutex> l(retention_mu_);
+      MutexLock l(&retention_mu_);
       m.checkpoints_retired = retired_;
       m.gc_files_removed = gc_files_;
       m.gc_bytes_removed = gc_bytes_;
       m.retention_errors = retention_errors_;
       m.retention_last_error = retention_last_error_;
     }
-    std::lock_guard<std::mutex> l(metrics_.mu);
+    MutexLock l(&metrics_.mu);
     for (const auto& [key, st] : metrics_.instances) m.instances.push_back(st);
     return m;
   }
@@ -233,14 +232,17 @@ class Worker::Impl {
 
   // Every retention_interval_ms: old checkpoints out, unreferenced files freed
   // (store/retention.h). Off the io and disk threads: GC lists the pool.
-  void RetentionLoop() {
+  void RetentionLoop() EXCLUDES(mu_, retention_mu_) {
     const auto interval = std::chrono::milliseconds(options_.retention_interval_ms);
-    std::unique_lock<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     while (!stopping_) {
-      retention_cv_.wait_for(l, interval, [this]() { return stopping_; });
+      retention_cv_.WaitFor(&mu_, interval, [this]() {
+        mu_.AssertHeld();
+        return stopping_;
+      });
       if (stopping_) break;
       StateService* service = service_.get();  // reset only after this thread is joined
-      l.unlock();
+      l.Unlock();
       RetentionFloor floor_of;
       if (service) {
         floor_of = [service](const std::string& op, uint32_t i) { return service->RetentionFloor(op, i); };
@@ -248,7 +250,7 @@ class Worker::Impl {
       RetentionStats st;
       Status s = ApplyRetention(store_.get(), options_.keep_checkpoints, floor_of, &st);
       {
-        std::lock_guard<std::mutex> g(retention_mu_);
+        MutexLock g(&retention_mu_);
         retired_ += st.checkpoints_removed;
         gc_files_ += st.files_removed;
         gc_bytes_ += st.bytes_removed;
@@ -257,13 +259,15 @@ class Worker::Impl {
           retention_last_error_ = s.ToString();
         }
       }
-      l.lock();
+      l.Lock();
     }
   }
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool started_ = false, stopping_ = false, stopped_ = false;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  bool started_ GUARDED_BY(mu_) = false;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  bool stopped_ GUARDED_BY(mu_) = false;
   WorkerOptions options_;
   uint16_t port_ = 0;
   ServerMetrics metrics_;
@@ -279,10 +283,13 @@ class Worker::Impl {
   std::unique_ptr<ReplicaServer> server_;
   std::vector<std::thread> threads_;
   std::thread retention_;
-  std::condition_variable retention_cv_;  // with mu_: wakes the retention loop at Stop
-  std::mutex retention_mu_;
-  uint64_t retired_ = 0, gc_files_ = 0, gc_bytes_ = 0, retention_errors_ = 0;  // GUARDED_BY(retention_mu_)
-  std::string retention_last_error_;                                          // GUARDED_BY(retention_mu_)
+  CondVar retention_cv_;  // with mu_: wakes the retention loop at Stop
+  Mutex retention_mu_;
+  uint64_t retired_ GUARDED_BY(retention_mu_) = 0;
+  uint64_t gc_files_ GUARDED_BY(retention_mu_) = 0;
+  uint64_t gc_bytes_ GUARDED_BY(retention_mu_) = 0;
+  uint64_t retention_errors_ GUARDED_BY(retention_mu_) = 0;
+  std::string retention_last_error_ GUARDED_BY(retention_mu_);
 };
 
 Worker::Worker() : impl_(std::make_unique<Impl>()) {}

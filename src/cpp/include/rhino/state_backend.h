@@ -30,7 +30,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -41,6 +40,7 @@
 #include "rhino/partitioner.h"
 #include "rhino/replica_store.h"
 #include "rhino/status.h"
+#include "rhino/thread_annotations.h"
 
 namespace rocksdb {
 class DB;
@@ -283,13 +283,13 @@ class StateBackend {
                 std::vector<rocksdb::ColumnFamilyHandle*>* handles);
   Status LoadMetadata(const StateOptions& options, bool exists, rocksdb::ColumnFamilyHandle* meta_cf);
   Status MapColumnFamilies(const std::vector<std::string>& cf_names,
-                           const std::vector<rocksdb::ColumnFamilyHandle*>& handles);
+                           const std::vector<rocksdb::ColumnFamilyHandle*>& handles) EXCLUDES(cf_mu_);
   // The steps of Checkpoint (state_checkpoint.cc): a RocksDB checkpoint at
   // `db_dir`, then its files pooled into `store` and described in *m.
   Status CreateRocksCheckpoint(const std::string& db_dir);
   Status PoolCheckpoint(ReplicaStore* store, const std::string& db_dir, uint64_t checkpoint_id, uint64_t epoch,
                         std::optional<uint64_t> parent_id, Manifest* m);
-  Status Route(std::string_view key, rocksdb::ColumnFamilyHandle** cf) const;
+  Status Route(std::string_view key, rocksdb::ColumnFamilyHandle** cf) const REQUIRES_SHARED(cf_mu_);
   // Refuses writes to a read-only DB, and resumes a DB that a write error
   // stopped (see WriteResult).
   Status CheckWritable() const;
@@ -298,23 +298,23 @@ class StateBackend {
   // the next write first tries to resume, and succeeds once space is free.
   Status WriteResult(const rocksdb::Status& s, const std::string& context) const;
   Status AddToBatch(WriteBatch* batch, const std::vector<std::string_view>& keys,
-                    const std::vector<std::string_view>* values) const;
+                    const std::vector<std::string_view>* values) const EXCLUDES(cf_mu_);
   struct VnodeOrder;  // state_backend.cc
-  // Requires cf_mu_ held (shared). UnknownVnode for the first key not held.
-  Status OrderKeys(const std::vector<std::string_view>& keys, VnodeOrder* out) const;
+  // UnknownVnode for the first key not held.
+  Status OrderKeys(const std::vector<std::string_view>& keys, VnodeOrder* out) const REQUIRES_SHARED(cf_mu_);
   std::optional<uint64_t> ReadU64Meta(const std::string& key) const;
-  // The sum of the vnode column families' live SST bytes (REQUIRES: cf_mu_ held).
-  uint64_t LiveVnodeBytes() const;
+  // The sum of the vnode column families' live SST bytes.
+  uint64_t LiveVnodeBytes() const REQUIRES_SHARED(cf_mu_);
   // Flushes every column family's memtable, the flushes running side by side
   // on the flush threads (state_backend.cc).
-  Status FlushColumnFamilies();
+  Status FlushColumnFamilies() EXCLUDES(cf_mu_);
   // Bytes in the live write-ahead log files: what is not yet in an SST.
   Status LiveWalBytes(uint64_t* bytes);
   // Writes the OPTIONS file that an open with sync_open = false left out
   // (open_without_sync.h), once: a background thread started by Open calls it
   // right away, and Checkpoint calls it first, so that every checkpoint
   // holds an OPTIONS file.
-  Status WriteDeferredOptionsFile();
+  Status WriteDeferredOptionsFile() EXCLUDES(options_file_mu_);
 
   std::string dir_;
   std::string operator_id_;
@@ -338,11 +338,11 @@ class StateBackend {
   // Guards the vnode -> column family map. Reads and writes hold it shared for
   // the whole operation (a handle must not be destroyed under them); import
   // and drop hold it exclusively.
-  mutable std::shared_mutex cf_mu_;
-  std::vector<rocksdb::ColumnFamilyHandle*> cf_by_vnode_;  // GUARDED_BY(cf_mu_); null = not held
+  mutable SharedMutex cf_mu_;
+  std::vector<rocksdb::ColumnFamilyHandle*> cf_by_vnode_ GUARDED_BY(cf_mu_);  // null = not held
   std::mutex admin_mu_;  // serializes Checkpoint / Export / Import / Drop
-  std::mutex options_file_mu_;
-  bool options_file_deferred_ = false;  // GUARDED_BY(options_file_mu_)
+  Mutex options_file_mu_;
+  bool options_file_deferred_ GUARDED_BY(options_file_mu_) = false;
   std::thread options_file_writer_;     // joined before the DB closes
 };
 
