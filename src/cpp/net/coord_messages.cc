@@ -1,6 +1,6 @@
 #include "rhino/coord_messages.h"
 
-#include "rhino/messages.h"  // kMaxMessageBytes
+#include "net/wire_codec.h"
 
 namespace rhino {
 
@@ -12,41 +12,28 @@ bool IsValidCoordMethod(std::string_view method) {
   return true;
 }
 
-std::string CoordReq::Encode() const {
-  Encoder e(8 + method.size() + args.size());
-  e.PutBytes(method);
-  e.PutBytes(args);
-  return e.Finish();
-}
+// ---- the field lists of §8's messages, in wire order (net/wire_codec.h) ----
 
-Status CoordReq::Decode(std::string_view payload, CoordReq* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->method, kMaxCoordMethodBytes));
+template <class V>
+void Fields(V& v, wire::Msg<V, CoordReq>& m) {
+  v.Bytes(m.method, kMaxCoordMethodBytes);
   // Checked here rather than by the server: a method name ends up in logs and
   // error messages, so nothing outside the alphabet gets past the decoder.
-  if (!IsValidCoordMethod(out->method)) {
-    return Status::Corruption("CoordReq.method must be 1 to " + std::to_string(kMaxCoordMethodBytes) +
-                              " bytes of [a-z_]");
-  }
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->args, kMaxCoordArgsBytes));
-  return d.Done();
+  v.Check([&m] {
+    return IsValidCoordMethod(m.method) ? Status::OK()
+                                        : Status::Corruption("CoordReq.method must be 1 to " +
+                                                             std::to_string(kMaxCoordMethodBytes) + " bytes of [a-z_]");
+  });
+  v.Bytes(m.args, kMaxCoordArgsBytes);
 }
+RHINO_WIRE_MESSAGE(CoordReq)
 
-std::string CoordRsp::Encode() const {
-  const std::string_view msg = std::string_view(message).substr(0, kMaxMessageBytes);
-  Encoder e(4 + 8 + msg.size() + result.size());
-  e.PutU32(code);
-  e.PutBytes(msg);
-  e.PutBytes(result);
-  return e.Finish();
+template <class V>
+void Fields(V& v, wire::Msg<V, CoordRsp>& m) {
+  v.U32(m.code);
+  v.Text(m.message);
+  v.Bytes(m.result, kMaxCoordResultBytes);
 }
-
-Status CoordRsp::Decode(std::string_view payload, CoordRsp* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->code));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->message, kMaxMessageBytes));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->result, kMaxCoordResultBytes));
-  return d.Done();
-}
+RHINO_WIRE_MESSAGE(CoordRsp)
 
 }  // namespace rhino

@@ -1,5 +1,7 @@
 #include "rhino/messages.h"
 
+#include "net/wire_codec.h"
+
 namespace rhino {
 namespace {
 
@@ -7,116 +9,68 @@ namespace {
 // files than this does not fit in a frame anyway.
 constexpr size_t kMaxListItems = 1 << 20;
 
-// A message is informative only: cut it rather than fail to report an error.
-std::string_view Cut(const std::string& message) {
-  return std::string_view(message).substr(0, kMaxMessageBytes);
-}
-
 }  // namespace
 
-std::string HelloReq::Encode() const {
-  Encoder e;
-  e.PutU32(proto);
-  e.PutBytes(worker_id);
-  e.PutBytes(client_nonce);
-  return e.Finish();
-}
+// ---- the field lists of §3's messages, in wire order (net/wire_codec.h) ----
 
-Status HelloReq::Decode(std::string_view payload, HelloReq* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->proto));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->worker_id, kMaxWorkerIdBytes));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->client_nonce, kNonceBytes));
-  return d.Done();
+template <class V>
+void Fields(V& v, wire::Msg<V, HelloReq>& m) {
+  v.U32(m.proto);
+  v.Bytes(m.worker_id, kMaxWorkerIdBytes);
+  v.Bytes(m.client_nonce, kNonceBytes);
 }
+RHINO_WIRE_MESSAGE(HelloReq)
 
-std::string HelloRsp::Encode() const {
-  Encoder e;
-  e.PutBytes(worker_id);
-  e.PutBytes(server_nonce);
-  e.PutBytes(server_mac);
-  return e.Finish();
+template <class V>
+void Fields(V& v, wire::Msg<V, HelloRsp>& m) {
+  v.Bytes(m.worker_id, kMaxWorkerIdBytes);
+  v.Bytes(m.server_nonce, kNonceBytes);
+  v.Bytes(m.server_mac, kMacBytes);
 }
+RHINO_WIRE_MESSAGE(HelloRsp)
 
-Status HelloRsp::Decode(std::string_view payload, HelloRsp* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->worker_id, kMaxWorkerIdBytes));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->server_nonce, kNonceBytes));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->server_mac, kMacBytes));
-  return d.Done();
+template <class V>
+void Fields(V& v, wire::Msg<V, AuthReq>& m) {
+  v.Bytes(m.client_mac, kMacBytes);
 }
+RHINO_WIRE_MESSAGE(AuthReq)
 
-std::string AuthReq::Encode() const {
-  Encoder e;
-  e.PutBytes(client_mac);
-  return e.Finish();
+template <class V>
+void Fields(V& v, wire::Msg<V, AuthRsp>& m) {
+  v.Bool(m.ok, "ok");
 }
+RHINO_WIRE_MESSAGE(AuthRsp)
 
-Status AuthReq::Decode(std::string_view payload, AuthReq* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->client_mac, kMacBytes));
-  return d.Done();
+template <class V>
+void Fields(V& v, wire::Msg<V, OpenStreamReq>& m) {
+  v.Bytes(m.operator_id, kMaxWorkerIdBytes);
+  v.U32(m.instance);
+  v.U64(m.checkpoint_id);
+  v.U32(m.chunk_bytes);
+  v.U32(m.window);
+  v.List(m.downstream, kMaxChainLength, kMaxAddressBytes);
+  v.Bytes(m.manifest);
 }
+RHINO_WIRE_MESSAGE(OpenStreamReq)
 
-std::string AuthRsp::Encode() const {
-  Encoder e;
-  e.PutU8(ok ? 1 : 0);
-  return e.Finish();
+template <class V>
+void Fields(V& v, wire::Msg<V, OpenStreamRsp>& m) {
+  v.U32(m.code);
+  v.Text(m.message);
+  v.U32List(m.needed, kMaxListItems);
+  v.U32(m.credits);
+  v.U32List(m.member_needed_files, kMaxChainLength);
+  v.U64List(m.member_needed_bytes, kMaxChainLength);
 }
+RHINO_WIRE_MESSAGE(OpenStreamRsp)
 
-Status AuthRsp::Decode(std::string_view payload, AuthRsp* out) {
-  Decoder d(payload);
-  uint8_t v = 0;
-  RHINO_RETURN_IF_ERROR(d.GetU8(&v));
-  if (v > 1) return Status::Corruption("AuthRsp.ok is neither 0 nor 1");
-  out->ok = v == 1;
-  return d.Done();
-}
-
-std::string OpenStreamReq::Encode() const {
-  Encoder e(manifest.size() + 256);
-  e.PutBytes(operator_id);
-  e.PutU32(instance);
-  e.PutU64(checkpoint_id);
-  e.PutU32(chunk_bytes);
-  e.PutU32(window);
-  e.PutStrList(downstream);
-  e.PutBytes(manifest);
-  return e.Finish();
-}
-
-Status OpenStreamReq::Decode(std::string_view payload, OpenStreamReq* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->operator_id, kMaxWorkerIdBytes));
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->instance));
-  RHINO_RETURN_IF_ERROR(d.GetU64(&out->checkpoint_id));
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->chunk_bytes));
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->window));
-  RHINO_RETURN_IF_ERROR(d.GetStrList(&out->downstream, kMaxChainLength, kMaxAddressBytes));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->manifest));
-  return d.Done();
-}
-
-std::string OpenStreamRsp::Encode() const {
-  Encoder e;
-  e.PutU32(code);
-  e.PutBytes(Cut(message));
-  e.PutU32List(needed);
-  e.PutU32(credits);
-  e.PutU32List(member_needed_files);
-  e.PutU64List(member_needed_bytes);
-  return e.Finish();
-}
-
-Status OpenStreamRsp::Decode(std::string_view payload, OpenStreamRsp* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->code));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->message, kMaxMessageBytes));
-  RHINO_RETURN_IF_ERROR(d.GetU32List(&out->needed, kMaxListItems));
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->credits));
-  RHINO_RETURN_IF_ERROR(d.GetU32List(&out->member_needed_files, kMaxChainLength));
-  RHINO_RETURN_IF_ERROR(d.GetU64List(&out->member_needed_bytes, kMaxChainLength));
-  return d.Done();
+// The sender writes a chunk's fields with AppendPrefix and then the data, so
+// that the data is never copied into an encoder (rhino/messages.h).
+template <class V>
+void Fields(V& v, wire::Msg<V, ChunkReq>& m) {
+  v.U32(m.file_index);
+  v.U64(m.offset);
+  v.Bytes(m.data);
 }
 
 void ChunkReq::AppendPrefix(std::string* out, uint32_t file_index, uint64_t offset, uint32_t length) {
@@ -127,123 +81,64 @@ void ChunkReq::AppendPrefix(std::string* out, uint32_t file_index, uint64_t offs
   out->append(e.buffer());
 }
 
-Status ChunkReq::Decode(std::string_view payload, ChunkReq* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->file_index));
-  RHINO_RETURN_IF_ERROR(d.GetU64(&out->offset));
-  RHINO_RETURN_IF_ERROR(d.GetBytesView(&out->data));
-  return d.Done();
-}
+Status ChunkReq::Decode(std::string_view payload, ChunkReq* out) { return wire::Decode(payload, out); }
 
-std::string CreditRsp::Encode() const {
-  Encoder e;
-  e.PutU32(credits);
-  return e.Finish();
+template <class V>
+void Fields(V& v, wire::Msg<V, CreditRsp>& m) {
+  v.U32(m.credits);
 }
+RHINO_WIRE_MESSAGE(CreditRsp)
 
-Status CreditRsp::Decode(std::string_view payload, CreditRsp* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->credits));
-  return d.Done();
-}
+template <class V>
+void Fields(V&, wire::Msg<V, CommitReq>&) {}
 
-Status CommitReq::Decode(std::string_view payload, CommitReq* out) {
-  (void)out;
-  return Decoder(payload).Done();
-}
+Status CommitReq::Decode(std::string_view payload, CommitReq* out) { return wire::Decode(payload, out); }
 
-std::string CommitRsp::Encode() const {
-  Encoder e;
-  e.PutU32(code);
-  e.PutBytes(Cut(message));
-  return e.Finish();
+template <class V>
+void Fields(V& v, wire::Msg<V, CommitRsp>& m) {
+  v.U32(m.code);
+  v.Text(m.message);
 }
+RHINO_WIRE_MESSAGE(CommitRsp)
 
-Status CommitRsp::Decode(std::string_view payload, CommitRsp* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->code));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->message, kMaxMessageBytes));
-  return d.Done();
+template <class V>
+void Fields(V& v, wire::Msg<V, AbortReq>& m) {
+  v.Text(m.reason);
 }
+RHINO_WIRE_MESSAGE(AbortReq)
 
-std::string AbortReq::Encode() const {
-  Encoder e;
-  e.PutBytes(Cut(reason));
-  return e.Finish();
+template <class V>
+void Fields(V& v, wire::Msg<V, HeartbeatReq>& m) {
+  v.U64(m.nonce);
 }
+RHINO_WIRE_MESSAGE(HeartbeatReq)
 
-Status AbortReq::Decode(std::string_view payload, AbortReq* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->reason, kMaxMessageBytes));
-  return d.Done();
+template <class V>
+void Fields(V& v, wire::Msg<V, HeartbeatRsp>& m) {
+  v.U64(m.nonce);
 }
+RHINO_WIRE_MESSAGE(HeartbeatRsp)
 
-std::string HeartbeatReq::Encode() const {
-  Encoder e;
-  e.PutU64(nonce);
-  return e.Finish();
+template <class V>
+void Fields(V& v, wire::Msg<V, StoreQueryReq>& m) {
+  v.Bytes(m.operator_id, kMaxWorkerIdBytes);
+  v.U32(m.instance);
 }
+RHINO_WIRE_MESSAGE(StoreQueryReq)
 
-Status HeartbeatReq::Decode(std::string_view payload, HeartbeatReq* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetU64(&out->nonce));
-  return d.Done();
+template <class V>
+void Fields(V& v, wire::Msg<V, StoreQueryRsp>& m) {
+  v.U32(m.code);
+  v.Text(m.message);
+  v.U64List(m.checkpoints, kMaxListItems);
 }
+RHINO_WIRE_MESSAGE(StoreQueryRsp)
 
-std::string HeartbeatRsp::Encode() const {
-  Encoder e;
-  e.PutU64(nonce);
-  return e.Finish();
+template <class V>
+void Fields(V& v, wire::Msg<V, ErrorRsp>& m) {
+  v.U32(m.code);
+  v.Text(m.message);
 }
-
-Status HeartbeatRsp::Decode(std::string_view payload, HeartbeatRsp* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetU64(&out->nonce));
-  return d.Done();
-}
-
-std::string StoreQueryReq::Encode() const {
-  Encoder e;
-  e.PutBytes(operator_id);
-  e.PutU32(instance);
-  return e.Finish();
-}
-
-Status StoreQueryReq::Decode(std::string_view payload, StoreQueryReq* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->operator_id, kMaxWorkerIdBytes));
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->instance));
-  return d.Done();
-}
-
-std::string StoreQueryRsp::Encode() const {
-  Encoder e;
-  e.PutU32(code);
-  e.PutBytes(Cut(message));
-  e.PutU64List(checkpoints);
-  return e.Finish();
-}
-
-Status StoreQueryRsp::Decode(std::string_view payload, StoreQueryRsp* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->code));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->message, kMaxMessageBytes));
-  RHINO_RETURN_IF_ERROR(d.GetU64List(&out->checkpoints, kMaxListItems));
-  return d.Done();
-}
-
-std::string ErrorRsp::Encode() const {
-  Encoder e;
-  e.PutU32(code);
-  e.PutBytes(Cut(message));
-  return e.Finish();
-}
-
-Status ErrorRsp::Decode(std::string_view payload, ErrorRsp* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->code));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->message, kMaxMessageBytes));
-  return d.Done();
-}
+RHINO_WIRE_MESSAGE(ErrorRsp)
 
 }  // namespace rhino

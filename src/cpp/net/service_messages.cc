@@ -7,6 +7,7 @@
 
 #include "rhino/coord_messages.h"
 #include "net/json_bounds.h"
+#include "net/wire_codec.h"
 
 namespace rhino {
 namespace {
@@ -14,22 +15,6 @@ namespace {
 // Every key and value list holds at most this many items; a frame cannot
 // carry more anyway (each item costs 4 bytes of length).
 constexpr size_t kMaxItems = 1u << 26;
-
-std::string_view Cut(const std::string& message) { return std::string_view(message).substr(0, kMaxMessageBytes); }
-
-Status GetOperator(Decoder* d, std::string* op) { return d->GetBytes(op, kMaxOperatorIdBytes); }
-
-Status GetBool(Decoder* d, bool* b) {
-  uint8_t v = 0;
-  RHINO_RETURN_IF_ERROR(d->GetU8(&v));
-  if (v > 1) return Status::Corruption("a boolean field holds " + std::to_string(v));
-  *b = v == 1;
-  return Status::OK();
-}
-
-}  // namespace
-
-namespace {
 
 // The action names of §7.1, in one place.
 constexpr std::pair<const char*, InstanceAction> kInstanceActions[] = {
@@ -59,270 +44,157 @@ Status ParseInstanceAction(std::string_view name, InstanceAction* out) {
   return Status::InvalidArgument("unknown instance action '" + std::string(name) + "'");
 }
 
-std::string InstanceReq::Encode() const {
-  Encoder e;
-  e.PutU8(action);
-  e.PutBytes(operator_id);
-  e.PutU32(instance);
-  e.PutU64(epoch);
-  e.PutBytes(args);
-  return e.Finish();
-}
+// ---- the field lists of §7's messages, in wire order (net/wire_codec.h) ----
 
-Status InstanceReq::Decode(std::string_view payload, InstanceReq* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetU8(&out->action));
-  RHINO_RETURN_IF_ERROR(GetOperator(&d, &out->operator_id));
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->instance));
-  RHINO_RETURN_IF_ERROR(d.GetU64(&out->epoch));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->args, kMaxJsonBytes));
-  return d.Done();
+template <class V>
+void Fields(V& v, wire::Msg<V, InstanceReq>& m) {
+  v.U8(m.action);
+  v.Bytes(m.operator_id, kMaxOperatorIdBytes);
+  v.U32(m.instance);
+  v.U64(m.epoch);
+  v.Bytes(m.args, kMaxJsonBytes);
 }
+RHINO_WIRE_MESSAGE(InstanceReq)
 
-std::string InstanceRsp::Encode() const {
-  Encoder e;
-  e.PutU32(code);
-  e.PutBytes(Cut(message));
-  e.PutBytes(result);
-  return e.Finish();
+template <class V>
+void Fields(V& v, wire::Msg<V, InstanceRsp>& m) {
+  v.U32(m.code);
+  v.Text(m.message);
+  v.Bytes(m.result, kMaxJsonBytes * 16);
 }
+RHINO_WIRE_MESSAGE(InstanceRsp)
 
-Status InstanceRsp::Decode(std::string_view payload, InstanceRsp* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->code));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->message, kMaxMessageBytes));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->result, kMaxJsonBytes * 16));
-  return d.Done();
-}
-
-std::string SessionOpenReq::Encode() const {
-  Encoder e;
-  e.PutBytes(operator_id);
-  e.PutU32(instance);
-  e.PutU64(batch);
-  e.PutU64(epoch);
-  if (read_checkpoint) {
-    e.PutU8(1);
-    e.PutU8(has_checkpoint ? 1 : 0);
-    e.PutU64(checkpoint);
+template <class V>
+void Fields(V& v, wire::Msg<V, SessionOpenReq>& m) {
+  v.Bytes(m.operator_id, kMaxOperatorIdBytes);
+  v.U32(m.instance);
+  v.U64(m.batch);
+  v.U64(m.epoch);
+  // The appended fields of a checkpoint reader: present only for one, so a
+  // frame decodes and re-encodes to the same bytes.
+  if (v.Trailing(m.read_checkpoint)) {
+    v.Bool(m.read_checkpoint, "read_checkpoint");
+    v.Check([&m] {
+      return m.read_checkpoint ? Status::OK()
+                               : Status::Corruption("a SessionOpenReq carries reader fields with read = 0");
+    });
+    v.Bool(m.has_checkpoint, "has_checkpoint");
+    v.U64(m.checkpoint);
   }
-  return e.Finish();
 }
+RHINO_WIRE_MESSAGE(SessionOpenReq)
 
-Status SessionOpenReq::Decode(std::string_view payload, SessionOpenReq* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(GetOperator(&d, &out->operator_id));
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->instance));
-  RHINO_RETURN_IF_ERROR(d.GetU64(&out->batch));
-  RHINO_RETURN_IF_ERROR(d.GetU64(&out->epoch));
-  if (d.remaining() > 0) {
-    // The appended fields of a checkpoint reader: present only for one, so a
-    // frame decodes and re-encodes to the same bytes.
-    RHINO_RETURN_IF_ERROR(GetBool(&d, &out->read_checkpoint));
-    if (!out->read_checkpoint) return Status::Corruption("a SessionOpenReq carries reader fields with read = 0");
-    RHINO_RETURN_IF_ERROR(GetBool(&d, &out->has_checkpoint));
-    RHINO_RETURN_IF_ERROR(d.GetU64(&out->checkpoint));
+template <class V>
+void Fields(V& v, wire::Msg<V, SessionOpenRsp>& m) {
+  v.U32(m.code);
+  v.Text(m.message);
+  v.Bool(m.has_version, "has_version");
+  v.U64(m.version);
+  v.Bool(m.rolled_back, "rolled_back");
+  if (v.Trailing(m.reading)) {  // a checkpoint reader's answer
+    v.U64(m.checkpoint);
+    v.U32List(m.vnodes);
   }
-  return d.Done();
 }
+RHINO_WIRE_MESSAGE(SessionOpenRsp)
 
-std::string SessionOpenRsp::Encode() const {
-  Encoder e;
-  e.PutU32(code);
-  e.PutBytes(Cut(message));
-  e.PutU8(has_version ? 1 : 0);
-  e.PutU64(version);
-  e.PutU8(rolled_back ? 1 : 0);
-  if (reading) {
-    e.PutU64(checkpoint);
-    e.PutU32List(vnodes);
-  }
-  return e.Finish();
+template <class V>
+void Fields(V& v, wire::Msg<V, GetReq>& m) {
+  v.List(m.keys, kMaxItems, UINT32_MAX);
 }
+RHINO_WIRE_MESSAGE(GetReq)
 
-Status SessionOpenRsp::Decode(std::string_view payload, SessionOpenRsp* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->code));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->message, kMaxMessageBytes));
-  RHINO_RETURN_IF_ERROR(GetBool(&d, &out->has_version));
-  RHINO_RETURN_IF_ERROR(d.GetU64(&out->version));
-  RHINO_RETURN_IF_ERROR(GetBool(&d, &out->rolled_back));
-  if (d.remaining() > 0) {  // a checkpoint reader's answer
-    out->reading = true;
-    RHINO_RETURN_IF_ERROR(d.GetU64(&out->checkpoint));
-    RHINO_RETURN_IF_ERROR(d.GetU32List(&out->vnodes));
-  }
-  return d.Done();
-}
+namespace {
 
-std::string GetReq::Encode() const {
-  Encoder e;
-  e.PutBytesList(keys);
-  return e.Finish();
-}
-
-Status GetReq::Decode(std::string_view payload, GetReq* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetBytesViewList(&out->keys, kMaxItems, UINT32_MAX));
-  return d.Done();
-}
-
-Status GetRsp::Decode(std::string_view payload, GetRsp* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->code));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->message, kMaxMessageBytes));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->found));
-  RHINO_RETURN_IF_ERROR(d.GetBytesViewList(&out->values, kMaxItems, UINT32_MAX));
-  RHINO_RETURN_IF_ERROR(d.Done());
+Status CheckFound(const GetRsp& m) {
   size_t hits = 0;
-  for (char c : out->found) {
+  for (char c : m.found) {
     if (c != 0 && c != 1) return Status::Corruption("GetRsp.found holds a byte other than 0 or 1");
     hits += static_cast<size_t>(c);
   }
-  if (hits != out->values.size()) {
-    return Status::Corruption("GetRsp has " + std::to_string(out->values.size()) + " values for " +
+  if (hits != m.values.size()) {
+    return Status::Corruption("GetRsp has " + std::to_string(m.values.size()) + " values for " +
                               std::to_string(hits) + " found keys");
   }
   return Status::OK();
 }
 
-std::string GetRsp::Encode() const {
-  Encoder e;
-  e.PutU32(code);
-  e.PutBytes(Cut(message));
-  e.PutBytes(found);
-  e.PutBytesList(values);
-  return e.Finish();
-}
+}  // namespace
 
-std::string WriteReq::Encode() const {
-  Encoder e;
-  e.PutU8(op);
-  e.PutBytesList(keys);
-  e.PutBytesList(values);
-  return e.Finish();
+template <class V>
+void Fields(V& v, wire::Msg<V, GetRsp>& m) {
+  v.U32(m.code);
+  v.Text(m.message);
+  v.Bytes(m.found);
+  v.List(m.values, kMaxItems, UINT32_MAX);
+  v.Check([&m] { return CheckFound(m); });
 }
+RHINO_WIRE_MESSAGE(GetRsp)
 
-Status WriteReq::Decode(std::string_view payload, WriteReq* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetU8(&out->op));
-  RHINO_RETURN_IF_ERROR(d.GetBytesViewList(&out->keys, kMaxItems, UINT32_MAX));
-  RHINO_RETURN_IF_ERROR(d.GetBytesViewList(&out->values, kMaxItems, UINT32_MAX));
-  return d.Done();
+template <class V>
+void Fields(V& v, wire::Msg<V, WriteReq>& m) {
+  v.U8(m.op);
+  v.List(m.keys, kMaxItems, UINT32_MAX);
+  v.List(m.values, kMaxItems, UINT32_MAX);
 }
+RHINO_WIRE_MESSAGE(WriteReq)
 
-std::string SessionRsp::Encode() const {
-  Encoder e;
-  e.PutU32(code);
-  e.PutBytes(Cut(message));
-  e.PutU64(count);
-  return e.Finish();
+template <class V>
+void Fields(V& v, wire::Msg<V, SessionRsp>& m) {
+  v.U32(m.code);
+  v.Text(m.message);
+  v.U64(m.count);
 }
+RHINO_WIRE_MESSAGE(SessionRsp)
 
-Status SessionRsp::Decode(std::string_view payload, SessionRsp* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->code));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->message, kMaxMessageBytes));
-  RHINO_RETURN_IF_ERROR(d.GetU64(&out->count));
-  return d.Done();
+template <class V>
+void Fields(V& v, wire::Msg<V, ScanReq>& m) {
+  v.Bool(m.has_vnode, "has_vnode");
+  v.U32(m.vnode);
+  v.Bytes(m.prefix);
+  v.Bool(m.has_after, "has_after");
+  v.U32(m.after_vnode);
+  v.Bytes(m.after_key);
+  v.U32(m.max_items);
 }
+RHINO_WIRE_MESSAGE(ScanReq)
 
-std::string ScanReq::Encode() const {
-  Encoder e;
-  e.PutU8(has_vnode ? 1 : 0);
-  e.PutU32(vnode);
-  e.PutBytes(prefix);
-  e.PutU8(has_after ? 1 : 0);
-  e.PutU32(after_vnode);
-  e.PutBytes(after_key);
-  e.PutU32(max_items);
-  return e.Finish();
+template <class V>
+void Fields(V& v, wire::Msg<V, ScanRsp>& m) {
+  v.U32(m.code);
+  v.Text(m.message);
+  v.Bool(m.done, "done");
+  v.U32(m.last_vnode);
+  v.List(m.keys, kMaxItems, UINT32_MAX);
+  v.List(m.values, kMaxItems, UINT32_MAX);
+  v.Check([&m] {
+    return m.keys.size() == m.values.size() ? Status::OK()
+                                            : Status::Corruption("ScanRsp has more keys than values or fewer");
+  });
 }
+RHINO_WIRE_MESSAGE(ScanRsp)
 
-Status ScanReq::Decode(std::string_view payload, ScanReq* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(GetBool(&d, &out->has_vnode));
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->vnode));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->prefix));
-  RHINO_RETURN_IF_ERROR(GetBool(&d, &out->has_after));
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->after_vnode));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->after_key));
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->max_items));
-  return d.Done();
+template <class V>
+void Fields(V& v, wire::Msg<V, SessionCommitReq>& m) {
+  v.U8(m.mode);
+  v.TrailingI64(m.batch_time_ms);  // a payload of 2..8 bytes is Corruption
 }
+RHINO_WIRE_MESSAGE(SessionCommitReq)
 
-Status ScanRsp::Decode(std::string_view payload, ScanRsp* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->code));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->message, kMaxMessageBytes));
-  RHINO_RETURN_IF_ERROR(GetBool(&d, &out->done));
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->last_vnode));
-  RHINO_RETURN_IF_ERROR(d.GetBytesViewList(&out->keys, kMaxItems, UINT32_MAX));
-  RHINO_RETURN_IF_ERROR(d.GetBytesViewList(&out->values, kMaxItems, UINT32_MAX));
-  RHINO_RETURN_IF_ERROR(d.Done());
-  if (out->keys.size() != out->values.size()) return Status::Corruption("ScanRsp has more keys than values or fewer");
-  return Status::OK();
+template <class V>
+void Fields(V& v, wire::Msg<V, SessionCommitRsp>& m) {
+  v.U32(m.code);
+  v.Text(m.message);
+  v.U64(m.version);
+  v.Bytes(m.stats, kMaxJsonBytes);
 }
+RHINO_WIRE_MESSAGE(SessionCommitRsp)
 
-std::string ScanRsp::Encode() const {
-  Encoder e;
-  e.PutU32(code);
-  e.PutBytes(Cut(message));
-  e.PutU8(done ? 1 : 0);
-  e.PutU32(last_vnode);
-  e.PutBytesList(keys);
-  e.PutBytesList(values);
-  return e.Finish();
+template <class V>
+void Fields(V& v, wire::Msg<V, SessionAbortReq>& m) {
+  v.Text(m.reason);
 }
-
-std::string SessionCommitReq::Encode() const {
-  Encoder e;
-  e.PutU8(mode);
-  if (batch_time_ms) e.PutU64(static_cast<uint64_t>(*batch_time_ms));
-  return e.Finish();
-}
-
-Status SessionCommitReq::Decode(std::string_view payload, SessionCommitReq* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetU8(&out->mode));
-  out->batch_time_ms.reset();
-  if (d.remaining() > 0) {  // the optional trailing field (a payload of 2..8 bytes is Corruption)
-    uint64_t t = 0;
-    RHINO_RETURN_IF_ERROR(d.GetU64(&t));
-    out->batch_time_ms = static_cast<int64_t>(t);
-  }
-  return d.Done();
-}
-
-std::string SessionCommitRsp::Encode() const {
-  Encoder e;
-  e.PutU32(code);
-  e.PutBytes(Cut(message));
-  e.PutU64(version);
-  e.PutBytes(stats);
-  return e.Finish();
-}
-
-Status SessionCommitRsp::Decode(std::string_view payload, SessionCommitRsp* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetU32(&out->code));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->message, kMaxMessageBytes));
-  RHINO_RETURN_IF_ERROR(d.GetU64(&out->version));
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->stats, kMaxJsonBytes));
-  return d.Done();
-}
-
-std::string SessionAbortReq::Encode() const {
-  Encoder e;
-  e.PutBytes(Cut(reason));
-  return e.Finish();
-}
-
-Status SessionAbortReq::Decode(std::string_view payload, SessionAbortReq* out) {
-  Decoder d(payload);
-  RHINO_RETURN_IF_ERROR(d.GetBytes(&out->reason, kMaxMessageBytes));
-  return d.Done();
-}
+RHINO_WIRE_MESSAGE(SessionAbortReq)
 
 GetRspBuilder::GetRspBuilder(size_t n_hint) { found_.reserve(n_hint); }
 
@@ -393,20 +265,33 @@ std::string ScanRspBuilder::Finish(bool done, uint32_t last_vnode) {
   return e.Finish();
 }
 
+namespace {
+
+// An answer of type Rsp carrying `s`: its other fields are those of `r`, zero
+// and empty unless the caller says otherwise.
+template <class Rsp>
+std::string ErrorPayload(const Status& s, Rsp r = Rsp()) {
+  r.code = WireCode(s);
+  r.message = std::string(wire::Cut(s.message()));
+  return r.Encode();
+}
+
+}  // namespace
+
 std::string ServiceErrorPayload(MessageType rsp, const Status& s) {
-  Encoder e;
-  e.PutU32(WireCode(s));
-  e.PutBytes(Cut(s.message()));
   switch (rsp) {
-    case MessageType::kInstanceRsp: e.PutBytes(""); break;
-    case MessageType::kSessionOpenRsp: e.PutU8(0); e.PutU64(0); e.PutU8(0); break;
-    case MessageType::kGetRsp: e.PutBytes(""); e.PutU32(0); break;
-    case MessageType::kSessionRsp: e.PutU64(0); break;
-    case MessageType::kScanRsp: e.PutU8(1); e.PutU32(0); e.PutU32(0); e.PutU32(0); break;
-    case MessageType::kSessionCommitRsp: e.PutU64(0); e.PutBytes(""); break;
-    default: break;
+    case MessageType::kInstanceRsp: return ErrorPayload<InstanceRsp>(s);
+    case MessageType::kSessionOpenRsp: return ErrorPayload<SessionOpenRsp>(s);
+    case MessageType::kGetRsp: return ErrorPayload<GetRsp>(s);
+    case MessageType::kSessionRsp: return ErrorPayload<SessionRsp>(s);
+    case MessageType::kScanRsp: {
+      ScanRsp r;
+      r.done = true;  // nothing follows an error
+      return ErrorPayload(s, r);
+    }
+    case MessageType::kSessionCommitRsp: return ErrorPayload<SessionCommitRsp>(s);
+    default: return ErrorPayload<ErrorRsp>(s);  // the code and the message alone
   }
-  return e.Finish();
 }
 
 namespace {
