@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <thread>
 
-#include "net/json_bounds.h"
 #include "util/crash_point.h"
 #include "util/fs.h"
 
@@ -22,25 +21,6 @@ double Now() {
 }
 
 std::string Describe(const InstanceConfig& c) { return c.operator_id + "/" + std::to_string(c.instance); }
-
-json ConfigJson(const InstanceConfig& c) {
-  return json{{"format", 1},
-              {"operator_id", c.operator_id},
-              {"instance", c.instance},
-              {"epoch", c.epoch},
-              {"partitioner",
-               {{"num_key_groups", c.partitioner.num_key_groups},
-                {"num_vnodes", c.partitioner.num_vnodes},
-                {"seed", c.partitioner.seed}}},
-              {"vnodes", c.vnodes},
-              {"chain", c.chain},
-              {"chain_version", c.chain_version},
-              {"db_name", c.db_name},
-              {"discard_pending", c.discard_pending},
-              {"discard_after", c.discard_after ? json(*c.discard_after) : json(nullptr)},
-              {"redo_version", c.redo_version ? json(*c.redo_version) : json(nullptr)},
-              {"redo", json::parse(ReconfigOpsJson(c.redo))}};
-}
 
 std::vector<uint32_t> Present(const StateBackend& db, const std::vector<uint32_t>& vnodes) {
   const std::vector<uint32_t> held = db.vnodes();
@@ -58,36 +38,11 @@ constexpr size_t kKeptReplications = 256;
 
 }  // namespace
 
-Status ParseInstanceConfig(const std::string& text, InstanceConfig* c) {
-  try {
-    json j = json::parse(text);
-    c->operator_id = j.at("operator_id").get<std::string>();
-    c->instance = j.at("instance").get<uint32_t>();
-    c->epoch = j.at("epoch").get<uint64_t>();
-    c->partitioner.num_key_groups = j.at("partitioner").at("num_key_groups").get<uint32_t>();
-    c->partitioner.num_vnodes = j.at("partitioner").at("num_vnodes").get<uint32_t>();
-    c->partitioner.seed = j.at("partitioner").at("seed").get<uint64_t>();
-    c->vnodes = j.at("vnodes").get<std::vector<uint32_t>>();
-    c->chain = j.at("chain").get<std::vector<std::string>>();
-    c->chain_version = j.at("chain_version").get<uint64_t>();
-    c->db_name = j.at("db_name").get<std::string>();
-    c->discard_pending = j.value("discard_pending", false);
-    if (j.contains("discard_after") && !j["discard_after"].is_null()) c->discard_after = j["discard_after"].get<uint64_t>();
-    if (j.contains("redo_version") && !j["redo_version"].is_null()) c->redo_version = j["redo_version"].get<uint64_t>();
-    if (j.contains("redo")) {
-      Status s = ParseReconfigOps(j["redo"], &c->redo);
-      if (!s.ok()) return Status::Corruption("instance.json: " + s.message());
-    }
-  } catch (const std::exception& e) {
-    return Status::Corruption(std::string("malformed instance.json: ") + e.what());
-  }
-  if (!IsValidOperatorId(c->operator_id)) return Status::Corruption("instance.json names operator '" + c->operator_id + "'");
-  if (!c->db_name.empty() && !IsPlainFileName(c->db_name)) return Status::Corruption("instance.json names db '" + c->db_name + "'");
-  return Status::OK();
-}
-
 HostedInstance::HostedInstance(const InstanceEnv& env, InstanceConfig config, asio::thread_pool& pool)
-    : env_(env), strand_(asio::make_strand(pool.get_executor())), config_(std::move(config)) {
+    : env_(env),
+      strand_(asio::make_strand(pool.get_executor())),
+      config_(std::move(config)),
+      dir_(env.state_dir, config_.operator_id, config_.instance) {
   m_.operator_id = config_.operator_id;
   m_.instance = config_.instance;
   placed_epoch_ = config_.epoch;
@@ -107,95 +62,10 @@ bool InstanceMutex::try_lock() {
 
 HostedInstance::~HostedInstance() { Close(); }
 
-namespace {
-
-constexpr char kInstancesDir[] = "instances";
-constexpr char kTmpDir[] = "tmp";
-constexpr char kConfigFile[] = "instance.json";
-constexpr char kPlacementFile[] = "placement.json";
-constexpr char kClosedMarker[] = "CLOSED";
-
-// A placement a re-open deferred (DeferPlacement) is newer than the saved
-// configuration until the instance saves its own again: read over it.
-Status OverlayDeferredPlacement(const std::string& dir, InstanceConfig* c) {
-  std::string text;
-  if (!fs::Exists(fs::Join(dir, kPlacementFile))) return Status::OK();
-  RHINO_RETURN_IF_ERROR(fs::ReadFile(fs::Join(dir, kPlacementFile), &text));
-  try {
-    json j = json::parse(text);
-    const uint64_t epoch = j.at("epoch").get<uint64_t>();
-    const uint64_t chain_version = j.at("chain_version").get<uint64_t>();
-    if (epoch > c->epoch || (epoch == c->epoch && chain_version > c->chain_version)) {
-      c->epoch = epoch;
-      c->chain = j.at("chain").get<std::vector<std::string>>();
-      c->chain_version = chain_version;
-    }
-  } catch (const std::exception& e) {
-    return Status::Corruption(std::string("malformed placement.json: ") + e.what());
-  }
-  return Status::OK();
-}
-
-}  // namespace
-
-std::string HostedInstance::DirOf(const std::string& state_dir, const std::string& operator_id, uint32_t instance) {
-  return fs::Join(fs::Join(fs::Join(state_dir, kInstancesDir), operator_id), std::to_string(instance));
-}
-
-std::string HostedInstance::Dir() const { return DirOf(env_.state_dir, config_.operator_id, config_.instance); }
-
-std::string HostedInstance::WorkDir(const std::string& kind) const {
-  return fs::Join(fs::Join(env_.state_dir, kTmpDir), kind + "-" + fs::RandomHex(8));
-}
-
-Status HostedInstance::PrepareStateDir(const std::string& state_dir) {
-  RHINO_RETURN_IF_ERROR(fs::MakeDirs(fs::Join(state_dir, kInstancesDir)));
-  fs::RemoveAll(fs::Join(state_dir, kTmpDir));  // imports and moves a killed worker left
-  return Status::OK();
-}
-
-Status HostedInstance::ListHostable(const std::string& state_dir, std::vector<InstanceConfig>* out,
-                                    const std::function<void(const std::string&, const Status&)>& bad) {
-  const std::string root = fs::Join(state_dir, kInstancesDir);
-  std::vector<std::string> ops;
-  RHINO_RETURN_IF_ERROR(fs::ListDir(root, &ops));
-  for (const auto& op : ops) {
-    std::vector<std::string> ids;
-    if (!fs::ListDir(fs::Join(root, op), &ids).ok()) continue;
-    for (const auto& id : ids) {
-      const std::string dir = fs::Join(fs::Join(root, op), id);
-      if (fs::Exists(fs::Join(dir, kClosedMarker))) continue;
-      std::string text;
-      if (!fs::ReadFile(fs::Join(dir, kConfigFile), &text).ok()) continue;
-      InstanceConfig c;
-      Status s = ParseInstanceConfig(text, &c);
-      if (s.ok()) s = OverlayDeferredPlacement(dir, &c);
-      if (!s.ok()) {
-        bad(op + "/" + id, s);
-        continue;
-      }
-      out->push_back(std::move(c));
-    }
-  }
-  return Status::OK();
-}
-
-Status HostedInstance::ReadSavedConfig(const std::string& state_dir, const std::string& operator_id,
-                                       uint32_t instance, InstanceConfig* out) {
-  std::string text;
-  const std::string dir = DirOf(state_dir, operator_id, instance);
-  Status s = fs::ReadFile(fs::Join(dir, kConfigFile), &text);
-  if (!s.ok()) return Status::NotFound(operator_id + "/" + std::to_string(instance) + " was never hosted here");
-  RHINO_RETURN_IF_ERROR(ParseInstanceConfig(text, out));
-  return OverlayDeferredPlacement(dir, out);
-}
-
 Status HostedInstance::CloseAndMark() {
   Close();
-  return fs::WriteFileAtomic(fs::Join(Dir(), kClosedMarker), "closed\n");
+  return dir_.MarkClosed();
 }
-
-std::string HostedInstance::DbDir(const std::string& name) const { return fs::Join(Dir(), name); }
 
 namespace {
 
@@ -249,22 +119,17 @@ StateOptions HostedInstance::Options(bool create) const {
   return o;
 }
 
-Status HostedInstance::SaveConfig(bool sync) {
-  RHINO_RETURN_IF_ERROR(fs::MakeDirs(Dir()));
-  return fs::WriteFileAtomic(fs::Join(Dir(), kConfigFile), ConfigJson(config_).dump() + "\n", sync);
-}
-
 Status HostedInstance::Open(const InstanceEnv& env, InstanceConfig config, asio::thread_pool& pool,
                             std::shared_ptr<HostedInstance>* out) {
   std::shared_ptr<HostedInstance> h(new HostedInstance(env, std::move(config), pool));
   std::lock_guard<InstanceMutex> l(h->mu_);
   const bool create = h->config_.db_name.empty();
-  if (create) h->config_.db_name = "db-" + fs::RandomHex(6);
-  RHINO_RETURN_IF_ERROR(fs::MakeDirs(h->Dir()));
-  RHINO_RETURN_IF_ERROR(StateBackend::Open(h->DbDir(h->config_.db_name), h->Options(create), &h->db_));
+  if (create) h->config_.db_name = InstanceDir::NewDbName();
+  RHINO_RETURN_IF_ERROR(h->dir_.Create());
+  RHINO_RETURN_IF_ERROR(StateBackend::Open(h->dir_.DbDir(h->config_.db_name), h->Options(create), &h->db_));
   h->config_.vnodes = h->db_->vnodes();
-  RHINO_RETURN_IF_ERROR(h->SaveConfig());
-  fs::RemoveAll(fs::Join(h->Dir(), kClosedMarker));
+  RHINO_RETURN_IF_ERROR(h->dir_.SaveConfig(h->config_));
+  h->dir_.ClearClosed();
   *out = std::move(h);
   return Status::OK();
 }
@@ -283,10 +148,10 @@ Status HostedInstance::Takeover(const InstanceEnv& env, InstanceConfig config, u
   auto t0 = std::chrono::steady_clock::now();
   RHINO_RETURN_IF_ERROR(env.store->DiscardAfter(h->config_.operator_id, h->config_.instance, checkpoint_id, &dropped));
   stats->discard_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  h->config_.db_name = "db-" + fs::RandomHex(6);
-  RHINO_RETURN_IF_ERROR(fs::MakeDirs(h->Dir()));
+  h->config_.db_name = InstanceDir::NewDbName();
+  RHINO_RETURN_IF_ERROR(h->dir_.Create());
   RHINO_RETURN_IF_ERROR(StateBackend::Restore(*env.store, h->config_.operator_id, h->config_.instance, checkpoint_id,
-                                              h->DbDir(h->config_.db_name), UnsyncedRestore(), h->UnsyncedOptions(),
+                                              h->dir_.DbDir(h->config_.db_name), UnsyncedRestore(), h->UnsyncedOptions(),
                                               &h->db_, &stats->restore));
   if (h->config_.redo_version && *h->config_.redo_version == checkpoint_id) {
     RHINO_RETURN_IF_ERROR(h->ApplyOps(h->config_.redo));
@@ -301,13 +166,13 @@ Status HostedInstance::Takeover(const InstanceEnv& env, InstanceConfig config, u
   t0 = std::chrono::steady_clock::now();
   // Not synced here: its fsyncs waited 5-54 ms for the journal on a busy disk
   // (the recovery bench's `save_s`); durable with the directory, below.
-  RHINO_RETURN_IF_ERROR(h->SaveConfig(/*sync=*/false));
+  RHINO_RETURN_IF_ERROR(h->dir_.SaveConfig(h->config_, /*sync=*/false));
   stats->save_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  SyncInBackground(env.worker_id, h->DbDir(h->config_.db_name), fs::Join(h->Dir(), kConfigFile));
-  if (!old_db.empty() && old_db != h->config_.db_name) fs::RemoveAll(h->DbDir(old_db));
+  SyncInBackground(env.worker_id, h->dir_.DbDir(h->config_.db_name), h->dir_.ConfigPath());
+  if (!old_db.empty() && old_db != h->config_.db_name) fs::RemoveAll(h->dir_.DbDir(old_db));
   h->m_.has_complete = true;
   h->m_.last_complete = checkpoint_id;
-  fs::RemoveAll(fs::Join(h->Dir(), kClosedMarker));
+  h->dir_.ClearClosed();
   *out = std::move(h);
   return Status::OK();
 }
@@ -323,20 +188,20 @@ Status HostedInstance::Rebuild(const InstanceEnv& env, InstanceConfig config, as
   std::shared_ptr<HostedInstance> h(new HostedInstance(env, std::move(config), pool));
   std::lock_guard<InstanceMutex> l(h->mu_);
   const std::string old_db = h->config_.db_name;
-  h->config_.db_name = "db-" + fs::RandomHex(6);
-  RHINO_RETURN_IF_ERROR(fs::MakeDirs(h->Dir()));
+  h->config_.db_name = InstanceDir::NewDbName();
+  RHINO_RETURN_IF_ERROR(h->dir_.Create());
   RestoreStats stats;
   RHINO_RETURN_IF_ERROR(StateBackend::Restore(*env.store, h->config_.operator_id, h->config_.instance, newest,
-                                              h->DbDir(h->config_.db_name), RestoreOptions(), h->Options(false),
+                                              h->dir_.DbDir(h->config_.db_name), RestoreOptions(), h->Options(false),
                                               &h->db_, &stats));
   if (h->config_.redo_version && *h->config_.redo_version == newest) {
     // The live state had the handover at the barrier after `newest` applied.
     RHINO_RETURN_IF_ERROR(h->ApplyOps(h->config_.redo));
   }
   h->config_.vnodes = h->db_->vnodes();
-  RHINO_RETURN_IF_ERROR(h->SaveConfig());
-  if (!old_db.empty() && old_db != h->config_.db_name) fs::RemoveAll(h->DbDir(old_db));
-  fs::RemoveAll(fs::Join(h->Dir(), kClosedMarker));
+  RHINO_RETURN_IF_ERROR(h->dir_.SaveConfig(h->config_));
+  if (!old_db.empty() && old_db != h->config_.db_name) fs::RemoveAll(h->dir_.DbDir(old_db));
+  h->dir_.ClearClosed();
   *out = std::move(h);
   return Status::OK();
 }
@@ -359,7 +224,7 @@ Status HostedInstance::SetPlacement(uint64_t epoch, const std::vector<std::strin
     placed_epoch_ = epoch;
     placed_chain_version_ = chain_version;
   }
-  return SaveConfig();
+  return dir_.SaveConfig(config_);
 }
 
 Status HostedInstance::DeferPlacement(uint64_t epoch, const std::vector<std::string>& chain, uint64_t chain_version) {
@@ -376,9 +241,8 @@ Status HostedInstance::DeferPlacement(uint64_t epoch, const std::vector<std::str
                                      std::to_string(v) + ", above " + std::to_string(chain_version));
   }
   // Durable before the answer: a worker restarted before mu is next taken
-  // hosts the instance at this placement (OverlayDeferredPlacement).
-  json j{{"epoch", epoch}, {"chain", chain}, {"chain_version", chain_version}};
-  RHINO_RETURN_IF_ERROR(fs::WriteFileAtomic(fs::Join(Dir(), kPlacementFile), j.dump() + "\n"));
+  // hosts the instance at this placement (InstanceDir::ListHostable).
+  RHINO_RETURN_IF_ERROR(dir_.SavePlacement(epoch, chain, chain_version));
   deferred_ = Placement{epoch, chain, chain_version};
   return Status::OK();
 }
@@ -478,7 +342,7 @@ void HostedInstance::EndCompaction() {
 Status HostedInstance::RollbackTo(std::optional<uint64_t> version) {
   CancelReplications("batch " + (version ? std::to_string(*version + 1) : std::string("0")) + " is re-executed");
   const std::string old_name = config_.db_name;
-  const std::string new_name = "db-" + fs::RandomHex(6);
+  const std::string new_name = InstanceDir::NewDbName();
   std::vector<uint32_t> vnodes = db_ ? db_->vnodes() : config_.vnodes;
   db_.reset();
   std::vector<uint64_t> dropped;
@@ -486,18 +350,18 @@ Status HostedInstance::RollbackTo(std::optional<uint64_t> version) {
   if (s.ok()) {
     if (version) {
       RestoreStats stats;
-      s = StateBackend::Restore(*env_.store, config_.operator_id, config_.instance, *version, DbDir(new_name),
+      s = StateBackend::Restore(*env_.store, config_.operator_id, config_.instance, *version, dir_.DbDir(new_name),
                                 UnsyncedRestore(), UnsyncedOptions(), &db_, &stats);
-      if (s.ok()) SyncInBackground(env_.worker_id, DbDir(new_name));
+      if (s.ok()) SyncInBackground(env_.worker_id, dir_.DbDir(new_name));
     } else {
       config_.vnodes = vnodes;
-      s = StateBackend::Open(DbDir(new_name), Options(true), &db_);
+      s = StateBackend::Open(dir_.DbDir(new_name), Options(true), &db_);
     }
   }
   if (!s.ok()) {
     // Keep serving the state we had rather than nothing.
-    fs::RemoveAll(DbDir(new_name));
-    Status r = StateBackend::Open(DbDir(old_name), Options(false), &db_);
+    fs::RemoveAll(dir_.DbDir(new_name));
+    Status r = StateBackend::Open(dir_.DbDir(old_name), Options(false), &db_);
     return Status::FromCode(WireCode(s), "cannot roll " + Describe(config_) + " back to " +
                                              (version ? "checkpoint " + std::to_string(*version) : "empty") + ": " +
                                              s.message() + (r.ok() ? "" : "; reopening its state failed too: " + r.message()));
@@ -517,8 +381,8 @@ Status HostedInstance::RollbackTo(std::optional<uint64_t> version) {
     }
     config_.discard_pending = true;
   }
-  RHINO_RETURN_IF_ERROR(SaveConfig());
-  fs::RemoveAll(DbDir(old_name));
+  RHINO_RETURN_IF_ERROR(dir_.SaveConfig(config_));
+  fs::RemoveAll(dir_.DbDir(old_name));
   m_.rollbacks++;
   if (version && m_.has_complete && m_.last_complete > *version) m_.last_complete = *version;
   if (!version) m_.has_complete = false;
@@ -745,7 +609,7 @@ void HostedInstance::OnDiscardDone(uint64_t id, uint64_t generation, const Insta
   Status r = s;
   if (r.ok()) {
     config_.discard_pending = false;
-    r = SaveConfig();
+    r = dir_.SaveConfig(config_);
   }
   if (r.ok()) r = StartReplication(id);
   if (!r.ok()) return FailReplication(id, r);
@@ -830,7 +694,7 @@ Status HostedInstance::ImportFromCheckpoint(const std::string& from_operator, ui
                                             std::vector<uint32_t>* imported) {
   if (!db_) return Status::UnknownInstance(Describe(config_) + " is closed");
   if (session_) return Status::SessionBusy(Describe(config_) + " has an open session: import between batches");
-  const std::string work = WorkDir("import");
+  const std::string work = dir_.WorkDir("import");
   RHINO_RETURN_IF_ERROR(fs::MakeDirs(work));
   Status s;
   {
@@ -856,14 +720,14 @@ Status HostedInstance::ImportFromCheckpoint(const std::string& from_operator, ui
   fs::RemoveAll(work);
   if (!s.ok()) return s;
   config_.vnodes = db_->vnodes();
-  return SaveConfig();
+  return dir_.SaveConfig(config_);
 }
 
 Status HostedInstance::MoveVnodesTo(HostedInstance* target, const std::vector<uint32_t>& vnodes,
                                     std::vector<uint32_t>* moved) {
   if (!db_ || !target->db_) return Status::UnknownInstance("an instance of the move is closed");
   if (session_ || target->session_) return Status::SessionBusy("an instance of the move has an open session");
-  const std::string work = WorkDir("move");
+  const std::string work = dir_.WorkDir("move");
   RHINO_RETURN_IF_ERROR(fs::MakeDirs(fs::Parent(work)));
   RHINO_RETURN_IF_ERROR(db_->ExportVnodes(vnodes, work));
   Status s = target->db_->ImportVnodes(work, moved);
@@ -872,8 +736,8 @@ Status HostedInstance::MoveVnodesTo(HostedInstance* target, const std::vector<ui
   RHINO_RETURN_IF_ERROR(db_->DropVnodes(vnodes));
   config_.vnodes = db_->vnodes();
   target->config_.vnodes = target->db_->vnodes();
-  RHINO_RETURN_IF_ERROR(SaveConfig());
-  return target->SaveConfig();
+  RHINO_RETURN_IF_ERROR(dir_.SaveConfig(config_));
+  return target->dir_.SaveConfig(target->config_);
 }
 
 Status HostedInstance::ApplyOps(const std::vector<ReconfigOp>& ops) {
@@ -898,7 +762,7 @@ void HostedInstance::MaybeClearRedo(uint64_t complete_id) {
   if (!config_.redo_version || complete_id < *config_.redo_version + 2) return;
   config_.redo_version.reset();
   config_.redo.clear();
-  SaveConfig();  // best effort: a stale redo is only ever applied at its own version
+  dir_.SaveConfig(config_);  // best effort: a stale redo is only ever applied at its own version
 }
 
 Status HostedInstance::Reconfigure(uint64_t version, const std::vector<ReconfigOp>& ops, bool* replicating,
@@ -922,7 +786,7 @@ Status HostedInstance::Reconfigure(uint64_t version, const std::vector<ReconfigO
       config_.redo_version = version;
     }
     config_.redo.insert(config_.redo.end(), ops.begin(), ops.end());
-    return SaveConfig();
+    return dir_.SaveConfig(config_);
   }
   // A new instance: its first checkpoint is `version`, imports included (a
   // rollback or takeover at `version` then needs no redo).
@@ -934,7 +798,7 @@ Status HostedInstance::Reconfigure(uint64_t version, const std::vector<ReconfigO
     Status r = RollbackTo(std::nullopt);
     return r.ok() ? s : Status::FromCode(WireCode(s), s.message() + "; undoing failed too: " + r.message());
   }
-  RHINO_RETURN_IF_ERROR(SaveConfig());
+  RHINO_RETURN_IF_ERROR(dir_.SaveConfig(config_));
   SessionCommitRsp rsp;
   rsp.version = version;
   rsp.stats = "{}";  // OnReplicationDone adds the replication's figures to it

@@ -3,15 +3,8 @@
 // across micro-batches and serves it to one session at a time; a commit
 // writes the session's updates at version b, takes checkpoint b into the
 // worker's own replica store, and replicates its delta down the instance's
-// chain (Rhino paper §4.2.2) — all here, in C++, never in the client.
-//
-// On disk, under <state_dir>/instances/<operator_id>/<instance>/ (the one
-// place that knows this layout is this class):
-//   instance.json   the configuration below, written atomically
-//   db-<hex>/       the live RocksDB (a rollback builds a new one and switches)
-//   CLOSED          a marker: the instance was closed (§7.1 close), so a
-//                   restarted worker does not host it again; `open` reopens it
-// and <state_dir>/tmp/ holds the work directories of imports and moves.
+// chain (Rhino paper §4.2.2) — all here, in C++, never in the client. Its
+// files on disk are its InstanceDir's (instance_dir.h).
 //
 // Thread-safety: every method runs with mu() held (but DeferPlacement); the
 // state service runs them on the instance's strand, so the frames of a session are handled in
@@ -42,35 +35,9 @@
 #include "rhino/session_batch.h"
 #include "rhino/state_backend.h"
 #include "rhino/status.h"
+#include "service/instance_dir.h"
 
 namespace rhino {
-
-// What a worker persists about an instance it hosts.
-struct InstanceConfig {
-  std::string operator_id;
-  uint32_t instance = 0;
-  uint64_t epoch = 0;
-  PartitionerOptions partitioner;
-  std::vector<uint32_t> vnodes;     // the vnodes held (an empty state is created with these)
-  std::vector<std::string> chain;   // "host:port" of the replica chain w1..wr (may be empty: r = 0)
-  uint64_t chain_version = 0;
-  std::string db_name;              // the live RocksDB's directory name
-  // The chain may hold checkpoints after `discard_after` (none: any) that a
-  // rollback or takeover dropped here; they go before the next replication.
-  // Persisted: a worker restarted in between must still drop them (§7.3).
-  bool discard_pending = false;
-  std::optional<uint64_t> discard_after;
-  // The reconfiguration applied on top of checkpoint `redo_version` (a
-  // handover at the barrier after that batch). Checkpoint b itself predates
-  // it, so whenever the state is rebuilt at version b (a rollback for a
-  // re-executed batch b+1, a restart, a takeover) these steps run again. Kept
-  // until checkpoint b+2 is complete: batch b+1 can no longer run again then.
-  std::optional<uint64_t> redo_version;
-  std::vector<ReconfigOp> redo;
-};
-
-// Parses instance.json (written by HostedInstance::SaveConfig).
-Status ParseInstanceConfig(const std::string& text, InstanceConfig* out);
 
 // Where the instances of one worker live, and what they share.
 struct InstanceEnv {
@@ -115,20 +82,6 @@ class InstanceMutex {
 class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
  public:
   using CommitReply = std::function<void(const SessionCommitRsp&)>;
-
-  // ---- the state directory ----
-  // Creates <state_dir>/instances and empties <state_dir>/tmp (the work of
-  // imports and moves a killed worker left behind).
-  static Status PrepareStateDir(const std::string& state_dir);
-  // The configurations of the instances under state_dir that were not closed:
-  // a restarted worker hosts them again. `bad` gets the name ("op/instance")
-  // and error of each one whose instance.json is damaged.
-  static Status ListHostable(const std::string& state_dir, std::vector<InstanceConfig>* out,
-                             const std::function<void(const std::string&, const Status&)>& bad);
-  // The saved configuration of (operator_id, instance), if it was hosted here
-  // before: NotFound if it never was.
-  static Status ReadSavedConfig(const std::string& state_dir, const std::string& operator_id, uint32_t instance,
-                                InstanceConfig* out);
 
   // Opens the instance described by `config` (its db_name must exist), or
   // creates an empty one if config.db_name is empty. Hosting it clears its
@@ -242,17 +195,9 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   };
 
   HostedInstance(const InstanceEnv& env, InstanceConfig config, asio::thread_pool& pool);
-  static std::string DirOf(const std::string& state_dir, const std::string& operator_id, uint32_t instance);
-  std::string Dir() const;
-  // A fresh work directory under <state_dir>/tmp for an import or a move.
-  std::string WorkDir(const std::string& kind) const;
-  std::string DbDir(const std::string& name) const;
   StateOptions Options(bool create) const;
   // Options(false) for a restore whose open does not fsync (open_without_sync.h).
   StateOptions UnsyncedOptions() const;
-  // sync false: atomic but not yet durable (a takeover's, made durable in the
-  // background with its directory).
-  Status SaveConfig(bool sync = true);
   // Rebuilds the live state at `version` (empty if unset) and drops the
   // store's checkpoints after it (design §5: re-execution).
   Status RollbackTo(std::optional<uint64_t> version);
@@ -280,6 +225,7 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   asio::strand<asio::thread_pool::executor_type> strand_;
   InstanceMutex mu_{this};
   InstanceConfig config_;
+  const InstanceDir dir_;  // of config_'s (operator_id, instance), which never change
   // A placement a re-open deferred, and the epoch and chain version of
   // config_ as last placed (readable without mu): under deferred_mu_, which
   // is taken after mu_ or alone, never before it.

@@ -142,7 +142,7 @@ Status StateService::OpenInstance(const InstanceReq& req, std::string* result) {
     return Answer(out, result);
   }
   InstanceConfig c;
-  Status saved = HostedInstance::ReadSavedConfig(options_.state_dir, op, i, &c);
+  Status saved = InstanceDir::ReadSavedConfig(options_.state_dir, op, i, &c);
   if (saved.ok()) {
     // Hosted here before, then closed: open its state.
     if (!SamePartitioner(c.partitioner, a.partitioner)) {

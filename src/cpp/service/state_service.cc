@@ -8,7 +8,6 @@
 #include "rhino/manifest.h"
 #include "rhino/state_client.h"
 #include "service/session_stream.h"
-#include "util/fs.h"
 
 namespace rhino {
 namespace {
@@ -40,7 +39,7 @@ StateService::StateService(ReplicaStore* store, net::ConnectionCounters* counter
   sessions_.counters = counters;
   sessions_.check_epoch = [this](const std::string& op, uint32_t i, uint64_t epoch) { return CheckEpoch(op, i, epoch); };
   reader_env_.worker_id = options.worker_id;
-  reader_env_.work_dir = fs::Join(options.state_dir, "tmp");  // what HostedInstance::PrepareStateDir empties
+  reader_env_.work_dir = InstanceDir::TmpDir(options.state_dir);  // what InstanceDir::PrepareStateDir empties
   reader_env_.store = store;
   reader_env_.max_frame_bytes = options.max_frame_bytes;
   reader_env_.counters = counters;
@@ -57,14 +56,14 @@ bool StateService::Handles(MessageType type) {
 
 Status StateService::Start() {
   if (options_.state_dir.empty()) return Status::InvalidArgument("the state service needs a state directory");
-  RHINO_RETURN_IF_ERROR(HostedInstance::PrepareStateDir(options_.state_dir));
+  RHINO_RETURN_IF_ERROR(InstanceDir::PrepareStateDir(options_.state_dir));
   auto complain = [this](const std::string& what, const Status& s) {
     // One damaged instance must not keep the worker from serving the others.
     std::fprintf(stderr, "rhino worker %s: cannot host %s again: %s\n", options_.worker_id.c_str(), what.c_str(),
                  s.ToString().c_str());
   };
   std::vector<InstanceConfig> found;
-  RHINO_RETURN_IF_ERROR(HostedInstance::ListHostable(options_.state_dir, &found, complain));
+  RHINO_RETURN_IF_ERROR(InstanceDir::ListHostable(options_.state_dir, &found, complain));
   for (auto& c : found) {
     const std::string what = Describe(c.operator_id, c.instance);
     std::shared_ptr<HostedInstance> inst;
