@@ -260,3 +260,42 @@ def test_arrow_in_and_out_of_a_session(tmp_path: Path, secret_file: Path) -> Non
                 assert s.get_batch_arrow(probe).to_pylist() == s.get_batch(probe)
     finally:
         w.stop()
+
+
+def test_a_session_for_an_older_batch_at_the_same_epoch_is_refused(tmp_path: Path, secret_file: Path) -> None:
+    """A zombie task of a superseded attempt: after batches 0, 1 and 2 committed at epoch 1, a
+    session for batch 1 at epoch 1 is refused with StaleEpochError, and nothing moves: the
+    primary's state, its store and the chain member's checkpoints stay at batch 2 (read with
+    rocksdict from a restore of each checkpoint). Batch 2 itself may still run again."""
+    w3 = WorkerProcess(tmp_path, "w3", "127.0.0.3", secret_file=secret_file, metrics=False).start()
+    w2 = WorkerProcess(tmp_path, "w2", "127.0.0.2", secret_file=secret_file, metrics=False).start()
+    try:
+        c = rhino.connect(w2.unix_socket, secret=SECRET)
+        c.open_instance("zombie", 0, epoch=1, num_vnodes=8, chain=[w3.address], chain_version=1)
+        keys = np.arange(300, dtype=np.int64)
+        model: dict[bytes, bytes] = {}
+        for b in range(3):
+            with c.session("zombie", 0, batch=b, epoch=1) as s:
+                vals = [f"b{b}".encode()] * (100 * (b + 1))
+                s.put_batch(keys[:100 * (b + 1)], vals)
+                assert s.commit().replication == "complete"
+            model.update({kb(k): v for k, v in zip(keys[:100 * (b + 1)], vals)})
+        for stale in (1, 0):
+            with pytest.raises(rhino.StaleEpochError, match=f"batch {stale} .* only the last committed batch"):
+                c.session("zombie", 0, batch=stale, epoch=1)
+        info = {i["instance"]: i for i in c.instances() if i["operator_id"] == "zombie"}
+        assert info[0]["version"] == 2
+        for d in (w2.dir, w3.dir):
+            store = rhino.ReplicaStore(str(d))
+            assert store.checkpoints("zombie", 0)[-1] == 2
+            store.restore("zombie", 0, 2, str(tmp_path / f"r-{d.name}")).close()
+            assert vnode_state(tmp_path / f"r-{d.name}") == model
+        # the last batch runs again as before (a Spark replay): back to version 1
+        with c.session("zombie", 0, batch=2, epoch=1) as s:
+            assert s.rolled_back and s.version == 1
+            assert s.get_batch(keys[200:201]) == [None]
+            s.abort()
+        c.close()
+    finally:
+        w2.stop()
+        w3.stop()

@@ -414,7 +414,17 @@ Status HostedInstance::OpenSession(uint64_t token, uint64_t batch, uint64_t epoc
                                      ": earlier batches were not committed here");
     }
     // Batch b runs again (a retried, speculative or re-run task): back to b-1
-    // by a local hard-link restore.
+    // by a local hard-link restore. Only the last batch can run again: Spark
+    // runs b+1 only after b's commit, so a session for an older batch at this
+    // epoch is stale work (a zombie task of a superseded attempt), and
+    // honouring it would erase committed batches (issue 46).
+    const uint64_t rolled_back_batches = want ? *live - *want : *live + 1;
+    if (rolled_back_batches > 1) {
+      return Status::StaleEpoch("a session for batch " + std::to_string(batch) + " of " + Describe(config_) +
+                                " at epoch " + std::to_string(epoch) + ", whose state is at version " +
+                                std::to_string(*live) + ": only the last committed batch runs again"
+                                " (a task of a superseded attempt?)");
+    }
     if (want) {
       std::vector<uint64_t> ids;
       RHINO_RETURN_IF_ERROR(env_.store->ListCheckpoints(config_.operator_id, config_.instance, &ids));
