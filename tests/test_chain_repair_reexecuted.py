@@ -62,9 +62,9 @@ def test_repair_adds_back_a_worker_holding_an_old_checkpoint_of_a_reexecuted_bat
     job.run(N)  # batches 0 .. N-1
     through_n_minus_1 = dict(job.model)
     job.run(1)  # batch N, committed by the coordinator
-    inst = cc.placement(OP)["instances"]["0"]
-    assert inst["last_complete"] == N
-    primary, (w_id, b_id) = inst["primary"], inst["chain"]
+    inst = cc.placement(OP).instances[0]
+    assert inst.last_complete == N
+    primary, (w_id, b_id) = inst.primary, inst.chain
     (spare,) = [w.id for w in ws if w.id not in (primary, w_id, b_id)]
     w = by_id[w_id]
     old_n = identities(w.dir, N)
@@ -73,7 +73,7 @@ def test_repair_adds_back_a_worker_holding_an_old_checkpoint_of_a_reexecuted_bat
     w.kill()
     out = cc.declare_dead(w_id, "test: SIGKILL")
     assert not out.get("errors") and OP in out["operators"]
-    assert cc.placement(OP)["instances"]["0"]["chain"] == [b_id, spare]
+    assert cc.placement(OP).instances[0].chain == (b_id, spare)
 
     # The primary runs batch N again (a replay of a batch the coordinator
     # committed), with other writes: checkpoint N gets other files.
@@ -81,8 +81,8 @@ def test_repair_adds_back_a_worker_holding_an_old_checkpoint_of_a_reexecuted_bat
     rng = np.random.default_rng(99)
     keys = np.unique(rng.choice(1000, 60, replace=False).astype(np.int64))
     puts = {int(k): b"replayed-" + rng.bytes(8) for k in keys}
-    with rhino.connect(pl["instances"]["0"]["address"], secret=SECRET) as c:
-        with c.session(OP, 0, batch=N, epoch=pl["epoch"]) as s:
+    with rhino.connect(pl.instances[0].address, secret=SECRET) as c:
+        with c.session(OP, 0, batch=N, epoch=pl.epoch) as s:
             assert s.rolled_back
             s.put_batch(keys, [puts[int(k)] for k in keys])
             assert s.commit("barrier").replication == "complete"
@@ -96,15 +96,15 @@ def test_repair_adds_back_a_worker_holding_an_old_checkpoint_of_a_reexecuted_bat
     w.start()
     assert identities(w.dir, N) == old_n
     cc.register(w_id, w.address, unix_socket=str(w.unix_socket), incarnation="test-2")
-    assert cc.placement(OP)["instances"]["0"]["chain"] == [b_id, spare]  # one instance: nothing to rebalance
+    assert cc.placement(OP).instances[0].chain == (b_id, spare)  # one instance: nothing to rebalance
 
     # Another member crashes: the repair adds W back, and must succeed.
     by_id[b_id].kill()
     out = cc.declare_dead(b_id, "test: SIGKILL")
     assert out["errors"] == {} and OP in out["operators"]
     assert coord.meta.pending_reconfiguration(OP) is None
-    inst = cc.placement(OP)["instances"]["0"]
-    assert inst["primary"] == primary and inst["chain"] == [spare, w_id]
+    inst = cc.placement(OP).instances[0]
+    assert inst.primary == primary and inst.chain == (spare, w_id)
     assert out["operators"][OP]["copies"]["0"]["to"] == [w_id]
 
     # W holds the primary's checkpoint N, and nothing of the earlier stint:
@@ -121,7 +121,7 @@ def test_repair_adds_back_a_worker_holding_an_old_checkpoint_of_a_reexecuted_bat
     by_id[primary].kill()
     out = cc.declare_dead(primary, "test: SIGKILL")
     assert out["errors"] == {} and out["operators"][OP]["takeovers"]["0"]["worker"] == w_id
-    assert cc.placement(OP)["instances"]["0"]["primary"] == w_id
+    assert cc.placement(OP).instances[0].primary == w_id
     assert job.state() == job.model
     job.run(2)
     assert job.state() == job.model

@@ -64,9 +64,9 @@ class Job:
     def state(self) -> dict[int, bytes]:
         pl = self.cc.placement(OP)
         out: dict[int, bytes] = {}
-        for name, info in pl["instances"].items():
-            with rhino.connect(info["address"], secret=SECRET) as c:
-                with c.session(OP, int(name), batch=self.batch, epoch=pl["epoch"]) as s:
+        for i, info in pl.instances.items():
+            with rhino.connect(info.address, secret=SECRET) as c:
+                with c.session(OP, i, batch=self.batch, epoch=pl.epoch) as s:
                     out.update({int.from_bytes(k, "little", signed=True): v for k, v in s.scan(page_size=500)})
                     s.abort()
         return out
@@ -86,7 +86,7 @@ def test_bad_input(cluster) -> None:
     with pytest.raises(rhino.UnknownInstanceError):
         cc.placement("nope")
     cc.create_operator(OP, parallelism=2, num_vnodes=V, replicas=2)
-    assert cc.create_operator(OP, parallelism=2, num_vnodes=V, replicas=2)["epoch"] == 1  # idempotent
+    assert cc.create_operator(OP, parallelism=2, num_vnodes=V, replicas=2).epoch == 1  # idempotent
     with pytest.raises(rhino.InvalidArgumentError, match="another shape"):
         cc.create_operator(OP, parallelism=3, num_vnodes=V, replicas=2)
     with pytest.raises(rhino.InvalidArgumentError, match="next batch is 0"):
@@ -111,14 +111,14 @@ def test_failed_step_aborts_then_failover(cluster) -> None:
     job = Job(cc)
     job.run(3)
     pl = cc.placement(OP)
-    before = list(pl["assignment"])
-    target_worker = pl["instances"]["1"]["primary"]
+    before = pl.assignment
+    target_worker = pl.instances[1].primary
     victim = next(w for w in ws if w.id == target_worker)
     mine = [v for v, i in enumerate(before) if i == 0][:3]
     plan = cc.handover(OP, mine, 1)
     victim.kill()  # nobody tells the coordinator: the step finds out
     pl2 = cc.begin_batch(OP, job.batch)
-    assert pl2["assignment"] == before and pl2["epoch"] > pl["epoch"] + 1
+    assert pl2.assignment == before and pl2.epoch > pl.epoch + 1
     (row,) = [p for p in coord.meta.plans() if p.id == plan["plan"]]
     assert row.state == "aborted" and row.message
     cc.declare_dead(victim.id, "test")
@@ -133,7 +133,7 @@ def test_coordinator_killed_mid_step_resumes_by_abort(cluster, monkeypatch) -> N
     cc.create_operator(OP, parallelism=2, num_vnodes=V, replicas=2)
     job = Job(cc, seed=1)
     job.run(2)
-    before = cc.placement(OP)["assignment"]
+    before = cc.placement(OP).assignment
     real = HandoverManager._apply
 
     def die_after_apply(self, *a, **kw):
@@ -148,7 +148,7 @@ def test_coordinator_killed_mid_step_resumes_by_abort(cluster, monkeypatch) -> N
     coord._stop.set()  # the dead process's threads
     coord2 = Coordinator(str(tmp / "coord"), secret=SECRET, heartbeat_timeout=3600)  # resume() aborts the step
     cc2 = LocalCoordinatorClient(coord2)
-    assert cc2.placement(OP)["assignment"] == before
+    assert cc2.placement(OP).assignment == before
     assert not cc2.status()["plans_in_flight"]
     job.cc = job.engine.coord = cc2
     job.run(3)
@@ -173,9 +173,9 @@ def test_rebuild_from_the_workers(cluster) -> None:
     summary = rebuild_from_workers(coord2)
     assert summary["operators"][OP]["last_batch"] == job.batch - 1
     new = cc2.placement(OP)
-    assert new["assignment"] == old["assignment"] and new["epoch"] > old["epoch"]
-    assert {i: (x["primary"], x["chain"]) for i, x in new["instances"].items()} == \
-        {i: (x["primary"], x["chain"]) for i, x in old["instances"].items()}
+    assert new.assignment == old.assignment and new.epoch > old.epoch
+    assert {i: (x.primary, x.chain) for i, x in new.instances.items()} == \
+        {i: (x.primary, x.chain) for i, x in old.instances.items()}
     job.cc = job.engine.coord = cc2
     job.run(2)
     assert job.state() == job.model
@@ -189,19 +189,19 @@ def test_plan_for_a_future_batch_and_cost_placement(cluster) -> None:
     tmp, ws = cluster
     coord, cc = make(tmp, ws)
     pl = cc.create_operator(OP, parallelism=3, num_vnodes=V, replicas=2, placement="cost")
-    for i in pl["instances"].values():
-        assert len(set(i["chain"])) == 2 and i["primary"] not in i["chain"]
+    for i in pl.instances.values():
+        assert len(set(i.chain)) == 2 and i.primary not in i.chain
     job = Job(cc, seed=4)
     job.run(2)
-    mine = [v for v, i in enumerate(cc.placement(OP)["assignment"]) if i == 0][:2]
+    mine = [v for v, i in enumerate(cc.placement(OP).assignment) if i == 0][:2]
     with pytest.raises(rhino.InvalidArgumentError, match="still ahead"):
         cc.handover(OP, mine, 2, after_batch=0)
     plan = cc.handover(OP, mine, 2, after_batch=4)
     job.run(3)  # batches 2, 3, 4: the plan waits
-    assert all(cc.placement(OP)["assignment"][v] == 0 for v in mine)
+    assert all(cc.placement(OP).assignment[v] == 0 for v in mine)
     assert [p["id"] for p in cc.status()["plans_in_flight"]] == [plan["plan"]]
     job.run(1)  # batch 5 starts at the barrier after 4
-    assert all(cc.placement(OP)["assignment"][v] == 2 for v in mine)
+    assert all(cc.placement(OP).assignment[v] == 2 for v in mine)
     assert not cc.status()["plans_in_flight"]
     assert job.state() == job.model
     coord.close()
@@ -224,8 +224,8 @@ def test_horizontal_scaling_onto_a_new_worker(cluster) -> None:
     plan = cc.rescale(OP, 3, on=[newcomer.id])
     job.run(2)
     pl = cc.placement(OP)
-    new = [i for i in pl["instances"] if i not in ("0", "1")]
-    assert len(new) == 1 and pl["instances"][new[0]]["primary"] == newcomer.id
+    new = [i for i in pl.instances if i not in (0, 1)]
+    assert len(new) == 1 and pl.instances[new[0]].primary == newcomer.id
     (row,) = [p for p in coord.meta.plans() if p.id == plan["plan"]]
     assert row.state == "done" and row.bytes_moved > 0  # the bulk copy
     assert job.state() == job.model

@@ -23,6 +23,8 @@ import pytest
 
 import rhino
 import test_coordinator as tc
+from placements import placement
+from rhino.coordinator.types import CommitAnswer
 from rhino.engine import AttemptResult, BatchDriver
 from rhino_bench.harness.engine import MicroBatchEngine
 from rhino_bench.harness.workers import SECRET
@@ -50,10 +52,10 @@ class Reporting:
         self.inner, self.rate, self.bad, self.answers = inner, 100, None, []
 
     def commit_batch(self, op: str, b: int, **kw: Any) -> Any:
-        n = len(self.inner.placement(op)["instances"])
+        order = self.inner.placement(op).instance_order()
+        n = len(order)
         total = int(self.rate)  # one second of input
-        per = {str(i): total // n + (k < total % n) for k, i in enumerate(sorted(self.inner.placement(op)["instances"],
-                                                                                key=int))}
+        per = {str(i): total // n + (k < total % n) for k, i in enumerate(order)}
         rep = {"batch_s": 0.4, "records": total, "records_by_instance": per,
                "busy_s": {i: r / TRUE_RATE for i, r in per.items()}, "began_unix": 1_000_000.0 + b}
         if self.bad is not None:
@@ -82,9 +84,9 @@ def run(engine: MicroBatchEngine, model: dict, b: int) -> int:
 def state(cc) -> dict[int, bytes]:
     pl = cc.placement(OP)
     out: dict[int, bytes] = {}
-    for name, info in pl["instances"].items():
-        with rhino.connect(info["address"], secret=SECRET) as c:
-            with c.session(OP, int(name), batch=(pl["last_batch"] or 0) + 1, epoch=pl["epoch"]) as s:
+    for i, info in pl.instances.items():
+        with rhino.connect(info.address, secret=SECRET) as c:
+            with c.session(OP, i, batch=(pl.last_batch or 0) + 1, epoch=pl.epoch) as s:
                 out.update({int.from_bytes(k, "little", signed=True): v for k, v in s.scan(page_size=500)})
                 s.abort()
     return out
@@ -100,16 +102,16 @@ def test_autoscale_plans_applies_shows_and_survives_a_restart(cluster) -> None:
     assert a["settings"]["cores_per_worker"] == 1
     model: dict[int, bytes] = {}
     b = run(engine, model, 0)  # the first report: no input rate yet
-    assert rc.answers[-1]["autoscale"]["action"] == "hold"
-    assert "previous batch" in rc.answers[-1]["autoscale"]["reason"]
+    assert rc.answers[-1].autoscale["action"] == "hold"
+    assert "previous batch" in rc.answers[-1].autoscale["reason"]
 
     rc.rate = 250  # needs ceil(250 / 70) = 4
     b = run(engine, model, b)
     want = ds2(250, cores=4, lo=1, hi=4)
-    d = rc.answers[-1]["autoscale"]
+    d = rc.answers[-1].autoscale
     assert (d["action"], d["from"], d["to"]) == ("scale_out", 2, want) and d["plan"] is not None
     assert d["numbers"]["input_rate"] == 250 and d["numbers"]["per_instance_rate"] == TRUE_RATE
-    assert len(cc.placement(OP)["instances"]) == 2  # planned, not yet run
+    assert len(cc.placement(OP).instances) == 2  # planned, not yet run
     st = next(o for o in cc.status()["operators"] if o["operator_id"] == OP)
     assert st["plans"][0]["id"] == d["plan"] and st["plans"][0]["strategy"] == "all-at-once"
     assert st["autoscale"]["decisions"][-1]["to"] == want and "scale_out 2 -> 4" in st["autoscale"]["decisions"][-1][
@@ -117,10 +119,10 @@ def test_autoscale_plans_applies_shows_and_survives_a_restart(cluster) -> None:
     assert any(e["kind"] == "autoscale_decision" for e in cc.status()["events"])
 
     b = run(engine, model, b)  # the plan's step runs at this batch's begin_batch
-    assert len(cc.placement(OP)["instances"]) == want
+    assert len(cc.placement(OP).instances) == want
     assert coord.meta.plan(d["plan"]).state == "done"
-    assert rc.answers[-1]["autoscale"]["action"] == "hold"  # the cooldown (1 batch)
-    assert "cooldown" in rc.answers[-1]["autoscale"]["reason"]
+    assert rc.answers[-1].autoscale["action"] == "hold"  # the cooldown (1 batch)
+    assert "cooldown" in rc.answers[-1].autoscale["reason"]
     assert state(cc) == model
 
     # a restarted coordinator goes on with the settings, the decisions and the policy's state
@@ -130,14 +132,14 @@ def test_autoscale_plans_applies_shows_and_survives_a_restart(cluster) -> None:
     assert st["enabled"] and st["settings"]["max_parallelism"] == 4 and st["decisions"][-1]["plan"] == d["plan"]
     rc.rate = 60  # needs 1; with the 0.2 margin ceil(72/70) = 2 < 4: two reports, then in to 2
     b = run(engine, model, b)
-    first = rc.answers[-1]["autoscale"]
+    first = rc.answers[-1].autoscale
     assert first["action"] == "hold" and "1 of 2" in first["reason"]  # the previous batch's begin was kept
     b = run(engine, model, b)
-    d2 = rc.answers[-1]["autoscale"]
+    d2 = rc.answers[-1].autoscale
     expect_in = max(1, math.ceil(Fraction(60) * Fraction(6, 5) / (TRUE_RATE * U)))
     assert (d2["action"], d2["from"], d2["to"]) == ("scale_in", 4, expect_in)
     b = run(engine, model, b)
-    assert len(cc.placement(OP)["instances"]) == expect_in
+    assert len(cc.placement(OP).instances) == expect_in
     assert state(cc) == model
     text = rhino_status_text(coord)
     assert "autoscale: on, parallelism 1..4" in text and "4 -> 2" in text and "2 -> 4" in text
@@ -156,20 +158,20 @@ def test_bad_reports_never_block_a_commit_and_bad_settings_are_refused(cluster) 
     cc.create_operator(OP, parallelism=2, num_vnodes=V, replicas=1)
     model: dict[int, bytes] = {}
     b = run(engine, model, 0)
-    assert "autoscale" not in rc.answers[-1] and "report_error" not in rc.answers[-1]  # off: the report is unused
+    assert rc.answers[-1].autoscale is None and rc.answers[-1].report_error is None  # off: the report is unused
     for bad, why in [({"records": 5}, "missing"), ({**dict.fromkeys(("batch_s", "records", "busy_s",
                                                                    "records_by_instance", "began_unix"), "x")},
                                                     "must be"), ([1, 2], "JSON object")]:
         rc.bad = bad
         b = run(engine, model, b)
-        assert rc.answers[-1]["last_batch"] == b - 1
-        assert rc.answers[-1]["report_error"].startswith("InvalidArgumentError") and why in \
-            rc.answers[-1]["report_error"]
+        assert rc.answers[-1].last_batch == b - 1
+        assert rc.answers[-1].report_error.startswith("InvalidArgumentError") and why in \
+            rc.answers[-1].report_error
     # with autoscaling on, a bad report still commits and decides nothing
     cc.autoscale(OP, min_parallelism=1, max_parallelism=3)
     rc.bad = {"records": -1}
     b = run(engine, model, b)
-    assert "report_error" in rc.answers[-1] and "autoscale" not in rc.answers[-1]
+    assert rc.answers[-1].report_error is not None and rc.answers[-1].autoscale is None
     assert state(cc) == model
     with pytest.raises(rhino.UnknownInstanceError):
         cc.autoscale("nope", min_parallelism=1, max_parallelism=2)
@@ -188,7 +190,7 @@ def test_bad_reports_never_block_a_commit_and_bad_settings_are_refused(cluster) 
     assert off["enabled"] is False and off["settings"]["max_parallelism"] == 3
     rc.rate = 10_000
     b = run(engine, model, b)
-    assert "autoscale" not in rc.answers[-1] and not cc.status()["plans_in_flight"]
+    assert rc.answers[-1].autoscale is None and not cc.status()["plans_in_flight"]
     coord.close()
 
 
@@ -214,15 +216,15 @@ def test_a_plan_open_holds_the_autoscaler_and_status_is_served_meanwhile(cluster
     rc.rate = 1000
     for _ in range(3):
         b = run(engine, model, b)
-        assert rc.answers[-1]["autoscale"]["action"] == "hold"
-        assert "plan of this operator is open" in rc.answers[-1]["autoscale"]["reason"]
+        assert rc.answers[-1].autoscale["action"] == "hold"
+        assert "plan of this operator is open" in rc.answers[-1].autoscale["reason"]
     stop.set()
     t.join(timeout=10)
     assert not t.is_alive() and seen
     cc.cancel_plan(OP, plan["plan"])
     b = run(engine, model, b)  # the plan ended: no cooldown (0): scale out to the cap
-    d = rc.answers[-1]["autoscale"]
-    n = len(cc.placement(OP)["instances"])
+    d = rc.answers[-1].autoscale
+    n = len(cc.placement(OP).instances)
     assert (d["action"], d["from"], d["to"]) == ("scale_out", n, ds2(1000, cores=4, lo=1, hi=4))
     assert state(cc) == model
     coord.close()
@@ -235,11 +237,11 @@ def test_the_driver_reports_records_and_busy_time_from_commit_stats() -> None:
 
     class C:
         def begin_batch(self, op, batch):
-            return {"epoch": 1, "instances": {}, "assignment": []}
+            return placement(1)
 
         def commit_batch(self, op, batch, **kw):
             calls.append(kw)
-            return {"last_batch": batch}
+            return CommitAnswer(operator_id=op, last_batch=batch)
 
     stats = {"0": {"checkpoint_bytes": 1, "rows_in": 40, "read_s": 0.1, "process_s": 0.3, "commit_s": 5.0},
              "1": {"checkpoint_bytes": 1, "records": 60, "busy_s": 0.2}}
@@ -302,13 +304,13 @@ def test_the_driver_commits_without_reports_to_a_coordinator_that_takes_none() -
 
     class Old:
         def begin_batch(self, op, batch):
-            return {"epoch": 1, "instances": {}, "assignment": []}
+            return placement(1)
 
         def commit_batch(self, op, batch, *, instances=None, load=None, epoch=None, **kw):
             calls.append(kw)
             if kw:
                 raise rhino.InvalidArgumentError(f"commit_batch: unexpected keyword argument {next(iter(kw))!r}")
-            return {"last_batch": batch}
+            return CommitAnswer(operator_id=op, last_batch=batch)
 
     d = BatchDriver(Old(), "op")
     stats = {"0": {"records": 5, "busy_s": 0.1}}

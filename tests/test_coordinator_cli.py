@@ -71,12 +71,12 @@ def test_operator_commands(running) -> None:
     moves = json.loads(h.stdout)["moves"]
     assert "step" in rhino_cli("status", env=env).stdout
     run(moves + 1)
-    assert all(cc.placement("q")["assignment"][v] == 1 for v in (0, 1, 2, 5))
+    assert all(cc.placement("q").assignment[v] == 1 for v in (0, 1, 2, 5))
 
     r = rhino_cli("rescale", "q", "3", "--strategy", "batched", "--json", env=env)
     assert r.returncode == 0, r.stderr
     run(json.loads(r.stdout)["steps"] + 1)
-    assert len(cc.placement("q")["instances"]) == 3
+    assert len(cc.placement("q").instances) == 3
     b = rhino_cli("rebalance", "--operator", "q", "--json", env=env)
     assert b.returncode == 0, b.stderr
     engine.close()

@@ -47,7 +47,7 @@ def check_placement(cc, ws, leaving: str) -> None:
     by_worker = hosted(ws)
     assert by_worker.get(leaving, []) == []
     hosts = sorted((i, wid, e) for wid, xs in by_worker.items() for i, e in xs)
-    assert hosts == sorted((int(i), info["primary"], pl["epoch"]) for i, info in pl["instances"].items())
+    assert hosts == sorted((i, info.primary, pl.epoch) for i, info in pl.instances.items())
 
 
 def test_decommission_moves_everything_off_at_barriers_and_no_batch_fails(cluster) -> None:
@@ -57,7 +57,7 @@ def test_decommission_moves_everything_off_at_barriers_and_no_batch_fails(cluste
     job = Job(cc, seed=4)
     job.run(3)
     pl = cc.placement(OP)
-    leaving = pl["instances"]["0"]["primary"]  # a primary, and a chain member of the other instance
+    leaving = pl.instances[0].primary  # a primary, and a chain member of the other instance
 
     # asked while a batch is in flight: it waits for the operator's next barrier
     real_commit = cc.commit_batch
@@ -73,13 +73,13 @@ def test_decommission_moves_everything_off_at_barriers_and_no_batch_fails(cluste
     cc.commit_batch = real_commit
     (first,) = seen
     assert first["drained"] is False and first["waiting_for_barrier"] == [OP], first
-    assert cc.placement(OP)["epoch"] == pl["epoch"]  # nothing moved during the batch
-    epochs_before = cc.placement(OP)["epoch"]
+    assert cc.placement(OP).epoch == pl.epoch  # nothing moved during the batch
+    epochs_before = cc.placement(OP).epoch
 
     job.run(1)  # batch 4's barrier moves the operator off
     out = cc.decommission(leaving)
     assert out["drained"] is True and out["operators"] == [], out
-    assert cc.placement(OP)["epoch"] == epochs_before + 1
+    assert cc.placement(OP).epoch == epochs_before + 1
     check_placement(cc, ws, leaving)
     w = next(s for s in cc.status()["workers"] if s["id"] == leaving)
     assert w["decommission"]["drained"] is True
@@ -87,10 +87,10 @@ def test_decommission_moves_everything_off_at_barriers_and_no_batch_fails(cluste
     assert job.state() == job.model
 
     # now it can go: stopped, then found dead, without any failover
-    epoch = cc.placement(OP)["epoch"]
+    epoch = cc.placement(OP).epoch
     next(x for x in ws if x.id == leaving).stop()
     cc.declare_dead(leaving, "stopped after its decommission")
-    assert cc.placement(OP)["epoch"] == epoch
+    assert cc.placement(OP).epoch == epoch
     job.run(2)
     assert job.state() == job.model
     coord.close()
@@ -102,7 +102,7 @@ def test_decommission_of_an_idle_operator_is_at_once_and_bad_input_is_refused(cl
     cc.create_operator(OP, parallelism=2, num_vnodes=V, replicas=2)
     job = Job(cc, seed=5)
     job.run(2)
-    leaving = cc.placement(OP)["instances"]["1"]["primary"]
+    leaving = cc.placement(OP).instances[1].primary
     out = cc.decommission(leaving)  # no batch in flight: moved now
     assert out["drained"] is True, out
     check_placement(cc, ws, leaving)
@@ -151,7 +151,7 @@ def test_decommission_cli(tmp_path: Path) -> None:
         cc.create_operator("q", parallelism=2, num_vnodes=16, replicas=1)
         engine = MicroBatchEngine(cc, "q", secret=SECRET)
         engine.run_batch(0, {k: b"x" for k in range(50)})
-        leaving = cc.placement("q")["instances"]["0"]["primary"]
+        leaving = cc.placement("q").instances[0].primary
         p = subprocess.run([sys.executable, "-m", "rhino", "decommission", leaving, "--wait", "10", "--json"],
                            capture_output=True, text=True, timeout=120, env=env)
         assert p.returncode == 0, p.stderr

@@ -208,20 +208,20 @@ class CoordinatorMachine(RuleBasedStateMachine):
     def handover(self, strategy: str, k: int, new_instance: bool, seed: int) -> None:
         trace('handover', strategy, k, new_instance, seed)
         pl = self.client.placement(self.op)
-        active = sorted(int(i) for i in pl["instances"])
+        active = pl.instance_order()
         if new_instance:
             to = max(active) + 1 + int(self._max_instance_ever())
         else:
             to = active[seed % len(active)]
-        movable = [v for v, i in enumerate(pl["assignment"]) if i != to]
+        movable = [v for v, i in enumerate(pl.assignment) if i != to]
         if len(active) == 1 and not new_instance:
             return
         rng = np.random.default_rng(seed)
         vnodes = sorted(int(v) for v in rng.choice(movable, size=min(k, len(movable)), replace=False))
         # Never empty an instance by accident: that is rescaling's job.
-        counts = {i: pl["assignment"].count(i) for i in active}
+        counts = {i: pl.assignment.count(i) for i in active}
         for v in list(vnodes):
-            o = pl["assignment"][v]
+            o = pl.assignment[v]
             if counts[o] <= 1:
                 vnodes.remove(v)
             else:
@@ -231,7 +231,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.client.handover(self.op, vnodes, to, strategy=strategy)
         self.run_until_plans_done()
         pl = self.client.placement(self.op)
-        assert all(pl["assignment"][v] == to for v in vnodes)
+        assert all(pl.assignment[v] == to for v in vnodes)
 
     def _max_instance_ever(self) -> int:
         with self.db() as c:
@@ -240,13 +240,13 @@ class CoordinatorMachine(RuleBasedStateMachine):
     @rule(up=st.booleans(), strategy=st.sampled_from(["all-at-once", "fluid", "batched"]))
     def rescale(self, up: bool, strategy: str) -> None:
         trace('rescale', up, strategy)
-        p = len(self.client.placement(self.op)["instances"])
+        p = len(self.client.placement(self.op).instances)
         target = min(p + 1, 5) if up else max(p - 1, 1)
         if target == p:
             return
         self.client.rescale(self.op, target, strategy=strategy)
         self.run_until_plans_done()
-        assert len(self.client.placement(self.op)["instances"]) == target
+        assert len(self.client.placement(self.op).instances) == target
 
     @rule()
     def rebalance(self) -> None:
@@ -261,18 +261,17 @@ class CoordinatorMachine(RuleBasedStateMachine):
         if self.batch == 0:
             return
         pl = self.client.placement(self.op)
-        assert pl["last_batch"] == self.batch - 1
+        assert pl.last_batch == self.batch - 1
         part = rhino.Partitioner(num_vnodes=V)
         seen: dict[bytes, bytes] = {}
-        for name, info in pl["instances"].items():
-            i = int(name)
-            with rhino.connect(info["address"], secret=SECRET) as c:
-                with c.session(self.op, i, batch=self.batch, epoch=pl["epoch"]) as s:
+        for i, info in pl.instances.items():
+            with rhino.connect(info.address, secret=SECRET) as c:
+                with c.session(self.op, i, batch=self.batch, epoch=pl.epoch) as s:
                     got = dict(s.scan(page_size=400))
                     s.abort()
             if got:
                 keys = np.array([int.from_bytes(k, "little", signed=True) for k in got], dtype=np.int64)
-                owners = np.asarray(pl["assignment"])[part.vnodes(keys)]
+                owners = np.asarray(pl.assignment)[part.vnodes(keys)]
                 assert (owners == i).all(), f"instance {i} serves keys of vnodes it does not own"
             assert not (seen.keys() & got.keys())
             seen.update(got)
@@ -323,14 +322,14 @@ class CoordinatorMachine(RuleBasedStateMachine):
         for w in self.alive():
             with rhino.connect(w.unix_socket, secret=SECRET) as c:
                 for h in c.instances():
-                    if h["operator_id"] == self.op and h["epoch"] == pl["epoch"]:
+                    if h["operator_id"] == self.op and h["epoch"] == pl.epoch:
                         hosted_at_epoch.setdefault(h["instance"], []).append(w.id)
-                        assert sorted(h["vnodes"]) == [v for v, i in enumerate(pl["assignment"])
+                        assert sorted(h["vnodes"]) == [v for v, i in enumerate(pl.assignment)
                                                        if i == h["instance"]], f"{w.id} hosts other vnodes"
-        for name, info in pl["instances"].items():
-            assert hosted_at_epoch.get(int(name)) == [info["primary"]], \
-                f"instance {name} at epoch {pl['epoch']} is hosted by {hosted_at_epoch.get(int(name))}"
-        assert set(hosted_at_epoch) == {int(n) for n in pl["instances"]}
+        for i, info in pl.instances.items():
+            assert hosted_at_epoch.get(i) == [info.primary], \
+                f"instance {i} at epoch {pl.epoch} is hosted by {hosted_at_epoch.get(i)}"
+        assert set(hosted_at_epoch) == set(pl.instances)
 
     @invariant()
     def last_checkpoint_held_by_r_workers(self) -> None:
@@ -338,11 +337,11 @@ class CoordinatorMachine(RuleBasedStateMachine):
             return
         pl = self.client.placement(self.op)
         alive = {w.id: w for w in self.alive()}
-        for name, info in pl["instances"].items():
-            last = info["last_complete"]
-            holders = [m for m in info["chain"] if m in alive and
-                       last in rhino.ReplicaStore(str(alive[m].dir)).checkpoints(self.op, int(name))]
-            assert len(holders) == R, f"instance {name}: checkpoint {last} held by {holders}, chain {info['chain']}"
+        for i, info in pl.instances.items():
+            last = info.last_complete
+            holders = [m for m in info.chain if m in alive and
+                       last in rhino.ReplicaStore(str(alive[m].dir)).checkpoints(self.op, i)]
+            assert len(holders) == R, f"instance {i}: checkpoint {last} held by {holders}, chain {list(info.chain)}"
 
 
 CoordinatorMachine.TestCase.settings = settings(

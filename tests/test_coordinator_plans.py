@@ -49,9 +49,9 @@ class OpJob(tc.Job):
     def state(self) -> dict[int, bytes]:
         pl = self.cc.placement(self.op)
         out: dict[int, bytes] = {}
-        for name, info in pl["instances"].items():
-            with rhino.connect(info["address"], secret=SECRET) as c:
-                with c.session(self.op, int(name), batch=self.batch, epoch=pl["epoch"]) as s:
+        for i, info in pl.instances.items():
+            with rhino.connect(info.address, secret=SECRET) as c:
+                with c.session(self.op, i, batch=self.batch, epoch=pl.epoch) as s:
                     out.update({int.from_bytes(k, "little", signed=True): v for k, v in s.scan(page_size=500)})
                     s.abort()
         return out
@@ -78,16 +78,16 @@ def assert_one_owner(cc, ws, op: str) -> None:
             for h in c.instances():
                 if h["operator_id"] == op:
                     hosted.setdefault(int(h["instance"]), []).append((w.id, int(h["epoch"]), sorted(h["vnodes"])))
-    assert set(hosted) == {int(n) for n in pl["instances"]}, f"{op}: hosted {hosted}, placement {pl['instances']}"
-    owners: list[list[int]] = [[] for _ in pl["assignment"]]
+    assert set(hosted) == set(pl.instances), f"{op}: hosted {hosted}, placement {pl.instances}"
+    owners: list[list[int]] = [[] for _ in pl.assignment]
     for i, hs in hosted.items():
         assert len(hs) == 1, f"{op}/{i} hosted by {hs}"
         worker, epoch, vnodes = hs[0]
-        assert worker == pl["instances"][str(i)]["primary"] and epoch == pl["epoch"], (op, i, hs, pl["epoch"])
+        assert worker == pl.instances[i].primary and epoch == pl.epoch, (op, i, hs, pl.epoch)
         for v in vnodes:
             owners[v].append(i)
     assert all(len(o) == 1 for o in owners), f"{op}: owners per vnode {owners}"
-    assert [o[0] for o in owners] == pl["assignment"]
+    assert tuple(o[0] for o in owners) == pl.assignment
 
 
 def plans_of(cc, op: str) -> list[dict]:
@@ -121,11 +121,11 @@ def test_a_plan_of_one_operator_never_blocks_another(cluster) -> None:
     assert [p["id"] for p in plans_of(cc, A)] == [pa["plan"]] and [p["id"] for p in plans_of(cc, B)] == [pb["plan"]]
 
     assert jb.run_until_ended(coord, pb["plan"]) == "done"
-    assert len(cc.placement(B)["instances"]) == 3
-    mine = [v for v, i in enumerate(cc.placement(B)["assignment"]) if i == 0][:2]
+    assert len(cc.placement(B).instances) == 3
+    mine = [v for v, i in enumerate(cc.placement(B).assignment) if i == 0][:2]
     hb = cc.handover(B, mine, 2, strategy="fluid")
     assert jb.run_until_ended(coord, hb["plan"]) == "done"
-    assert all(cc.placement(B)["assignment"][v] == 2 for v in mine)
+    assert all(cc.placement(B).assignment[v] == 2 for v in mine)
     rb = cc.rebalance(B, strategy="batched")
     for p in rb["plans"]:
         assert jb.run_until_ended(coord, p["plan"]) == "done"
@@ -143,7 +143,7 @@ def test_a_plan_of_one_operator_never_blocks_another(cluster) -> None:
         jb.run(1)
     assert coord.meta.plan(pa["plan"]).state == "done" and not cc.status()["plans_in_flight"]
     for op, job in ((A, ja), (B, jb)):
-        assert len(cc.placement(op)["instances"]) == 3
+        assert len(cc.placement(op).instances) == 3
         assert_one_owner(cc, ws, op)
         assert job.state() == job.model
         job.engine.close()
@@ -184,7 +184,7 @@ def test_a_plan_left_open_is_listed_and_cancelled(cluster) -> None:
         ev = [e for e in cc.status()["events"] if e["kind"] == "plan_cancelled"]
         assert [(e["plan"], e["operator"], e["was"]) for e in ev] == [(p1["plan"], A, "scheduled")]
         after = cc.placement(A)
-        assert (after["assignment"], after["epoch"]) == (before["assignment"], before["epoch"])
+        assert (after.assignment, after.epoch) == (before.assignment, before.epoch)
 
         p2 = cc.rescale(A, 3, strategy="fluid")  # accepted now
         r = rhino_cli("cancel-plan", A, "--plan", str(p2["plan"]), "--json", env=env)
@@ -195,7 +195,7 @@ def test_a_plan_left_open_is_listed_and_cancelled(cluster) -> None:
 
         p3 = cc.rescale(A, 3, strategy="batched")
         assert ja.run_until_ended(coord, p3["plan"]) == "done"  # A's query runs again
-        assert len(cc.placement(A)["instances"]) == 3
+        assert len(cc.placement(A).instances) == 3
         assert_one_owner(cc, ws, A)
         assert ja.state() == ja.model
         ja.engine.close()
@@ -217,7 +217,7 @@ def test_cancel_bad_input(cluster) -> None:
             cc.create_operator(op, parallelism=2, num_vnodes=V, replicas=2)
         ja = OpJob(cc, A, seed=4)
         ja.run(2)
-        mine = [v for v, i in enumerate(cc.placement(A)["assignment"]) if i == 0][:1]
+        mine = [v for v, i in enumerate(cc.placement(A).assignment) if i == 0][:1]
         pa = cc.handover(A, mine, 1)["plan"]
         with pytest.raises(rhino.UnknownInstanceError, match="no operator 'nope'"):
             cc.cancel_plan("nope")
@@ -277,22 +277,22 @@ def test_cancel_a_running_plan_between_steps(cluster) -> None:
     row = coord.meta.plan(p["plan"])
     assert (row.state, row.steps_done) == ("running", 1)
     pl = cc.placement(A)
-    assert len(pl["instances"]) == 3 and pl["assignment"].count(2) == 1
+    assert len(pl.instances) == 3 and pl.assignment.count(2) == 1
     assert_one_owner(cc, ws, A)
 
     out = cc.cancel_plan(A, p["plan"])
     assert (out["was"], out["steps_done"], out["steps"]) == ("running", 1, p["steps"])
-    assert out["moves_dropped"] == p["moves"] - 1 and out["epoch"] == pl["epoch"]
+    assert out["moves_dropped"] == p["moves"] - 1 and out["epoch"] == pl.epoch
     assert coord.meta.plan(p["plan"]).state == "cancelled" and "after step 1/" in coord.meta.plan(p["plan"]).message
     ja.run(3)  # nothing more moves
     now = cc.placement(A)
-    assert (now["assignment"], now["epoch"]) == (pl["assignment"], pl["epoch"])
+    assert (now.assignment, now.epoch) == (pl.assignment, pl.epoch)
     assert_one_owner(cc, ws, A)
     assert ja.state() == ja.model
 
     p2 = cc.rescale(A, 2)
     assert ja.run_until_ended(coord, p2["plan"]) == "done"
-    assert sorted(cc.placement(A)["instances"]) == ["0", "1"]
+    assert cc.placement(A).instance_order() == [0, 1]
     assert_one_owner(cc, ws, A)
     assert ja.state() == ja.model
     ja.engine.close()
@@ -316,7 +316,7 @@ def test_cancel_undoes_a_step_left_half_done(cluster, monkeypatch) -> None:
         raise RuntimeError("boom")  # ...and the coordinator failed before its commit
 
     monkeypatch.setattr(HandoverManager, "_apply", fail_after_apply)
-    p = cc.handover(A, [v for v, i in enumerate(before["assignment"]) if i == 0][:2], 1)
+    p = cc.handover(A, [v for v, i in enumerate(before.assignment) if i == 0][:2], 1)
     with pytest.raises(RuntimeError, match="boom"):
         cc.begin_batch(A, ja.batch)
     monkeypatch.setattr(HandoverManager, "_apply", real)
@@ -328,7 +328,7 @@ def test_cancel_undoes_a_step_left_half_done(cluster, monkeypatch) -> None:
     kinds = [e["kind"] for e in cc.status()["events"]]
     assert kinds.index("handover_aborted") < kinds.index("plan_cancelled")
     after = cc.placement(A)
-    assert after["assignment"] == before["assignment"] and after["epoch"] > before["epoch"]
+    assert after.assignment == before.assignment and after.epoch > before.epoch
     ja.run(2)
     assert_one_owner(cc, ws, A)
     assert ja.state() == ja.model

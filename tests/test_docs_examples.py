@@ -144,8 +144,8 @@ def test_coordinator_example_runs(tmp_path: Path, monkeypatch):
         ns: dict = {}
         exec(compile(code, "docs/python-api.md (coordinator)", "exec"), ns)
         placement = ns["placement"]
-        assert len(placement["instances"]) == 4 and "epoch" in placement
-        assert cc.placement("q8")["last_batch"] == 0  # the example's commit_batch completed batch 0
+        assert placement.instance_order() == [0, 1, 2, 3] and placement.epoch == 1
+        assert cc.placement("q8").last_batch == 0  # the example's commit_batch completed batch 0
         cc.close()
         ns["coord"].close()
     finally:

@@ -14,6 +14,8 @@ import sys
 import textwrap
 import time
 
+from placements import placement
+from rhino.coordinator.types import Placement
 from rhino.errors import RhinoIOError
 from rhino.spark.runtime.doomed import DoomedAttemptWatch
 
@@ -26,13 +28,13 @@ class Placements:
         self.epochs = list(epochs)
         self.calls = 0
 
-    def placement(self, op: str) -> dict:
+    def placement(self, op: str) -> Placement:
         assert op == "op"
         self.calls += 1
         e = self.epochs.pop(0) if len(self.epochs) > 1 else self.epochs[0]
         if isinstance(e, BaseException):
             raise e
-        return {"epoch": e, "instances": {}}
+        return placement(e)
 
 
 def _watch(coord: Placements, **kw: object) -> tuple[DoomedAttemptWatch, list[int]]:
@@ -113,13 +115,14 @@ def test_the_process_ends_while_its_main_thread_is_blocked(tmp_path):
     # the worker; stderr says why, for the executor's log
     code = textwrap.dedent("""
         import time
+        from types import SimpleNamespace
         from rhino.spark.runtime.doomed import DoomedAttemptWatch
 
-        class C:
+        class C:  # its placements: the epoch is all the watch reads
             n = 0
             def placement(self, op):
                 C.n += 1
-                return {"epoch": 7 if C.n > 3 else 5}
+                return SimpleNamespace(epoch=7 if C.n > 3 else 5)
 
         with DoomedAttemptWatch(lambda: C(), "op", 5, what="the task of instance 2", interval_s=0.02, grace_s=0.1):
             time.sleep(60)

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import socket
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 import rhino
+from placements import instance, placement
 from rhino import errors as E
+from rhino.coordinator.types import BatchTime, CommitAnswer, Placement
 from rhino.engine import (Action, AttemptResult, BatchDriver, InstanceRun, RerunBatch, WorkerClients, classify,
                           classify_failure, classify_name, failure_class_name, vnode_load)
 
@@ -147,7 +150,7 @@ class RecordingCoordinator:
         self.last_batch = last_batch
 
     def placement(self, op):
-        return {"epoch": self.epoch, "last_batch": self.last_batch, "instances": {}, "assignment": []}
+        return placement(self.epoch, last_batch=self.last_batch)
 
     def begin_batch(self, op, batch):
         self.calls.append(("begin", batch))
@@ -162,7 +165,7 @@ class RecordingCoordinator:
             self.epoch += 1
             raise E.StaleEpochError("moved on")
         self.last_batch = batch
-        return {"last_batch": batch}
+        return CommitAnswer(operator_id=op, last_batch=batch)
 
 
 def test_the_driver_reruns_a_stale_commit_with_the_new_epoch():
@@ -196,6 +199,22 @@ def test_a_replay_of_the_last_batch_runs_without_a_commit():
     assert done.attempt.replay and not [x for x in c.calls if x[0] == "commit"]
 
 
+def test_a_replay_runs_at_the_time_its_batch_was_first_given():
+    """Batch 5 was begun (its time stored) before the driver died; Spark replays 4, whose
+    time the coordinator keeps among its recent ones: the replay's placement carries it."""
+
+    class Timed(RecordingCoordinator):
+        def placement(self, op):
+            return replace(super().placement(op), batch_time=BatchTime(batch=5, time_ms=9000, recent={4: 7000}))
+
+        def begin_batch(self, op, batch, *, batch_time_ms=None):
+            return super().begin_batch(op, batch)
+
+    done = BatchDriver(Timed(last_batch=4), "op", retry_sleep=0, replay=True, clock=lambda: 1).run(
+        4, lambda a: AttemptResult(epoch=a.epoch))
+    assert done.attempt.replay and done.attempt.placement.batch_time_ms == 7000
+
+
 class Reports:
     def __init__(self) -> None:
         self.reported: list[tuple] = []
@@ -215,8 +234,8 @@ def _closed_port() -> str:
     return f"127.0.0.1:{port}"
 
 
-def _placement(address: str) -> dict:
-    return {"epoch": 3, "assignment": [0], "instances": {"0": {"primary": "w9", "address": address}}}
+def _placement(address: str) -> Placement:
+    return placement(3, assignment=(0,), instances={0: instance("w9", address=address)})
 
 
 def test_an_unreachable_primary_is_reported_and_raised_without_the_failover_wait():

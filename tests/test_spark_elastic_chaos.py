@@ -60,16 +60,16 @@ def check_owners(cl, cc, op_id: str) -> dict:
                 if x["operator_id"] == op_id:
                     hosted.setdefault(int(x["instance"]), []).append(
                         (h["rhino_worker"]["id"], int(x["epoch"]), sorted(x["vnodes"])))
-    assert set(hosted) == {int(i) for i in pl["instances"]}, (hosted, pl["instances"])
-    owners: list[list[int]] = [[] for _ in pl["assignment"]]
+    assert set(hosted) == set(pl.instances), (hosted, pl.instances)
+    owners: list[list[int]] = [[] for _ in pl.assignment]
     for i, hs in hosted.items():
         assert len(hs) == 1, f"instance {i} hosted by {hs}"
         wid, epoch, vnodes = hs[0]
-        assert wid == pl["instances"][str(i)]["primary"] and epoch == pl["epoch"], (i, hs, pl["epoch"])
+        assert wid == pl.instances[i].primary and epoch == pl.epoch, (i, hs, pl.epoch)
         for v in vnodes:
             owners[v].append(i)
     assert all(len(o) == 1 for o in owners), f"owners per vnode: {owners}"
-    assert [o[0] for o in owners] == pl["assignment"]
+    assert tuple(o[0] for o in owners) == pl.assignment
     return pl
 
 
@@ -104,7 +104,7 @@ def test_random_reconfigurations_of_a_running_query_stay_exactly_once(tmp_path, 
                 for kind in kinds:
                     up = [h["n"] for h in cl.state["hosts"] if h["state"] == "up"]
                     pl = cc.placement("elastic")
-                    p = len(pl["instances"])
+                    p = len(pl.instances)
                     before = fs.committed()
                     if kind == "rescale-up" or (kind == "rescale-down" and p <= 2):
                         to, how = p + rng.choice([1, 2]), rng.choice(STRATEGIES)
@@ -113,9 +113,9 @@ def test_random_reconfigurations_of_a_running_query_stay_exactly_once(tmp_path, 
                         to, how = max(2, p - rng.choice([1, 2])), rng.choice(STRATEGIES)
                         plan = cc.rescale("elastic", to, strategy=how)
                     elif kind == "handover":
-                        src = rng.choice(sorted({str(i) for i in pl["assignment"]}))
-                        mine = [v for v, i in enumerate(pl["assignment"]) if str(i) == src]
-                        dst = rng.choice([int(i) for i in pl["instances"] if i != src])
+                        src = rng.choice(sorted(set(pl.assignment)))
+                        mine = [v for v, i in enumerate(pl.assignment) if i == src]
+                        dst = rng.choice([i for i in pl.instances if i != src])
                         how = rng.choice(STRATEGIES)
                         plan = cc.handover("elastic", rng.sample(mine, min(len(mine), rng.choice([1, 2, 3]))), dst,
                                            strategy=how)

@@ -240,16 +240,16 @@ def assert_one_owner(cluster, op_id: str) -> dict:
             for h in c.instances():
                 if h["operator_id"] == op_id:
                     hosted.setdefault(int(h["instance"]), []).append((w.id, int(h["epoch"]), sorted(h["vnodes"])))
-    assert set(hosted) == {int(n) for n in pl["instances"]}, f"{op_id}: hosted {hosted}, placement {pl['instances']}"
-    owners: list[list[int]] = [[] for _ in pl["assignment"]]
+    assert set(hosted) == set(pl.instances), f"{op_id}: hosted {hosted}, placement {pl.instances}"
+    owners: list[list[int]] = [[] for _ in pl.assignment]
     for i, hs in hosted.items():
         assert len(hs) == 1, f"{op_id}/{i} hosted by {hs}"
         worker, epoch, vnodes = hs[0]
-        assert worker == pl["instances"][str(i)]["primary"] and epoch == pl["epoch"], (op_id, i, hs, pl["epoch"])
+        assert worker == pl.instances[i].primary and epoch == pl.epoch, (op_id, i, hs, pl.epoch)
         for v in vnodes:
             owners[v].append(i)
     assert all(len(o) == 1 for o in owners), f"{op_id}: owners per vnode {owners}"
-    assert [o[0] for o in owners] == pl["assignment"]
+    assert tuple(o[0] for o in owners) == pl.assignment
     return pl
 
 
@@ -301,12 +301,12 @@ def test_rescale_handover_rescale_rebalance_while_the_query_runs(cluster, spark,
 
         p = run(lambda: cc.rescale(op.operator_id, 4, strategy="fluid"), "rescale 3->4 (fluid)")
         assert p["steps"] == 3 == p["moves"]  # one vnode per step
-        assert len(cc.placement(op.operator_id)["instances"]) == 4
-        asg = cc.placement(op.operator_id)["assignment"]
+        assert len(cc.placement(op.operator_id).instances) == 4
+        asg = cc.placement(op.operator_id).assignment
         two = [v for v, i in enumerate(asg) if i == 0][:2]
         p = run(lambda: cc.handover(op.operator_id, two, 3, strategy="batched"), "a handover (batched)")
         assert p["steps"] == 2  # one vnode into the target per step
-        assert [cc.placement(op.operator_id)["assignment"][v] for v in two] == [3, 3]
+        assert [cc.placement(op.operator_id).assignment[v] for v in two] == [3, 3]
 
         def cli_rescale() -> dict:
             r = rhino_cli("rescale", op.operator_id, "2", "--strategy", "all-at-once", "--json", env=env)
@@ -315,8 +315,8 @@ def test_rescale_handover_rescale_rebalance_while_the_query_runs(cluster, spark,
 
         p = run(cli_rescale, "rescale 4->2 (all-at-once, rhino rescale)")
         assert p["steps"] == 1
-        assert sorted(cc.placement(op.operator_id)["instances"]) == ["0", "1"]
-        before = cc.placement(op.operator_id)["assignment"]
+        assert cc.placement(op.operator_id).instance_order() == [0, 1]
+        before = cc.placement(op.operator_id).assignment
 
         def rebalance() -> dict:
             out = cc.rebalance(op.operator_id, strategy="batched")
@@ -324,7 +324,7 @@ def test_rescale_handover_rescale_rebalance_while_the_query_runs(cluster, spark,
             return out["plans"][0]
 
         run(rebalance, "a load rebalance")
-        assert cc.placement(op.operator_id)["assignment"] != before
+        assert cc.placement(op.operator_id).assignment != before
         last_plan_batch = s.committed()
         wait_until(lambda: s.committed() >= last_plan_batch + 2, streams, "two batches after the last plan")
         s.finish(streams)
@@ -335,7 +335,7 @@ def test_rescale_handover_rescale_rebalance_while_the_query_runs(cluster, spark,
     frames = s.frames[:s.written]
     assert_outputs_equal_oracle(s.got, frames)
     pl = assert_one_owner(cluster, op.operator_id)
-    assert sorted(pl["instances"]) == ["0", "1"] and pl["last_batch"] == len(frames) - 1
+    assert pl.instance_order() == [0, 1] and pl.last_batch == len(frames) - 1
     assert sorted(t["instance"] for t in op.reports[-1].tasks) == [0, 1]  # the last batch ran at parallelism 2
     ran = assert_plans_ran_between_batches(cluster, op, plans)
     firsts = [ks[0] for ks in ran.values()]
@@ -367,14 +367,14 @@ def test_two_queries_each_rescaled_while_the_other_has_a_plan_open(cluster, spar
         pb = cc.rescale(B, 4, strategy="batched")  # B is rescaled meanwhile, its plan runs at B's barriers
         assert pb["steps"] == 3
         wait_until(plan_gone(cc, B, pb["plan"]), streams, f"{B}'s rescale 3->4")
-        assert len(cc.placement(B)["instances"]) == 4
+        assert len(cc.placement(B).instances) == 4
         (row,) = open_plans(cc, A)
         assert (row["id"], row["state"], row["steps_done"]) == (pa["plan"], "scheduled", 0)
-        assert a.committed() == a_batches and len(cc.placement(A)["instances"]) == 3
+        assert a.committed() == a_batches and len(cc.placement(A).instances) == 3
 
         # The reverse: B's next plan is scheduled two batches ahead, B runs them and stops at
         # that barrier, its plan open; A runs again, and its plan and a second one complete.
-        after = cc.placement(B)["last_batch"] + 2
+        after = cc.placement(B).last_batch + 2
         pb2 = cc.rescale(B, 2, strategy="all-at-once", after_batch=after)
         b.feeding = False  # B's input: through batch `after`, then none
         while b.written < after + 1:
@@ -382,13 +382,13 @@ def test_two_queries_each_rescaled_while_the_other_has_a_plan_open(cluster, spar
         wait_until(lambda: b.committed() >= after + 1, streams, f"{B} to reach batch {after}")
         a.feeding = True
         wait_until(plan_gone(cc, A, pa["plan"]), streams, f"{A}'s rescale 3->2")
-        assert sorted(cc.placement(A)["instances"]) == ["0", "1"]
+        assert cc.placement(A).instance_order() == [0, 1]
         pa2 = cc.rescale(A, 3, strategy="fluid")  # a new instance number: 3 (2 was retired)
         wait_until(plan_gone(cc, A, pa2["plan"]), streams, f"{A}'s rescale 2->3")
-        assert sorted(cc.placement(A)["instances"]) == ["0", "1", "3"]
+        assert cc.placement(A).instance_order() == [0, 1, 3]
         (row,) = open_plans(cc, B)
         assert (row["id"], row["state"], row["steps_done"], row["after_batch"]) == (pb2["plan"], "scheduled", 0, after)
-        assert len(cc.placement(B)["instances"]) == 4
+        assert len(cc.placement(B).instances) == 4
 
         b.feeding = True
         wait_until(plan_gone(cc, B, pb2["plan"]), streams, f"{B}'s rescale 4->2")
@@ -402,10 +402,10 @@ def test_two_queries_each_rescaled_while_the_other_has_a_plan_open(cluster, spar
     took = time.monotonic() - t0
 
     ran = {}
-    for s, plans, width in ((a, [pa["plan"], pa2["plan"]], ["0", "1", "3"]), (b, [pb["plan"], pb2["plan"]], ["0", "1"])):
+    for s, plans, width in ((a, [pa["plan"], pa2["plan"]], [0, 1, 3]), (b, [pb["plan"], pb2["plan"]], [0, 1])):
         assert_outputs_equal_oracle(s.got, s.frames[:s.written])
         pl = assert_one_owner(cluster, s.op.operator_id)
-        assert sorted(pl["instances"]) == width and pl["last_batch"] == s.written - 1
+        assert pl.instance_order() == width and pl.last_batch == s.written - 1
         ran.update(assert_plans_ran_between_batches(cluster, s.op, plans))
         s.op.close()
     assert ran[pa["plan"]] == [a_batches]  # at A's first barrier once its input came back

@@ -294,7 +294,7 @@ def test_schema_is_checked_and_evolves_across_runs(cluster, spark):
     with pytest.raises(Exception, match="(?s)StateValueError: state 'v'.*field 'n'.*grouping key"):
         run("n long", 3, bad=True)  # a string written into a long: the task fails, nothing commits
     with connect_coordinator(cluster["coordinator"], secret=cluster["secret_file"].read_bytes().strip()) as cc:
-        assert cc.placement("typed")["last_batch"] == 2
+        assert cc.placement("typed").last_batch == 2
     out = run("n long", 3)
     assert sorted(zip(out.k, out.n)) == [(1, 8), (2, 4)]
 

@@ -251,7 +251,7 @@ def test_rescaled_down_then_up_the_new_instance_number_is_routed(cluster, spark)
         cc.rescale("renumbered", 3)
         for b in (2, 3, 4):
             got.append(op.process_batch(spark.createDataFrame(batches[b]), b).to_pandas())
-        instances = sorted(int(i) for i in cc.placement("renumbered")["instances"])
+        instances = cc.placement("renumbered").instance_order()
     assert instances == [0, 1, 3]
     assert sorted(t["instance"] for t in op.reports[-1].tasks) == [0, 1, 3]
     for b, want in enumerate(fanout_oracle(batches)):

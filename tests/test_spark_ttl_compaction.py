@@ -84,9 +84,9 @@ def test_expired_entries_leave_the_checkpoint_after_a_compaction(cluster, spark,
     assert batch(2, [2, n]) == {2: False, n: False}
     before = {int(t["instance"]): t["checkpoint_bytes"] for t in op.reports[-1].tasks}
     placement = op.coordinator().placement("expiring")
-    for i, info in placement["instances"].items():
-        with rhino.connect(info["address"], secret=cluster["secret"]) as c:
-            got = c.compact("expiring", int(i), epoch=placement["epoch"])
+    for i, info in placement.instances.items():
+        with rhino.connect(info.address, secret=cluster["secret"]) as c:
+            got = c.compact("expiring", i, epoch=placement.epoch)
             assert got["ttl_clock"] == T0 + TTL_MS + 1, got
     now[0] += 1000
     batch(3, [n + 1])  # checkpoint 3 holds the compacted files
@@ -95,9 +95,9 @@ def test_expired_entries_leave_the_checkpoint_after_a_compaction(cluster, spark,
     plain_head = b"v" + struct.pack(">H", op.state_doc["vars"]["plain"]["id"])
     live_blobs = plain_values = 0
     raw: dict[str, list[bytes]] = {"blob": [], "plain": []}
-    for i, info in placement["instances"].items():
-        w = next(w for w in cluster["workers"] if w.id == info["primary"])
-        entries, _ = stored(checkpoint_dir(w.dir, "expiring", int(i), 3, tmp_path / f"ck3-{i}"))
+    for i, info in placement.instances.items():
+        w = next(w for w in cluster["workers"] if w.id == info.primary)
+        entries, _ = stored(checkpoint_dir(w.dir, "expiring", i, 3, tmp_path / f"ck3-{i}"))
         for k, v in entries.items():
             head = rhino.split_routed_key(k)[0]
             if head == blob_head:

@@ -249,8 +249,8 @@ def ttl_ran(cluster, spark):
             pdf = pd.DataFrame({"k": [rng.randrange(8 if b < 2 else 3) for _ in range(10)],  # 3..7: expire
                                 "v": [rng.randrange(50) for _ in range(10)]})
             op.process_batch(spark.createDataFrame(pdf, "k long, v long"), b)
-            bt = cc.placement("ttl-reader")["batch_time"]
-            assert (bt["batch"], bt["time_ms"]) == (b, now)
+            bt = cc.placement("ttl-reader").batch_time
+            assert (bt.batch, bt.time_ms) == (b, now)
             model.apply(pdf, now)
             snaps.append(model.snapshot())
     op.close()
@@ -274,11 +274,10 @@ def _instance_of(placement):
     from rhino.spark.state.encoding import encode_key
     from rhino.spark.state.layout import vnodes_of
 
-    part = rhino.Partitioner(num_key_groups=placement["num_key_groups"], num_vnodes=placement["num_vnodes"],
-                             seed=placement["seed"])
+    part = rhino.Partitioner(**placement.partitioner_args())
 
     def of(key):
-        return int(placement["assignment"][int(vnodes_of(part, [encode_key(key)])[0])])
+        return placement.assignment[int(vnodes_of(part, [encode_key(key)])[0])]
 
     return of
 
@@ -394,10 +393,10 @@ def test_an_earlier_batch_reads_its_own_checkpoint(ran, cluster, spark):
     secret = cluster["secret_file"].read_bytes().strip()
     with _coord(cluster) as cc:
         pl = cc.placement(ran["op"])
-    addrs = {a for inst in pl["instances"].values() for a in [inst["address"]] + inst["chain_addresses"]}
+    addrs = {a for inst in pl.instances.values() for a in (inst.address, *inst.chain_addresses)}
     deadline = time.monotonic() + 30
-    while any(0 in rhino.query_store(a, secret=secret, operator_id=ran["op"], instance=int(i))
-              for i, inst in pl["instances"].items() for a in [inst["address"]] + inst["chain_addresses"]):
+    while any(0 in rhino.query_store(a, secret=secret, operator_id=ran["op"], instance=i)
+              for i, inst in pl.instances.items() for a in (inst.address, *inst.chain_addresses)):
         assert time.monotonic() < deadline, f"checkpoint 0 still retained on {sorted(addrs)}"
         time.sleep(0.2)
     with pytest.raises(Exception, match=r"checkpoint 0 of operator 'reader' instance \d could not be read from "

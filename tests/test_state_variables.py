@@ -17,6 +17,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor  # noqa: 
 
 from rhino.coordinator.client import LocalCoordinatorClient  # noqa: E402
 from rhino.coordinator.coordinator import Coordinator  # noqa: E402
+from rhino.coordinator.types import BatchTime  # noqa: E402
 from rhino.errors import BusyError, InvalidArgumentError  # noqa: E402
 from rhino.spark.state.schema import StateSchemaError  # noqa: E402
 from rhino.spark.state.variables import declared_variables, resolve_schema_doc, variables_of  # noqa: E402
@@ -86,17 +87,19 @@ def coordinator(tmp_path: Path):
 
 def test_batch_time_is_fixed_per_batch_and_never_goes_back(coordinator):
     tmp, coord, cc = coordinator
-    assert cc.begin_batch("op", 0, batch_time_ms=5000)["batch_time_ms"] == 5000
-    assert cc.begin_batch("op", 0, batch_time_ms=9000)["batch_time_ms"] == 5000  # run again: same time
+    assert cc.begin_batch("op", 0, batch_time_ms=5000).batch_time_ms == 5000
+    assert cc.begin_batch("op", 0, batch_time_ms=9000).batch_time_ms == 5000  # run again: same time
     cc.commit_batch("op", 0)
-    assert cc.placement("op")["batch_time"] == {"batch": 0, "time_ms": 5000, "recent": {}}  # a replay reads it
-    assert cc.begin_batch("op", 1, batch_time_ms=4000)["batch_time_ms"] == 5000  # a clock that went back
-    assert cc.placement("op")["batch_time"] == {"batch": 1, "time_ms": 5000, "recent": {"0": 5000}}
+    assert cc.placement("op").batch_time == BatchTime(batch=0, time_ms=5000, recent={})  # a replay reads it
+    assert cc.placement("op").batch_time_ms is None  # begin_batch's answer only
+    assert cc.begin_batch("op", 1, batch_time_ms=4000).batch_time_ms == 5000  # a clock that went back
+    assert cc.placement("op").batch_time == BatchTime(batch=1, time_ms=5000, recent={0: 5000})
+    assert (cc.placement("op").batch_time_of(0), cc.placement("op").batch_time_of(1)) == (5000, 5000)
     with pytest.raises(InvalidArgumentError, match="batch_time_ms"):
         cc.call("begin_batch", operator_id="op", batch=1, batch_time_ms="soon")  # past the client
     coord.close()
     again = LocalCoordinatorClient(Coordinator(str(tmp / "coord"), secret=SECRET, heartbeat_timeout=3600))
-    assert again.begin_batch("op", 1, batch_time_ms=7000)["batch_time_ms"] == 5000  # survives a restart
+    assert again.begin_batch("op", 1, batch_time_ms=7000).batch_time_ms == 5000  # survives a restart
 
 
 def test_state_schema_document_is_a_compare_and_set(coordinator):

@@ -257,19 +257,19 @@ def test_a_tls_cluster_runs_batches_and_fails_over_a_killed_worker(pki, tmp_path
             engine.run_batch(b, puts)
             model.update(puts)
         before = cc.placement("q")
-        victim_id = before["instances"]["0"]["primary"]
+        victim_id = before.instances[0].primary
         next(w for w in ws if w.id == victim_id).kill()  # SIGKILL: the coordinator finds out by heartbeats
         for b in range(3, 6):
             puts = {int(k): rng.bytes(10) for k in rng.choice(400, 60, replace=False)}
             engine.run_batch(b, puts)
             model.update(puts)
         after = cc.placement("q")
-        assert after["epoch"] > before["epoch"] and after["instances"]["0"]["primary"] != victim_id
+        assert after.epoch > before.epoch and after.instances[0].primary != victim_id
         # every instance's state, read over TCP with TLS, equals the model
         got: dict[int, bytes] = {}
-        for name, info in after["instances"].items():
-            with rhino.connect(info["address"], secret=SECRET, tls=tls) as c, \
-                    c.session("q", int(name), batch=6, epoch=after["epoch"]) as s:
+        for i, info in after.instances.items():
+            with rhino.connect(info.address, secret=SECRET, tls=tls) as c, \
+                    c.session("q", i, batch=6, epoch=after.epoch) as s:
                 got.update({int.from_bytes(k, "little", signed=True): v for k, v in s.scan(page_size=500)})
                 s.abort()
         assert got == model

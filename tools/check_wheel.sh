@@ -86,7 +86,7 @@ try:
     with connect_coordinator(server.address, secret=b"wheel-check-secret") as cc:
         cc.register("wheel", f"127.0.0.1:{w.port}", incarnation="wheel")
         placed = cc.create_operator("placed", parallelism=1, num_vnodes=8, replicas=0)
-        assert placed["instances"]["0"]["primary"] == "wheel", placed
+        assert placed.instances[0].primary == "wheel", placed
     server.close()
     coord.close()
     print("OK: a coordinator from the wheel placed an operator on the worker")

@@ -363,10 +363,10 @@ def _place(cc: Any, a: WorkerProcess, b: WorkerProcess, c: WorkerProcess, args: 
     """Creates the operator (one instance, r=2): primary A, chain B and C. Returns its epoch."""
     cc.create_operator(OPERATOR, parallelism=1, num_vnodes=args.num_vnodes, replicas=2)
     pl = cc.placement(OPERATOR)
-    inst = pl["instances"]["0"]
-    if inst["primary"] != a.id or sorted(inst["chain"]) != sorted([b.id, c.id]):
-        raise BenchError(f"unexpected placement: primary {inst['primary']}, chain {inst['chain']}")
-    return int(pl["epoch"])
+    inst = pl.instances[0]
+    if inst.primary != a.id or sorted(inst.chain) != sorted([b.id, c.id]):
+        raise BenchError(f"unexpected placement: primary {inst.primary}, chain {list(inst.chain)}")
+    return pl.epoch
 
 
 def _fill(cc: Any, a: WorkerProcess, b: WorkerProcess, c: WorkerProcess, size: int, args: argparse.Namespace,
@@ -412,9 +412,9 @@ def _fill(cc: Any, a: WorkerProcess, b: WorkerProcess, c: WorkerProcess, size: i
     settle_s = time.monotonic() - t1
     alive = {w["id"] for w in cc.status()["workers"] if w["state"] == "alive"}
     pl = cc.placement(OPERATOR)
-    if pl["epoch"] != epoch0 or pl["instances"]["0"]["primary"] != a.id or not {a.id, b.id, c.id} <= alive:
+    if pl.epoch != epoch0 or pl.instances[0].primary != a.id or not {a.id, b.id, c.id} <= alive:
         raise BenchError("the coordinator reconfigured the operator while it was being filled: epoch "
-                         f"{pl['epoch']}, workers alive {sorted(alive)}" + _FALSE_DEATH)
+                         f"{pl.epoch}, workers alive {sorted(alive)}" + _FALSE_DEATH)
     primary.close()
     say(f"{format_bytes(size)}: {last.stats.get('checkpoint_bytes', 0) / 1e9:.2f} GB in checkpoint {batch - 1} "
         f"({files[-1]} files; {files_after_load} right after the load), fill {fill_s:.0f} s, "
@@ -461,8 +461,8 @@ def _rhino_failover(control: Any, a: WorkerProcess, b: WorkerProcess, c: WorkerP
     return {"fo": fo, "takeover": tk, "restore": tk["restore"], "cached": cached, "network_bytes": network_bytes,
             "new_primary": new_primary, "survivor": survivor, "scheduling": scheduling,
             "detection": fo["dead_since"] - kill_unix if fo["detected"] else None,
-            "epoch": pl["epoch"], "chain_version": pl["instances"]["0"]["chain_version"],
-            "check": _check_sample(cl_new, pl["epoch"], filled.checkpoint + 1, filled.sample)}
+            "epoch": pl.epoch, "chain_version": pl.instances[0].chain_version,
+            "check": _check_sample(cl_new, pl.epoch, filled.checkpoint + 1, filled.sample)}
 
 
 def _dfs_fetch(d: WorkerProcess, rhino: dict, filled: _Filled, clients: list[Client]) -> dict:
@@ -550,15 +550,15 @@ def _commit(cc: Any, client: Client, batch: int, keys: np.ndarray, values: np.nd
     socket; no rerun: a reconfiguration during the fill spoils the trial."""
     driver = BatchDriver(cc, OPERATOR)
     pl = driver.begin(batch)
-    if pl["epoch"] != epoch:
-        raise BenchError(f"the operator moved to epoch {pl['epoch']} while it was being filled" + _FALSE_DEATH)
+    if pl.epoch != epoch:
+        raise BenchError(f"the operator moved to epoch {pl.epoch} while it was being filled" + _FALSE_DEATH)
     try:
         with client.session(OPERATOR, 0, batch=batch, epoch=epoch) as s:
             s.put_batch(keys, values)
             res = s.commit("barrier")
     except RhinoError as e:
         st = cc.status()
-        if any(e2["kind"] == "worker_dead" for e2 in st["events"]) or cc.placement(OPERATOR)["epoch"] != epoch:
+        if any(e2["kind"] == "worker_dead" for e2 in st["events"]) or cc.placement(OPERATOR).epoch != epoch:
             raise BenchError(f"batch {batch} failed ({type(e).__name__}: {e})" + _FALSE_DEATH) from None
         raise
     driver.commit(batch, epoch=epoch, instances={"0": {"checkpoint_bytes": int(res.stats.get("checkpoint_bytes", 0))}})

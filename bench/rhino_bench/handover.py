@@ -114,15 +114,14 @@ def _verify(coord_client: LocalCoordinatorClient, engine: MicroBatchEngine, mode
     from rhino.client.client import connect
 
     placement = coord_client.placement(OPERATOR)
-    nxt = placement["last_batch"] + 1
+    nxt = placement.last_batch + 1
     seen = np.zeros(len(model.written), dtype=np.int64)
     problems: list[str] = []
     per_instance: dict[str, int] = {}
-    for name, info in sorted(placement["instances"].items(), key=lambda kv: int(kv[0])):
-        i = int(name)
+    for i in placement.instance_order():
         keys: list[int] = []
-        with connect(info["address"], secret=SECRET, client_id="bench-verify") as cl:
-            with cl.session(OPERATOR, i, batch=nxt, epoch=placement["epoch"]) as s:
+        with connect(placement.instances[i].address, secret=SECRET, client_id="bench-verify") as cl:
+            with cl.session(OPERATOR, i, batch=nxt, epoch=placement.epoch) as s:
                 for k, v in s.scan(page_size=8192):
                     key = int.from_bytes(k, "little", signed=True)
                     if not 0 <= key < len(seen):
@@ -137,7 +136,7 @@ def _verify(coord_client: LocalCoordinatorClient, engine: MicroBatchEngine, mode
                     if len(problems) > 20:
                         break
                 s.abort()
-        per_instance[name] = len(keys)
+        per_instance[str(i)] = len(keys)
         if keys:
             owners = engine.route(placement, np.asarray(keys, dtype=np.int64))
             wrong = int(np.count_nonzero(owners != i))
@@ -192,7 +191,7 @@ def run_one(strategy: str, rep: int, args: argparse.Namespace, say: Callable[[st
         os.sync()
         time.sleep(args.quiesce)
         placement = cl.placement(OPERATOR)
-        state_bytes = sum(int(x["bytes"]) for x in placement["instances"].values())
+        state_bytes = sum(x.bytes for x in placement.instances.values())
 
         timeline: list[dict] = []
 
@@ -219,9 +218,9 @@ def run_one(strategy: str, rep: int, args: argparse.Namespace, say: Callable[[st
         for _ in range(args.steady_batches):
             one_batch("steady")
         steady = [r["seconds"] for r in timeline if r["phase"] == "steady"]
-        origin_vnodes = [v for v, i in enumerate(placement["assignment"]) if i == 0]
+        origin_vnodes = [v for v, i in enumerate(placement.assignment) if i == 0]
         moving = origin_vnodes[: len(origin_vnodes) // 2]
-        target = max(int(i) for i in placement["instances"]) + 1
+        target = max(placement.instances) + 1
         plan = cl.handover(OPERATOR, moving, target, strategy=strategy)
         say(f"{strategy} #{rep}: plan {plan['plan']}: {len(moving)} vnodes of instance 0 -> new instance {target}, "
             f"{plan['steps']} steps")
@@ -246,11 +245,11 @@ def run_one(strategy: str, rep: int, args: argparse.Namespace, say: Callable[[st
                      if step_batches and step_batches[0]["batch"] <= r["batch"] <= step_batches[-1]["batch"]]
         after = [r for r in timeline if r["phase"] == "after"]
         final = cl.placement(OPERATOR)
-        new = final["instances"][str(target)]
-        origin = placement["instances"]["0"]
-        if new["primary"] == origin["primary"]:
+        new = final.instances[target]
+        origin = placement.instances[0]
+        if new.primary == origin.primary:
             placed = "origin's primary (its own store holds checkpoint b): imports by hard links"
-        elif new["primary"] in origin["chain"]:
+        elif new.primary in origin.chain:
             placed = "a member of the origin's chain (holds checkpoint b): imports by hard links"
         else:
             placed = "a worker without the origin's checkpoint: bulk copy first"
@@ -267,10 +266,9 @@ def run_one(strategy: str, rep: int, args: argparse.Namespace, say: Callable[[st
             "steps_s": round(sum(e["seconds"] for e in events), 4),
             "step_s": [e["seconds"] for e in events],
             "bytes_moved": int(row_plan.bytes_moved),
-            "origin_primary": origin["primary"], "origin_chain": origin["chain"],
-            "target_primary": new["primary"], "target_chain": new["chain"], "placement": placed,
-            "vertical": row_plan.bytes_moved == 0 and (new["primary"] == origin["primary"]
-                                                       or new["primary"] in origin["chain"]),
+            "origin_primary": origin.primary, "origin_chain": list(origin.chain),
+            "target_primary": new.primary, "target_chain": list(new.chain), "placement": placed,
+            "vertical": row_plan.bytes_moved == 0 and (new.primary == origin.primary or new.primary in origin.chain),
             "steady_median_s": round(steady_med, 5), "steady_max_s": round(max(steady), 5),
             "max_during_s": round(max_during, 5), "ratio_max_to_steady": round(max_during / steady_med, 3),
             "ratio_max_to_steady_max": round(max_during / max(steady), 3),

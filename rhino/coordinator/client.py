@@ -5,6 +5,10 @@ Two forms with the same methods: :func:`connect_coordinator` reaches a
 (docs/protocol.md §8), and :class:`LocalCoordinatorClient` calls a
 :class:`~rhino.coordinator.Coordinator` in the same process (the Spark driver
 hosts it on a thread).
+
+This is where answers are parsed: the methods return what :data:`.api.METHODS`
+says (a :class:`~.types.Placement`, a :class:`~.types.CommitAnswer`, else the JSON
+object as is); ``call`` is the raw request, its answer the JSON as sent.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from .. import _core
 from .._secret import call_hiding_secret, secret_bytes
 from ..errors import InvalidArgumentError, PeerDeadError
 from ..tls.config import tls_kwargs
+from .api import METHODS
+from .types import CommitAnswer, Placement
 
 __all__ = ["CoordinatorClient", "LocalCoordinatorClient", "connect_coordinator"]
 
@@ -27,54 +33,58 @@ class _Methods:
     def call(self, method: str, **args: Any) -> Any:  # pragma: no cover - overridden
         raise NotImplementedError
 
+    def _ask(self, method: str, **args: Any) -> Any:
+        """``call``, its answer parsed as the method's (api.py)."""
+        return METHODS[method].parse(self.call(method, **args))
+
     def register(self, worker_id: str, address: str, **kw: Any) -> dict:
-        return self.call("register", worker_id=worker_id, address=address, **kw)
+        return self._ask("register", worker_id=worker_id, address=address, **kw)
 
     def heartbeat(self, worker_id: str, incarnation: str) -> dict:
-        return self.call("heartbeat", worker_id=worker_id, incarnation=incarnation)
+        return self._ask("heartbeat", worker_id=worker_id, incarnation=incarnation)
 
-    def create_operator(self, operator_id: str, **kw: Any) -> dict:
-        return self.call("create_operator", operator_id=operator_id, **kw)
+    def create_operator(self, operator_id: str, **kw: Any) -> Placement:
+        return self._ask("create_operator", operator_id=operator_id, **kw)
 
-    def placement(self, operator_id: str) -> dict:
-        return self.call("placement", operator_id=operator_id)
+    def placement(self, operator_id: str) -> Placement:
+        return self._ask("placement", operator_id=operator_id)
 
-    def begin_batch(self, operator_id: str, batch: int, *, batch_time_ms: Optional[int] = None) -> dict:
+    def begin_batch(self, operator_id: str, batch: int, *, batch_time_ms: Optional[int] = None) -> Placement:
         if batch_time_ms is None:
-            return self.call("begin_batch", operator_id=operator_id, batch=batch)
-        return self.call("begin_batch", operator_id=operator_id, batch=batch, batch_time_ms=int(batch_time_ms))
+            return self._ask("begin_batch", operator_id=operator_id, batch=batch)
+        return self._ask("begin_batch", operator_id=operator_id, batch=batch, batch_time_ms=int(batch_time_ms))
 
     def state_schema(self, operator_id: str) -> dict:
-        return self.call("state_schema", operator_id=operator_id)
+        return self._ask("state_schema", operator_id=operator_id)
 
     def set_state_schema(self, operator_id: str, doc: dict, revision: int) -> dict:
-        return self.call("set_state_schema", operator_id=operator_id, doc=doc, revision=revision)
+        return self._ask("set_state_schema", operator_id=operator_id, doc=doc, revision=revision)
 
     def commit_batch(self, operator_id: str, batch: int, *, instances: Optional[dict] = None,
                      load: Optional[dict] = None, epoch: Optional[int] = None,
-                     report: Optional[dict] = None) -> dict:
+                     report: Optional[dict] = None) -> CommitAnswer:
         """``report``: the batch's measurements for the autoscaler (``Coordinator.commit_batch``);
         sent only when given, so a coordinator of before the autoscaler is still answered."""
         extra = {} if report is None else {"report": report}
-        return self.call("commit_batch", operator_id=operator_id, batch=batch, instances=instances or {},
+        return self._ask("commit_batch", operator_id=operator_id, batch=batch, instances=instances or {},
                          load=load or {}, epoch=epoch, **extra)
 
-    def report_unreachable(self, operator_id: str, instance: int, worker_id: Optional[str] = None) -> dict:
-        return self.call("report_unreachable", operator_id=operator_id, instance=instance, worker_id=worker_id)
+    def report_unreachable(self, operator_id: str, instance: int, worker_id: Optional[str] = None) -> Placement:
+        return self._ask("report_unreachable", operator_id=operator_id, instance=instance, worker_id=worker_id)
 
     def handover(self, operator_id: str, vnodes: list[int], to: int, *, strategy: str = "all-at-once",
                  after_batch: Optional[int] = None, on: Optional[str] = None) -> dict:
-        return self.call("handover", operator_id=operator_id, vnodes=list(vnodes), to=to, strategy=strategy,
+        return self._ask("handover", operator_id=operator_id, vnodes=list(vnodes), to=to, strategy=strategy,
                          after_batch=after_batch, on=on)
 
     def rescale(self, operator_id: str, parallelism: int, *, strategy: str = "all-at-once",
                 after_batch: Optional[int] = None, on: Optional[list[str]] = None) -> dict:
-        return self.call("rescale", operator_id=operator_id, parallelism=parallelism, strategy=strategy,
+        return self._ask("rescale", operator_id=operator_id, parallelism=parallelism, strategy=strategy,
                          after_batch=after_batch, on=list(on) if on else None)
 
     def rebalance(self, operator_id: Optional[str] = None, *, replicas: bool = True, load: bool = True,
                   strategy: str = "batched", after_batch: Optional[int] = None) -> dict:
-        return self.call("rebalance", operator_id=operator_id, replicas=replicas, load=load, strategy=strategy,
+        return self._ask("rebalance", operator_id=operator_id, replicas=replicas, load=load, strategy=strategy,
                          after_batch=after_batch)
 
     def cancel_plan(self, operator_id: str, plan_id: Optional[int] = None) -> dict:
@@ -82,7 +92,7 @@ class _Methods:
         of its steps: the steps done stay done, the rest are dropped. Answers
         the cancelled plan (``state``: ``cancelled``, ``was``, ``steps_done``,
         ``steps``, ``moves_dropped``)."""
-        return self.call("cancel_plan", operator_id=operator_id, plan_id=plan_id)
+        return self._ask("cancel_plan", operator_id=operator_id, plan_id=plan_id)
 
     def decommission(self, worker_id: str, *, force: bool = False) -> dict:
         """Moves everything off a live worker before it is taken away: nothing new is placed
@@ -90,7 +100,7 @@ class _Methods:
         no batch in flight, or with ``force``). Answers ``drained`` (nothing holds the
         worker any more: stop it), ``operators`` (those that still do) and
         ``waiting_for_barrier``. Call it again to poll (docs/design.md §3)."""
-        return self.call("decommission", worker_id=worker_id, force=bool(force))
+        return self._ask("decommission", worker_id=worker_id, force=bool(force))
 
     def autoscale(self, operator_id: str, *, enabled: bool = True, min_parallelism: Optional[int] = None,
                   max_parallelism: Optional[int] = None, **settings: Any) -> dict:
@@ -98,14 +108,14 @@ class _Methods:
         ``utilization``, ``cooldown_batches``, ``strategy``, ``cores_per_worker``,
         ``scale_in_margin``, ``scale_in_reports`` (``Coordinator.autoscale``). Answers the
         operator's autoscaling as ``status`` shows it."""
-        return self.call("autoscale", operator_id=operator_id, enabled=enabled,
+        return self._ask("autoscale", operator_id=operator_id, enabled=enabled,
                          min_parallelism=min_parallelism, max_parallelism=max_parallelism, **settings)
 
     def status(self) -> dict:
-        return self.call("status")
+        return self._ask("status")
 
     def declare_dead(self, worker_id: str, reason: str = "declared dead by an operator") -> dict:
-        return self.call("declare_dead", worker_id=worker_id, reason=reason)
+        return self._ask("declare_dead", worker_id=worker_id, reason=reason)
 
 
 class CoordinatorClient(_Methods):

@@ -27,15 +27,17 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, Callable, Optional
 
 from ..errors import BusyError, InvalidArgumentError, RhinoError, StaleEpochError, UnknownInstanceError
+from .api import METHODS
 from .autoscaler import DECISIONS_KEPT, DEFAULT_STRATEGY, AutoscaleSettings, Autoscaler, validate_report
 from .gateway import WorkerGateway
 from .handover_manager import HandoverManager, describe_plan
 from .metadata import Metadata, PlanRow, WorkerRow
 from .replication_manager import ReplicationManager
+from .types import BatchTime, CommitAnswer, InstancePlacement, Placement
 
 __all__ = ["Coordinator"]
 
@@ -259,21 +261,26 @@ class Coordinator:
 
     def placement(self, operator_id: str) -> dict:
         """The current routing table and placement of an operator: what a task
-        needs to route keys and reach each instance's primary."""
+        needs to route keys and reach each instance's primary (a :class:`.Placement`
+        on the wire)."""
+        return self._placement(operator_id).to_wire()
+
+    def _placement(self, operator_id: str) -> Placement:
         op = self.meta.require_operator(operator_id)
         workers = {w.id: w for w in self.meta.workers()}
         insts = {}
         for r in self.meta.instances(operator_id):
             p = workers.get(r.primary_worker)
-            insts[str(r.instance)] = {
-                "primary": r.primary_worker, "address": p.address if p else None,
-                "unix_socket": p.unix_socket if p else None, "host": p.host if p else None,
-                "chain": r.chain, "chain_addresses": [workers[x].address for x in r.chain if x in workers],
-                "chain_version": r.chain_version, "last_complete": r.last_complete, "bytes": r.bytes}
-        return {"operator_id": operator_id, "epoch": op.epoch, "num_vnodes": op.num_vnodes,
-                "num_key_groups": op.num_key_groups, "seed": op.seed, "replicas": op.replicas,
-                "last_batch": op.last_batch, "assignment": self.meta.assignment(operator_id), "instances": insts,
-                "batch_time": json.loads(self.meta.get_meta(f"batch_time:{operator_id}") or "null")}
+            insts[r.instance] = InstancePlacement(
+                primary=r.primary_worker, address=p.address if p else None,
+                unix_socket=p.unix_socket if p else None, host=p.host if p else None, chain=tuple(r.chain),
+                chain_addresses=tuple(workers[x].address for x in r.chain if x in workers),
+                chain_version=r.chain_version, last_complete=r.last_complete, bytes=r.bytes)
+        bt = self.meta.get_meta(_BATCH_TIME_KEY + operator_id)
+        return Placement(operator_id=operator_id, epoch=op.epoch, num_vnodes=op.num_vnodes,
+                         num_key_groups=op.num_key_groups, seed=op.seed, replicas=op.replicas,
+                         last_batch=op.last_batch, assignment=tuple(self.meta.assignment(operator_id)),
+                         instances=insts, batch_time=BatchTime.from_wire(json.loads(bt)) if bt else None)
 
     def begin_batch(self, operator_id: str, batch: int, *, batch_time_ms: Optional[int] = None) -> dict:
         """The barrier before ``batch``: runs the handover steps due after
@@ -306,15 +313,15 @@ class Coordinator:
                 except RhinoError as e:  # a worker died meanwhile: the detector handles that
                     self.log("rebalance_failed", operator=operator_id, error=f"{type(e).__name__}: {e}")
             self._in_flight[operator_id] = batch
-            out = self.placement(operator_id)
+            placement = self._placement(operator_id)
             if batch_time_ms is not None:
-                out["batch_time_ms"] = self._batch_time(operator_id, batch, batch_time_ms)
-            return out
+                placement = replace(placement, batch_time_ms=self._batch_time(operator_id, batch, batch_time_ms))
+            return placement.to_wire()
 
     def _batch_time(self, operator_id: str, batch: int, proposed_ms: int) -> int:
         """The batch's time: the one stored for ``batch``, else ``proposed_ms`` (raised to
         the previous batch's time, so batch time never goes back), stored."""
-        key = f"batch_time:{operator_id}"
+        key = _BATCH_TIME_KEY + operator_id
         got = self.meta.get_meta(key)
         doc = json.loads(got) if got else None
         if doc is not None and doc["batch"] == batch:
@@ -405,17 +412,15 @@ class Coordinator:
                     self.meta.put_instance(c, r)
                 for v, (ops, nbytes) in (load or {}).items():
                     self.meta.add_vnode_load(c, operator_id, int(v), float(ops), float(nbytes), batch)
-            out: dict[str, Any] = {"operator_id": operator_id, "last_batch": batch}
             # The batch is committed: nothing below may undo or refuse it.
+            decision = None
             if report_error is not None:
-                out["report_error"] = report_error
                 self.log("report_refused", operator=operator_id, batch=batch, error=report_error)
                 logger.warning("operator %s batch %d: report ignored: %s", operator_id, batch, report_error)
             elif rep is not None:
                 decision = self._autoscale_after_commit(operator_id, batch, rep)
-                if decision is not None:
-                    out["autoscale"] = decision
-            return out
+            return CommitAnswer(operator_id=operator_id, last_batch=batch, report_error=report_error,
+                                autoscale=decision).to_wire()
 
     def report_unreachable(self, operator_id: str, instance: int, worker_id: Optional[str] = None) -> dict:
         """A task could not reach an instance's primary. If the worker does not
@@ -703,10 +708,13 @@ class Coordinator:
 
     # ---- the transport's entry point ----------------------------------------------------------
     def handle(self, method: str, args: dict) -> Any:
-        """Dispatches one request of the coordinator protocol (docs/protocol.md §8.2)."""
-        if method not in _METHODS:
+        """Dispatches one request of the coordinator protocol (docs/protocol.md §8.2): a
+        method api.py declares, this object's public method of that name, called with the
+        request's arguments as keywords."""
+        spec = METHODS.get(method)
+        if spec is None:
             raise InvalidArgumentError(f"unknown coordinator method {method!r}")
-        if self.rebuilding and method not in ("register", "heartbeat", "status"):
+        if self.rebuilding and not spec.while_rebuilding:
             raise BusyError("the coordinator is rebuilding its metadata from the workers; retry shortly")
         if not isinstance(args, dict):
             raise InvalidArgumentError("the arguments must be a JSON object")
@@ -738,13 +746,8 @@ def _uint(name: str, v: Any) -> None:
         raise InvalidArgumentError(f"{name} must be a non-negative int, got {v!r}")
 
 
-# The methods of the coordinator protocol (docs/protocol.md §8.2): each is the Coordinator's public
-# method of the same name, called with the request's arguments as keywords.
 _BATCH_TIMES_KEPT = 1024  # batch times kept besides the latest (checkpoints kept are far fewer)
-
-_METHODS = frozenset({"register", "heartbeat", "create_operator", "placement", "begin_batch", "commit_batch",
-                      "report_unreachable", "handover", "rescale", "rebalance", "cancel_plan", "status",
-                      "declare_dead", "decommission", "state_schema", "set_state_schema", "autoscale"})
+_BATCH_TIME_KEY = "batch_time:"  # + operator id: the metadata's entry of its batch times (a BatchTime's JSON)
 
 # a failover's phases, per operator, in its failover_done event (seconds)
 _FAILOVER_PHASES = ("decide_s", "plan_tx_s", "fence_s", "copy_s", "commit_tx_s", "asked")

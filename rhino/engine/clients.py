@@ -9,6 +9,7 @@ import threading
 from typing import Any, Optional
 
 from ..client.client import Client, connect
+from ..coordinator.types import InstancePlacement
 from ..errors import RhinoError
 
 __all__ = ["WorkerClients", "primary_address"]
@@ -54,11 +55,11 @@ class WorkerClients:
             self.drop(address)
 
 
-def primary_address(info: dict, host: Optional[str] = None) -> tuple[str, bool]:
+def primary_address(info: InstancePlacement, host: Optional[str] = None) -> tuple[str, bool]:
     """The address to reach an instance's primary at (``info`` is the instance's entry of
     the placement), and whether it is local: its Unix socket when the primary runs on
     ``host`` (this task's host) and the socket is there, else its TCP ``address``."""
-    sock = info.get("unix_socket")
-    if host is not None and sock and info.get("host") == host and os.path.exists(sock):
+    sock = info.unix_socket
+    if host is not None and sock and info.host == host and os.path.exists(sock):
         return sock, True
-    return info["address"], False
+    return info.address, False

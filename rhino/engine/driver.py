@@ -10,9 +10,10 @@ every instance rolls back to b-1, so state and output are those of one run.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Generic, Optional, TypeVar
 
+from ..coordinator.types import CommitAnswer, Placement
 from ..errors import InvalidArgumentError, RhinoError, StaleEpochError
 from .classify import Action, classify
 from .report import batch_report
@@ -37,7 +38,7 @@ class Attempt:
 
     batch: int
     number: int  # 1-based
-    placement: dict
+    placement: Placement
     replay: bool  # b is the last committed batch run again (a Spark replay): no commit
     errors: list[str]  # the batch's errors so far; an attempt may add its own notes
     begun_at: float = 0.0  # time.time() before begin_batch
@@ -45,7 +46,7 @@ class Attempt:
 
     @property
     def epoch(self) -> int:
-        return int(self.placement["epoch"])
+        return self.placement.epoch
 
 
 @dataclass
@@ -95,13 +96,13 @@ class BatchDriver:
         self.name = name or operator_id
         self._no_reports = False  # the coordinator takes no autoscaler reports (an older one)
 
-    def begin(self, batch: int) -> dict:
+    def begin(self, batch: int) -> Placement:
         """``begin_batch``: the placement to route batch ``batch`` with."""
         if self.clock is None:
             return self.coordinator.begin_batch(self.operator_id, batch)
         return self.coordinator.begin_batch(self.operator_id, batch, batch_time_ms=int(self.clock()))
 
-    def begin_or_replay(self, batch: int) -> tuple[dict, bool]:
+    def begin_or_replay(self, batch: int) -> tuple[Placement, bool]:
         """The batch's placement, and whether b is a replay of the last committed batch."""
         try:
             return self.begin(batch), False
@@ -109,15 +110,14 @@ class BatchDriver:
             if not self.replay:
                 raise
             p = self.coordinator.placement(self.operator_id)
-            if p.get("last_batch") == batch:
-                bt = p.get("batch_time")
-                if self.clock is not None and bt and bt.get("batch") == batch:
-                    p["batch_time_ms"] = int(bt["time_ms"])
+            if p.last_batch == batch:
+                if self.clock is not None:  # the time its first run was given, as begin_batch answers it
+                    p = replace(p, batch_time_ms=p.batch_time_of(batch))
                 return p, True
             raise
 
     def commit(self, batch: int, *, epoch: int, instances: Optional[dict] = None,
-               load: Optional[dict] = None, report: Optional[dict] = None) -> dict:
+               load: Optional[dict] = None, report: Optional[dict] = None) -> CommitAnswer:
         """Reports batch ``batch`` done at ``epoch``: every instance committed it in barrier
         mode. Raises StaleEpochError if the operator has moved to another epoch since
         (run the batch again). ``report``: the batch's measurements for the coordinator's
@@ -148,13 +148,14 @@ class BatchDriver:
         # batch's records over the time between two such begins (reruns included).
         began = time.time()
         for n in range(1, self.max_attempts + 1):
-            a = Attempt(batch=batch, number=n, placement={}, replay=False, errors=errors, begun_at=time.time())
+            begun_at = time.time()
             try:
-                a.placement, a.replay = self.begin_or_replay(batch)
+                placement, replay = self.begin_or_replay(batch)
             except RhinoError as e:
                 self._failed(e, f"attempt {n}: begin_batch: {type(e).__name__}: {e}", errors)
                 continue
-            a.started_at = time.time()
+            a = Attempt(batch=batch, number=n, placement=placement, replay=replay, errors=errors, begun_at=begun_at,
+                        started_at=time.time())
             try:
                 res = attempt(a)
             except RerunBatch as e:

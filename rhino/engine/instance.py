@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable, Optional, TypeVar
 
 from ..client.session import Session
+from ..coordinator.types import InstancePlacement, Placement
 from ..errors import RhinoError, RhinoTimeoutError, StaleEpochError, UnknownInstanceError
 from .classify import Action, classify
 from .clients import WorkerClients, primary_address
@@ -41,12 +42,12 @@ class InstanceRun:
     old one), or StaleEpochError is raised for the driver to rerun the batch.
     ``coordinator`` is a function returning the coordinator client (called only
     when needed). After :meth:`run`, ``placement``, ``epoch``, ``info`` (the
-    instance's entry), ``address``, ``local``, ``started_at`` and ``errors``
-    describe what ran.
+    instance's :class:`~rhino.coordinator.InstancePlacement`, None before its first
+    open), ``address``, ``local``, ``started_at`` and ``errors`` describe what ran.
     """
 
     def __init__(self, clients: WorkerClients, coordinator: Callable[[], Any], operator_id: str, instance: int, *,
-                 batch: int, placement: dict, epoch: Optional[int] = None, host: Optional[str] = None,
+                 batch: int, placement: Placement, epoch: Optional[int] = None, host: Optional[str] = None,
                  wait_for_failover: bool = True, failover_wait_s: float = 60.0, busy_sleep: float = 0.2,
                  grace_s: float = 10.0) -> None:
         self.clients = clients
@@ -55,19 +56,24 @@ class InstanceRun:
         self.instance = int(instance)
         self.batch = batch
         self.placement = placement
-        self.epoch = int(placement["epoch"] if epoch is None else epoch)
+        self.epoch = placement.epoch if epoch is None else int(epoch)
         self.host = host
         self.wait_for_failover = wait_for_failover
         self.failover_wait_s = failover_wait_s
         self.busy_sleep = busy_sleep
         self.grace_s = grace_s
-        self.info: dict = {}
+        self.info: Optional[InstancePlacement] = None
         self.address: Optional[str] = None
         self.local = False
         self.started_at = 0.0  # time.time() before the last connect and session open
         self.errors: list[str] = []
 
-    def run(self, work: Callable[[Session, dict], T]) -> T:
+    @property
+    def primary(self) -> Optional[str]:
+        """The primary worker of the last open (None before the first)."""
+        return self.info.primary if self.info is not None else None
+
+    def run(self, work: Callable[[Session, Placement], T]) -> T:
         """``work(session, placement)`` in a session of the instance, run again as the failure
         rules above say."""
         return self._retrying(lambda: self._once(work))
@@ -106,13 +112,13 @@ class InstanceRun:
                     raise
                 self._newer_placement(deadline)
 
-    def _once(self, work: Callable[[Session, dict], T]) -> T:
+    def _once(self, work: Callable[[Session, Placement], T]) -> T:
         with self._open_once() as s:
             return work(s, self.placement)
 
     def _open_once(self) -> Session:
-        self.info = self.placement["instances"][str(self.instance)]
-        if not self.info.get("address") and not self.info.get("unix_socket"):
+        self.info = self.placement.instances[self.instance]
+        if not self.info.address and not self.info.unix_socket:
             raise UnknownInstanceError(f"instance {self.instance} of {self.operator_id} has no primary "
                                        f"(epoch {self.epoch})")
         self.address, self.local = primary_address(self.info, self.host)
@@ -137,7 +143,7 @@ class InstanceRun:
         missed heartbeats. Either way the epoch moves on."""
         self.clients.drop(self.address)
         try:
-            self.coordinator().report_unreachable(self.operator_id, self.instance, self.info.get("primary"))
+            self.coordinator().report_unreachable(self.operator_id, self.instance, self.primary)
         except RhinoError as e2:
             self.errors.append(f"report_unreachable: {e2}")
 
@@ -152,16 +158,18 @@ class InstanceRun:
                 p = self.coordinator().placement(self.operator_id)
             except RhinoError:
                 p = None
-            if p is not None and p["epoch"] > self.epoch and p["instances"][str(self.instance)].get("address"):
-                if list(p["assignment"]) != list(self.placement["assignment"]):
+            if p is not None and p.epoch > self.epoch:
+                if p.assignment != self.placement.assignment:
                     raise StaleEpochError(f"the routing table of {self.operator_id} changed during batch "
-                                          f"{self.batch} (epoch {self.epoch} -> {p['epoch']}): the batch runs again")
-                self.placement, self.epoch = p, int(p["epoch"])
-                return
+                                          f"{self.batch} (epoch {self.epoch} -> {p.epoch}): the batch runs again")
+                mine = p.instances.get(self.instance)
+                if mine is not None and mine.address:
+                    self.placement, self.epoch = p, p.epoch
+                    return
             if time.monotonic() > until:
                 if time.monotonic() > deadline:
                     raise RhinoTimeoutError(
                         f"instance {self.instance} of {self.operator_id}: no new placement after "
-                        f"{self.failover_wait_s:g} s (the coordinator is at epoch {p['epoch'] if p else '?'})")
+                        f"{self.failover_wait_s:g} s (the coordinator is at epoch {p.epoch if p else '?'})")
                 return
             time.sleep(0.1)

@@ -26,12 +26,11 @@ from .driver.batch import BatchRunner
 from .driver.config import OperatorConfig, parse_delay_ms
 from .driver.control import Control
 from .driver.report import BatchReport
-from .driver.routing import instance_order
 from .driver.sink import Sink, unpersist_checkpoint
 from .errors import output_lost
 from .runtime.initial import initial_frame
 
-__all__ = ["TransformWithState", "transform_with_state", "BatchReport", "parse_delay_ms", "instance_order"]
+__all__ = ["TransformWithState", "transform_with_state", "BatchReport", "parse_delay_ms"]
 
 log = logging.getLogger("rhino.spark")
 

@@ -22,6 +22,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from rhino import _core
+from rhino.coordinator.types import Placement
 from rhino.engine import Attempt, AttemptResult, BatchDriver, InstanceRun, WorkerClients, vnode_load
 
 __all__ = ["MicroBatchEngine", "BatchResult"]
@@ -56,16 +57,15 @@ class MicroBatchEngine:
     def close(self) -> None:
         self._clients.close()
 
-    def partitioner(self, placement: dict) -> _core.Partitioner:
+    def partitioner(self, placement: Placement) -> _core.Partitioner:
         if self._part is None:
-            self._part = _core.Partitioner(num_key_groups=placement["num_key_groups"],
-                                           num_vnodes=placement["num_vnodes"], seed=placement["seed"])
+            self._part = _core.Partitioner(**placement.partitioner_args())
         return self._part
 
-    def route(self, placement: dict, keys: np.ndarray) -> np.ndarray:
+    def route(self, placement: Placement, keys: np.ndarray) -> np.ndarray:
         """The instance of each key under ``placement``'s table."""
         vn = self.partitioner(placement).vnodes(keys)
-        return np.asarray(placement["assignment"], dtype=np.int64)[vn]
+        return np.asarray(placement.assignment, dtype=np.int64)[vn]
 
     def run_batch(self, batch: int, puts: dict[int, bytes], deletes: Sequence[int] = ()) -> BatchResult:
         keys = np.fromiter(puts.keys(), dtype=np.int64, count=len(puts))
@@ -85,11 +85,10 @@ class MicroBatchEngine:
         inst_of_put = self.route(placement, keys) if len(keys) else np.array([], dtype=np.int64)
         inst_of_del = self.route(placement, dels) if len(dels) else np.array([], dtype=np.int64)
         per: dict[int, dict] = {}
-        for name in sorted(placement["instances"], key=int):
-            i = int(name)
+        for i in placement.instance_order():
             mine = inst_of_put == i
 
-            def work(s: Any, _p: dict, mine: np.ndarray = mine, i: int = i) -> dict:
+            def work(s: Any, _p: Placement, mine: np.ndarray = mine, i: int = i) -> dict:
                 k = keys[mine]
                 if len(k):
                     s.put_batch(k, [values[j] for j in np.flatnonzero(mine)])
@@ -105,10 +104,10 @@ class MicroBatchEngine:
             try:
                 per[i] = run.run(work)
             finally:
-                a.errors.extend(f"attempt {a.number} (instance {i} on {run.info.get('primary')}): {m}"
+                a.errors.extend(f"attempt {a.number} (instance {i} on {run.primary}): {m}"
                                 for m in run.errors)
         load: dict[str, list[float]] = {}
         if len(keys):
-            load = vnode_load(self.partitioner(placement).vnodes(keys), placement["num_vnodes"],
+            load = vnode_load(self.partitioner(placement).vnodes(keys), placement.num_vnodes,
                               nbytes=[len(v) + 8 for v in values])
         return AttemptResult(epoch=a.epoch, instances={str(i): p for i, p in per.items()}, load=load, value=per)

@@ -70,10 +70,13 @@ import traceback
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from .common import (Emitter, host_number, install_signal_handlers, loadavg, median, non_negative_int, parse_conf,
                      positive_float, positive_int, round_floats, say, stdout_for_json_only)
+
+if TYPE_CHECKING:
+    from rhino.coordinator.types import Placement
 
 __all__ = ["main", "RecordStoreProcessor", "Model", "payload", "plan_fill", "build_parser", "STEPS"]
 
@@ -402,16 +405,15 @@ class Run:
         self.batch += 1
         return out, self.op.reports[-1], dt
 
-    def placement(self) -> dict:
+    def placement(self) -> Placement:
         return self.coord().placement(self.operator_id)
 
-    def big_vnode(self, placement: dict) -> int:
+    def big_vnode(self, placement: Placement) -> int:
         import rhino
         from rhino.spark.state.encoding import encode_key
         from rhino.spark.state.layout import vnodes_of
 
-        part = rhino.Partitioner(num_key_groups=placement["num_key_groups"], num_vnodes=placement["num_vnodes"],
-                                 seed=placement["seed"])
+        part = rhino.Partitioner(**placement.partitioner_args())
         return int(vnodes_of(part, [encode_key((BIG_KEY,))])[0])
 
     def logical_bytes(self) -> Optional[float]:
@@ -502,7 +504,7 @@ class Run:
         return self.emit_step(rec, t0)
 
     def placement_instance(self) -> int:
-        return int(self.placement()["assignment"][self.vnode])
+        return self.placement().assignment[self.vnode]
 
     # ---- steps 2 and 5: read through the processor ----------------------------------------------
     def read_processor(self, step: str, want_instance: int) -> dict:
@@ -607,16 +609,16 @@ class Run:
         target: Optional[int] = None
         try:
             before = self.placement()
-            origin = int(before["assignment"][self.vnode])
-            target = (origin + 1) % len(before["instances"])
-            o_w = before["instances"][str(origin)]["primary"]
-            t_w = before["instances"][str(target)]["primary"]
+            origin = before.assignment[self.vnode]
+            target = (origin + 1) % len(before.instances)
+            o_w = before.instances[origin].primary
+            t_w = before.instances[target].primary
             say(f"handover: vnode {self.vnode} (the big key's) from instance {origin} on {o_w} to instance "
                 f"{target} on {t_w}; it runs at the next batch's begin_batch")
             plan = self.coord().handover(self.operator_id, [self.vnode], target)
             rec.update(origin=origin, target=target, origin_worker=o_w, target_worker=t_w,
-                       target_in_origin_chain=t_w in before["instances"][str(origin)]["chain"], plan=plan,
-                       placement_before=_placement_summary(before, self.vnode), epoch_before=before["epoch"])
+                       target_in_origin_chain=t_w in before.instances[origin].chain, plan=plan,
+                       placement_before=_placement_summary(before, self.vnode), epoch_before=before.epoch)
             # the batch that triggers it: small keys, and new records of the big key (on its new instance)
             rows = [(k, OP_FILL, self.model.next_rid(k), a.small_entries)
                     for k in self.small_keys() if a.small_entries]
@@ -636,14 +638,14 @@ class Run:
                        handover_in_begin_s=(rep.begin_s - begin_med) if begin_med is not None else None,
                        handover_step_event=ev, handover_step_s=ev.get("seconds") if ev else None,
                        bytes_copied=ev.get("bytes_copied") if ev else None,
-                       placement_after=_placement_summary(after, self.vnode), epoch_after=after["epoch"],
+                       placement_after=_placement_summary(after, self.vnode), epoch_after=after.epoch,
                        post_handover_records=a.post_handover_entries,
                        big_key_task=_task_summary(next((t for t in rep.tasks if t["instance"] == target), {})))
             ok = self.check("handover: the coordinator ran the step (a handover_step event of the plan)",
                             ev is not None)
             ok &= self.check(f"handover: the placement routes vnode {self.vnode} to instance {target}",
-                             int(after["assignment"][self.vnode]) == target)
-            ok &= self.check("handover: the operator moved to a new epoch", after["epoch"] > before["epoch"])
+                             after.assignment[self.vnode] == target)
+            ok &= self.check("handover: the operator moved to a new epoch", after.epoch > before.epoch)
             ok &= self.check("handover: the batch that ran it committed in one attempt", rep.attempts == 1)
             rec["ok"] = bool(ok)
             say(f"  handover: step {ev.get('seconds') if ev else '?'} s (coordinator), bytes copied "
@@ -667,12 +669,12 @@ def _task_summary(t: dict) -> dict:
     return out
 
 
-def _placement_summary(pl: dict, vnode: Optional[int]) -> dict:
-    return {"epoch": pl.get("epoch"), "last_batch": pl.get("last_batch"),
-            "vnode_instance": None if vnode is None else int(pl["assignment"][vnode]),
-            "instances": {i: {"primary": x.get("primary"), "chain": x.get("chain"), "bytes": x.get("bytes"),
-                              "vnodes": sum(1 for y in pl["assignment"] if y == int(i))}
-                          for i, x in sorted(pl["instances"].items(), key=lambda kv: int(kv[0]))}}
+def _placement_summary(pl: Placement, vnode: Optional[int]) -> dict:
+    return {"epoch": pl.epoch, "last_batch": pl.last_batch,
+            "vnode_instance": None if vnode is None else pl.assignment[vnode],
+            "instances": {str(i): {"primary": x.primary, "chain": list(x.chain), "bytes": x.bytes,
+                                   "vnodes": pl.assignment.count(i)}
+                          for i, x in sorted(pl.instances.items())}}
 
 
 def _error(e: BaseException) -> dict:

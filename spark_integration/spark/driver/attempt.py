@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from rhino.coordinator.types import Placement
+
 __all__ = ["AttemptContext", "AttemptSpec"]
 
 
@@ -25,7 +27,7 @@ class AttemptSpec:
     epoch: int
     watermark_ms: int
     timezone: str
-    placement: dict
+    placement: Placement
     batch_time_ms: int  # the coordinator's, fixed at the batch's first run (the TTL clock)
     state_doc: Optional[dict]  # the operator's state schema document (state/variables.py)
     input_schema_json: str
@@ -47,7 +49,7 @@ class AttemptContext:
     epoch: int
     watermark_ms: int
     timezone: str
-    placement: dict
+    placement: Placement
     batch_time_ms: int
     watch: Optional[Any] = None
 

@@ -7,7 +7,7 @@ Per micro-batch b (Spark's batch id; checkpoint id = b, design §5):
    returns the routing table and each instance's primary.
 2. Route: each row is tagged with its instance's shuffle token, in the JVM
    (``KeyRouter``) or by a ``mapInArrow`` pass (``runtime/routing.py``), and ``repartition(P, token)`` makes partition p =
-   instance ``instance_order(placement)[p]``, the p-th instance number in order
+   instance ``placement.instance_order()[p]``, the p-th instance number in order
    (numbers have gaps once a rescale retired some).
 3. Pin: partition p prefers the host of its instance's primary (the JVM helper
    in ``scheduling/``), so its task reaches the worker over the Unix socket.
@@ -57,6 +57,7 @@ import time
 from functools import partial
 from typing import Any, Callable, Optional
 
+from rhino.coordinator.types import Placement
 from rhino.errors import InvalidArgumentError
 from rhino.engine import (BUSY_FIELDS, Action, Attempt, AttemptResult, BatchDriver, RerunBatch,
                           classify_job_failure, first_error_line)
@@ -70,7 +71,7 @@ from .config import OperatorConfig
 from .control import Control
 from .pinning import Pinner
 from .report import BatchReport, ReportRing
-from .routing import BatchInput, Router, instance_order
+from .routing import BatchInput, Router
 from .sink import Sink, SinkRunner, materialize
 from .watermark import Watermarks
 
@@ -136,8 +137,11 @@ class BatchRunner:
         engine's classification of its error says so, else raised; the stats of the tasks
         go to the commit."""
         b, placement = a.batch, a.placement
+        # the coordinator's time of the batch, fixed at its first begin (0 is a time too: a
+        # test clock's); the clock's only if the coordinator gave none
+        batch_time_ms = placement.batch_time_ms if placement.batch_time_ms is not None else int(self.clock())
         ctx = AttemptContext(batch=b, attempt=a.number, epoch=a.epoch, watermark_ms=wm, timezone=tz,
-                             placement=placement, batch_time_ms=int(placement.get("batch_time_ms") or self.clock()),
+                             placement=placement, batch_time_ms=batch_time_ms,
                              watch=self._watch(spark, a.epoch, placement,
                                                f"rhino-{self.config.operator_id}-{b}-{a.number}"))
         try:
@@ -150,7 +154,7 @@ class BatchRunner:
             raise instead from None
         if ctx.watch is not None and ctx.watch.reported:
             self.watch_log.append(dict(ctx.watch.summary(), batch=b, attempt=a.number))
-        missing = sorted(set(instance_order(placement)) - {t["instance"] for t in tasks})
+        missing = sorted(set(placement.instance_order()) - {t["instance"] for t in tasks})
         if missing:
             raise RerunBatch(f"no result from instances {missing}", sleep=False)
         load: dict[str, list[float]] = {}
@@ -186,7 +190,7 @@ class BatchRunner:
         log.warning("rhino.spark %s batch %d attempt %d failed: %s", op, b, ctx.attempt, msg)
         return RerunBatch(f"job: {type(e).__name__}: {msg}")
 
-    def _watch(self, spark: Any, epoch: int, placement: dict, tag: str) -> Optional[Any]:
+    def _watch(self, spark: Any, epoch: int, placement: Placement, tag: str) -> Optional[Any]:
         """The attempt's :class:`~rhino.spark.scheduling.host_loss.BatchWatch` (None if
         ``watch_hosts`` is off)."""
         if not self.config.watch_hosts:
@@ -215,7 +219,7 @@ class BatchRunner:
         from pyspark.sql.pandas.types import from_arrow_schema
 
         c, b = self.config, ctx.batch
-        instances = instance_order(ctx.placement)
+        instances = ctx.placement.instance_order()
         input_columns = initial_columns = None
         sort = c.keys
         if b == 0 and self.initial_state is not None:

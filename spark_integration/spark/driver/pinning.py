@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from rhino.coordinator.types import Placement
 from rhino.errors import InvalidArgumentError
-
-from .routing import instance_order
 
 __all__ = ["Pinner"]
 
@@ -22,7 +21,7 @@ class Pinner:
         self.locality = locality
         self._hosts: dict[int, Optional[str]] = {}  # each instance's host in the last job
 
-    def pin(self, spark: Any, jrdd: Any, jschema: Any, placement: dict) -> Any:
+    def pin(self, spark: Any, jrdd: Any, jschema: Any, placement: Placement) -> Any:
         """The rows as a DataFrame, partition p preferring the host of its instance's primary."""
         from pyspark.sql import DataFrame
 
@@ -34,8 +33,8 @@ class Pinner:
         from ..scheduling.locality import _ensure_class
         from ..scheduling.moved_first import executors_by_host, moved, preferred_locations
 
-        order = instance_order(placement)
-        now = {i: placement["instances"][str(i)]["host"] or None for i in order}
+        order = placement.instance_order()
+        now = {i: placement.instances[i].host or None for i in order}
         sc = spark.sparkContext
         execs = executors_by_host(sc) if moved(order, now, self._hosts) else {}
         hosts = preferred_locations(order, now, self._hosts, execs)

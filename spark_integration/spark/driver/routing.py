@@ -4,7 +4,7 @@ Each row gets its instance's shuffle token (``runtime/routing.py``): in the JVM
 (``io.rhino.spark.KeyRouter``) where the key's types and the helper jar allow, so the
 rows make no trip through a Python worker before the stateful stage, else by a
 ``mapInArrow`` pass. ``repartition(P, token)`` then makes partition p instance
-``instances[p]``, sorted by key within it."""
+``placement.instance_order()[p]``, sorted by key within it."""
 
 from __future__ import annotations
 
@@ -12,21 +12,15 @@ import logging
 from functools import partial
 from typing import Any, Optional
 
+from rhino.coordinator.types import Placement
 from rhino.engine import first_error_line
 
 from ..runtime.routing import PART_COLUMN, jvm_key_kinds, partition_tokens, tag_batches, tag_in_jvm
 from .config import OperatorConfig
 
-__all__ = ["Router", "BatchInput", "instance_order"]
+__all__ = ["Router", "BatchInput"]
 
 log = logging.getLogger("rhino.spark")
-
-
-def instance_order(placement: dict) -> list[int]:
-    """The instance numbers of a placement in partition order: partition p of a batch's
-    shuffle, and its task, is instance ``instance_order(placement)[p]`` (numbers have gaps
-    once a rescale retired some; a retired number is never reused)."""
-    return sorted(int(i) for i in placement["instances"])
 
 
 class Router:
@@ -37,12 +31,11 @@ class Router:
         self.mode: Optional[str] = None  # the last batch's: "jvm" or "python" (BatchReport.routing)
         self._jvm_in: dict[str, bool] = {}  # application id -> KeyRouter available
 
-    def tag(self, df: Any, placement: dict, token_of: list[int]) -> Any:
+    def tag(self, df: Any, placement: Placement, token_of: list[int]) -> Any:
         """``df`` with the routing column."""
         from pyspark.sql.types import LongType, StructField, StructType
 
-        table = dict(num_key_groups=placement["num_key_groups"], num_vnodes=placement["num_vnodes"],
-                     seed=placement["seed"], assignment=list(placement["assignment"]), tokens=token_of)
+        table = dict(placement.partitioner_args(), assignment=list(placement.assignment), tokens=token_of)
         keys = self.config.keys
         kinds = jvm_key_kinds(df.schema, keys)
         if kinds is not None and self._jvm_routing(df.sparkSession.sparkContext):
@@ -84,13 +77,13 @@ class BatchInput:
         self._by_route: dict[tuple, tuple[Any, Any]] = {}
         self._cached: list[Any] = []
 
-    def rows(self, spark: Any, df: Any, placement: dict, sort: list[str]) -> tuple[Any, Any]:
+    def rows(self, spark: Any, df: Any, placement: Placement, sort: list[str]) -> tuple[Any, Any]:
         """The shuffled rows as Spark's own RDD of InternalRows and its schema (no Python
         round trip), for the placement's routing table."""
-        instances = instance_order(placement)
+        instances = placement.instance_order()
         nparts = len(instances)
-        route = (nparts, placement["num_key_groups"], placement["num_vnodes"], placement["seed"],
-                 tuple(placement["assignment"]), tuple(instances))
+        route = (nparts, placement.num_key_groups, placement.num_vnodes, placement.seed, placement.assignment,
+                 tuple(instances))
         if route not in self._by_route:
             tokens = partition_tokens(spark, nparts)
             token_of = [-1] * (max(instances) + 1)  # by instance number; retired numbers get none

@@ -43,7 +43,7 @@ class DoomedAttemptWatch:
     """Ends this process once the operator's epoch has stayed above ``epoch`` for ``grace_s``,
     unless :meth:`stop` returned first. The epoch is the instance's on its primary
     (``local_epoch()``: the worker the task's session is on, every ``interval_s``), or the
-    coordinator's (``coordinator().placement(operator_id)["epoch"]``, every
+    coordinator's (``coordinator().placement(operator_id).epoch``, every
     ``coordinator_every`` looks, or every look without ``local_epoch``). The primary's comes
     first: the coordinator's failover re-opens the instance there at the new epoch (the
     fence), and only publishes the epoch once every takeover is done; meanwhile this task's
@@ -99,7 +99,7 @@ class DoomedAttemptWatch:
             if self._looks % self.coordinator_every:
                 return e
         try:
-            return int(self.coordinator().placement(self.operator_id)["epoch"])
+            return self.coordinator().placement(self.operator_id).epoch
         except Exception:  # noqa: BLE001 - a coordinator restarting, a dropped connection: no news
             return None
 

@@ -51,6 +51,7 @@ import pyarrow as pa
 
 import rhino
 from rhino.client.session import CommitResult, Session
+from rhino.coordinator.types import Placement
 from rhino.engine import InstanceRun, WorkerClients, primary_address, vnode_load
 from rhino.tls.config import for_host
 
@@ -109,8 +110,8 @@ def _clients(cfg: OperatorConfig) -> WorkerClients:
 def _primary_epoch(cfg: OperatorConfig, spec: AttemptSpec, instance: int, host: str) -> Optional[Callable[[], Optional[int]]]:
     """The instance's epoch on its primary, as the placement the task runs with names it
     (None: not hosted there), for the doomed-attempt watch; None if the placement lacks it."""
-    info = (spec.placement.get("instances") or {}).get(str(instance))
-    if not info or not info.get("address"):
+    info = spec.placement.instances.get(instance)
+    if info is None or not info.address:
         return None
     address, _ = primary_address(info, host)
     key = (cfg.secret, _tls_key(cfg))
@@ -277,7 +278,7 @@ def _run_instance(cfg: OperatorConfig, spec: AttemptSpec, instance: int, attempt
         raise
     info = run.info
     meta = {"batch": spec.batch, "driver_attempt": spec.attempt, "instance": instance, "attempt": attempt,
-            "host": host, "local": run.local, "primary": info.get("primary"), "primary_host": info.get("host"),
+            "host": host, "local": run.local, "primary": run.primary, "primary_host": info.host if info else None,
             "epoch": run.epoch, "start": t_start, "end": time.time(), "errors": run.errors, **ib.stats()}
     if spec.meta is not None:  # to the driver with the task's completion (runtime/meta.py)
         spec.meta.add([meta])
@@ -287,15 +288,14 @@ class _InstanceBatch:
     """One run of the processor over the batch in one session of the instance: the
     steps of the module docstring, window by window, with their timings."""
 
-    def __init__(self, cfg: OperatorConfig, spec: AttemptSpec, instance: int, placement: dict) -> None:
+    def __init__(self, cfg: OperatorConfig, spec: AttemptSpec, instance: int, placement: Placement) -> None:
         self.cfg, self.spec = cfg, spec
         self.keys = cfg.keys
         self.placement = placement
         self.in_schema = _schema(spec.input_schema_json)
         self.out_schema = cfg.output_schema
-        self.part = rhino.Partitioner(num_key_groups=placement["num_key_groups"],
-                                      num_vnodes=placement["num_vnodes"], seed=placement["seed"])
-        assignment = np.asarray(placement["assignment"], dtype=np.int64)
+        self.part = rhino.Partitioner(**placement.partitioner_args())
+        assignment = np.asarray(placement.assignment, dtype=np.int64)
         self.my_vnodes = np.flatnonzero(assignment == instance)
         self.variables = variables_of(spec.state_doc)
         self.handle = RhinoProcessorHandle(cfg.time_mode, self.variables)
@@ -509,7 +509,7 @@ class _InstanceBatch:
         assert res is not None
         load: dict[str, list[float]] = {}
         if self.load_keys:
-            load = vnode_load(vnodes_of(self.part, self.load_keys), self.placement["num_vnodes"], ops=self.load_ops)
+            load = vnode_load(vnodes_of(self.part, self.load_keys), self.placement.num_vnodes, ops=self.load_ops)
         return dict(self.n, max_event_ms=self.max_event, round_trips=self.round_trips, read_s=t["read"],
                     open_s=self.open_s, group_s=t["group"], timers_s=t["timers"], fetch_s=t["fetch"],
                     process_s=t["process"], write_s=t["write"], commit_s=t["commit"], replicate_s=res.replicate_s,

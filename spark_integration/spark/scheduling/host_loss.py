@@ -35,6 +35,7 @@ import time
 from typing import Any, Callable, Optional
 from urllib.parse import urlsplit
 
+from rhino.coordinator.types import Placement
 from rhino.errors import RhinoError
 
 __all__ = ["BatchWatch", "executor_hosts", "worker_hosts"]
@@ -52,13 +53,13 @@ def executor_hosts(sc: Any) -> Optional[set[str]]:
         return None
 
 
-def worker_hosts(placement: dict) -> dict[str, str]:
+def worker_hosts(placement: Placement) -> dict[str, str]:
     """Rhino worker id -> its host, for every primary and chain member of a placement."""
     out: dict[str, str] = {}
-    for info in placement.get("instances", {}).values():
-        if info.get("primary") and info.get("host"):
-            out[info["primary"]] = info["host"]
-        for wid, addr in zip(info.get("chain") or [], info.get("chain_addresses") or []):
+    for info in placement.instances.values():
+        if info.host:
+            out[info.primary] = info.host
+        for wid, addr in zip(info.chain, info.chain_addresses):
             host = urlsplit("//" + addr).hostname if addr else None
             if host:
                 out.setdefault(wid, host)
@@ -72,7 +73,7 @@ class BatchWatch:
     batches, so that a host lost between two batches is reported at the next one); the
     watch updates it in place. ``cancel`` cancels the attempt's Spark job."""
 
-    def __init__(self, *, operator_id: str, epoch: int, placement: dict, coordinator: Any,
+    def __init__(self, *, operator_id: str, epoch: int, placement: Placement, coordinator: Any,
                  hosts: Callable[[], Optional[set[str]]], cancel: Callable[[], None], known_hosts: set[str],
                  tag: str = "", interval_s: float = 0.05, epoch_interval_s: float = 0.1) -> None:
         self.operator_id = operator_id
@@ -144,8 +145,8 @@ class BatchWatch:
         if not lost:
             return
         wh = worker_hosts(self.placement)
-        anchor = min(self.placement["instances"], key=int)
-        primaries = {info.get("host") for info in self.placement["instances"].values() if info.get("primary")}
+        anchor = min(self.placement.instances)
+        primaries = {info.host for info in self.placement.instances.values()}
         if not self.cancelled and lost & primaries:
             # A primary of this attempt is on the lost host: its commit will be refused once
             # the coordinator fails it over, so the job is cancelled now, and Spark unwinds it
@@ -163,19 +164,19 @@ class BatchWatch:
                 t = time.time()
                 log.warning("rhino.spark %s: Spark lost every executor of %s; reporting Rhino worker %s",
                             self.operator_id, host, wid)
-                p = self.coordinator.report_unreachable(self.operator_id, int(anchor), wid)
+                p = self.coordinator.report_unreachable(self.operator_id, anchor, wid)
                 # answered: the coordinator's failover is done (the next attempt waits for it)
                 self.reported.append({"host": host, "worker": wid, "at": t, "answered": time.time(),
-                                      "epoch_after": p.get("epoch")})
+                                      "epoch_after": p.epoch})
                 self._check_epoch(p, settle=False)
         if self.cancelled:
             self.settled.set()  # every lost worker reported and answered
 
-    def _check_epoch(self, placement: dict, settle: bool = True) -> None:
+    def _check_epoch(self, placement: Placement, settle: bool = True) -> None:
         """Cancels the attempt once the operator's epoch has moved past its own; ``settle``:
         the move is the coordinator's last word on it (not one of several reports of a lost
         host, whose others are still to be sent)."""
-        e = int(placement.get("epoch", self.epoch))
+        e = placement.epoch
         if e > self.epoch:
             self.new_epoch = e
         if e > self.epoch and not self.cancelled:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Optional
 
 import rhino
+from rhino.coordinator.types import InstancePlacement, Placement
 from rhino.errors import AuthFailedError, InvalidArgumentError, RhinoError
 
 from . import layout
@@ -95,23 +96,12 @@ def _doc_of(coord: Any, operator_id: str) -> dict:
     return doc
 
 
-def batch_time_of(bt: Optional[dict], batch: int) -> Optional[int]:
-    """The time of ``batch`` from the placement's ``batch_time`` (the latest batch's and
-    ``recent`` ones'), None if the coordinator does not know it."""
-    if not bt:
-        return None
-    if int(bt.get("batch", -1)) == batch:
-        return int(bt["time_ms"])
-    got = (bt.get("recent") or {}).get(str(batch))
-    return int(got) if got is not None else None
-
-
-def _committed_batch(operator_id: str, placement: dict, batch: Optional[int]) -> int:
-    last = placement.get("last_batch")
+def _committed_batch(operator_id: str, placement: Placement, batch: Optional[int]) -> int:
+    last = placement.last_batch
     if batch is None:
         if last is None:
             raise StateReadError(f"operator {operator_id!r} has no committed batch yet")
-        return int(last)
+        return last
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
         raise StateReadError(f"batchId must be a batch number (an integer >= 0), not {batch!r}")
     if last is None or batch > last:
@@ -121,9 +111,9 @@ def _committed_batch(operator_id: str, placement: dict, batch: Optional[int]) ->
     return batch
 
 
-def _addresses(inst: dict) -> list[str]:
+def _addresses(inst: InstancePlacement) -> list[str]:
     out: list[str] = []
-    for a in [inst.get("address")] + list(inst.get("chain_addresses") or []):
+    for a in (inst.address, *inst.chain_addresses):
         if a and a not in out:
             out.append(a)
     return out
@@ -151,16 +141,15 @@ def plan_read(coord: Any, operator_id: str, *, state_var: Optional[str] = None, 
         raise StateReadError(f"operator {operator_id!r}'s state schema has no grouping key schema")
     placement = coord.placement(operator_id)
     b = _committed_batch(operator_id, placement, batch)
-    bt = placement.get("batch_time") or None
-    batch_time = batch_time_of(bt, b)
+    batch_time = placement.batch_time_of(b)
     entry = None if timers else doc["vars"][state_var]
     plan = ReadPlan(operator_id=operator_id, batch=b, kind=TIMERS if timers else entry["kind"],
                     var_name=None if timers else state_var, entry=entry, grouping_key=doc["grouping_key"],
                     batch_time_ms=batch_time, include_expired=bool(include_expired),
-                    instances={int(i): _addresses(inst) for i, inst in sorted(placement["instances"].items(),
-                                                                               key=lambda kv: int(kv[0]))})
+                    instances={i: _addresses(placement.instances[i]) for i in placement.instance_order()})
     if plan.filters_expired and batch_time is None:
-        known_t = f" (it knows batch {bt['batch']}'s)" if bt else ""
+        bt = placement.batch_time
+        known_t = f" (it knows batch {bt.batch}'s)" if bt else ""
         raise StateReadError(
             f"state {state_var!r} has a TTL, and the time of batch {b} is unknown: the coordinator keeps "
             f"the times of the operator's latest batches only{known_t}, so expired entries cannot be told "
@@ -368,8 +357,7 @@ def count_entries(coord: Any, operator_id: str, secret: Any, *, batch: Optional[
     doc = _doc_of(coord, operator_id)
     placement = coord.placement(operator_id)
     b = _committed_batch(operator_id, placement, batch)
-    bt = placement.get("batch_time") or None
-    now = batch_time_of(bt, b)
+    now = placement.batch_time_of(b)
     variables = describe_variables(doc)
     for v in variables:
         v["entries"] = 0
@@ -377,8 +365,9 @@ def count_entries(coord: Any, operator_id: str, secret: Any, *, batch: Optional[
             v["expired"] = 0
     timers = 0
     read_from = {}
-    for i, inst in sorted(placement["instances"].items(), key=lambda kv: int(kv[0])):
-        opened = open_checkpoint(_addresses(inst), secret, operator_id, int(i), b, request_timeout=request_timeout)
+    for i in placement.instance_order():
+        opened = open_checkpoint(_addresses(placement.instances[i]), secret, operator_id, i, b,
+                                 request_timeout=request_timeout)
         with opened as r:
             for v in variables:
                 head = layout.KIND_BYTES[v["kind"]] + v["id"].to_bytes(2, "big")
@@ -387,7 +376,7 @@ def count_entries(coord: Any, operator_id: str, secret: Any, *, batch: Optional[
                 if "expired" in v:
                     v["expired"] += x
             timers += _count(r, layout.KEY_TIMERS, None, page_size)[0]
-        read_from[int(i)] = opened.address
+        read_from[i] = opened.address
     for v in variables:
         if "expired" in v:
             v["live"] = v["entries"] - v["expired"]
