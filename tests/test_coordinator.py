@@ -87,8 +87,8 @@ def test_bad_input(cluster) -> None:
         cc.placement("nope")
     cc.create_operator(OP, parallelism=2, num_vnodes=V, replicas=2)
     assert cc.create_operator(OP, parallelism=2, num_vnodes=V, replicas=2).epoch == 1  # idempotent
-    with pytest.raises(rhino.InvalidArgumentError, match="another shape"):
-        cc.create_operator(OP, parallelism=3, num_vnodes=V, replicas=2)
+    # the parallelism given is the initial one: another count is adopted from the coordinator
+    assert sorted(cc.create_operator(OP, parallelism=3, num_vnodes=V, replicas=2).instances) == [0, 1]
     with pytest.raises(rhino.InvalidArgumentError, match="next batch is 0"):
         cc.begin_batch(OP, 5)
     with pytest.raises(rhino.UnknownVnodeError):
@@ -99,6 +99,31 @@ def test_bad_input(cluster) -> None:
         cc.heartbeat("w99", "x")
     with pytest.raises(rhino.StaleEpochError, match="incarnation"):
         cc.heartbeat("w2", "another-process")
+    coord.close()
+
+
+def test_an_existing_operator_adopts_the_parallelism_and_names_what_cannot_change(cluster) -> None:
+    """Issue 45: create_operator of an existing operator with another parallelism returns
+    its current placement and records the adoption; a differing num_vnodes, num_key_groups,
+    seed or replicas is refused, each field named with the operator's value, the call's and
+    the fix."""
+    tmp, ws = cluster
+    coord, cc = make(tmp, ws)
+    cc.create_operator(OP, parallelism=2, num_vnodes=V, replicas=1)
+    pl = cc.create_operator(OP, parallelism=5, num_vnodes=V, replicas=1)
+    assert sorted(pl.instances) == [0, 1] and pl.epoch == 1
+    (ev,) = [e for e in coord.meta.events() if e["kind"] == "operator_adopted"]
+    assert (ev["operator"], ev["asked_parallelism"], ev["parallelism"]) == (OP, 5, 2)
+    with pytest.raises(rhino.InvalidArgumentError) as e:
+        cc.create_operator(OP, parallelism=2, num_vnodes=2 * V, replicas=1, seed=7)
+    msg = str(e.value)
+    assert f"num_vnodes={V} (this call: num_vnodes={2 * V})" in msg and "seed=0 (this call: seed=7)" in msg, msg
+    assert f"pass num_vnodes={V}, seed=0, or drop the operator and start over" in msg, msg
+    with pytest.raises(rhino.InvalidArgumentError, match=r"replicas=1 \(this call: replicas=2\)"):
+        cc.create_operator(OP, parallelism=2, num_vnodes=V, replicas=2)
+    with pytest.raises(rhino.InvalidArgumentError, match=r"num_key_groups=32768 \(this call: num_key_groups=1024\)"):
+        cc.create_operator(OP, parallelism=2, num_vnodes=V, replicas=1, num_key_groups=1024)
+    assert [e["kind"] for e in coord.meta.events()].count("operator_adopted") == 1
     coord.close()
 
 

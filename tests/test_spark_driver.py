@@ -123,6 +123,37 @@ def test_the_report_ring_is_bounded_and_logs_every_report_in_full(caplog):
     assert [(d["operator"], d["batch"], d["rows_out"]) for d in logged] == [("op", b, b) for b in range(5)]
 
 
+def test_a_driver_adopts_the_coordinators_parallelism_and_says_so(caplog):
+    """Issue 45: the config's parallelism is the initial one; the coordinator's current
+    instance count is what the driver runs at, in a warning and in each report."""
+    from types import SimpleNamespace
+
+    from rhino.spark.driver.control import Control
+
+    class Coordinator:  # an operator rescaled 2 -> 3 since (instance 2 retired, 3 new)
+        def create_operator(self, operator_id, **kw):
+            self.asked = kw
+            return SimpleNamespace(instances={0: None, 1: None, 3: None})
+
+    ctl = Control(config(parallelism=2))
+    ctl.client = Coordinator()
+    ctl._register_state = lambda schema: {"variables": {}}  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="rhino.spark"):
+        assert ctl.ensure_created(None) == {"variables": {}}
+    assert ctl.parallelism == 3 and ctl.client.asked["parallelism"] == 2
+    assert "runs at the coordinator's parallelism 3, not the code's 2" in caplog.text
+    r = report(0)
+    assert r.parallelism is None and not r.parallelism_adopted
+    r.parallelism, r.initial_parallelism = 3, 2
+    assert r.parallelism_adopted
+    same = Control(config(parallelism=3))
+    same.client, same._register_state = Coordinator(), lambda schema: {}  # type: ignore[method-assign]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rhino.spark"):
+        same.ensure_created(None)
+    assert same.parallelism == 3 and not caplog.records
+
+
 # ---- the action runner ----------------------------------------------------------------------
 
 class Watch:

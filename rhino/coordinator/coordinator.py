@@ -252,8 +252,11 @@ class Coordinator:
         """Places a new operator: the initial routing table from the
         consistent-hash ring, primaries spread over the workers, a chain of
         ``replicas`` other workers per instance; every instance is opened on its
-        primary. Creating an existing operator with the same shape returns its
-        placement (a restarted driver)."""
+        primary. Creating an existing operator returns its current placement (a
+        restarted driver): ``parallelism`` is the initial one only, and a different
+        count is adopted from the coordinator (an ``operator_adopted`` event); a
+        different ``num_vnodes``, ``num_key_groups``, ``seed`` or ``replicas`` is
+        refused, naming each field's two values (issue 45)."""
         with self.lock:
             self.rm.create_operator(operator_id, parallelism=parallelism, num_vnodes=num_vnodes, replicas=replicas,
                                     num_key_groups=num_key_groups, seed=seed, placement=placement)

@@ -67,7 +67,13 @@ class ReplicationManager:
     def create_operator(self, operator_id: str, *, parallelism: int, num_vnodes: int, replicas: int,
                         num_key_groups: int, seed: int, placement: str) -> None:
         """Places a new operator (docs/design.md §3 Phase 1) and opens every
-        instance on its primary; an operator of the same shape is left as it is."""
+        instance on its primary.
+
+        An existing operator is left as it is. ``parallelism`` is only the initial
+        one: a different count (the operator was rescaled since, by a person or the
+        autoscaler) is adopted from the coordinator, with an ``operator_adopted``
+        event (issue 45). What cannot change (num_vnodes, num_key_groups, seed,
+        replicas) must match: InvalidArgumentError names each field that differs."""
         if not isinstance(parallelism, int) or parallelism < 1 or parallelism > num_vnodes:
             raise InvalidArgumentError(f"parallelism must be in [1, num_vnodes={num_vnodes}], got {parallelism!r}")
         if not isinstance(replicas, int) or replicas < 0:
@@ -77,11 +83,8 @@ class ReplicationManager:
         _core.Partitioner(num_key_groups=num_key_groups, num_vnodes=num_vnodes, seed=seed)  # validates K and V
         existing = self.meta.operator(operator_id)
         if existing is not None:
-            same = (existing.num_vnodes, existing.num_key_groups, existing.seed, existing.replicas) == (
-                num_vnodes, num_key_groups, seed, replicas) and len(self.meta.instances(operator_id)) == parallelism
-            if not same:
-                raise InvalidArgumentError(f"operator {operator_id} exists with another shape; "
-                                           "rescale it instead (rhino rescale)")
+            self._adopt(existing, parallelism=parallelism, num_vnodes=num_vnodes, num_key_groups=num_key_groups,
+                        seed=seed, replicas=replicas)
             return
         workers = self.workers.workers_info()
         if len(workers) < replicas + 1:
@@ -112,6 +115,24 @@ class ReplicationManager:
             self.meta.record_epoch(c, operator_id, epoch, "created")
             self.meta.event(c, "operator_created", operator=operator_id, parallelism=parallelism, replicas=replicas)
         self.log("operator_created", operator=operator_id, parallelism=parallelism, replicas=replicas)
+
+    def _adopt(self, existing: OperatorRow, *, parallelism: int, **fixed: int) -> None:
+        """A create_operator of an existing operator: refused if a field that cannot
+        change differs (each named, with the operator's value, the call's and the fix);
+        else a different parallelism is adopted from the coordinator and recorded."""
+        diff = [(k, getattr(existing, k), v) for k, v in fixed.items() if getattr(existing, k) != v]
+        if diff:
+            what = ", ".join(f"{k}={have} (this call: {k}={asked})" for k, have, asked in diff)
+            fix = ", ".join(f"{k}={have}" for k, have, _ in diff)
+            raise InvalidArgumentError(f"operator {existing.operator_id} exists with {what}, which cannot change; "
+                                       f"pass {fix}, or drop the operator and start over")
+        current = len(self.meta.instances(existing.operator_id))
+        if current != parallelism:
+            with self.meta.tx() as c:
+                self.meta.event(c, "operator_adopted", operator=existing.operator_id, asked_parallelism=parallelism,
+                                parallelism=current)
+            self.log("operator_adopted", operator=existing.operator_id, asked_parallelism=parallelism,
+                     parallelism=current)
 
     # ---- loss of a worker ----------------------------------------------------------------
     def recover_from_loss(self, dead_worker: str) -> dict:

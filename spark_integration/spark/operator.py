@@ -66,7 +66,11 @@ class TransformWithState:
 
     @property
     def parallelism(self) -> int:
-        return self.config.parallelism
+        """The operator's current instance count: the last batch's, else the coordinator's
+        at creation, else the config's (the initial one; issue 45)."""
+        if self.reports and self.reports[-1].parallelism is not None:
+            return self.reports[-1].parallelism
+        return self.control.parallelism if self.control.parallelism is not None else self.config.parallelism
 
     @property
     def replicas(self) -> int:
@@ -189,7 +193,11 @@ def transform_with_state(processor: Any, *, key: str | Sequence[str], output_sch
     - ``tls``: a ``rhino.TLS`` when the cluster runs mutual TLS; ``{host}`` in its paths
       becomes each process's own host (the driver's, each task's executor's), so one
       setting names every host's certificate.
-    - ``parallelism`` (instances), ``replicas`` (r, default 2), ``num_vnodes``.
+    - ``parallelism`` (instances), ``replicas`` (r, default 2), ``num_vnodes``. The
+      parallelism is the initial one: a driver restarted after a rescale runs at the
+      coordinator's, says so in a warning and its reports (``BatchReport.parallelism``).
+      ``num_vnodes`` defaults from it (max(64, 16 x parallelism)), so keep the code's
+      parallelism, or pass the operator's ``num_vnodes``, to restart it.
     - ``time_mode``: ``"None"``, ``"EventTime"`` (with ``event_time=<column>`` and
       ``watermark_delay``, e.g. ``"10 seconds"``) or ``"ProcessingTime"``: timers
       fire at the watermark or at the batch's time (fixed by the coordinator at the

@@ -128,7 +128,7 @@ class BatchRunner:
             begin_s=a.started_at - a.begun_at, job_s=done.ran_at - a.started_at,
             commit_s=done.committed_at - done.ran_at, tasks=sorted(tasks, key=lambda t: t["instance"]),
             errors=done.errors, job_setup_s=(self._action_at - a.started_at) if self._action_at else None,
-            routing=self.router.mode))
+            routing=self.router.mode, parallelism=len(a.placement.instances), initial_parallelism=c.parallelism))
         return data
 
     def _attempt(self, spark: Any, df: Any, a: Attempt, wm: int, tz: str, batch_input: BatchInput,

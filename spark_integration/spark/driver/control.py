@@ -3,6 +3,7 @@ creation, and the registration of its state variables (design §2.1, §8)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional
 
 from rhino.errors import BusyError, InvalidArgumentError
@@ -17,6 +18,8 @@ __all__ = ["Control"]
 # same operator changing it each time).
 SCHEMA_ROUNDS = 5
 
+log = logging.getLogger("rhino.spark")
+
 
 class Control:
     """A lazily connected coordinator client, and the operator it creates once."""
@@ -25,6 +28,9 @@ class Control:
         self.config = config
         self.client: Any = None  # a rhino.coordinator.client connection (tests may wrap it)
         self.state_doc: Optional[dict] = None  # the state schema document, read at the first batch
+        # the operator's instance count at the coordinator when this driver created it (None
+        # before): config.parallelism is only the initial one (issue 45)
+        self.parallelism: Optional[int] = None
 
     def coordinator(self) -> Any:
         if self.client is None:
@@ -35,12 +41,23 @@ class Control:
         return self.client
 
     def ensure_created(self, in_schema: Any) -> dict:
-        """Creates the operator (a no-op when it exists with this shape) and registers its
-        state; returns the state schema document. Once per driver."""
+        """Creates the operator and registers its state; returns the state schema document.
+        Once per driver.
+
+        An operator that exists is taken as it is at the coordinator: the config's
+        parallelism is the initial one, and after a rescale (a person's or the
+        autoscaler's) the driver runs at the coordinator's instance count, and says so
+        (issue 45). Every batch routes by the placement it is given, never by the config."""
         if self.state_doc is None:
             c = self.config
-            self.coordinator().create_operator(c.operator_id, parallelism=c.parallelism, num_vnodes=c.num_vnodes,
-                                               replicas=c.replicas, placement=c.placement)
+            pl = self.coordinator().create_operator(c.operator_id, parallelism=c.parallelism,
+                                                    num_vnodes=c.num_vnodes, replicas=c.replicas,
+                                                    placement=c.placement)
+            self.parallelism = len(pl.instances)
+            if self.parallelism != c.parallelism:
+                log.warning("rhino.spark %s: the operator runs at the coordinator's parallelism %d, not the "
+                            "code's %d (the code's is the initial one; it was rescaled since)",
+                            c.operator_id, self.parallelism, c.parallelism)
             self.state_doc = self._register_state(in_schema)
         return self.state_doc
 

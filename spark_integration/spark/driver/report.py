@@ -40,6 +40,15 @@ class BatchReport:
     job_setup_s: Optional[float] = None
     # how rows were routed to instances: "jvm" (KeyRouter) or "python" (runtime/routing.py)
     routing: Optional[str] = None
+    # the instances the batch ran on (the coordinator's current parallelism), and the
+    # config's, the initial one: they differ after a rescale (issue 45)
+    parallelism: Optional[int] = None
+    initial_parallelism: Optional[int] = None
+
+    @property
+    def parallelism_adopted(self) -> bool:
+        """The batch ran at the coordinator's parallelism, not the one in the code."""
+        return None not in (self.parallelism, self.initial_parallelism) and self.parallelism != self.initial_parallelism
 
     @property
     def seconds(self) -> float:

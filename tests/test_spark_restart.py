@@ -1,0 +1,221 @@
+"""A query restarts with its own code after it was rescaled (issue 45, item 1).
+
+A real streaming query (Spark's file source over JSON files, one file per micro-batch
+with ``maxFilesPerTrigger=1``) runs in a driver *subprocess*: a script written here whose
+code says ``parallelism=2``, against a ``rhino coordinator`` process and three ``rhino
+worker`` processes. After a few batches the operator is rescaled live 2->3 (the
+coordinator client's ``rescale``, as ``rhino rescale`` does); once a batch ran at 3, the
+driver is SIGKILLed (its whole process group: the JVM too). The same script is started
+again from the same Spark checkpoint: it adopts the coordinator's parallelism 3 (its
+report and its log say so) and consumes the rest of the input.
+
+The sink writes each batch's output to its own file, replaced atomically (idempotent by
+batch id, as ``foreachBatch`` sinks must be): the whole output, every file read back
+with no deduplication, must equal pandas' running counts over all the input files, each
+row exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from rhino.coordinator.client import connect_coordinator  # noqa: E402
+
+from spark_fixtures import rhino_cluster  # noqa: E402
+
+HOSTS = (141, 142, 143)  # 127.0.0.141..143: no other test module's workers
+OP = "restart"
+FILES = 7  # input files, one micro-batch each
+ROWS = 30  # rows per file
+TESTS = Path(__file__).resolve().parent
+
+DRIVER = textwrap.dedent('''
+    """The query under test: its code says parallelism=2, whatever the coordinator says."""
+    import json, logging, os, sys, time
+    from pathlib import Path
+
+    sys.path.insert(0, sys.argv[4])  # tests/, for spark_fixtures
+    import pandas as pd
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    import rhino.spark
+    from spark_fixtures import local_spark
+
+    coordinator, secret_file, root = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    logging.basicConfig(level=logging.WARNING, format="%%(levelname)s %%(name)s %%(message)s")
+
+
+    class RunningCount(StatefulProcessor):
+        def init(self, handle):
+            self.st = handle.getValueState("st", "n long, s long")
+
+        def handleInputRows(self, key, rows, timerValues):
+            n, s = self.st.get() or (0, 0)
+            for pdf in rows:
+                n += len(pdf)
+                s += int(pdf["v"].sum())
+            self.st.update((n, s))
+            yield pd.DataFrame({"k": [int(key[0])], "n": [n], "s": [s]})
+
+        def close(self):
+            pass
+
+
+    def sink(df, b):  # idempotent by batch id: the batch's file, replaced atomically
+        pdf = df.toPandas()
+        tmp = root / "out" / f".batch-{b:05d}.tmp"
+        pdf.to_json(tmp, orient="records", lines=True)
+        os.replace(tmp, root / "out" / f"batch-{b:05d}.json")
+
+
+    spark = local_spark("rhino-restart")
+    op = rhino.spark.transform_with_state(RunningCount(), key="k", output_schema="k long, n long, s long",
+                                          operator_id="%(op)s", coordinator=coordinator, secret_file=secret_file,
+                                          parallelism=2, replicas=1, locality=False)
+    each = op.for_each_batch(sink)
+
+
+    def run(df, b):
+        each(df, b)
+        r = op.reports[-1]
+        with open(root / "reports.jsonl", "a") as f:
+            f.write(json.dumps({"pid": os.getpid(), "batch": r.batch, "parallelism": r.parallelism,
+                                "initial_parallelism": r.initial_parallelism}) + "\\n")
+
+
+    q = (spark.readStream.schema("k long, v long").option("maxFilesPerTrigger", 1).json(str(root / "in"))
+         .writeStream.foreachBatch(run).option("checkpointLocation", str(root / "ck"))
+         .trigger(processingTime="100 milliseconds").start())
+    while not (root / "stop").exists():
+        if q.exception() is not None:
+            raise SystemExit(f"the query failed: {q.exception()}")
+        time.sleep(0.1)
+    q.stop()
+    spark.stop()
+''') % {"op": OP}
+
+
+def frames() -> list[pd.DataFrame]:
+    rng = np.random.default_rng(45)
+    return [pd.DataFrame({"k": rng.integers(0, 10, ROWS), "v": rng.integers(0, 100, ROWS)}) for _ in range(FILES)]
+
+
+def oracle(fs: list[pd.DataFrame]) -> pd.DataFrame:
+    """pandas, over all the files in order: per file, each of its keys with its running
+    count and sum after it."""
+    tot: dict[int, tuple[int, int]] = {}
+    rows = []
+    for pdf in fs:
+        for k, g in pdf.groupby("k"):
+            n, s = tot.get(int(k), (0, 0))
+            tot[int(k)] = (n + len(g), s + int(g["v"].sum()))
+            rows.append((int(k), *tot[int(k)]))
+    return canon(pd.DataFrame(rows, columns=["k", "n", "s"]))
+
+
+def canon(df: pd.DataFrame) -> pd.DataFrame:
+    return df[["k", "n", "s"]].astype("int64").sort_values(["k", "n", "s"]).reset_index(drop=True)
+
+
+class Driver:
+    """The driver script as a process of its own group (its JVM included)."""
+
+    def __init__(self, root: Path, cluster: dict, name: str) -> None:
+        self.log = open(root / f"{name}.log", "w")
+        self.path = root / f"{name}.log"
+        self.p = subprocess.Popen([sys.executable, str(root / "driver.py"), cluster["coordinator"],
+                                   str(cluster["secret_file"]), str(root), str(TESTS)],
+                                  stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        self.p.wait(10)
+        self.log.close()
+
+    def text(self) -> str:
+        return self.path.read_text()
+
+
+def reports(root: Path) -> list[dict]:
+    f = root / "reports.jsonl"
+    return [json.loads(line) for line in f.read_text().splitlines() if line.strip()] if f.exists() else []
+
+
+def write_file(root: Path, i: int, pdf: pd.DataFrame, base: float) -> None:
+    """Input file i, with mtime base+i (the file source takes files in mtime order), renamed in."""
+    tmp = root / f".in-{i:03d}.tmp"
+    pdf.to_json(tmp, orient="records", lines=True)
+    os.utime(tmp, (base + i, base + i))
+    os.replace(tmp, root / "in" / f"part-{i:03d}.json")
+
+
+def wait_for(cond, driver: Driver, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert driver.p.poll() is None, f"the driver exited ({driver.p.returncode}) waiting for {what}:\n" \
+                                        f"{driver.text()[-3000:]}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{driver.text()[-3000:]}"
+        time.sleep(0.1)
+
+
+def test_a_query_rescaled_live_then_killed_restarts_with_its_own_code(tmp_path):
+    root = tmp_path
+    (root / "in").mkdir()
+    (root / "out").mkdir()
+    (root / "driver.py").write_text(DRIVER)
+    (root / "cluster").mkdir()
+    fs = frames()
+    base = time.time() - 10_000
+    with rhino_cluster(root / "cluster", hosts=HOSTS) as cluster, \
+            connect_coordinator(cluster["coordinator"], secret=cluster["secret"]) as cc:
+        for i in range(2):
+            write_file(root, i, fs[i], base)
+        first = Driver(root, cluster, "driver-1")
+        try:
+            wait_for(lambda: {r["batch"] for r in reports(root)} >= {0, 1}, first, "batches 0 and 1")
+            assert {r["parallelism"] for r in reports(root)} == {2}
+            cc.rescale(OP, 3)  # live: its step runs at the next batch's barrier
+            write_file(root, 2, fs[2], base)
+            wait_for(lambda: any(r["parallelism"] == 3 for r in reports(root)), first, "a batch at parallelism 3")
+        finally:
+            first.kill()  # SIGKILL, the JVM with it
+        assert len(cc.placement(OP).instances) == 3
+        seen = len(reports(root))
+
+        for i in range(3, FILES):
+            write_file(root, i, fs[i], base)
+        second = Driver(root, cluster, "driver-2")
+        try:
+            wait_for(lambda: len(list((root / "out").glob("batch-*.json"))) >= FILES, second, "the rest of the input")
+            (root / "stop").touch()
+            try:
+                second.p.wait(30)
+            except subprocess.TimeoutExpired:
+                pass  # killed below
+        finally:
+            second.kill()
+        log = second.text()
+
+    # the restarted driver adopted the coordinator's parallelism, and said so
+    again = reports(root)[seen:]
+    assert again and all((r["parallelism"], r["initial_parallelism"]) == (3, 2) for r in again), again
+    assert "WARNING rhino.spark" in log and "runs at the coordinator's parallelism 3, not the code's 2" in log, log[-3000:]
+    # the whole output, read back as written: every row exactly once, as pandas computes it
+    files = sorted((root / "out").glob("batch-*.json"))
+    assert [int(f.stem.split("-")[1]) for f in files] == list(range(FILES))
+    got = pd.concat([pd.read_json(f, orient="records", lines=True) for f in files], ignore_index=True)
+    pd.testing.assert_frame_equal(canon(got), oracle(fs))
