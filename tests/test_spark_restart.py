@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -38,7 +39,7 @@ from spark_fixtures import rhino_cluster  # noqa: E402
 
 HOSTS = (141, 142, 143)  # 127.0.0.141..143: no other test module's workers
 OP = "restart"
-FILES = 7  # input files, one micro-batch each
+FILES = 5  # input files, one micro-batch each: 2 at parallelism 2, 1 at 3, 2 after the restart
 ROWS = 30  # rows per file
 TESTS = Path(__file__).resolve().parent
 
@@ -163,7 +164,7 @@ def write_file(root: Path, i: int, pdf: pd.DataFrame, base: float) -> None:
     os.replace(tmp, root / "in" / f"part-{i:03d}.json")
 
 
-def wait_for(cond, driver: Driver, what: str, timeout: float = 60.0) -> None:
+def wait_for(cond, driver: Driver, what: str, timeout: float = 180.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         assert driver.p.poll() is None, f"the driver exited ({driver.p.returncode}) waiting for {what}:\n" \
@@ -209,10 +210,16 @@ def test_a_query_rescaled_live_then_killed_restarts_with_its_own_code(tmp_path):
         finally:
             second.kill()
         log = second.text()
+        db = sqlite3.connect(f"file:{cluster['root'] / 'coordinator' / 'coordinator.db'}?mode=ro", uri=True)
+        try:
+            adopted = [json.loads(d) for (d,) in db.execute("SELECT detail FROM events WHERE kind='operator_adopted'")]
+        finally:
+            db.close()
 
     # the restarted driver adopted the coordinator's parallelism, and said so
     again = reports(root)[seen:]
     assert again and all((r["parallelism"], r["initial_parallelism"]) == (3, 2) for r in again), again
+    assert adopted == [{"operator": OP, "asked_parallelism": 2, "parallelism": 3}], adopted
     assert "WARNING rhino.spark" in log and "runs at the coordinator's parallelism 3, not the code's 2" in log, log[-3000:]
     # the whole output, read back as written: every row exactly once, as pandas computes it
     files = sorted((root / "out").glob("batch-*.json"))
