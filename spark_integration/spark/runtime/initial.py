@@ -71,26 +71,51 @@ def with_initial_state(df: Any, initial: Any, key_columns: Sequence[str]) -> tup
     return rows.unionByName(inits), list(initial.columns)
 
 
+def _frame(pdf: Any, a: int, b: int, exact: list[str]) -> Any:
+    """Rows [a, b) of ``pdf`` as a processor gets them, as on Spark: a fresh index from 0,
+    and the ``exact`` columns (pandas' Int64, an integral column padded with nulls) as int64,
+    or float64 where these rows hold a null (Spark's conversion of an integral column)."""
+    import pandas as pd
+
+    out = pdf.iloc[a:b]
+    if exact:
+        out = out.astype({c: ("float64" if out[c].hasnans else "int64") for c in exact})
+    out.index = pd.RangeIndex(b - a)
+    return out
+
+
+def _exact(pdf: Any) -> list[str]:
+    import pandas as pd
+
+    return [c for c, t in pdf.dtypes.items() if isinstance(t, pd.Int64Dtype)]
+
+
 class Sides:
     """A window's rows (pandas, sorted by key and side: ``glue.group_rows`` keeps the order
     within a key) seen as the input's and the initial state's: per key, :meth:`split` gives
     the key's initial rows, with the initial state's own columns, and where its input rows
-    begin. Columns are selected once per window, not per key."""
+    begin; :meth:`rows` a key's input rows. Columns are selected once per window, not per key."""
 
     def __init__(self, pdf: Any, key_columns: Sequence[str], input_columns: list[str],
                  initial_columns: Optional[list[str]]) -> None:
         self.initial_columns = initial_columns
         if initial_columns is None:
             self.data, self.side, self.init = pdf, None, None
+            self.data_exact: list[str] = []
             return
         self.side = pdf[SIDE].to_numpy()
         self.data = pdf[input_columns]
         stored = [c if c in key_columns else INIT_PREFIX + c for c in initial_columns]
         self.init = pdf[stored].set_axis(initial_columns, axis=1)
+        self.data_exact, self.init_exact = _exact(self.data), _exact(self.init)
+
+    def rows(self, a: int, b: int) -> Any:
+        """The key's input rows [a, b), as the processor gets them (:func:`_frame`)."""
+        return _frame(self.data, a, b, self.data_exact)
 
     def split(self, a: int, b: int) -> tuple[Any, int]:
         """(the initial rows of the key in rows [a, b), or None; the first of its input rows)."""
         if self.side is None:
             return None, a
         n0 = int(np.count_nonzero(self.side[a:b] == 0))
-        return (self.init.iloc[a:a + n0] if n0 else None), a + n0
+        return (_frame(self.init, a, a + n0, self.init_exact) if n0 else None), a + n0

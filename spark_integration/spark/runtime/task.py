@@ -153,14 +153,32 @@ def _schema(js: str) -> Any:
     return StructType.fromJson(json.loads(js))
 
 
-def _to_pandas(table: pa.Table, schema: Any, timezone: str) -> Any:
+def _to_pandas(table: pa.Table, schema: Any, timezone: str, padded: bool = False) -> Any:
+    """The rows as the pandas frame Spark's ``transformWithStateInPandas`` hands over: Spark
+    converts the Arrow batch, then rebuilds each key's frame from its rows' Python values
+    (PySpark's worker: ``pd.DataFrame(rows)`` of ``itertuples``), so a byte, short or int
+    column arrives as int64 and a float column as float64. ``padded`` (batch 0 with an
+    initial state, ``runtime/initial.py``): an integral column with nulls (the padding of
+    the other side's rows) is kept exact as pandas' Int64; ``Sides`` gives each key's rows
+    as int64 again (float64 where the key's own rows hold a null, as Spark's)."""
     import pandas as pd
     from pyspark.sql.conversion import ArrowArrayToPandasConversion
+    from pyspark.sql.types import ByteType, FloatType, IntegerType, LongType, ShortType
 
     cols = {}
     for f in schema.fields:
-        cols[f.name] = ArrowArrayToPandasConversion.convert(table.column(f.name), f.dataType, ser_name=f.name,
-                                                            timezone=timezone, struct_in_pandas="dict")
+        col = table.column(f.name)
+        integral = isinstance(f.dataType, (ByteType, ShortType, IntegerType, LongType))
+        if padded and integral and col.null_count:
+            cols[f.name] = col.cast(pa.int64()).to_pandas(types_mapper=lambda t: pd.Int64Dtype())
+            continue
+        v = ArrowArrayToPandasConversion.convert(col, f.dataType, ser_name=f.name, timezone=timezone,
+                                                 struct_in_pandas="dict")
+        if integral and v.dtype.kind == "i" and v.dtype.itemsize < 8:
+            v = v.astype(np.int64)
+        elif isinstance(f.dataType, FloatType) and v.dtype == np.float32:
+            v = v.astype(np.float64)
+        cols[f.name] = v
     return pd.DataFrame(cols, index=pd.RangeIndex(table.num_rows))
 
 
@@ -386,7 +404,8 @@ class _InstanceBatch:
         if cfg.mode == "rows":
             pdf, groups = _row_groups(table, self.keys)
         else:
-            pdf, groups = group_rows(table, _to_pandas(table, self.in_schema, spec.timezone), self.keys)
+            pdf, groups = group_rows(table, _to_pandas(table, self.in_schema, spec.timezone,
+                                                       padded=spec.initial_columns is not None), self.keys)
         # the key tuples as handleInputRows gets them, for timers fired in this window (only its
         # keys: memory stays bounded; timers of other keys get decode_key's tuples)
         self.key_of = {g: kt for g, kt, _, _ in groups}
@@ -405,7 +424,7 @@ class _InstanceBatch:
                     cfg.processor.handleInitialState(kt, one, tv)
             if a == b:
                 continue
-            rows = sides.data.iloc[a:b]
+            rows = sides.rows(a, b)
             it = iter(_rows_of(rows)) if cfg.mode == "rows" else iter([rows])
             _collect(cfg.processor.handleInputRows(kt, it, tv), outputs, cfg.mode)
         st.current = None

@@ -10,6 +10,10 @@ grouping key the task sets before each ``handleInputRows`` /
 ``handleExpiredTimer`` call (as Spark's implicit key). Values are the tuples
 of the declared schema, checked and encoded at the write-back (``codec.py``).
 
+Values are written as Spark writes them: a number of another kind than its field's (a
+float 120.0 in a long field, an int in a double one) becomes null, as Spark's JVM side
+converts it (``_spark_number``).
+
 Timers need a time mode (``EventTime``: they fire at the watermark;
 ``ProcessingTime``: at the batch's time); with ``None`` they are refused, as in
 Spark.
@@ -19,10 +23,11 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Optional
 
+import numpy as np
 from pyspark.sql.streaming.stateful_processor import (ListState, MapState, StatefulProcessorHandle,
                                                       ValueState)
 
-from .schema import StateSchemaError
+from .schema import StateSchemaError, type_kind
 from .store import BatchState
 from .variables import VarInfo
 
@@ -42,18 +47,71 @@ def _row(name: str, v: Any) -> tuple:
     return tuple(v)
 
 
+_INTEGRAL = frozenset(("byte", "short", "int", "long"))
+_FLOATING = frozenset(("float", "double"))
+
+
+def _spark_kinds(schema: Any) -> list[Optional[str]]:
+    """Per field, its kind where Spark's numeric conversion applies to it (nullable integral,
+    floating and boolean fields), else None."""
+    kinds: list[Optional[str]] = []
+    for f in schema.fields:
+        k = type_kind(f.dataType)
+        kinds.append(k if f.nullable and (k in _INTEGRAL or k in _FLOATING or k == "boolean") else None)
+    return kinds
+
+
+def _spark_number(kind: Optional[str], v: Any) -> Any:
+    """A number as Spark stores it in a field of ``kind``: PySpark makes a numpy scalar a
+    Python one and pickles the row to the JVM, where ``EvaluatePython.makeFromJava`` keeps an
+    int in an integral field, a float in a float or double one and a bool in a boolean one;
+    any other number there becomes null (a float 120.0 in a long field, an int in a double
+    one, a bool in either). Other values are left to the codec's checks."""
+    if kind is None:
+        return v
+    if isinstance(v, np.generic) and isinstance(v, (np.bool_, np.integer, np.floating)):
+        v = v.item()
+    t = type(v)
+    if t is bool:
+        return v if kind == "boolean" else None
+    if t is int:
+        return v if kind in _INTEGRAL else None
+    if t is float:
+        return v if kind in _FLOATING else None
+    return v
+
+
+def _spark_row(kinds: list[Optional[str]], row: tuple) -> tuple:
+    if len(row) != len(kinds) or not any(kinds):
+        return row  # the codec says what is wrong with the row
+    return tuple(_spark_number(k, v) for k, v in zip(kinds, row))
+
+
 class _RhinoState:
+
     def __init__(self, st: "RhinoProcessorHandle", var: VarInfo) -> None:
         self._h = st
         self._var = var
         self._name = var.name
+        self._kinds = _spark_kinds(var.codec.schema)
+        self._key_kinds = _spark_kinds(var.key_codec.schema) if var.key_codec is not None else []
+
+    def _value(self, v: Any) -> tuple:
+        """A value row as Spark would store it (``_spark_number`` per field)."""
+        return _spark_row(self._kinds, _row(self._name, v))
+
+    def _key(self, v: Any) -> tuple:
+        """A map's user key as Spark would store it."""
+        return _spark_row(self._key_kinds, _row(self._name, v))
 
     @property
     def _st(self) -> BatchState:
         return self._h._state()
 
 
+
 class RhinoValueState(_RhinoState, ValueState):
+
     def exists(self) -> bool:
         return self._st.value(self._var).value is not None
 
@@ -62,7 +120,7 @@ class RhinoValueState(_RhinoState, ValueState):
 
     def update(self, newValue: tuple) -> None:
         cell = self._st.value(self._var)
-        cell.value = _row(self._name, newValue)
+        cell.value = self._value(newValue)
         cell.expiry = self._st.expiry_for(self._var)
         cell.dirty = True
 
@@ -73,6 +131,7 @@ class RhinoValueState(_RhinoState, ValueState):
 
 
 class RhinoListState(_RhinoState, ListState):
+
     def _items(self) -> Iterator[tuple]:
         st = self._st
         cell = st.list_cell(self._var)
@@ -93,7 +152,7 @@ class RhinoListState(_RhinoState, ListState):
         return self._items()
 
     def put(self, newState: list) -> None:
-        rows = [_row(self._name, v) for v in newState]
+        rows = [self._value(v) for v in newState]
         if not rows:
             raise ValueError(f"ListState {self._name!r}: put([]) with an empty list; use clear() to remove "
                              "the list (Spark refuses an empty put too)")
@@ -104,10 +163,10 @@ class RhinoListState(_RhinoState, ListState):
 
     def appendValue(self, newState: tuple) -> None:
         cell = self._st.list_cell(self._var)
-        cell.appended.append((_row(self._name, newState), self._st.expiry_for(self._var)))
+        cell.appended.append((self._value(newState), self._st.expiry_for(self._var)))
 
     def appendList(self, newState: list) -> None:
-        rows = [_row(self._name, v) for v in newState]
+        rows = [self._value(v) for v in newState]
         if rows:
             e = self._st.expiry_for(self._var)
             self._st.list_cell(self._var).appended.extend((r, e) for r in rows)
@@ -119,8 +178,9 @@ class RhinoListState(_RhinoState, ListState):
 
 
 class RhinoMapState(_RhinoState, MapState):
+
     def _kb(self, key: Any) -> bytes:
-        return self._var.key_codec.encode([_row(self._name, key)])[0]
+        return self._var.key_codec.encode([self._key(key)])[0]
 
     def _lookup(self, key: Any) -> Optional[tuple]:
         """(user key, value, expiry) of one entry, or None."""
@@ -147,9 +207,9 @@ class RhinoMapState(_RhinoState, MapState):
         return self._lookup(key) is not None
 
     def updateValue(self, key: tuple, value: tuple) -> None:
-        k = _row(self._name, key)
+        k = self._key(key)
         kb = self._var.key_codec.encode([k])[0]
-        self._st.map_cell(self._var).changes[kb] = (k, _row(self._name, value), self._st.expiry_for(self._var))
+        self._st.map_cell(self._var).changes[kb] = (k, self._value(value), self._st.expiry_for(self._var))
 
     def _entries(self) -> Iterator[tuple[tuple, tuple]]:
         st = self._st
