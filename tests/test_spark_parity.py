@@ -183,3 +183,69 @@ def test_b_column_types_and_numeric_state_conversions_as_on_spark(cluster, spark
     assert s[s["k"] == "b"]["init_val"].tolist() == ["(120,)"], s
     assert s["num"].tolist() == ["(None, None, None, 2.5)"] * 2, s  # Spark: a number of another kind is null
     pd.testing.assert_frame_equal(r, s)
+
+
+# ---- c. a variable used after deleteIfExists in init ---------------------------------------------
+
+
+class DroppedUse(StatefulProcessor):
+    """``init`` gets three variables, then drops them; every use is tried and reported."""
+
+    def init(self, handle):
+        self.x = handle.getValueState("x", "v long")
+        self.lst = handle.getListState("l", "v long")
+        self.m = handle.getMapState("m", "k string", "v long")
+        self.kept = handle.getValueState("kept", "v long")
+        for name in ("x", "l", "m"):
+            handle.deleteIfExists(name)
+
+    def _tries(self):
+        return [("x.exists", self.x.exists), ("x.get", self.x.get), ("x.update", lambda: self.x.update((1,))),
+                ("x.clear", self.x.clear), ("l.exists", self.lst.exists), ("l.get", lambda: list(self.lst.get())),
+                ("l.appendValue", lambda: self.lst.appendValue((1,))), ("l.put", lambda: self.lst.put([(1,)])),
+                ("l.clear", self.lst.clear), ("m.exists", self.m.exists),
+                ("m.getValue", lambda: self.m.getValue(("a",))), ("m.containsKey", lambda: self.m.containsKey(("a",))),
+                ("m.updateValue", lambda: self.m.updateValue(("a",), (1,))), ("m.keys", lambda: list(self.m.keys())),
+                ("m.removeKey", lambda: self.m.removeKey(("a",))), ("m.clear", self.m.clear),
+                ("kept.get", self.kept.get)]
+
+    def _report(self, key):
+        out = []
+        for what, f in self._tries():
+            try:
+                got = repr(f())
+            except Exception as e:  # the class and Spark's message prefix (up to the colon)
+                got = f"{type(e).__module__}.{type(e).__name__}: {str(e).split(':')[0]}"
+            out.append((key, what, got))
+        return out
+
+    def handleInputRows(self, key, rows, timerValues):
+        for _ in rows:
+            pass
+        yield pd.DataFrame(self._report(key[0]), columns=["k", "call", "got"])
+
+    def close(self):
+        pass
+
+
+class DroppedUseRows(DroppedUse):
+    def handleInputRows(self, key, rows, timerValues):
+        from pyspark.sql import Row
+
+        for _ in rows:
+            pass
+        for k, what, got in self._report(key[0]):
+            yield Row(k=k, call=what, got=got)
+
+
+@pytest.mark.parametrize("mode", ["pandas", "rows"])
+def test_c_dropped_variable_raises_sparks_error(cluster, spark, tmp_path, mode):
+    proc = DroppedUse() if mode == "pandas" else DroppedUseRows()
+    s, r = _both(spark, cluster, tmp_path, "dropped", proc, [pd.DataFrame({"k": ["a", "b"]})], "k string",
+                 "k string, call string, got string", mode=mode)
+    got = dict(zip(s[s["k"] == "a"]["call"], s[s["k"] == "a"]["got"]))
+    err = "pyspark.errors.exceptions.base.PySparkRuntimeError: "
+    assert got["x.exists"] == err + "Error checking value state exists", got
+    assert got["m.updateValue"] == err + "Error updating map state value", got
+    assert got["l.get"] == "[]" and got["kept.get"] == "None", got
+    pd.testing.assert_frame_equal(r, s)

@@ -12,7 +12,9 @@ of the declared schema, checked and encoded at the write-back (``codec.py``).
 
 Values are written as Spark writes them: a number of another kind than its field's (a
 float 120.0 in a long field, an int in a double one) becomes null, as Spark's JVM side
-converts it (``_spark_number``).
+converts it (``_spark_number``). A variable that ``init`` got and then dropped with
+``deleteIfExists`` (and did not get again) raises Spark's ``PySparkRuntimeError``, with
+PySpark's message for the call, when it is used.
 
 Timers need a time mode (``EventTime``: they fire at the watermark;
 ``ProcessingTime``: at the batch's time); with ``None`` they are refused, as in
@@ -26,6 +28,8 @@ from typing import Any, Iterator, Optional
 import numpy as np
 from pyspark.sql.streaming.stateful_processor import (ListState, MapState, StatefulProcessorHandle,
                                                       ValueState)
+
+from pyspark.errors import PySparkRuntimeError
 
 from .schema import StateSchemaError, type_kind
 from .store import BatchState
@@ -88,6 +92,7 @@ def _spark_row(kinds: list[Optional[str]], row: tuple) -> tuple:
 
 
 class _RhinoState:
+    _WHAT = ""  # "Value state" ...: how Spark names the kind in its error
 
     def __init__(self, st: "RhinoProcessorHandle", var: VarInfo) -> None:
         self._h = st
@@ -108,31 +113,49 @@ class _RhinoState:
     def _st(self) -> BatchState:
         return self._h._state()
 
+    def _usable(self, error: str) -> None:
+        """Raises Spark's error where Spark's state server refuses the call: the variable was
+        dropped by ``deleteIfExists`` in ``init`` after this object was got (and not got again).
+        ``error``: PySpark's message for the call (its ``*_state_client.py``)."""
+        if self._name in self._h.unusable:
+            raise PySparkRuntimeError(f"{error}: {self._WHAT} {self._name} is not initialized.")
+
+    def _gone(self) -> bool:
+        """Whether the variable is dropped (where Spark answers as empty instead of raising)."""
+        return self._name in self._h.unusable
 
 
 class RhinoValueState(_RhinoState, ValueState):
+    _WHAT = "Value state"
 
     def exists(self) -> bool:
+        self._usable("Error checking value state exists")
         return self._st.value(self._var).value is not None
 
     def get(self) -> Optional[tuple]:
+        self._usable("Error getting value state")
         return self._st.value(self._var).value
 
     def update(self, newValue: tuple) -> None:
+        self._usable("Error updating value state")
         cell = self._st.value(self._var)
         cell.value = self._value(newValue)
         cell.expiry = self._st.expiry_for(self._var)
         cell.dirty = True
 
     def clear(self) -> None:
+        self._usable("Error clearing value state")
         cell = self._st.value(self._var)
         if cell.value is not None:
             cell.value, cell.expiry, cell.dirty = None, None, True
 
 
 class RhinoListState(_RhinoState, ListState):
+    _WHAT = "List state"
 
     def _items(self) -> Iterator[tuple]:
+        if self._gone():
+            return
         st = self._st
         cell = st.list_cell(self._var)
         if not cell.replaced:
@@ -143,6 +166,7 @@ class RhinoListState(_RhinoState, ListState):
         yield from (v for v, _ in cell.appended)
 
     def exists(self) -> bool:
+        self._usable("Error checking value state exists")  # sic: PySpark's list_state_client
         cell = self._st.list_cell(self._var)
         if cell.appended or (not cell.replaced and cell.stored):
             return True
@@ -152,6 +176,7 @@ class RhinoListState(_RhinoState, ListState):
         return self._items()
 
     def put(self, newState: list) -> None:
+        self._usable("Error updating value state")
         rows = [self._value(v) for v in newState]
         if not rows:
             raise ValueError(f"ListState {self._name!r}: put([]) with an empty list; use clear() to remove "
@@ -162,22 +187,26 @@ class RhinoListState(_RhinoState, ListState):
         cell.appended = [(r, e) for r in rows]
 
     def appendValue(self, newState: tuple) -> None:
+        self._usable("Error updating value state")
         cell = self._st.list_cell(self._var)
         cell.appended.append((self._value(newState), self._st.expiry_for(self._var)))
 
     def appendList(self, newState: list) -> None:
+        self._usable("Error updating value state")
         rows = [self._value(v) for v in newState]
         if rows:
             e = self._st.expiry_for(self._var)
             self._st.list_cell(self._var).appended.extend((r, e) for r in rows)
 
     def clear(self) -> None:
+        self._usable("Error clearing value state")
         cell = self._st.list_cell(self._var)
         cell.replaced = True
         cell.appended = []
 
 
 class RhinoMapState(_RhinoState, MapState):
+    _WHAT = "Map state"
 
     def _kb(self, key: Any) -> bytes:
         return self._var.key_codec.encode([self._key(key)])[0]
@@ -197,21 +226,27 @@ class RhinoMapState(_RhinoState, MapState):
         return st.map_get(self._var, cell, kb)
 
     def exists(self) -> bool:
+        self._usable("Error checking map state exists")
         return next(self._entries(), None) is not None
 
     def getValue(self, key: tuple) -> Optional[tuple]:
+        self._usable("Error getting value")
         got = self._lookup(key)
         return got[1] if got is not None else None
 
     def containsKey(self, key: tuple) -> bool:
+        self._usable("Error checking if map state contains key")
         return self._lookup(key) is not None
 
     def updateValue(self, key: tuple, value: tuple) -> None:
+        self._usable("Error updating map state value")
         k = self._key(key)
         kb = self._var.key_codec.encode([k])[0]
         self._st.map_cell(self._var).changes[kb] = (k, self._value(value), self._st.expiry_for(self._var))
 
     def _entries(self) -> Iterator[tuple[tuple, tuple]]:
+        if self._gone():
+            return
         st = self._st
         cell = st.map_cell(self._var)
         if not cell.cleared:
@@ -234,10 +269,12 @@ class RhinoMapState(_RhinoState, MapState):
         return (v for _, v in self._entries())
 
     def removeKey(self, key: tuple) -> None:
+        self._usable("Error removing key from map state")
         kb = self._kb(key)
         self._st.map_cell(self._var).changes[kb] = None
 
     def clear(self) -> None:
+        self._usable("Error clearing map state")
         cell = self._st.map_cell(self._var)
         cell.cleared = True
         cell.changes = {}
@@ -259,6 +296,9 @@ class RhinoProcessorHandle(StatefulProcessorHandle):
         self._states: dict[str, Any] = {}
         self.watermark_ms = 0
         self.dropped: set[str] = set()  # variables deleteIfExists dropped in init()
+        # dropped after they were got, and not got again: unusable, as on Spark (its state
+        # server refuses a variable whose column family was removed)
+        self.unusable: set[str] = set()
 
     def _bind(self, st: BatchState) -> None:
         self._batch = st
@@ -275,6 +315,7 @@ class RhinoProcessorHandle(StatefulProcessorHandle):
                                    "reads the declared state variables from init() on the driver)")
         if var.kind != kind:
             raise StateSchemaError(f"state {name!r} is a {_KINDS[var.kind][0]}, not a {_KINDS[kind][0]}")
+        self.unusable.discard(name)
         st = self._states.get(name)
         if st is None:
             st = self._states[name] = _KINDS[kind][1](self, var)
@@ -318,6 +359,7 @@ class RhinoProcessorHandle(StatefulProcessorHandle):
             return
         if self._batch is None or self._batch.current is None:
             self.dropped.add(stateName)
+            self.unusable.add(stateName)
             return
         self._get(var.kind, stateName).clear()
 
