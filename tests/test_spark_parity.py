@@ -249,3 +249,68 @@ def test_c_dropped_variable_raises_sparks_error(cluster, spark, tmp_path, mode):
     assert got["m.updateValue"] == err + "Error updating map state value", got
     assert got["l.get"] == "[]" and got["kept.get"] == "None", got
     pd.testing.assert_frame_equal(r, s)
+
+
+# ---- d. listTimers() inside handleExpiredTimer ---------------------------------------------------
+
+
+class TimerLister(StatefulProcessor):
+    """Registers a timer 5 s (event time) after each row, and one far ahead; each firing timer
+    reports what ``listTimers()`` gives in its own callback."""
+
+    def init(self, handle):
+        self.h = handle
+
+    def _rows(self, key, n, timerValues):
+        return [(key, f"rows={n} wm={timerValues.getCurrentWatermarkInMs()}")]
+
+    def _expired(self, key, timerValues, info):
+        # sorted: Spark lists a key's timers in its store's key order, not by time
+        return [(key + "-expired", f"ts={info.getExpiryTimeInMs()} listed={sorted(self.h.listTimers())}")]
+
+    def handleInputRows(self, key, rows, timerValues):
+        n = 0
+        for pdf in rows:
+            n += len(pdf)
+            for t in pdf["ts"]:
+                self.h.registerTimer(int(t.value // 1_000_000) + 5000)
+        self.h.registerTimer(T0 + 10**9)
+        yield pd.DataFrame(self._rows(key[0], n, timerValues), columns=["k", "info"])
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        yield pd.DataFrame(self._expired(key[0], timerValues, expiredTimerInfo), columns=["k", "info"])
+
+    def close(self):
+        pass
+
+
+class TimerListerRows(TimerLister):
+    def handleInputRows(self, key, rows, timerValues):
+        from pyspark.sql import Row
+
+        n = 0
+        for row in rows:
+            n += 1
+            self.h.registerTimer(int(row.ts.timestamp() * 1000) + 5000)
+        self.h.registerTimer(T0 + 10**9)
+        for k, info in self._rows(key[0], n, timerValues):
+            yield Row(k=k, info=info)
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        from pyspark.sql import Row
+
+        for k, info in self._expired(key[0], timerValues, expiredTimerInfo):
+            yield Row(k=k, info=info)
+
+
+@pytest.mark.parametrize("mode", ["pandas", "rows"])
+def test_d_list_timers_in_handle_expired_timer_lists_the_firing_one(cluster, spark, tmp_path, mode):
+    # batch 1's watermark (10 s - 1 s) fires a's timer at 5 s and b's at 6 s; no late rows
+    frames = [pd.DataFrame({"k": ["a", "b", "a"], "ts": [_ts(0), _ts(1000), _ts(10000)]}),
+              pd.DataFrame({"k": ["b"], "ts": [_ts(9500)]})]
+    proc = TimerLister() if mode == "pandas" else TimerListerRows()
+    s, r = _both(spark, cluster, tmp_path, "timers", proc, frames, "k string, ts timestamp", "k string, info string",
+                 mode=mode, time_mode="EventTime")
+    far = T0 + 10**9
+    assert s[s["k"] == "a-expired"]["info"].tolist() == [f"ts={T0 + 5000} listed={[T0 + 5000, T0 + 15000, far]}"], s
+    pd.testing.assert_frame_equal(r, s)

@@ -511,15 +511,18 @@ class _InstanceBatch:
             cell = st.timer_cell()
             if ts not in cell.now:  # deleted by the processor meanwhile
                 continue
-            cell.now.discard(ts)
-            cell.stored.discard(ts)  # fired: deleted at the write-back, even if registered again
             st.fired.append((ts, g))
             self.n["timers_fired"] += 1
             key = self.key_of.get(g)
             if key is None:
                 key = decode_key(g)
+            # the firing timer is still listed during its own callback, and deleted after it
+            # (even if the callback registered it again), as PySpark deletes it
             _collect(self.cfg.processor.handleExpiredTimer(key, tv, ExpiredTimerInfo(ts)), outputs,
                      self.cfg.mode)
+            cell = st.timer_cell()
+            cell.now.discard(ts)
+            cell.stored.discard(ts)  # fired: deleted at the write-back
         st.current = None
 
     def stats(self) -> dict:
