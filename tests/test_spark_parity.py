@@ -314,3 +314,38 @@ def test_d_list_timers_in_handle_expired_timer_lists_the_firing_one(cluster, spa
     far = T0 + 10**9
     assert s[s["k"] == "a-expired"]["info"].tolist() == [f"ts={T0 + 5000} listed={[T0 + 5000, T0 + 15000, far]}"], s
     pd.testing.assert_frame_equal(r, s)
+
+
+# ---- e. late rows: the previous batch's watermark; timers: the current one ------------------------
+
+
+class LateProbe(TimerLister):
+    """Per key and batch: the rows it got (so a row dropped as late shows), and its timers."""
+
+    def _rows(self, key, n, timerValues):
+        return [(key, f"rows={n} wm={timerValues.getCurrentWatermarkInMs()}")]
+
+    def _expired(self, key, timerValues, info):
+        return [(key + "-expired", f"ts={info.getExpiryTimeInMs()} wm={timerValues.getCurrentWatermarkInMs()}")]
+
+
+class LateProbeRows(TimerListerRows):
+    _rows = LateProbe._rows
+    _expired = LateProbe._expired
+
+
+@pytest.mark.parametrize("mode", ["pandas", "rows"])
+def test_e_late_rows_use_the_previous_batchs_watermark(cluster, spark, tmp_path, mode):
+    # batch 1 runs with watermark 10 s - 1 s but drops late rows by batch 0's (0): a's row at
+    # 4 s is kept; batch 2 drops by batch 1's (9 s): a's row at 3 s and b's at 8 s are late,
+    # c's at 9.5 s is not. The last batch moves no watermark (Spark would add a batch).
+    frames = [pd.DataFrame({"k": ["a"], "ts": [_ts(10000)]}),
+              pd.DataFrame({"k": ["a", "b"], "ts": [_ts(4000), _ts(12000)]}),
+              pd.DataFrame({"k": ["a", "b", "c"], "ts": [_ts(3000), _ts(8000), _ts(9500)]})]
+    proc = LateProbe() if mode == "pandas" else LateProbeRows()
+    s, r = _both(spark, cluster, tmp_path, "late", proc, frames, "k string, ts timestamp", "k string, info string",
+                 mode=mode, time_mode="EventTime")
+    b1 = s[s["batch"] == 1]
+    assert f"rows=1 wm={T0 + 9000}" in b1[b1["k"] == "a"]["info"].tolist(), s  # kept on Spark
+    assert s[(s["batch"] == 2) & s["k"].isin(["a", "b"])].empty, s  # late on Spark
+    pd.testing.assert_frame_equal(r, s)

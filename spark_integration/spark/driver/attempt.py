@@ -37,6 +37,9 @@ class AttemptSpec:
     # initial state's (its rows carry them under INIT_PREFIX); None otherwise
     input_columns: Optional[list[str]] = None
     initial_columns: Optional[list[str]] = None
+    # the watermark late rows are dropped by: the one the previous batch ran with (Spark's
+    # eventTimeWatermarkForLateEvents; driver/watermark.py); timers fire at watermark_ms
+    late_watermark_ms: int = 0
 
 
 @dataclass
@@ -52,10 +55,12 @@ class AttemptContext:
     placement: Placement
     batch_time_ms: int
     watch: Optional[Any] = None
+    late_watermark_ms: int = 0
 
     def spec(self, *, state_doc: Optional[dict], input_schema_json: str, instances: list[int], meta: Any,
              input_columns: Optional[list[str]] = None, initial_columns: Optional[list[str]] = None) -> AttemptSpec:
         return AttemptSpec(batch=self.batch, attempt=self.attempt, epoch=self.epoch, watermark_ms=self.watermark_ms,
                            timezone=self.timezone, placement=self.placement, batch_time_ms=self.batch_time_ms,
                            state_doc=state_doc, input_schema_json=input_schema_json, instances=tuple(instances),
-                           meta=meta, input_columns=input_columns, initial_columns=initial_columns)
+                           meta=meta, input_columns=input_columns, initial_columns=initial_columns,
+                           late_watermark_ms=self.late_watermark_ms)

@@ -140,8 +140,9 @@ class BatchRunner:
         # the coordinator's time of the batch, fixed at its first begin (0 is a time too: a
         # test clock's); the clock's only if the coordinator gave none
         batch_time_ms = placement.batch_time_ms if placement.batch_time_ms is not None else int(self.clock())
+        late = self.watermarks.for_late_rows(b) if self.config.time_mode == "eventtime" else 0
         ctx = AttemptContext(batch=b, attempt=a.number, epoch=a.epoch, watermark_ms=wm, timezone=tz,
-                             placement=placement, batch_time_ms=batch_time_ms,
+                             placement=placement, batch_time_ms=batch_time_ms, late_watermark_ms=late,
                              watch=self._watch(spark, a.epoch, placement,
                                                f"rhino-{self.config.operator_id}-{b}-{a.number}"))
         try:

@@ -1,5 +1,7 @@
-"""The operator's event-time watermark, by Spark's rule: batch b runs with the largest
-event time seen through batch b-1, minus the delay (0 before any event).
+"""The operator's event-time watermarks, by Spark's rule: batch b's timers fire at the
+largest event time seen through batch b-1, minus the delay (0 before any event; Spark's
+``eventTimeWatermarkForEviction``), and its late rows are those at or before the watermark
+batch b-1 ran with (``eventTimeWatermarkForLateEvents``): one batch behind.
 
 The largest event time of each committed batch is kept in a small file beside the
 query's checkpoint (``checkpoint_location``), so that a restarted driver runs each
@@ -39,6 +41,11 @@ class Watermarks:
             return 0
         m = self._max_event[max(prev)]
         return max(0, m - self.delay_ms) if m is not None else 0
+
+    def for_late_rows(self, batch: int) -> int:
+        """The watermark batch ``batch`` drops late rows by: the one batch ``batch - 1`` ran
+        with (0 for the first two batches), as Spark's ``eventTimeWatermarkForLateEvents``."""
+        return self.for_batch(batch - 1) if batch > 0 else 0
 
     def committed(self, batch: int, max_events: Iterable[Optional[int]]) -> None:
         """Records batch ``batch``'s largest event time (its tasks' ``max_event_ms``) and

@@ -436,8 +436,9 @@ class _InstanceBatch:
         return self._output(outputs)
 
     def _drop_late(self, table: pa.Table) -> pa.Table:
-        """Counts the window's rows and event times; drops the rows at or before the
-        watermark, as Spark's late-event filter does."""
+        """Counts the window's rows and event times; drops the rows at or before the previous
+        batch's watermark (``spec.late_watermark_ms``), as Spark's late-event filter does
+        (``eventTimeWatermarkForLateEvents``; timers fire at this batch's own watermark)."""
         spec = self.spec
         data = None  # with an initial state: which rows are input rows (the rest are kept)
         if spec.initial_columns is not None and table.num_rows:
@@ -449,8 +450,8 @@ class _InstanceBatch:
         ev = _event_ms(table.column(event_time))
         mx = int(ev.max() if data is None else ev[data].max())
         self.max_event = mx if self.max_event is None else max(self.max_event, mx)
-        if spec.watermark_ms > 0:
-            keep = ev > spec.watermark_ms
+        if spec.late_watermark_ms > 0:
+            keep = ev > spec.late_watermark_ms
             if data is not None:
                 keep = keep | ~data
             if not keep.all():
