@@ -8,7 +8,8 @@ compares what the processor saw and emitted:
   Spark's numeric conversions when state is written (a float in a long field is null);
 - a variable used after ``deleteIfExists`` in ``init``: Spark's ``PySparkRuntimeError``;
 - ``listTimers()`` inside ``handleExpiredTimer`` still lists the firing timer;
-- late rows filtered by the previous batch's watermark, timers fired by the current one.
+- late rows filtered by the previous batch's watermark, timers fired by the current one;
+- a key's rows in frames of at most ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows.
 
 One SparkSession and one Rhino cluster (real ``rhino worker`` processes on
 127.0.0.2..4) for the module; small frames, few batches."""
@@ -348,4 +349,34 @@ def test_e_late_rows_use_the_previous_batchs_watermark(cluster, spark, tmp_path,
     b1 = s[s["batch"] == 1]
     assert f"rows=1 wm={T0 + 9000}" in b1[b1["k"] == "a"]["info"].tolist(), s  # kept on Spark
     assert s[(s["batch"] == 2) & s["k"].isin(["a", "b"])].empty, s  # late on Spark
+    pd.testing.assert_frame_equal(r, s)
+
+
+# ---- f. a key's rows in frames of at most maxRecordsPerBatch rows --------------------------------
+
+
+class ChunkProbe(StatefulProcessor):
+    """Per key: the size and index of every frame its rows arrive in."""
+
+    def init(self, handle):
+        pass
+
+    def handleInputRows(self, key, rows, timerValues):
+        seen = [f"{len(pdf)}:{pdf.index[0]}" for pdf in rows]
+        yield pd.DataFrame({"k": [key[0]], "frames": [" ".join(seen)]})
+
+    def close(self):
+        pass
+
+
+def test_f_a_keys_rows_arrive_in_frames_of_max_records_per_batch(cluster, spark, tmp_path):
+    frames = [pd.DataFrame({"k": ["a"] * 5 + ["b"] * 2 + ["c"], "v": range(8)}),
+              pd.DataFrame({"k": ["b"] * 3, "v": range(3)})]
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "2")
+    try:
+        s, r = _both(spark, cluster, tmp_path, "chunks", ChunkProbe(), frames, "k string, v long",
+                     "k string, frames string")
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert s[s["k"] == "a"]["frames"].tolist() == ["2:0 2:0 1:0"], s
     pd.testing.assert_frame_equal(r, s)

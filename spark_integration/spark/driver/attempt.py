@@ -40,6 +40,9 @@ class AttemptSpec:
     # the watermark late rows are dropped by: the one the previous batch ran with (Spark's
     # eventTimeWatermarkForLateEvents; driver/watermark.py); timers fire at watermark_ms
     late_watermark_ms: int = 0
+    # pandas mode: a key's rows reach handleInputRows in frames of at most this many rows
+    # (Spark's spark.sql.execution.arrow.maxRecordsPerBatch; 0: one frame)
+    max_records_per_batch: int = 0
 
 
 @dataclass
@@ -56,6 +59,7 @@ class AttemptContext:
     batch_time_ms: int
     watch: Optional[Any] = None
     late_watermark_ms: int = 0
+    max_records_per_batch: int = 0
 
     def spec(self, *, state_doc: Optional[dict], input_schema_json: str, instances: list[int], meta: Any,
              input_columns: Optional[list[str]] = None, initial_columns: Optional[list[str]] = None) -> AttemptSpec:
@@ -63,4 +67,5 @@ class AttemptContext:
                            timezone=self.timezone, placement=self.placement, batch_time_ms=self.batch_time_ms,
                            state_doc=state_doc, input_schema_json=input_schema_json, instances=tuple(instances),
                            meta=meta, input_columns=input_columns, initial_columns=initial_columns,
-                           late_watermark_ms=self.late_watermark_ms)
+                           late_watermark_ms=self.late_watermark_ms,
+                           max_records_per_batch=self.max_records_per_batch)

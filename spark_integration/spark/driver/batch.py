@@ -141,8 +141,10 @@ class BatchRunner:
         # test clock's); the clock's only if the coordinator gave none
         batch_time_ms = placement.batch_time_ms if placement.batch_time_ms is not None else int(self.clock())
         late = self.watermarks.for_late_rows(b) if self.config.time_mode == "eventtime" else 0
+        chunk = int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000"))  # <= 0: unbounded
         ctx = AttemptContext(batch=b, attempt=a.number, epoch=a.epoch, watermark_ms=wm, timezone=tz,
                              placement=placement, batch_time_ms=batch_time_ms, late_watermark_ms=late,
+                             max_records_per_batch=max(chunk, 0),
                              watch=self._watch(spark, a.epoch, placement,
                                                f"rhino-{self.config.operator_id}-{b}-{a.number}"))
         try:

@@ -424,8 +424,11 @@ class _InstanceBatch:
                     cfg.processor.handleInitialState(kt, one, tv)
             if a == b:
                 continue
-            rows = sides.rows(a, b)
-            it = iter(_rows_of(rows)) if cfg.mode == "rows" else iter([rows])
+            if cfg.mode == "rows":
+                it = iter(_rows_of(sides.rows(a, b)))
+            else:  # in frames of at most maxRecordsPerBatch rows, as Spark hands them over
+                step = spec.max_records_per_batch or (b - a)
+                it = (sides.rows(i, min(i + step, b)) for i in range(a, b, step))
             _collect(cfg.processor.handleInputRows(kt, it, tv), outputs, cfg.mode)
         st.current = None
         self.n["keys"] += len(groups)
