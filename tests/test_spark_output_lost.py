@@ -54,7 +54,7 @@ def cluster(tmp_path_factory):
     from rhino_bench.harness.spark_cluster import LocalCluster
 
     # heartbeats never time out here: only the batch watch can tell the coordinator of the loss
-    with LocalCluster.up(tmp_path_factory.mktemp("cluster"), hosts=3, first_host=44, heartbeat_timeout=600.0) as cl:
+    with LocalCluster.up(tmp_path_factory.mktemp("cluster"), hosts=3, first_host=60, heartbeat_timeout=600.0) as cl:
         spark = cl.spark_session("rhino-output-kill")
         try:
             yield cl, spark
