@@ -434,7 +434,16 @@ def test_grouped_processing_time_timeout_equals_sparks_apply_in_pandas_with_stat
             if stop.wait(1.0):
                 break
             write(i)
-        time.sleep(2.0)
+
+        def seen(frames):  # the files a query has processed: key 0's count
+            return max([int(f.loc[f["k"] == 0, "n"].max()) for f in frames if len(f) and (f["k"] == 0).any()],
+                       default=0)
+
+        # both queries catch up with the 15 files (on a loaded machine a batch can take seconds)
+        deadline = time.monotonic() + 90
+        while min(seen(got_spark), seen(got_rhino)) < 15 and time.monotonic() < deadline:
+            assert qs.isActive and qr.isActive, (qs.exception(), qr.exception())
+            time.sleep(0.5)
     finally:
         qs.stop()
         qr.stop()
