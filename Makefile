@@ -88,10 +88,11 @@ demo: setup
 
 # pytest on PYTEST_JOBS pytest-xdist workers, one module at a time each (--dist loadfile keeps a
 # module's shared cluster or SparkSession in one process; tests/conftest.py starts the slowest
-# modules first). Most of the suite waits on processes, sockets and JVMs, not on a core, so two
-# workers fit in 2 cores. PYTEST_JOBS=0: one process, as before (for a debugger or -x).
+# modules first, and --no-loadscope-reorder keeps that order instead of xdist's by test count).
+# Most of the suite waits on processes, sockets and JVMs, not on a core, so two workers fit in
+# 2 cores. PYTEST_JOBS=0: one process, as before (for a debugger or -x).
 PYTEST_JOBS ?= 2
-PYTEST_PAR = $(if $(filter-out 0,$(PYTEST_JOBS)),-n $(PYTEST_JOBS) --dist loadfile)
+PYTEST_PAR = $(if $(filter-out 0,$(PYTEST_JOBS)),-n $(PYTEST_JOBS) --dist loadfile --no-loadscope-reorder)
 xdist: setup
 	@$(PY) -c "import xdist" 2>/dev/null || $(PIP) install -q "pytest-xdist>=3.5"
 

@@ -65,7 +65,11 @@ def test_recovery_small(tmp_path):
         if r.get("restore_batch", r["recovered_batch"]) == r["recovered_batch"]:
             # (a kill just after the victim's stateful task leaves the restore to the next batch)
             assert r["recovery_s"] >= r["state_restore_s"]
-        assert r["recovery_s"] >= r["detection_s"]
+        # (a kill that landed after the victim's stateful task had ended, as its own figures
+        # say, leaves that batch nothing to recover: it may end before the loss is detected)
+        missed = (r.get("kill_into_victim_task_s") or 0) >= (r.get("victim_task_s") or float("inf"))
+        if not missed:
+            assert r["recovery_s"] >= r["detection_s"], r
         assert "locality" in r
     rh = rr["rhino"]
     assert 0.95 <= rh["locality"] <= 1.0
