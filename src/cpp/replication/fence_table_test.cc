@@ -3,6 +3,8 @@
 // is the oracle: files are read back and written by hand here.
 #include "replication/fence_table.h"
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -164,6 +166,68 @@ TEST(FenceTableTest, AnOperatorIdThatEscapesTheStoreIsRefused) {
   EXPECT_EQ(t.Highest("../x", 0), 0u);       // and never read
   EXPECT_CODE(t.Observe("", 0, 1, &raised), kPathOutsideStore);
   EXPECT_FALSE(Exists(dir.Sub("fences")));
+}
+
+// Issue 46: an unreadable or garbled fence must not read as "never fenced".
+TEST(FenceTableTest, AGarbledFenceFileRefusesTheInstanceUntilItIsFencedAgain) {
+  for (const std::string& bytes : {std::string(""), std::string("\n"), std::string("garbage\n"),
+                                   std::string("-1\n"), std::string(" 7\n"), std::string("7x\n"),
+                                   std::string("18446744073709551616\n"), std::string("42\n\n")}) {
+    SCOPED_TRACE("fence file holds '" + bytes + "'");
+    testing::TempDir dir;
+    ASSERT_EQ(::mkdir(dir.Sub("fences").c_str(), 0755), 0);
+    ASSERT_EQ(::mkdir(dir.Sub("fences/op").c_str(), 0755), 0);
+    WriteBytes(dir.Sub("fences/op/4"), bytes);
+    FenceTable t(dir.path(), "epoch");
+    Status s = t.Check("op", 4, 1);
+    EXPECT_CODE(s, kCorruption);
+    EXPECT_NE(s.message().find("epoch fence of op/4 cannot be read"), std::string::npos) << s.message();
+    EXPECT_CODE(t.Check("op", 4, std::numeric_limits<uint64_t>::max()), kCorruption);  // every epoch
+    EXPECT_CODE(t.Check("op", 4, 0), kCorruption);
+    EXPECT_EQ(t.Highest("op", 4), 0u);
+    EXPECT_CODE(t.Check("op", 4, 1), kCorruption);  // still, after Highest
+    EXPECT_OK(t.Check("op", 5, 1));                 // other instances are not affected
+    bool raised = true;
+    EXPECT_CODE(t.Observe("op", 4, 0, &raised), kCorruption);  // 0 is no fence
+    EXPECT_FALSE(raised);
+    EXPECT_EQ(Slurp(dir.Sub("fences/op/4")), bytes);  // left as found
+    // The re-fence: any real epoch, even one below what the file may have held.
+    ASSERT_OK(t.Observe("op", 4, 3, &raised));
+    EXPECT_TRUE(raised);
+    EXPECT_EQ(Slurp(dir.Sub("fences/op/4")), "3\n");
+    EXPECT_OK(t.Check("op", 4, 3));
+    EXPECT_CODE(t.Check("op", 4, 2), kStaleChainVersion);
+    EXPECT_EQ(t.Highest("op", 4), 3u);
+    FenceTable restarted(dir.path(), "epoch");
+    EXPECT_EQ(restarted.Highest("op", 4), 3u);
+  }
+}
+
+TEST(FenceTableTest, AFenceFileThatCannotBeReadRefusesTheInstance) {
+  testing::TempDir dir;
+  // A directory where the file should be: open() works, read() fails (EISDIR),
+  // even as root, unlike a chmod 000 file.
+  ASSERT_EQ(::mkdir(dir.Sub("fences").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(dir.Sub("fences/op").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(dir.Sub("fences/op/2").c_str(), 0755), 0);
+  FenceTable t(dir.path());
+  EXPECT_CODE(t.Check("op", 2, 9), kCorruption);
+  bool raised = false;
+  // The re-fence cannot replace a directory: it fails, and the instance stays refused.
+  EXPECT_FALSE(t.Observe("op", 2, 9, &raised).ok());
+  EXPECT_FALSE(raised);
+  EXPECT_CODE(t.Check("op", 2, 9), kCorruption);
+}
+
+TEST(FenceTableTest, AWellFormedFileWithoutItsNewlineStillCounts) {
+  testing::TempDir dir;
+  ASSERT_EQ(::mkdir(dir.Sub("fences").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(dir.Sub("fences/op").c_str(), 0755), 0);
+  WriteBytes(dir.Sub("fences/op/1"), "17");
+  FenceTable t(dir.path());
+  EXPECT_EQ(t.Highest("op", 1), 17u);
+  EXPECT_CODE(t.Check("op", 1, 16), kStaleChainVersion);
+  EXPECT_OK(t.Check("op", 1, 17));
 }
 
 }  // namespace
