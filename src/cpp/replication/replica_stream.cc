@@ -186,7 +186,7 @@ Status ReplicaStream::PrepareLocal() {
       return Status::Corruption("empty file " + files[i].name + " has a checksum that is not the empty one");
     }
     std::string path = fs::Join(staging_, std::to_string(i));
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) return Status::FromErrno(errno, "create " + path);
     ::close(fd);
   }
@@ -428,7 +428,7 @@ Status ReplicaStream::OnChunk(const ChunkReq& c, std::shared_ptr<std::string> pa
   if (recv_fd_ < 0) {
     // Staged under its manifest index, never under a name from the network.
     std::string path = fs::Join(staging_, std::to_string(want));
-    recv_fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    recv_fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (recv_fd_ < 0) return Status::FromErrno(errno, "create staging file for " + f.name);
     // Reserve the whole file first: a member without room for it fails now,
     // clearly, instead of after part of it is written, and the file's blocks

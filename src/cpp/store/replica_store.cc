@@ -207,7 +207,10 @@ Status ReplicaStore::AdoptVerifiedFile(const std::string& path, const FileEntry&
   }
   if (!s.ok() && s.IsAlreadyExists()) return Status::OK();  // a concurrent pooler won
   if (!s.ok()) return s;
-  ::chmod(pooled.c_str(), 0444);  // pool files are immutable; make accidents loud
+  // Pool files are immutable (make accidents loud) and owner-only: state is
+  // nobody else's to read (issue 46). A restore's links share this inode, so
+  // its SSTs are 0400 too.
+  ::chmod(pooled.c_str(), 0400);
   return Status::OK();
 }
 
@@ -237,7 +240,7 @@ Status ReplicaStore::CommitManifest(const Manifest& m) {
     // Write + fsync a temporary file, then link(2) it into place: the commit
     // is atomic and, unlike rename(2), never replaces a committed manifest.
     std::string data = m.Serialize();
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0444);
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0400);
     if (fd < 0) return Status::FromErrno(errno, "create " + tmp);
     size_t off = 0;
     Status s;
@@ -415,7 +418,7 @@ Status ReplicaStore::Restore(const std::string& operator_id, uint32_t instance, 
     }
     if (s.ok() && !linked) {
       s = fs::CopyFile(sources[i], dst, options.durable);
-      if (s.ok()) ::chmod(dst.c_str(), 0644);
+      if (s.ok()) ::chmod(dst.c_str(), 0600);  // owner-only; RocksDB may rewrite it
     }
     if (s.ok()) CountPlaced(f.size, linked, stats);
     if (i == m.files.size() / 2) CrashPoint("restore.mid_files");

@@ -96,7 +96,7 @@ TEST_F(StoreTest, PoolFileKeysTheFileByItsContentIdentity) {
   EXPECT_EQ(e.size, bytes.size());
   const std::string pooled = Pool(bytes);
   EXPECT_EQ(Slurp(pooled), bytes);
-  EXPECT_EQ(StatOf(pooled).mode, 0444u);                     // immutable
+  EXPECT_EQ(StatOf(pooled).mode, 0400u);                     // immutable, owner-only (issue 46)
   EXPECT_TRUE(SameInode(pooled, dir_.Sub("000012.sst")));   // pooled by link(2), not copied
   std::string path;
   ASSERT_OK(store_->PoolPath(e.identity, &path));
@@ -173,7 +173,10 @@ TEST_F(StoreTest, RestoreHardLinksSstAndBlobFilesAndCopiesTheRest) {
   EXPECT_TRUE(SameInode(out + "/000021.blob", Pool(blob)));
   EXPECT_FALSE(SameInode(out + "/MANIFEST-000004", Pool(manifest)));
   EXPECT_FALSE(SameInode(out + "/CURRENT", Pool(current)));
-  EXPECT_EQ(StatOf(out + "/CURRENT").mode, 0644u);  // RocksDB may rewrite it
+  EXPECT_EQ(StatOf(out + "/CURRENT").mode, 0600u);  // RocksDB may rewrite it; owner-only (issue 46)
+  EXPECT_EQ(StatOf(out + "/MANIFEST-000004").mode, 0600u);
+  EXPECT_EQ(StatOf(out + "/000020.sst").mode, 0400u);  // a link: the pool file's inode and mode
+  EXPECT_EQ(StatOf(out + "/000021.blob").mode, 0400u);
   for (const auto& [name, bytes] : std::map<std::string, std::string>{
            {"000020.sst", sst}, {"000021.blob", blob}, {"MANIFEST-000004", manifest}, {"CURRENT", current}}) {
     EXPECT_EQ(Slurp(out + "/" + name), bytes) << name;

@@ -129,7 +129,7 @@ Status ReplicaStore::RefreshStandby(const std::string& operator_id, uint32_t ins
       RHINO_RETURN_IF_ERROR(fs::Link(pooled, dst, &cross_device));
     } else {
       RHINO_RETURN_IF_ERROR(fs::CopyFile(pooled, dst, /*sync=*/false));
-      ::chmod(dst.c_str(), 0644);
+      ::chmod(dst.c_str(), 0600);  // owner-only, as a restore's copies
     }
   }
   RHINO_RETURN_IF_ERROR(WriteMarker(marker, m.checkpoint_id));

@@ -81,6 +81,10 @@ TEST_F(StandbyTest, RefreshLinksSstsToThePoolAndCopiesMutableFiles) {
     EXPECT_EQ(Slurp(Db() + "/" + name), bytes) << name;
     const bool linked = InodeOf(Db() + "/" + name) == InodeOf(PoolOf(m, name));
     EXPECT_EQ(linked, name.size() > 4 && name.compare(name.size() - 4, 4, ".sst") == 0) << name;
+    // Owner-only (issue 46): links share the pool file's 0400, copies are 0600.
+    struct stat st {};
+    ASSERT_EQ(::stat((Db() + "/" + name).c_str(), &st), 0) << name;
+    EXPECT_EQ(st.st_mode & 07777, linked ? 0400u : 0600u) << name;
   }
   // Already up to date: nothing changes.
   ASSERT_OK(store_->RefreshStandby("op", 0, &refreshed));

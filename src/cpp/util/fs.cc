@@ -120,7 +120,7 @@ Status CopyFile(const std::string& from, const std::string& to, bool sync) {
   if (in.fd < 0) return Status::FromErrno(errno, "open " + from);
   struct stat st;
   if (::fstat(in.fd, &st) != 0) return Status::FromErrno(errno, "stat " + from);
-  Fd out(::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  Fd out(::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));  // owner-only: copies of state
   if (out.fd < 0) return Status::FromErrno(errno, "create " + to);
   off_t remaining = st.st_size;
   while (remaining > 0) {

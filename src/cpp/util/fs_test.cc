@@ -103,7 +103,7 @@ TEST(FsTest, RemoveAllRemovesATreeButNotWhatASymlinkPointsTo) {
   ASSERT_OK(fs::MakeDirs(t.Sub("tree/x/y")));
   WriteBytes(t.Sub("tree/f"), "1");
   WriteBytes(t.Sub("tree/x/y/g"), "2");
-  ASSERT_EQ(::chmod(t.Sub("tree/f").c_str(), 0444), 0);  // read-only files go too (pool files are 0444)
+  ASSERT_EQ(::chmod(t.Sub("tree/f").c_str(), 0444), 0);  // read-only files go too (pool files are 0400)
   ASSERT_EQ(::symlink(t.Sub("keep").c_str(), t.Sub("tree/x/link").c_str()), 0);
   ASSERT_OK(fs::RemoveAll(t.Sub("tree")));
   EXPECT_FALSE(PathExists(t.Sub("tree")));

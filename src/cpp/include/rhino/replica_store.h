@@ -5,7 +5,7 @@
 // primitives.
 //
 // Layout under `dir`:
-//   pool/<identity>                         immutable files (mode 0444), keyed by content
+//   pool/<identity>                         immutable files (mode 0400), keyed by content
 //   checkpoints/<operator_id>/<instance>/<checkpoint_id:020>.manifest
 //   tmp/<kind>-<pid>-<nonce>/               staging; never read by anybody else
 //   standby/<operator_id>/<instance>/db/    the newest checkpoint's RocksDB directory, ready
