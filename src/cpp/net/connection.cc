@@ -246,6 +246,23 @@ void Connection::OnHeader(const asio::error_code& ec) {
     Reject(intact ? h.stream_id : 0, s);
     return;
   }
+  if (role_ == Role::kServer && state_.load() == State::kHandshake && h.length > kMaxHandshakeFrameBytes) {
+    // Before authentication a peer is anybody: it gets no buffer of up to
+    // max_frame_bytes (§2). Logged at most once a second: a flood must not
+    // flood the log too.
+    static std::atomic<int64_t> last_log_s{0};
+    const int64_t now_s =
+        std::chrono::duration_cast<std::chrono::seconds>(Clock::now().time_since_epoch()).count();
+    int64_t last = last_log_s.load();
+    if (now_s != last && last_log_s.compare_exchange_strong(last, now_s)) {
+      std::fprintf(stderr, "rhino: %s sent a %u-byte frame before authenticating (at most %u): connection closed\n",
+                   remote_.c_str(), h.length, kMaxHandshakeFrameBytes);
+    }
+    Reject(0, Status::InvalidArgument("a frame of " + std::to_string(h.length) +
+                                      " bytes before authentication is over the pre-auth limit of " +
+                                      std::to_string(kMaxHandshakeFrameBytes) + " bytes"));
+    return;
+  }
   cur_ = h;
   // Allocated only now that the length is known to be within bounds (§1 step 3).
   // Pooled: a chunk's buffer is reused rather than freshly mapped and zeroed

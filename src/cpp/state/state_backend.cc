@@ -262,6 +262,10 @@ rocksdb::DBOptions DbOptions(const StateOptions& options, std::shared_ptr<rocksd
 Status NewColumnFamilyNames(const StateOptions& options, std::vector<std::string>* cf_names) {
   Partitioner p;
   RHINO_RETURN_IF_ERROR(Partitioner::Create(options.partitioner, &p));
+  if (p.num_vnodes() > kMaxNumVnodes) {
+    return Status::InvalidArgument("num_vnodes " + std::to_string(p.num_vnodes()) + " is over the limit of " +
+                                   std::to_string(kMaxNumVnodes) + " vnodes (column families) per instance");
+  }
   std::set<uint32_t> vnodes(options.vnodes.begin(), options.vnodes.end());
   if (vnodes.size() != options.vnodes.size()) return Status::InvalidArgument("duplicate vnodes in options");
   if (vnodes.empty())

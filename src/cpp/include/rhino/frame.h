@@ -64,6 +64,12 @@ constexpr size_t kFrameHeaderBytes = 32;
 constexpr uint32_t kDefaultMaxFrameBytes = (4u << 20) + (4u << 10);  // 4 MiB + 4 KiB
 // The largest max_frame_bytes a worker accepts: one frame's payload is one buffer.
 constexpr uint32_t kMaxFrameBytesLimit = 256u << 20;
+// The largest payload a listener reads from a peer before it has authenticated
+// (protocol §2): the largest handshake frame, a HelloReq, is under 300 bytes.
+// A bigger frame closes the connection before anything is allocated for it, so
+// an unauthenticated peer costs a listener a few hundred bytes, not
+// max_frame_bytes (issue 46).
+constexpr uint32_t kMaxHandshakeFrameBytes = 1024;
 
 struct FrameHeader {
   MessageType type = MessageType::kErrorRsp;

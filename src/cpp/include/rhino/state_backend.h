@@ -62,6 +62,12 @@ enum class CompactionStyle { kLevel, kUniversal };
 bool ParseCompactionStyle(const std::string& name, CompactionStyle* out);
 const char* CompactionStyleName(CompactionStyle style);
 
+// The most vnodes an instance's state may have: each is a RocksDB column
+// family (its own memtable, files and options), so an unbounded num_vnodes
+// (the partitioner allows up to 2^30) would let one open request exhaust a
+// worker's memory and file descriptors (issue 46). InvalidArgument above it.
+constexpr uint32_t kMaxNumVnodes = 65536;
+
 struct StateOptions {
   // For a new DB, the partitioner to create it with. For an existing DB it
   // must match the stored one if check_partitioner is set.
