@@ -14,6 +14,7 @@ The public API:
   :func:`query_store` asks a worker what it holds (docs/protocol.md).
 - :func:`connect` reaches a worker's state service: sessions read and write
   the instances it hosts, one micro-batch at a time (:mod:`rhino.client`).
+- :func:`operator_id` names an operator within a namespace (a job's id).
 
 Errors are subclasses of :class:`RhinoError` (see :mod:`rhino.errors`).
 """
@@ -58,12 +59,14 @@ from .errors import (
     UnknownVnodeError,
     UnknownInstanceError,
     SessionBusyError,
+    OperatorRunningError,
     TLSError,
     StaleEpochError,
 )
 from .replication import query_store, replicate
 from .client import Client, Session, connect
 from .tls.config import TLS
+from .coordinator.naming import operator_id
 
 __all__ = [
     "__version__",
@@ -85,6 +88,7 @@ __all__ = [
     "replicate",
     "query_store",
     "connect",
+    "operator_id",
     "TLS",
     "Client",
     "Session",
@@ -107,6 +111,7 @@ __all__ = [
     "AuthFailedError",
     "UnknownInstanceError",
     "SessionBusyError",
+    "OperatorRunningError",
     "TLSError",
     "StaleEpochError",
 ]

@@ -30,6 +30,7 @@ __all__ = [
     "TLSError",
     "UnknownInstanceError",
     "SessionBusyError",
+    "OperatorRunningError",
     "StaleEpochError",
 ]
 
@@ -115,6 +116,11 @@ class UnknownInstanceError(RhinoError, LookupError):
 
 class SessionBusyError(BusyError):
     """The instance already has an open session: one batch at a time (protocol §7.2)."""
+
+
+class OperatorRunningError(BusyError):
+    """A query runs the operator, so it is not dropped: a batch of it is in flight, or
+    its driver or tasks called the coordinator recently (``rhino drop``, docs/protocol.md §8.2)."""
 
 
 class StaleEpochError(RhinoError, RuntimeError):

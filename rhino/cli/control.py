@@ -1,6 +1,7 @@
 """``rhino status``, ``rhino handover``, ``rhino rebalance``, ``rhino rescale``,
-``rhino cancel-plan``, ``rhino decommission`` and ``rhino autoscale``: an operator's
-view of a running coordinator, and the reconfigurations it can ask for.
+``rhino cancel-plan``, ``rhino decommission``, ``rhino autoscale`` and ``rhino drop``: an
+operator's view of a running coordinator, the reconfigurations it can ask for, and the
+end of an operator's life.
 
 Each talks to a ``rhino coordinator`` (``--coordinator HOST:PORT``, or the
 environment variable ``RHINO_COORDINATOR``) with the cluster's secret
@@ -24,7 +25,7 @@ from typing import Any, Optional
 from .._argtypes import uint64
 
 __all__ = ["main_status", "main_handover", "main_rebalance", "main_rescale", "main_cancel_plan", "main_decommission",
-           "main_autoscale", "format_status", "format_autoscale"]
+           "main_autoscale", "main_drop", "format_status", "format_autoscale"]
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -232,6 +233,35 @@ def main_cancel_plan(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--plan", type=uint64, default=None, metavar="ID",
                    help="the plan's id (rhino status); default: the operator's open plan")
     return _run(p, argv, lambda c, a: c.cancel_plan(a.operator, a.plan))
+
+
+def main_drop(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="rhino drop",
+        description="Drop an operator and its state: every live worker removes each of its instances' live "
+                    "state, checkpoints, standby directory and fences, then the coordinator removes its "
+                    "metadata. Refused (OperatorRunningError) while a query runs it: a batch of it in flight, "
+                    "or a call of its driver or tasks in the last --idle-for seconds. Stop the query first.")
+    _common(p)
+    p.add_argument("operator", metavar="OPERATOR", help="the operator's name (in --namespace)")
+    p.add_argument("--namespace", default=None, metavar="NS",
+                   help="the operator's namespace (a job's id; default: the default namespace)")
+    p.add_argument("--idle-for", type=float, default=60.0, metavar="SECONDS", dest="idle_for",
+                   help="how long the operator must have been idle (default %(default)g)")
+
+    def drop(c: Any, a: argparse.Namespace) -> Any:
+        from ..coordinator.naming import operator_id
+
+        out = c.drop_operator(operator_id(a.operator, a.namespace), idle_s=a.idle_for)
+        if a.json:
+            return out
+        lines = [f"dropped operator {out['operator_id']}: instances {out['instances']} on "
+                 f"{len(out['workers'])} workers ({', '.join(sorted(out['workers'])) or 'none'})"]
+        if out["not_reached"]:
+            lines.append(f"not reached (dead, their copies stay): {', '.join(out['not_reached'])}")
+        return "\n".join(lines)
+
+    return _run(p, argv, drop)
 
 
 def main_decommission(argv: Optional[list[str]] = None) -> int:

@@ -7,7 +7,7 @@
   rhino restore STORE TARGET --operator OP --instance N [--checkpoint ID] [--copy]
   rhino worker --id ID --dir DIR --listen 127.0.0.N:PORT --secret-file FILE [--coordinator HOST:PORT] ...
   rhino coordinator --listen HOST:PORT --dir DIR --secret-file FILE [--rebuild --expect-workers N]
-  rhino status | handover | rebalance | rescale | cancel-plan | decommission | autoscale ... --coordinator HOST:PORT --secret-file FILE
+  rhino status | handover | rebalance | rescale | cancel-plan | decommission | autoscale | drop ... --coordinator HOST:PORT --secret-file FILE
 
 The benchmarks and the demo are not part of the library: they are the repository's
 ``rhino-bench`` command (bench/).
@@ -98,6 +98,7 @@ _DELEGATED = {
     ("cancel-plan",): ("rhino.cli.control:main_cancel_plan", "cancel an operator's open plan between two of its steps"),
     ("decommission",): ("rhino.cli.control:main_decommission", "move everything off a worker before it is taken away"),
     ("autoscale",): ("rhino.cli.control:main_autoscale", "turn an operator's autoscaler on or off (DS2-style, rate-based)"),
+    ("drop",): ("rhino.cli.control:main_drop", "drop an operator: its state on every worker and its metadata"),
     ("certs",): ("rhino.cli.certs", "a CA and per-host certificates for trying mutual TLS out"),
 }
 
@@ -183,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Listed for --help; main() hands their arguments to their own parsers.
     sub.add_parser("worker", help=_DELEGATED[("worker",)][1] + " (rhino worker --help)", add_help=False)
     for name in ("coordinator", "status", "handover", "rebalance", "rescale", "cancel-plan", "decommission",
-                 "autoscale", "certs"):
+                 "autoscale", "drop", "certs"):
         sub.add_parser(name, help=_DELEGATED[(name,)][1] + f" (rhino {name} --help)", add_help=False)
     return parser
 

@@ -156,6 +156,16 @@ class Client:
         ``ttl_clock`` and ``seconds``."""
         return self._call("compact", operator_id, instance, epoch, {})
 
+    def drop(self, operator_id: str, instance: int, *, epoch: int) -> dict:
+        """Removes every trace of the instance from this worker: its live state (closed
+        first if hosted here), its replica-store checkpoints, its standby directory and
+        its epoch and chain-version fences; the pooled files no other checkpoint uses
+        are garbage-collected at once if the store is not busy (docs/protocol.md §7.1
+        drop). Refused with :class:`rhino.SessionBusyError` while a session is open and
+        :class:`rhino.StaleEpochError` below the instance's epoch. Returns ``hosted``,
+        ``checkpoints_removed`` and ``gc``. The coordinator's ``drop_operator`` sends it."""
+        return self._call("drop", operator_id, instance, epoch, {})
+
     def fence(self, operator_id: str, instance: int, *, epoch: int) -> None:
         """Raises the instance's epoch on this worker: requests of older epochs are refused from now on."""
         self._call("fence", operator_id, instance, epoch, {})

@@ -56,4 +56,5 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("declare_dead"),
     Method("decommission"),
     Method("autoscale"),
+    Method("drop_operator"),
 )}

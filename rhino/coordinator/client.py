@@ -111,6 +111,14 @@ class _Methods:
         return self._ask("autoscale", operator_id=operator_id, enabled=enabled,
                          min_parallelism=min_parallelism, max_parallelism=max_parallelism, **settings)
 
+    def drop_operator(self, operator_id: str, *, idle_s: float = 60.0) -> dict:
+        """Drops the operator (an id: :func:`rhino.operator_id` makes one from a name and a
+        namespace): its state leaves every live worker, then its metadata the coordinator.
+        Refused with :class:`rhino.OperatorRunningError` while a query runs it (a batch in
+        flight, or a call of its driver or tasks in the last ``idle_s`` seconds; default
+        60). Answers ``operator_id``, ``workers`` (what each dropped) and ``not_reached``."""
+        return self._ask("drop_operator", operator_id=operator_id, idle_s=idle_s)
+
     def status(self) -> dict:
         return self._ask("status")
 

@@ -30,18 +30,25 @@ import uuid
 from dataclasses import asdict, replace
 from typing import Any, Callable, Optional
 
-from ..errors import BusyError, InvalidArgumentError, RhinoError, StaleEpochError, UnknownInstanceError
+from ..errors import (BusyError, InvalidArgumentError, OperatorRunningError, RhinoError, StaleEpochError,
+                      UnknownInstanceError)
 from .api import METHODS
 from .autoscaler import DECISIONS_KEPT, DEFAULT_STRATEGY, AutoscaleSettings, Autoscaler, validate_report
 from .gateway import WorkerGateway
 from .handover_manager import HandoverManager, describe_plan
-from .metadata import Metadata, PlanRow, WorkerRow
+from .metadata import EPOCH_FLOOR_KEY, Metadata, PlanRow, WorkerRow
+from .naming import split_operator_id
 from .replication_manager import ReplicationManager
 from .types import BatchTime, CommitAnswer, InstancePlacement, Placement
 
 __all__ = ["Coordinator"]
 
 logger = logging.getLogger("rhino.coordinator")
+
+# drop_operator: a query runs an operator its driver or tasks called within this many
+# seconds (the default of idle_s), or that has a batch in flight begun within IN_FLIGHT_S
+DROP_IDLE_S = 60.0
+IN_FLIGHT_S = 3600.0
 
 
 class Coordinator:
@@ -74,6 +81,13 @@ class Coordinator:
         # operator -> the batch begun and not yet committed (since this process started):
         # a decommission moves such an operator off at its next barrier, any other at once
         self._in_flight: dict[str, int] = {}
+        # operator -> monotonic time of the last call of its driver or tasks (create_operator,
+        # begin_batch, commit_batch, placement, state_schema, set_state_schema,
+        # report_unreachable): drop_operator refuses an operator that was active lately. A
+        # restarted coordinator counts every operator as active at its start.
+        self._started = time.monotonic()
+        self._active: dict[str, float] = {}
+        self._in_flight_at: dict[str, float] = {}  # operator -> monotonic time its batch in flight began
         # operators whose replicas move onto a worker that joined, at their next barrier
         self._rebalance_at_barrier: set[str] = set()
         self._stop = threading.Event()
@@ -257,6 +271,7 @@ class Coordinator:
         count is adopted from the coordinator (an ``operator_adopted`` event); a
         different ``num_vnodes``, ``num_key_groups``, ``seed`` or ``replicas`` is
         refused, naming each field's two values (issue 45)."""
+        self._touch(operator_id)
         with self.lock:
             self.rm.create_operator(operator_id, parallelism=parallelism, num_vnodes=num_vnodes, replicas=replicas,
                                     num_key_groups=num_key_groups, seed=seed, placement=placement)
@@ -266,6 +281,7 @@ class Coordinator:
         """The current routing table and placement of an operator: what a task
         needs to route keys and reach each instance's primary (a :class:`.Placement`
         on the wire)."""
+        self._touch(operator_id)
         return self._placement(operator_id).to_wire()
 
     def _placement(self, operator_id: str) -> Placement:
@@ -299,6 +315,7 @@ class Coordinator:
         _uint("batch", batch)
         if batch_time_ms is not None and (not isinstance(batch_time_ms, int) or isinstance(batch_time_ms, bool)):
             raise InvalidArgumentError(f"batch_time_ms must be an integer (ms), not {batch_time_ms!r}")
+        self._touch(operator_id)
         with self.lock:
             op = self.meta.require_operator(operator_id)
             nxt = 0 if op.last_batch is None else op.last_batch + 1
@@ -316,6 +333,7 @@ class Coordinator:
                 except RhinoError as e:  # a worker died meanwhile: the detector handles that
                     self.log("rebalance_failed", operator=operator_id, error=f"{type(e).__name__}: {e}")
             self._in_flight[operator_id] = batch
+            self._in_flight_at[operator_id] = time.monotonic()
             placement = self._placement(operator_id)
             if batch_time_ms is not None:
                 placement = replace(placement, batch_time_ms=self._batch_time(operator_id, batch, batch_time_ms))
@@ -343,6 +361,7 @@ class Coordinator:
     def state_schema(self, operator_id: str) -> dict:
         """The operator's state schema document (its state variables, their ids and
         schema versions; written by ``rhino.spark``), and its revision (0: none yet)."""
+        self._touch(operator_id)
         self.meta.require_operator(operator_id)
         got = self.meta.get_meta(f"state_schema:{operator_id}")
         return json.loads(got) if got else {"revision": 0, "doc": None}
@@ -387,6 +406,7 @@ class Coordinator:
         InvalidArgumentError's message); nor does an autoscaling failure
         (``autoscale.error``). The answer's ``autoscale`` is the decision."""
         _uint("batch", batch)
+        self._touch(operator_id)
         with self.lock:
             op = self.meta.require_operator(operator_id)
             nxt = 0 if op.last_batch is None else op.last_batch + 1
@@ -404,6 +424,7 @@ class Coordinator:
                                       "happened during the batch): run it again")
             stats = {int(k): v for k, v in (instances or {}).items()}
             self._in_flight.pop(operator_id, None)
+            self._in_flight_at.pop(operator_id, None)
             with self.meta.tx() as c:
                 self.meta.set_last_batch(c, operator_id, batch)
                 for r in self.meta.instances(operator_id):
@@ -430,6 +451,7 @@ class Coordinator:
         answer the coordinator either, it is declared dead at once (no waiting
         for the heartbeat timeout) and the instance fails over. Returns the
         placement to retry with."""
+        self._touch(operator_id)
         with self.lock:
             r = self.meta.instance(operator_id, instance)
             if r is None:
@@ -682,6 +704,88 @@ class Coordinator:
                     self.meta.event(c, "decommission_drained", worker=wid)
                 self.log("decommission_drained", worker=wid)
 
+    # ---- dropping an operator (issue 45) ----------------------------------------------------
+    def _touch(self, operator_id: Any) -> None:
+        if isinstance(operator_id, str):
+            self._active[operator_id] = time.monotonic()
+
+    def _running(self, operator_id: str, idle_s: float) -> Optional[str]:
+        """Why a query runs the operator (None: it does not). It runs while a batch of it
+        is in flight (begun and not committed, for at most IN_FLIGHT_S: a driver that died
+        mid-batch does not hold it forever), or while its driver or tasks called the
+        coordinator in the last ``idle_s`` seconds (a restarted coordinator counts each
+        operator as called at its start)."""
+        now = time.monotonic()
+        if operator_id in self._in_flight and now - self._in_flight_at.get(operator_id, now) < IN_FLIGHT_S:
+            return (f"its batch {self._in_flight[operator_id]} is in flight (begun "
+                    f"{now - self._in_flight_at[operator_id]:.1f} s ago, not committed)")
+        last = self._active.get(operator_id, self._started)
+        if now - last < idle_s:
+            who = "its driver or tasks called the coordinator" if operator_id in self._active else \
+                "the coordinator started"
+            return f"{who} {now - last:.1f} s ago (less than idle_s={idle_s:g} s)"
+        return None
+
+    def drop_operator(self, operator_id: str, *, idle_s: float = DROP_IDLE_S) -> dict:
+        """Drops an operator: every live worker removes every trace of each of its
+        instances (protocol §7.1 ``drop``: live state, checkpoints, standby, fences),
+        then its metadata goes in one transaction (every row and event naming it). A
+        query that runs it is refused (OperatorRunningError: :meth:`_running`), and so
+        is a worker's drop while a session is open (SessionBusyError): the metadata
+        stays, and the drop can be asked again. A worker that is dead now keeps its copy
+        (``not_reached``); nothing names it any more. New operators start above every
+        epoch and chain version the dropped one used (workers may still remember them)."""
+        if isinstance(idle_s, bool) or not isinstance(idle_s, (int, float)) or idle_s < 0:
+            raise InvalidArgumentError(f"idle_s must be a number of seconds >= 0, not {idle_s!r}")
+        with self.lock:
+            op = self.meta.require_operator(operator_id)
+            why = self._running(operator_id, float(idle_s))
+            if why is not None:
+                raise OperatorRunningError(f"operator {operator_id} is running: {why}; stop its query, then "
+                                           "drop it")
+            rows = self.meta.instances(operator_id, active_only=False)
+            instances = sorted({r.instance for r in rows})
+            epoch = op.epoch + 1
+            pending = self.meta.pending_reconfiguration(operator_id) or {}
+            floor = max([epoch, int(pending.get("epoch") or 0) + 1] + [r.chain_version + 1 for r in rows]
+                        + [int(st.get("chain_version") or 0) + 1 for st in pending.get("steps", [])])
+            out: dict[str, Any] = {"operator_id": operator_id, "instances": instances, "workers": {},
+                                   "not_reached": sorted(w.id for w in self.meta.workers() if not w.alive)}
+            alive = self.workers.alive_workers()
+            # 1. a session open on a primary (a task of a batch this coordinator has not
+            # seen begin: one of before its restart) is a query running it too
+            for r in self.meta.instances(operator_id):
+                if r.primary_worker in {w.id for w in alive}:
+                    st = self.workers.client(r.primary_worker).status(operator_id, r.instance, wait=False)
+                    if st.get("busy") or st.get("session_open"):
+                        raise OperatorRunningError(
+                            f"operator {operator_id} is running: instance {r.instance} has "
+                            f"{'an open session' if st.get('session_open') else 'a commit under way'} on worker "
+                            f"{r.primary_worker}; stop its query, then drop it")
+            # 2. fenced everywhere first, so that no session of the old epoch opens or commits
+            # while the instances go; 3. dropped everywhere (a worker still refuses with
+            # SessionBusyError if a session opened meanwhile: the metadata stays, ask again)
+            for w in alive:
+                cl = self.workers.client(w)
+                for i in instances:
+                    cl.fence(operator_id, i, epoch=epoch)
+            for w in alive:
+                cl = self.workers.client(w)
+                out["workers"][w.id] = {str(i): cl.drop(operator_id, i, epoch=epoch) for i in instances}
+            plans = [p.id for p in self.meta.plans(operator_id, open_only=True)]
+            with self.meta.tx() as c:
+                self.meta.delete_operator(c, operator_id)
+                cur = int(self.meta.get_meta(EPOCH_FLOOR_KEY) or 1)
+                self.meta.set_meta(c, EPOCH_FLOOR_KEY, str(max(cur, floor)))
+            for d in (self._in_flight, self._in_flight_at, self._active):
+                d.pop(operator_id, None)
+            self._rebalance_at_barrier.discard(operator_id)
+            out["plans_dropped"] = plans
+            self.log("operator_dropped", operator=operator_id, instances=instances, workers=sorted(out["workers"]))
+            logger.info("operator %s dropped: %d instances, on workers %s", operator_id, len(instances),
+                        ", ".join(sorted(out["workers"])) or "none")
+            return out
+
     def status(self) -> dict:
         now = time.monotonic()
         leaving = self.workers.draining()
@@ -702,7 +806,9 @@ class Coordinator:
                               "chain_version": r.chain_version, "last_complete": r.last_complete, "bytes": r.bytes,
                               "vnodes": sum(1 for x in self.meta.assignment(o.operator_id) if x == r.instance),
                               "replica_lag": self.rm.replica_lag(r, o.last_batch)})
-            ops.append({"operator_id": o.operator_id, "epoch": o.epoch, "last_batch": o.last_batch,
+            ns, name = _split_id(o.operator_id)
+            ops.append({"operator_id": o.operator_id, "namespace": ns, "name": name, "epoch": o.epoch,
+                        "last_batch": o.last_batch,
                         "replicas": o.replicas, "num_vnodes": o.num_vnodes, "instances": insts,
                         "plans": [_plan_status(p) for p in self.meta.plans(o.operator_id, open_only=True)],
                         "autoscale": self._autoscale_status(o.operator_id)})
@@ -742,6 +848,15 @@ def _plan_status(p: PlanRow) -> dict:
             "steps": len(p.steps), "steps_done": p.steps_done, "after_batch": p.after_batch, "message": p.message,
             "created_at": p.created_at, "age_s": round(max(0.0, now - p.created_at), 3),
             "idle_s": round(max(0.0, now - p.updated_at), 3)}
+
+
+def _split_id(op_id: str) -> tuple[Optional[str], str]:
+    """(namespace, name) of an operator id; an id of before namespaces that does not
+    parse (a name with '..') is its own name, in the default namespace."""
+    try:
+        return split_operator_id(op_id)
+    except InvalidArgumentError:
+        return None, op_id
 
 
 def _uint(name: str, v: Any) -> None:

@@ -39,7 +39,12 @@ from typing import Any, Iterator, Optional
 
 from ..errors import UnknownInstanceError
 
-__all__ = ["Metadata", "WorkerRow", "OperatorRow", "InstanceRow", "PlanRow", "SCHEMA_VERSION", "OPEN_PLAN_STATES"]
+__all__ = ["Metadata", "WorkerRow", "OperatorRow", "InstanceRow", "PlanRow", "SCHEMA_VERSION", "OPEN_PLAN_STATES",
+           "EPOCH_FLOOR_KEY"]
+
+# The meta entry of the first epoch (and chain version) of a new operator: 1 until an
+# operator is dropped, then above every epoch and chain version the dropped one used.
+EPOCH_FLOOR_KEY = "epoch_floor"
 
 SCHEMA_VERSION = 2  # 2: a plan may be 'cancelled' (version 1 databases are migrated on open)
 
@@ -426,6 +431,18 @@ class Metadata:
         checks it is between steps: :meth:`.HandoverManager.cancel_plan`)."""
         c.execute("UPDATE plans SET state='cancelled', message=?, updated_at=? WHERE id=?",
                   (message, time.time(), plan_id))
+
+    # ---- dropping an operator ----------------------------------------------------------
+    @staticmethod
+    def delete_operator(c: sqlite3.Connection, operator_id: str) -> None:
+        """Every row of the operator: the operator, its routing table and history, its
+        instances, vnode load and plans, its meta entries (``<kind>:<operator_id>``) and
+        every event that names it (its id as a JSON string in the event's detail)."""
+        for table in ("operators", "vnodes", "routing_history", "instances", "vnode_load", "plans"):
+            c.execute(f"DELETE FROM {table} WHERE operator_id=?", (operator_id,))
+        c.execute("DELETE FROM meta WHERE instr(key, ':') > 0 AND substr(key, instr(key, ':') + 1)=?",
+                  (operator_id,))
+        c.execute("DELETE FROM events WHERE instr(detail, ?) > 0", (json.dumps(operator_id),))
 
     # ---- events -------------------------------------------------------------------------
     @staticmethod

@@ -28,7 +28,8 @@ from typing import Any, Callable, Optional
 from .. import _core
 from ..errors import InvalidArgumentError, RhinoError
 from .gateway import WorkerGateway
-from .metadata import InstanceRow, Metadata, OperatorRow, WorkerRow
+from .metadata import EPOCH_FLOOR_KEY, InstanceRow, Metadata, OperatorRow, WorkerRow
+from .naming import check_operator_id
 from .placement import InstanceInfo, place_chains, rebalance_chains, repair_chains
 
 __all__ = ["ReplicationManager"]
@@ -86,20 +87,23 @@ class ReplicationManager:
             self._adopt(existing, parallelism=parallelism, num_vnodes=num_vnodes, num_key_groups=num_key_groups,
                         seed=seed, replicas=replicas)
             return
+        check_operator_id(operator_id)  # a plain directory name on every worker (naming.py)
         workers = self.workers.workers_info()
         if len(workers) < replicas + 1:
             raise InvalidArgumentError(f"{len(workers)} live workers cannot give {replicas} replicas "
                                        f"and a primary to each instance (need {replicas + 1})")
-        table = _core.RoutingTable.from_ring(num_vnodes, parallelism, epoch=1, seed=seed)
+        # 1 unless operators were dropped: then above every epoch and chain version a dropped
+        # operator used, which workers may still remember in memory (Coordinator.drop_operator)
+        epoch = int(self.meta.get_meta(EPOCH_FLOOR_KEY) or 1)
+        table = _core.RoutingTable.from_ring(num_vnodes, parallelism, epoch=epoch, seed=seed)
         assignment = [int(x) for x in table.assignment]
         ids = sorted(w.id for w in workers)
         primaries = {i: ids[i % len(ids)] for i in range(parallelism)}
         infos = [InstanceInfo(key=(operator_id, i), primary=primaries[i]) for i in range(parallelism)]
         chains = place_chains(infos, workers, replicas, mode=placement)
         rows = [InstanceRow(operator_id=operator_id, instance=i, primary_worker=primaries[i],
-                            chain=chains[(operator_id, i)], chain_version=1, state="active", last_complete=None,
+                            chain=chains[(operator_id, i)], chain_version=epoch, state="active", last_complete=None,
                             bytes=0, redo_version=None, redo=[]) for i in range(parallelism)]
-        epoch = 1
         op = OperatorRow(operator_id=operator_id, num_vnodes=num_vnodes, num_key_groups=num_key_groups, seed=seed,
                          replicas=replicas, placement=placement, epoch=epoch, last_batch=None, created_at=time.time())
         for r in rows:

@@ -30,6 +30,7 @@ constexpr std::pair<const char*, InstanceAction> kInstanceActions[] = {
     {"reconfigure", InstanceAction::kReconfigure},
     {"replicate", InstanceAction::kReplicate},
     {"compact", InstanceAction::kCompact},
+    {"drop", InstanceAction::kDrop},
 };
 
 }  // namespace

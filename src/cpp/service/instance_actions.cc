@@ -9,7 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "client/chain_client.h"
+#include "service/instance_dir.h"
 #include "service/state_service.h"
+#include "util/fs.h"
 
 namespace rhino {
 namespace {
@@ -72,6 +74,23 @@ bool SamePartitioner(const PartitionerOptions& a, const PartitionerOptions& b) {
 Status Answer(const json& out, std::string* result) {
   *result = out.dump();
   return Status::OK();
+}
+
+// Removes `dir` if it is an empty directory.
+Status RemoveIfEmpty(const std::string& dir) {
+  std::vector<std::string> left;
+  if (fs::IsDir(dir) && fs::ListDir(dir, &left).ok() && left.empty()) return fs::RemoveAll(dir);
+  return Status::OK();
+}
+
+// Removes <root>/<kind>/<op>/<instance>, then <root>/<kind>/<op> if that left
+// it empty (another instance of the operator may still be there). The layouts
+// are those of replica_store.h (checkpoints/, standby/) and fence_table.h
+// (fences/); `op` is a valid operator id, so a plain directory name.
+Status RemoveInstanceTree(const std::string& root, const char* kind, const std::string& op, uint32_t instance) {
+  const std::string op_dir = fs::Join(fs::Join(root, kind), op);
+  RHINO_RETURN_IF_ERROR(fs::RemoveAll(fs::Join(op_dir, std::to_string(instance))));
+  return RemoveIfEmpty(op_dir);
 }
 
 }  // namespace
@@ -447,6 +466,51 @@ Status StateService::ReplicateTo(const InstanceReq& req, std::string* result) {
   RHINO_RETURN_IF_ERROR(r.status);
   return Answer(json{{"checkpoint", checkpoint}, {"bytes_sent", r.bytes_sent}, {"seconds", SecondsSince(t0)}},
                 result);
+}
+
+// drop: every trace of the instance on this worker goes (an operator dropped,
+// `rhino drop`): its live state (hosted or not), its checkpoints in the replica
+// store, its standby directory and both its fences (the epoch's and the chain
+// version's). Refused below the instance's epoch, and with SessionBusy while a
+// session is open. The pooled files no other checkpoint references are
+// reclaimed by a garbage collection at once if the store's lock is free, else
+// by the next retention pass.
+Status StateService::DropInstance(const InstanceReq& req, std::string* result) {
+  NoArgs a;
+  RHINO_RETURN_IF_ERROR(DecodeInstanceArgs(req.args, &a));
+  const std::string& op = req.operator_id;
+  const uint32_t i = req.instance;
+  RHINO_RETURN_IF_ERROR(CheckEpoch(op, i, req.epoch));
+  bool hosted = false;
+  if (auto inst = Find(op, i)) {
+    std::lock_guard<InstanceMutex> l(inst->mu());
+    if (inst->has_session()) return Status::SessionBusy(Describe(op, i) + " has an open session: not dropped");
+    if (inst->config().epoch > req.epoch) {
+      return Status::StaleEpoch("drop at epoch " + std::to_string(req.epoch) + " of " + Describe(op, i) +
+                                ", hosted here at epoch " + std::to_string(inst->config().epoch));
+    }
+    inst->Close();
+    Unhost(op, i);
+    hosted = true;
+  }
+  const std::string& state = options_.state_dir;
+  const std::string& store = store_->dir();
+  const InstanceDir live(state, op, i);
+  RHINO_RETURN_IF_ERROR(fs::RemoveAll(live.path()));
+  RHINO_RETURN_IF_ERROR(RemoveIfEmpty(fs::Parent(live.path())));
+  std::vector<uint64_t> removed;
+  RHINO_RETURN_IF_ERROR(store_->DiscardAfter(op, i, std::nullopt, &removed));
+  RHINO_RETURN_IF_ERROR(store_->RefreshStandby(op, i));  // no checkpoint left: the standby goes
+  RHINO_RETURN_IF_ERROR(RemoveInstanceTree(store, "checkpoints", op, i));
+  RHINO_RETURN_IF_ERROR(RemoveInstanceTree(store, "standby", op, i));
+  RHINO_RETURN_IF_ERROR(RemoveInstanceTree(store, "fences", op, i));
+  RHINO_RETURN_IF_ERROR(RemoveInstanceTree(state, "fences", op, i));
+  json out{{"hosted", hosted}, {"checkpoints_removed", removed}};
+  GcStats gc;
+  Status g = store_->GarbageCollect(&gc, /*wait=*/false);
+  out["gc"] = g.ok() ? json{{"files_removed", gc.files_removed}, {"bytes_removed", gc.bytes_removed}}
+                     : json(g.ToString());
+  return Answer(out, result);
 }
 
 }  // namespace rhino

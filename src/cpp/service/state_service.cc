@@ -347,6 +347,7 @@ Status StateService::DoInstanceReq(const InstanceReq& req, std::string* result) 
     case InstanceAction::kReconfigure: return Reconfigure(req, result);
     case InstanceAction::kReplicate: return ReplicateTo(req, result);
     case InstanceAction::kCompact: return CompactInstance(req, result);
+    case InstanceAction::kDrop: return DropInstance(req, result);
   }
   return Status::InvalidArgument("unknown instance action " + std::to_string(req.action));
 }

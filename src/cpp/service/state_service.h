@@ -99,6 +99,7 @@ class StateService {
   Status Reconfigure(const InstanceReq& req, std::string* result);
   Status ReplicateTo(const InstanceReq& req, std::string* result);
   Status CompactInstance(const InstanceReq& req, std::string* result);
+  Status DropInstance(const InstanceReq& req, std::string* result);
 
   std::shared_ptr<HostedInstance> Find(const std::string& op, uint32_t instance) EXCLUDES(mu_);
   // Find, or UnknownInstance naming this worker.

@@ -41,6 +41,7 @@ enum class InstanceAction : uint8_t {
   kReconfigure = 10, // a handover's drops and imports at the barrier after batch `version` (design §4)
   kReplicate = 11,   // send a checkpoint of this store to other workers (a bulk copy: chain repair, scale-out)
   kCompact = 12,     // a full compaction of the hosted instance's vnodes, through the TTL filter
+  kDrop = 13,        // remove every trace of the instance here: live state, checkpoints, standby, fences
 };
 // The action named `name` ("open", "move_vnodes", ...: the names of §7.1,
 // which the Python client uses); InvalidArgument for any other name.
@@ -225,7 +226,7 @@ struct ReconfigOp {
 Status ParseReconfigOps(std::string_view text, std::vector<ReconfigOp>* out);
 std::string ReconfigOpsJson(const std::vector<ReconfigOp>& ops);
 
-struct NoArgs {};  // close, fence, list: any JSON object
+struct NoArgs {};  // close, fence, list, compact, drop: any JSON object
 
 struct OpenArgs {
   PartitionerOptions partitioner;  // num_key_groups, num_vnodes, seed
