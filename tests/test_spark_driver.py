@@ -17,7 +17,7 @@ from rhino.errors import InvalidArgumentError, RhinoError, StaleEpochError
 from rhino.spark.driver.config import OperatorConfig, parse_delay_ms
 from rhino.spark.driver.report import BatchReport, ReportRing
 from rhino.spark.driver.sink import SinkRunner
-from rhino.spark.driver.watermark import KEPT_BATCHES, Watermarks
+from rhino.spark.driver.watermark import KEPT_BATCHES, KEPT_FILES, LocalFiles, Watermarks
 from rhino.spark.errors import InputLostError, output_lost
 
 SCHEMA = object()  # any non-string schema passes through unparsed (a DDL string needs a JVM)
@@ -32,7 +32,8 @@ def config(**kw):
 # ---- OperatorConfig -------------------------------------------------------------------------
 
 def test_the_config_is_frozen_normalized_and_never_shows_its_secret():
-    c = config(key=["a", "b"], time_mode="EventTime", event_time="ts", watermark_delay="10 seconds", parallelism=3)
+    c = config(key=["a", "b"], time_mode="EventTime", event_time="ts", watermark_delay="10 seconds", parallelism=3,
+               checkpoint_location="file:///tmp/ck")
     assert c.key_columns == ("a", "b") and c.keys == ["a", "b"] and c.keys is not c.keys  # a fresh list each time
     assert (c.time_mode, c.delay_ms, c.num_vnodes) == ("eventtime", 10_000, 64)
     assert config(parallelism=8).num_vnodes == 128  # 16 per instance, at least 64
@@ -46,6 +47,9 @@ def test_the_config_is_frozen_normalized_and_never_shows_its_secret():
     (dict(mode="arrow"), "mode must be"),
     (dict(time_mode="wall"), "time_mode must be"),
     (dict(time_mode="EventTime"), "needs event_time"),
+    (dict(time_mode="EventTime", event_time="ts"), "needs checkpoint_location"),
+    (dict(namespace="a.b"), "namespace"),
+    (dict(operator_id="a..b"), "must not contain '..'"),
     (dict(task_window_rows=0), "task_window_rows"),
     (dict(task_window_rows=True), "task_window_rows"),
     (dict(input_copies=4), "input_copies must be an int in 1..3"),
@@ -76,7 +80,7 @@ def test_delays_parse_as_spark_writes_them():
 # ---- the watermark --------------------------------------------------------------------------
 
 def test_the_watermark_is_the_max_event_time_through_the_previous_batch_minus_the_delay(tmp_path):
-    w = Watermarks("op", 1000, str(tmp_path))
+    w = Watermarks("op", 1000, LocalFiles(str(tmp_path)))
     assert w.for_batch(0) == 0  # before any event
     w.committed(0, [5000, None, 7000])
     assert w.for_batch(1) == 6000
@@ -85,24 +89,40 @@ def test_the_watermark_is_the_max_event_time_through_the_previous_batch_minus_th
     w.committed(2, [None])  # a batch with no events keeps it
     assert w.for_batch(3) == 6000 and w.for_batch(1) == 6000 and w.for_batch(0) == 0
     # a restarted driver reads the same watermarks back, for a replay of batch 2 too
-    again = Watermarks("op", 1000, str(tmp_path))
+    again = Watermarks("op", 1000, LocalFiles(str(tmp_path)))
     assert [again.for_batch(b) for b in range(4)] == [0, 6000, 6000, 6000]
-    assert not list(tmp_path.glob("*.tmp"))
+    assert not list(tmp_path.rglob("*.tmp"))
 
 
-def test_the_watermark_file_keeps_only_the_last_batches(tmp_path):
-    w = Watermarks("op", 0, str(tmp_path))
+def test_the_watermark_files_keep_only_the_last_batches(tmp_path):
+    w = Watermarks("op", 0, LocalFiles(str(tmp_path)))
     for b in range(KEPT_BATCHES + 10):
         w.committed(b, [b * 10])
-    kept = json.loads(w.path.read_text())
+    files = sorted(p.name for p in (tmp_path / "rhino-op").iterdir())
+    last = KEPT_BATCHES + 9
+    assert files == [f"watermark-{b:020d}.json" for b in range(last - KEPT_FILES, last + 1)]
+    kept = json.loads((tmp_path / "rhino-op" / files[-1]).read_text())
     assert sorted(int(b) for b in kept) == list(range(10, KEPT_BATCHES + 10))
-    assert Watermarks("op", 0, str(tmp_path)).for_batch(KEPT_BATCHES + 10) == (KEPT_BATCHES + 9) * 10
+    assert Watermarks("op", 0, LocalFiles(str(tmp_path))).for_batch(KEPT_BATCHES + 10) == last * 10
+
+
+def test_a_watermark_file_cut_short_leaves_the_one_before_in_charge(tmp_path):
+    w = Watermarks("op", 0, LocalFiles(str(tmp_path)))
+    w.committed(0, [100])
+    w.committed(1, [200])
+    (tmp_path / "rhino-op" / f"watermark-{1:020d}.json").write_text('{"0": 10')  # a driver killed mid-write
+    assert Watermarks("op", 0, LocalFiles(str(tmp_path))).for_batch(1) == 100
+
+
+def test_the_watermark_file_of_before_is_read_when_there_is_no_newer_one(tmp_path):
+    (tmp_path / "rhino-op-watermark.json").write_text(json.dumps({"3": 5000}))
+    assert Watermarks("op", 1000, LocalFiles(str(tmp_path))).for_batch(4) == 4000
 
 
 def test_without_a_checkpoint_location_the_watermark_lives_in_memory(tmp_path):
     w = Watermarks("op", 0, None)
     w.committed(0, [42])
-    assert w.path is None and w.for_batch(1) == 42
+    assert w.files is None and w.for_batch(1) == 42
 
 
 # ---- reports --------------------------------------------------------------------------------
@@ -133,7 +153,7 @@ def test_a_driver_adopts_the_coordinators_parallelism_and_says_so(caplog):
     class Coordinator:  # an operator rescaled 2 -> 3 since (instance 2 retired, 3 new)
         def create_operator(self, operator_id, **kw):
             self.asked = kw
-            return SimpleNamespace(instances={0: None, 1: None, 3: None})
+            return SimpleNamespace(instances={0: None, 1: None, 3: None}, last_batch=None)
 
     ctl = Control(config(parallelism=2))
     ctl.client = Coordinator()
@@ -249,3 +269,22 @@ def test_failure_helpers_read_spark_s_error_text():
     assert checkpoint_blocks_lost("[CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND] Checkpoint block rdd_7_1 not found!")
     assert not checkpoint_blocks_lost(TRACEBACK)
     assert output_lost(InputLostError("upstream")) and not output_lost(ValueError("x"))
+
+
+def test_a_first_batch_that_does_not_follow_the_operators_is_refused_naming_rhino_drop():
+    """Issue 45: a fresh Spark checkpoint (batch 0) on an operator with state through batch 5
+    is refused before anything runs; the next batch and a replay of the last one are not."""
+    from rhino.spark.driver.batch import check_start
+    from rhino.spark.errors import FreshCheckpointError
+
+    c = config(operator_id="counts", namespace="jobA")
+    assert c.operator_id == "jobA..counts" and (c.name, c.namespace) == ("counts", "jobA")
+    for last, b in ((None, 0), (5, 5), (5, 6)):
+        check_start(c, last, b)
+    with pytest.raises(FreshCheckpointError, match=r"state through batch 5, but this query starts at batch 0.*"
+                                                   r"rhino drop counts --namespace jobA"):
+        check_start(c, 5, 0)
+    with pytest.raises(InvalidArgumentError, match="ahead of the operator's state"):
+        check_start(c, 5, 9)
+    with pytest.raises(InvalidArgumentError, match="no committed batch, but this query starts at batch 3"):
+        check_start(config(), None, 3)

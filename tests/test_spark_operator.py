@@ -355,7 +355,8 @@ def test_grouped_pandas_form_equals_sparks_apply_in_pandas_with_state(cluster, s
                                     operator_id="grouped",
                                     coordinator=cluster["coordinator"], secret_file=str(cluster["secret_file"]),
                                     parallelism=3, replicas=2, locality=False, timeout="EventTimeTimeout",
-                                    event_time="ts", watermark_delay="500 ms")
+                                    event_time="ts", watermark_delay="500 ms",
+                                    checkpoint_location=str(tmp_path / "ck-rhino"))
     got_rhino: list[pd.DataFrame] = []
     q = (stream().writeStream.foreachBatch(op.for_each_batch(lambda df, b: got_rhino.append(df.toPandas())))
          .option("checkpointLocation", str(tmp_path / "ck-rhino")).trigger(availableNow=True).start())

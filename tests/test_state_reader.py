@@ -198,7 +198,7 @@ def _batch(b, rng, keys):
 
 
 @pytest.fixture(scope="module")
-def ran(cluster, spark):
+def ran(cluster, spark, tmp_path_factory):
     """ReaderProcessor over 4 batches, and the model's state after each batch."""
     from rhino.spark import transform_with_state
 
@@ -206,7 +206,8 @@ def ran(cluster, spark):
     op = transform_with_state(ReaderProcessor(), key=["k", "g"], output_schema="k long", operator_id=op_id,
                               coordinator=cluster["coordinator"], secret_file=str(cluster["secret_file"]),
                               parallelism=3, replicas=2, locality=False, time_mode="EventTime", event_time="ts",
-                              watermark_delay="1 second")
+                              watermark_delay="1 second",
+                              checkpoint_location=str(tmp_path_factory.mktemp("reader-ck")))
     rng = __import__("random").Random(27)
     early = [(k, g) for k in range(4) for g in ("a", "b")]  # batch 0 only: their timers fire
     late = [(k, g) for k in range(4, 8) for g in ("a", "b")]

@@ -17,11 +17,11 @@ from __future__ import annotations
 from types import ModuleType
 
 __all__ = ["require_pyspark", "transform_with_state", "TransformWithState", "apply_in_pandas_with_state",
-           "register_state_source", "with_ticks", "InputLostError"]
+           "register_state_source", "with_ticks", "InputLostError", "FreshCheckpointError"]
 
 _LAZY = {"transform_with_state": ".operator", "TransformWithState": ".operator",
          "apply_in_pandas_with_state": ".grouped", "register_state_source": ".state_source", "with_ticks": ".ticks",
-         "InputLostError": ".errors"}
+         "InputLostError": ".errors", "FreshCheckpointError": ".errors"}
 
 
 def __getattr__(name: str):  # PEP 562: the operator API imports PySpark only when used

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from rhino.errors import RhinoError
+from rhino.errors import InvalidArgumentError, RhinoError
 
-__all__ = ["InputLostError", "output_lost"]
+__all__ = ["InputLostError", "FreshCheckpointError", "output_lost"]
+
+
+class FreshCheckpointError(InvalidArgumentError):
+    """A query's first batch does not follow its operator's committed batches: it started
+    from a fresh (or an older) Spark checkpoint on an operator that has state, or from an
+    old checkpoint on an operator that has none (issue 45). Nothing ran. To start over,
+    drop the operator first (``rhino drop``); to keep its state, restart from the query's
+    own checkpoint location (docs/spark.md, "Operators: namespaces, a fresh start, drop")."""
 
 
 class InputLostError(RhinoError):

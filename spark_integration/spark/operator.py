@@ -187,7 +187,13 @@ def transform_with_state(processor: Any, *, key: str | Sequence[str], output_sch
       (pandas mode by default: ``handleInputRows(key, Iterator[pd.DataFrame], timerValues)``;
       ``mode="rows"`` for the Row form of ``transformWithState``).
     - ``key``: the grouping column(s); ``output_schema``: a StructType or DDL string.
-    - ``operator_id``: the operator's name at the coordinator (its state's identity).
+    - ``operator_id``: the operator's name at the coordinator (its state's identity), in
+      ``namespace`` (a job's or an application's id, ``[A-Za-z0-9_-]{1,64}``; default None,
+      the default namespace): two jobs may use the same name in two namespaces. The id at
+      the coordinator is ``rhino.operator_id(operator_id, namespace)``. A query whose
+      first batch does not follow the operator's committed batches (a fresh Spark
+      checkpoint on an operator with state) is refused with ``FreshCheckpointError``,
+      which names ``rhino drop``.
     - ``coordinator``: ``"host:port"`` of the coordinator (``rhino coordinator``, or one
       the driver hosts); ``secret`` / ``secret_file``: the cluster's shared secret.
     - ``tls``: a ``rhino.TLS`` when the cluster runs mutual TLS; ``{host}`` in its paths
@@ -203,8 +209,10 @@ def transform_with_state(processor: Any, *, key: str | Sequence[str], output_sch
       fire at the watermark or at the batch's time (fixed by the coordinator at the
       batch's first run, the same when it runs again). With ``"ProcessingTime"``,
       state variables may have a TTL (``ttlDurationMs``), measured in batch time.
-    - ``checkpoint_location``: a directory for the operator's watermark (survives a
-      driver restart; Spark's own checkpoint location is a good place).
+    - ``checkpoint_location``: the query's Spark checkpoint location (any Hadoop
+      filesystem Spark checkpoints to: ``file://``, HDFS, ``s3a://``); the operator keeps
+      its watermark there, under ``rhino-<operator id>/``, through Spark's Hadoop
+      filesystem API, so it survives a driver restart. Required with ``"EventTime"``.
     - ``task_window_rows`` (default 100,000): a task works through its partition (sorted by
       key) this many input rows of whole keys at a time, and streams each window's output:
       its memory is bounded by the window and the largest key, not by the partition.

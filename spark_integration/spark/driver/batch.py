@@ -62,7 +62,7 @@ from rhino.errors import InvalidArgumentError
 from rhino.engine import (BUSY_FIELDS, Action, Attempt, AttemptResult, BatchDriver, RerunBatch,
                           classify_job_failure, first_error_line)
 
-from ..errors import InputLostError, output_lost
+from ..errors import FreshCheckpointError, InputLostError, output_lost
 from ..runtime.initial import SIDE, with_initial_state
 from ..runtime.meta import new_meta_accumulator, seen, take
 from ..runtime.task import output_arrow_schema, run_partition
@@ -73,7 +73,7 @@ from .pinning import Pinner
 from .report import BatchReport, ReportRing
 from .routing import BatchInput, Router
 from .sink import Sink, SinkRunner, materialize
-from .watermark import Watermarks
+from .watermark import HadoopFiles, Watermarks
 
 __all__ = ["BatchRunner"]
 
@@ -90,7 +90,10 @@ class BatchRunner:
                  initial_state: Any = None) -> None:
         self.config, self.control, self.clock = config, control, clock
         self.initial_state = initial_state  # applied in batch 0 only (runtime/initial.py)
-        self.watermarks = Watermarks(config.operator_id, config.delay_ms, config.checkpoint_location)
+        # in the checkpoint location, through the session's Hadoop filesystem: made at the
+        # first batch, which brings the SparkSession (watermark.py)
+        self._watermarks: Optional[Watermarks] = None
+        self._start_checked = False  # the first batch of this driver is checked against the operator's
         self.router = Router(config)
         self.pinner = Pinner(config.locality)
         self.sink = SinkRunner(config.operator_id)
@@ -110,6 +113,12 @@ class BatchRunner:
             if col not in df.schema.names:
                 raise InvalidArgumentError(f"column {col!r} is not in the input ({df.schema.simpleString()})")
         self.control.ensure_created(df.schema)
+        if not self._start_checked:
+            check_start(c, self.control.last_batch, b)
+            self._start_checked = True
+        if self._watermarks is None:
+            files = HadoopFiles(spark, c.checkpoint_location) if c.checkpoint_location else None
+            self._watermarks = Watermarks(c.operator_id, c.delay_ms, files)
         wm = self.watermarks.for_batch(b) if c.time_mode == "eventtime" else 0
         batch_input = BatchInput(self.router)
         driver = BatchDriver(self.control.coordinator(), c.operator_id, max_attempts=c.max_batch_attempts,
@@ -130,6 +139,13 @@ class BatchRunner:
             errors=done.errors, job_setup_s=(self._action_at - a.started_at) if self._action_at else None,
             routing=self.router.mode, parallelism=len(a.placement.instances), initial_parallelism=c.parallelism))
         return data
+
+    @property
+    def watermarks(self) -> Watermarks:
+        """The operator's watermarks (in memory only before the first batch)."""
+        if self._watermarks is None:
+            return Watermarks(self.config.operator_id, self.config.delay_ms, None)
+        return self._watermarks
 
     def _attempt(self, spark: Any, df: Any, a: Attempt, wm: int, tz: str, batch_input: BatchInput,
                  sink: Optional[Sink]) -> AttemptResult:
@@ -248,6 +264,34 @@ class BatchRunner:
         self.sink.run(sc, sink, result, b, ctx.attempt,
                       lambda: seen(self._meta_acc, b, ctx.attempt) == set(instances), ctx.watch)
         return None, take(self._meta_acc, b, ctx.attempt)
+
+
+def check_start(c: OperatorConfig, last_batch: Optional[int], b: int) -> None:
+    """Refuses a query whose first batch in this driver does not follow the operator's
+    committed batches (issue 45): the next batch, or the last one again (a Spark replay).
+    A query started from a fresh (or an older) Spark checkpoint on an operator that has
+    state would otherwise run its batches against state they never made."""
+    if last_batch is None and b == 0:
+        return
+    if last_batch is not None and b in (last_batch, last_batch + 1):
+        return
+    name = f"rhino drop {c.name}" + (f" --namespace {c.namespace}" if c.namespace else "")
+    if last_batch is None:
+        raise FreshCheckpointError(
+            f"operator {c.operator_id} has no committed batch, but this query starts at batch {b}: its Spark "
+            "checkpoint is older than the operator (was the operator dropped?). Start the query from a fresh "
+            "checkpoint location")
+    if b < last_batch:
+        raise FreshCheckpointError(
+            f"operator {c.operator_id} exists with state through batch {last_batch}, but this query starts at "
+            f"batch {b}: a fresh (or older) Spark checkpoint. Its batches would run against state they did not "
+            f"make. To start over, stop every query of the operator and drop it first ({name}, or "
+            f"CoordinatorClient.drop_operator({c.operator_id!r})); to keep the state, restart from the query's "
+            "own checkpoint location")
+    raise FreshCheckpointError(
+        f"operator {c.operator_id} has state through batch {last_batch}, but this query starts at batch {b}: "
+        "its Spark checkpoint is ahead of the operator's state (another operator of the same name?). Use the "
+        f"query's own operator, or {name} and start from a fresh checkpoint")
 
 
 def _commit_stats(task: dict) -> dict:

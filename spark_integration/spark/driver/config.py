@@ -53,7 +53,7 @@ class OperatorConfig:
     processor: Any
     key_columns: tuple[str, ...]
     output_schema: Any  # a pyspark StructType
-    operator_id: str
+    operator_id: str  # the id at the coordinator and the workers: rhino.operator_id(name, namespace)
     coordinator: str  # the coordinator's "host:port"
     secret: bytes
     tls: Optional[TLS] = None  # its paths may hold {host}: each process's own host (runtime/task.py)
@@ -73,6 +73,8 @@ class OperatorConfig:
     watch_hosts: bool = True
     task_window_rows: int = 100_000
     input_copies: int = 1
+    name: str = ""  # the operator's name in its namespace (operator_id= as given)
+    namespace: Optional[str] = None  # None: the default namespace
 
     def __repr__(self) -> str:  # never the secret
         return f"OperatorConfig({self.operator_id!r}, parallelism={self.parallelism}, replicas={self.replicas})"
@@ -95,6 +97,10 @@ class OperatorConfig:
 
         if not operator_id or not isinstance(operator_id, str):
             raise InvalidArgumentError("operator_id must be a non-empty string")
+        from rhino.coordinator.naming import operator_id as make_id
+
+        namespace = kw.pop("namespace", None)
+        name, operator_id = operator_id, make_id(operator_id, namespace)
         if kw.get("mode", "pandas") not in ("pandas", "rows"):
             raise InvalidArgumentError(f"mode must be 'pandas' (transformWithStateInPandas) or 'rows' "
                                        f"(transformWithState), not {kw['mode']!r}")
@@ -103,6 +109,11 @@ class OperatorConfig:
             raise InvalidArgumentError(f"time_mode must be 'None', 'EventTime' or 'ProcessingTime', not {time_mode!r}")
         if tm == "eventtime" and not kw.get("event_time"):
             raise InvalidArgumentError("time_mode='EventTime' needs event_time=<the event-time column>")
+        if tm == "eventtime" and not checkpoint_location:
+            raise InvalidArgumentError("time_mode='EventTime' needs checkpoint_location=<the query's Spark "
+                                       "checkpoint location>: the operator's watermark is kept there (through "
+                                       "Spark's Hadoop filesystem), so that a restarted driver runs each batch "
+                                       "with the watermark it first ran with")
         _positive_int("task_window_rows", kw.get("task_window_rows", 100_000))
         _positive_int("input_copies", kw.get("input_copies", 1), hi=3)
         if int(parallelism) < 1 or int(replicas) < 0:
@@ -119,6 +130,7 @@ class OperatorConfig:
             raise InvalidArgumentError("key must name at least one column")
         schema = StructType.fromDDL(output_schema) if isinstance(output_schema, str) else output_schema
         return cls(processor=processor, key_columns=keys, output_schema=schema, operator_id=operator_id,
+                   name=name, namespace=namespace,
                    coordinator=coordinator, secret=secret_bytes(secret), time_mode=tm,
                    delay_ms=parse_delay_ms(watermark_delay), parallelism=int(parallelism), replicas=int(replicas),
                    num_vnodes=int(num_vnodes) if num_vnodes else max(64, 16 * int(parallelism)),

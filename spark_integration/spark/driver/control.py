@@ -31,6 +31,8 @@ class Control:
         # the operator's instance count at the coordinator when this driver created it (None
         # before): config.parallelism is only the initial one (issue 45)
         self.parallelism: Optional[int] = None
+        # the operator's last committed batch when this driver created it (None: none yet)
+        self.last_batch: Optional[int] = None
 
     def coordinator(self) -> Any:
         if self.client is None:
@@ -54,6 +56,7 @@ class Control:
                                                     num_vnodes=c.num_vnodes, replicas=c.replicas,
                                                     placement=c.placement)
             self.parallelism = len(pl.instances)
+            self.last_batch = pl.last_batch
             if self.parallelism != c.parallelism:
                 log.warning("rhino.spark %s: the operator runs at the coordinator's parallelism %d, not the "
                             "code's %d (the code's is the initial one; it was rescaled since)",
