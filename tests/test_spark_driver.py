@@ -119,6 +119,29 @@ def test_the_watermark_file_of_before_is_read_when_there_is_no_newer_one(tmp_pat
     assert Watermarks("op", 1000, LocalFiles(str(tmp_path))).for_batch(4) == 4000
 
 
+def test_files_of_batches_after_the_operators_last_are_of_a_dropped_life_and_go(tmp_path):
+    """An operator dropped (rhino drop) and started over with the same checkpoint location:
+    its old life's files (batches 0..5) must not be taken as the newest in the new one."""
+    old = Watermarks("op", 0, LocalFiles(str(tmp_path)))
+    for b in range(6):
+        old.committed(b, [1000 * (b + 1)])
+    (tmp_path / "rhino-op-watermark.json").write_text(json.dumps({"9": 99000}))  # and the file of before
+    fresh = Watermarks("op", 0, LocalFiles(str(tmp_path)), last_batch=None)  # the new life: no batch yet
+    assert fresh.for_batch(0) == 0 and fresh.for_batch(3) == 0
+    assert not list((tmp_path / "rhino-op").iterdir()) and not (tmp_path / "rhino-op-watermark.json").exists()
+    fresh.committed(0, [50])
+    fresh.committed(1, [70])
+    # a restart after the new life's batch 1 (the old life's files of 4 and 5 are gone)
+    again = Watermarks("op", 0, LocalFiles(str(tmp_path)), last_batch=1)
+    assert [again.for_batch(b) for b in range(3)] == [0, 50, 70]
+    # and an operator committed through batch 3 forgets a file of batch 5 (its entries too)
+    for b in range(6):
+        old.committed(b, [1000 * (b + 1)])
+    cut = Watermarks("op", 0, LocalFiles(str(tmp_path)), last_batch=3)
+    assert cut.for_batch(4) == 4000 and cut.for_batch(6) == 4000
+    assert max(int(p.name[10:30]) for p in (tmp_path / "rhino-op").iterdir()) == 3
+
+
 def test_without_a_checkpoint_location_the_watermark_lives_in_memory(tmp_path):
     w = Watermarks("op", 0, None)
     w.committed(0, [42])

@@ -159,8 +159,9 @@ def apply_in_pandas_with_state(fn: Callable, *, key: str | Sequence[str], output
     ``state_schema``: the StructType or DDL string of the group state (Spark's
     ``stateStructType``); ``state.update`` takes a tuple of its fields.
 
-    ``timeout``: ``"NoTimeout"``, ``"EventTimeTimeout"`` (then ``event_time=`` and
-    ``watermark_delay=`` as for :func:`rhino.spark.transform_with_state`) or
+    ``timeout``: ``"NoTimeout"``, ``"EventTimeTimeout"`` (then ``event_time=``,
+    ``watermark_delay=`` and ``checkpoint_location=`` as for
+    :func:`rhino.spark.transform_with_state`) or
     ``"ProcessingTimeTimeout"`` (``state.setTimeoutDuration``; the batch's time is
     the coordinator's, fixed at the batch's first run). Other arguments are
     :func:`transform_with_state`'s."""

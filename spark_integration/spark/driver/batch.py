@@ -117,8 +117,11 @@ class BatchRunner:
             check_start(c, self.control.last_batch, b)
             self._start_checked = True
         if self._watermarks is None:
-            files = HadoopFiles(spark, c.checkpoint_location) if c.checkpoint_location else None
-            self._watermarks = Watermarks(c.operator_id, c.delay_ms, files)
+            # only event time has a watermark to keep: other queries write no files
+            keep = c.time_mode == "eventtime" and c.checkpoint_location
+            files = HadoopFiles(spark, c.checkpoint_location) if keep else None
+            # files of batches after the operator's last committed one are of a dropped life
+            self._watermarks = Watermarks(c.operator_id, c.delay_ms, files, last_batch=self.control.last_batch)
         wm = self.watermarks.for_batch(b) if c.time_mode == "eventtime" else 0
         batch_input = BatchInput(self.router)
         driver = BatchDriver(self.control.coordinator(), c.operator_id, max_attempts=c.max_batch_attempts,

@@ -28,6 +28,8 @@ KEPT_BATCHES = 16
 # Files of older batches kept besides the newest (each holds the last KEPT_BATCHES).
 KEPT_FILES = 2
 _FILE = re.compile(r"watermark-(\d{20})\.json")
+# ``last_batch`` not given: every file is taken as it is (the unit tests' default)
+ANY_BATCH: Any = object()
 
 
 def operator_dir(operator_id: str) -> str:
@@ -121,12 +123,30 @@ class Watermarks:
     ``files``: where they are kept (:class:`HadoopFiles` in the checkpoint location), or
     None: in this driver's memory only (a query without event time)."""
 
-    def __init__(self, operator_id: str, delay_ms: int, files: Optional[Any]) -> None:
+    def __init__(self, operator_id: str, delay_ms: int, files: Optional[Any], *,
+                 last_batch: Any = ANY_BATCH) -> None:
         self.delay_ms = delay_ms
         self.files = files
         self.dir = operator_dir(operator_id)
         self._legacy = f"rhino-{operator_id}-watermark.json"
         self._max_event: dict[int, Optional[int]] = self._load()
+        if last_batch is not ANY_BATCH:
+            self._forget_after(last_batch)
+
+    def _forget_after(self, last_batch: Optional[int]) -> None:
+        """Forgets (and deletes the files of) batches after the operator's last committed
+        one (None: it has none). They are of an earlier life of the operator, one that was
+        dropped (``rhino drop``) while its checkpoint location was kept: its batch numbers
+        start again at 0, and a file of its old batch 50 must not be taken as the newest."""
+        top = -1 if last_batch is None else int(last_batch)
+        self._max_event = {b: m for b, m in self._max_event.items() if b <= top}
+        if self.files is None:
+            return
+        for b in self._batches():
+            if b > top:
+                self.files.delete(f"{self.dir}/watermark-{b:020d}.json")
+        if top < 0:
+            self.files.delete(self._legacy)
 
     def _batches(self) -> list[int]:
         """The batches with a file, ascending."""
