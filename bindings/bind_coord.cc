@@ -166,6 +166,7 @@ py::dict MetricsDict(const CoordServerMetrics& m) {
   d["peers_dead"] = m.peers_dead;
   d["open_connections"] = m.open_connections;
   d["connections_accepted"] = m.connections_accepted;
+  d["connections_refused"] = m.connections_refused;
   d["requests"] = m.requests;
   d["requests_failed"] = m.requests_failed;
   d["requests_refused"] = m.requests_refused;
@@ -191,9 +192,15 @@ close() lets the handlers under way finish, then closes every connection.
       .def(py::init([](const std::string& host, uint16_t port, py::bytes secret, py::object handler,
                        const std::string& server_id, uint32_t threads, uint32_t max_frame_bytes,
                        uint32_t heartbeat_ms, uint32_t peer_timeout_ms, const std::string& tls_cert,
-                       const std::string& tls_key, const std::string& tls_ca) {
+                       const std::string& tls_key, const std::string& tls_ca, uint32_t max_connections,
+                       uint32_t max_unauthenticated_connections, uint32_t max_connections_per_peer,
+                       uint32_t max_unauthenticated_per_peer) {
              if (!PyCallable_Check(handler.ptr())) throw py::type_error("handler must be callable");
              CoordServerOptions o;
+             o.max_connections = max_connections;
+             o.max_unauthenticated_connections = max_unauthenticated_connections;
+             o.max_connections_per_peer = max_connections_per_peer;
+             o.max_unauthenticated_per_peer = max_unauthenticated_per_peer;
              o.host = host;
              o.port = port;
              o.secret = std::string(secret);
@@ -228,7 +235,10 @@ close() lets the handlers under way finish, then closes every connection.
            py::arg("server_id") = "coordinator", py::arg("threads") = 4,
            py::arg("max_frame_bytes") = kDefaultMaxFrameBytes, py::arg("heartbeat_ms") = 500,
            py::arg("peer_timeout_ms") = 3000, py::arg("tls_cert") = "", py::arg("tls_key") = "",
-           py::arg("tls_ca") = "")
+           py::arg("tls_ca") = "", py::arg("max_connections") = kDefaultMaxConnections,
+           py::arg("max_unauthenticated_connections") = kDefaultMaxUnauthenticatedConnections,
+           py::arg("max_connections_per_peer") = kDefaultMaxConnectionsPerPeer,
+           py::arg("max_unauthenticated_per_peer") = kDefaultMaxUnauthenticatedPerPeer)
       .def_property_readonly("port", [](PyCoordServer& h) { return h.port; })
       .def_property_readonly("host", [](PyCoordServer& h) { return h.host; })
       .def_property_readonly("address", [](PyCoordServer& h) { return h.address; }, "\"host:port\"")

@@ -146,9 +146,15 @@ stop() aborts streams under way and closes connections; join() waits for stop.
                        const std::string& unix_socket, uint32_t service_threads, uint64_t max_session_bytes,
                        uint32_t replicate_timeout_ms, uint32_t session_idle_timeout_ms, uint32_t keep_checkpoints,
                        uint32_t retention_interval_ms, const std::string& tls_cert, const std::string& tls_key,
-                       const std::string& tls_ca) {
+                       const std::string& tls_ca, uint32_t max_connections,
+                       uint32_t max_unauthenticated_connections, uint32_t max_connections_per_peer,
+                       uint32_t max_unauthenticated_per_peer) {
              auto w = std::make_unique<PyWorker>();
              WorkerOptions o;
+             o.max_connections = max_connections;
+             o.max_unauthenticated_connections = max_unauthenticated_connections;
+             o.max_connections_per_peer = max_connections_per_peer;
+             o.max_unauthenticated_per_peer = max_unauthenticated_per_peer;
              o.tls = TlsOf(tls_cert, tls_key, tls_ca);
              o.state_dir = state_dir;
              o.unix_socket = unix_socket;
@@ -181,7 +187,10 @@ stop() aborts streams under way and closes connections; join() waits for stop.
            py::arg("service_threads") = 4, py::arg("max_session_bytes") = 1ull << 30,
            py::arg("replicate_timeout_ms") = 60000, py::arg("session_idle_timeout_ms") = 600000,
            py::arg("keep_checkpoints") = 3, py::arg("retention_interval_ms") = 10000, py::arg("tls_cert") = "",
-           py::arg("tls_key") = "", py::arg("tls_ca") = "")
+           py::arg("tls_key") = "", py::arg("tls_ca") = "", py::arg("max_connections") = kDefaultMaxConnections,
+           py::arg("max_unauthenticated_connections") = kDefaultMaxUnauthenticatedConnections,
+           py::arg("max_connections_per_peer") = kDefaultMaxConnectionsPerPeer,
+           py::arg("max_unauthenticated_per_peer") = kDefaultMaxUnauthenticatedPerPeer)
       .def("start", [](PyWorker& w) {
              Status s;
              {
@@ -318,6 +327,10 @@ void BindReplication(py::module_& m) {
 
 void BindWorker(py::module_& m) {
   m.attr("MAX_FRAME_BYTES") = kDefaultMaxFrameBytes;
+  m.attr("MAX_CONNECTIONS") = kDefaultMaxConnections;
+  m.attr("MAX_UNAUTHENTICATED_CONNECTIONS") = kDefaultMaxUnauthenticatedConnections;
+  m.attr("MAX_CONNECTIONS_PER_PEER") = kDefaultMaxConnectionsPerPeer;
+  m.attr("MAX_UNAUTHENTICATED_PER_PEER") = kDefaultMaxUnauthenticatedPerPeer;
   m.attr("FRAME_HEADER_BYTES") = kFrameHeaderBytes;
   BindWorkerClass(m);
   BindReplication(m);

@@ -60,6 +60,7 @@ from .errors import (
     UnknownInstanceError,
     SessionBusyError,
     OperatorRunningError,
+    ResourceExhaustedError,
     TLSError,
     StaleEpochError,
 )
@@ -112,6 +113,7 @@ __all__ = [
     "UnknownInstanceError",
     "SessionBusyError",
     "OperatorRunningError",
+    "ResourceExhaustedError",
     "TLSError",
     "StaleEpochError",
 ]

@@ -240,6 +240,11 @@ class StateBackend:
 
 MAX_FRAME_BYTES: int
 FRAME_HEADER_BYTES: int
+# Default bounds on one listener's connections (docs/protocol.md §2, "Connection limits").
+MAX_CONNECTIONS: int
+MAX_UNAUTHENTICATED_CONNECTIONS: int
+MAX_CONNECTIONS_PER_PEER: int
+MAX_UNAUTHENTICATED_PER_PEER: int
 
 class Worker:
     def __init__(
@@ -265,6 +270,13 @@ class Worker:
         session_idle_timeout_ms: int = 600000,  # 0 = never
         keep_checkpoints: int = 3,  # per instance in the replica store; 0 = keep all, else >= 2
         retention_interval_ms: int = 10000,
+        tls_cert: str = "",
+        tls_key: str = "",
+        tls_ca: str = "",
+        max_connections: int = ...,  # per listener; 0 = no bound
+        max_unauthenticated_connections: int = ...,  # handshakes in progress per listener
+        max_connections_per_peer: int = ...,  # per peer IP address (TCP)
+        max_unauthenticated_per_peer: int = ...,  # handshakes in progress per peer IP address (TCP)
     ) -> None: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...
@@ -374,6 +386,13 @@ class CoordServer:
         max_frame_bytes: int = ...,
         heartbeat_ms: int = 500,
         peer_timeout_ms: int = 3000,
+        tls_cert: str = "",
+        tls_key: str = "",
+        tls_ca: str = "",
+        max_connections: int = ...,  # 0 = no bound (docs/protocol.md §2, "Connection limits")
+        max_unauthenticated_connections: int = ...,
+        max_connections_per_peer: int = ...,
+        max_unauthenticated_per_peer: int = ...,
     ) -> None: ...
     @property
     def port(self) -> int: ...

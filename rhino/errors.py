@@ -31,6 +31,7 @@ __all__ = [
     "UnknownInstanceError",
     "SessionBusyError",
     "OperatorRunningError",
+    "ResourceExhaustedError",
     "StaleEpochError",
 ]
 
@@ -121,6 +122,14 @@ class SessionBusyError(BusyError):
 class OperatorRunningError(BusyError):
     """A query runs the operator, so it is not dropped: a batch of it is in flight, or
     its driver or tasks called the coordinator recently (``rhino drop``, docs/protocol.md §8.2)."""
+
+
+class ResourceExhaustedError(RhinoError, RuntimeError):
+    """A bound on what a peer may make a worker or the coordinator hold was hit, e.g.
+    a listener's connection limits (``max_connections``,
+    ``max_unauthenticated_connections``, ``max_connections_per_peer``,
+    ``max_unauthenticated_per_peer``: docs/protocol.md §2, "Connection limits"). The
+    message names the bound; the server serves on."""
 
 
 class StaleEpochError(RhinoError, RuntimeError):

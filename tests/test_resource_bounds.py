@@ -13,11 +13,32 @@ kMaxHandshakeFrameBytes (1 KiB) of a frame from it (docs/protocol.md §2):
 An instance has at most 65536 vnodes (column families; docs/protocol.md §7.1 `open`):
 more is InvalidArgument naming the limit, and the worker serves on.
 
+Each listener bounds its connections (docs/protocol.md §2, "Connection limits"), tried on a
+worker (127.0.0.185) with small caps, flooded from 127.0.0.186-188 while the legitimate
+client connects from 127.0.0.1:
+
+- a flood of silent handshakes from one address: that address keeps
+  max_unauthenticated_per_peer of them, every other one is refused with an ErrorRsp
+  (ResourceExhausted, naming the bound) and closed, the worker logs it and its RSS stays
+  within 32 MiB; a new TCP client, a connection opened before, and the Unix socket are
+  served during the flood and after it;
+- handshakes from more addresses fill max_unauthenticated_connections: then a new TCP
+  client's connect fails with rhino.ResourceExhaustedError naming it, while the connection
+  opened before and the Unix socket serve on, and TCP serves again once the flood goes;
+- authenticated connections: one address holds at most max_connections_per_peer, the
+  listener at most max_connections, each refusal named; the rest serve on.
+
+The coordinator's listener (_core.CoordServer) refuses the same way, counted in its metrics.
+
 The frames are built by tests/dataplane_wire.py, written from the document.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
+import select
 import socket
 import time
 
@@ -25,13 +46,24 @@ import numpy as np
 import pytest
 
 import rhino
-from dataplane_wire import CORRUPTION, RawClient, decode_status, frame
+from dataplane_wire import CORRUPTION, HEADER, Dec, Enc, RawClient, checksum, decode_status, frame, parse_header
+from rhino import _core
 from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret
 
 OP = "preauth"
 FLOOD = 2000
 ANNOUNCED = 4 << 20
 RSS_BOUND_KIB = 64 << 10
+
+# The capped worker and the addresses its floods come from (tests/test_test_hosts.py).
+HOSTS = (185, 186, 187, 188, 189)
+CAPPED_HOST, FLOOD_A, FLOOD_B, FLOOD_C, COORD_HOST = (f"127.0.0.{n}" for n in HOSTS)
+MAX_CONNECTIONS, MAX_UNAUTH, MAX_PER_PEER, MAX_UNAUTH_PER_PEER = 40, 16, 24, 8
+CAPS = ["--max-connections", str(MAX_CONNECTIONS), "--max-unauthenticated-connections", str(MAX_UNAUTH),
+        "--max-connections-per-peer", str(MAX_PER_PEER), "--max-unauthenticated-per-peer", str(MAX_UNAUTH_PER_PEER)]
+RESOURCE_EXHAUSTED = next(n for n, name, _ in _core.status_codes() if name == "ResourceExhausted")
+CONN_FLOOD = 1000
+CONN_RSS_BOUND_KIB = 32 << 10
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +141,240 @@ def test_num_vnodes_over_the_limit_is_refused_by_name(worker, num_vnodes) -> Non
         assert time.monotonic() - start < 5  # refused before any column family is made
     assert worker.alive()
     _served(worker)
+
+
+# ---- connection limits (docs/protocol.md §2, "Connection limits") ----------------------------
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory):
+    """A worker with small connection caps. Its handshake deadline (peer_timeout_ms) is long, so
+    that it holds the flood's silent handshakes until the test closes them."""
+    root = tmp_path_factory.mktemp("conncap")
+    w = WorkerProcess(root, "w1", CAPPED_HOST, secret_file=write_secret(root, SECRET), metrics=False,
+                      peer_timeout_ms=20000, extra_args=CAPS).start()
+    with rhino.connect(w.unix_socket, secret=SECRET) as c:
+        c.open_instance(OP, 0, epoch=1, num_vnodes=4)
+        with c.session(OP, 0, batch=0, epoch=1) as s:
+            s.put_batch(np.arange(10, dtype=np.int64), [b"v%d" % i for i in range(10)])
+            s.commit()
+    yield w
+    assert w.alive(), "the worker died"
+    w.stop()
+
+
+def _read_session(c) -> None:
+    with c.session(OP, 0, batch=1, epoch=1) as s:
+        assert s.get_batch(np.arange(10, dtype=np.int64)) == [b"v%d" % i for i in range(10)]
+        s.abort()
+
+
+def _served_tcp(w: WorkerProcess) -> None:
+    with rhino.connect(w.address, secret=SECRET) as c:
+        _read_session(c)
+
+
+def _served_unix(w: WorkerProcess) -> None:
+    with rhino.connect(w.unix_socket, secret=SECRET) as c:
+        _read_session(c)
+
+
+def _open(w: WorkerProcess, source: str, n: int) -> list[socket.socket]:
+    """n TCP connections from `source` that send nothing: handshakes in progress."""
+    host, port = w.address.rsplit(":", 1)
+    return [socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0)) for _ in range(n)]
+
+
+def _sort_out(socks: list[socket.socket], settle: float = 2.0) -> tuple[list[socket.socket], list[str]]:
+    """Splits connections into those the worker holds (silent) and those it refused: for each
+    refused one, the ErrorRsp's message, after checking it is ResourceExhausted and that the
+    connection was closed after it."""
+    pending = set(socks)
+    refused: list[str] = []
+    deadline = time.monotonic() + settle
+    while pending and time.monotonic() < deadline:
+        readable, _, _ = select.select(list(pending), [], [], 0.1)
+        for s in readable:
+            pending.discard(s)
+            s.settimeout(5)
+            data = b""
+            while True:
+                try:
+                    chunk = s.recv(4096)
+                except ConnectionResetError:
+                    break
+                if not chunk:
+                    break
+                data += chunk
+            h = parse_header(data[:HEADER])
+            payload = data[HEADER:HEADER + h["length"]]
+            assert h["type"] == "ErrorRsp" and checksum(payload) == h["payload_checksum"], h
+            code, msg = decode_status(payload)
+            assert code == RESOURCE_EXHAUSTED, (code, msg)
+            assert len(data) == HEADER + h["length"], "the worker sent more than the refusal"
+            refused.append(msg)
+    return [s for s in socks if s in pending], refused
+
+
+def _authed(w: WorkerProcess, source: str):
+    """One authenticated raw connection from `source`, or the message of its refusal (which a
+    refusing listener sends at once, before any handshake frame)."""
+    host, port = w.address.rsplit(":", 1)
+    raw = RawClient.__new__(RawClient)
+    raw.sock = socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0))
+    readable, _, _ = select.select([raw.sock], [], [], 0.1)
+    cn = os.urandom(16)
+    if not readable:
+        raw.send(frame("HelloReq", Enc().u32(1).bytes_(b"cap-test").bytes_(cn).done()))
+    h, p = raw.recv()
+    if h["type"] == "ErrorRsp":
+        code, msg = decode_status(p)
+        assert code == RESOURCE_EXHAUSTED, (code, msg)
+        assert raw.closed_by_peer()
+        raw.close()
+        return msg
+    assert h["type"] == "HelloRsp", h
+    d = Dec(p)
+    _worker_id, sn, _server_mac = d.bytes_(), d.bytes_(), d.bytes_()
+    raw.send(frame("AuthReq", Enc().bytes_(hmac.new(SECRET, b"rhino-client" + sn + cn, hashlib.sha256).digest()).done()))
+    h, p = raw.recv()
+    assert h["type"] == "AuthRsp" and p == b"\x01", h
+    return raw
+
+
+def _close(socks) -> None:
+    for s in socks:
+        s.close()
+
+
+def test_a_handshake_flood_from_one_address_is_refused_by_name_and_others_are_served(capped) -> None:
+    before_open = rhino.connect(capped.address, secret=SECRET)  # authenticated before the flood
+    try:
+        rss_before = _rss_kib(capped.pid)
+        flood = _open(capped, FLOOD_A, CONN_FLOOD)
+        try:
+            held, refused = _sort_out(flood)
+            rss_peak = _rss_kib(capped.pid)
+            # The address keeps its share of handshakes; every other connection is refused by name.
+            assert len(held) == MAX_UNAUTH_PER_PEER, (len(held), len(refused))
+            assert len(refused) == CONN_FLOOD - MAX_UNAUTH_PER_PEER
+            assert all(f"refused a connection from {FLOOD_A}: {MAX_UNAUTH_PER_PEER} handshakes from {FLOOD_A} "
+                       f"are in progress (max_unauthenticated_per_peer {MAX_UNAUTH_PER_PEER})" in m for m in refused), \
+                refused[:3]
+            # During the flood: a new TCP client, the connection opened before, the Unix socket.
+            _served_tcp(capped)
+            _read_session(before_open)
+            _served_unix(capped)
+        finally:
+            _close(flood)
+        print(f"RSS before {rss_before} KiB, after {CONN_FLOOD} connections {rss_peak} KiB")
+        assert rss_peak - rss_before < CONN_RSS_BOUND_KIB, f"RSS grew by {(rss_peak - rss_before) >> 10} MiB"
+        log = capped.log_path.read_text()
+        assert f"rhino: worker w1's TCP listener refused a connection from {FLOOD_A}: " in log, log[-2000:]
+        assert "refused so far)" in log
+        # Rate-limited: one line a second at most, not one per refusal.
+        assert log.count("w1's TCP listener refused a connection") < 30
+        assert capped.alive()
+        _read_session(before_open)
+        _served_tcp(capped)
+    finally:
+        before_open.close()
+
+
+def test_handshakes_from_many_addresses_fill_the_listener_and_tcp_serves_again_after(capped) -> None:
+    before_open = rhino.connect(capped.address, secret=SECRET)
+    try:
+        floods = [_open(capped, FLOOD_A, MAX_UNAUTH_PER_PEER), _open(capped, FLOOD_B, MAX_UNAUTH_PER_PEER)]
+        try:
+            for f in floods:
+                held, refused = _sort_out(f, settle=0.5)
+                assert len(held) == MAX_UNAUTH_PER_PEER and not refused, refused
+            third = _open(capped, FLOOD_C, 20)
+            floods.append(third)
+            held, refused = _sort_out(third)
+            assert not held and len(refused) == 20
+            assert all(f"{MAX_UNAUTH} handshakes are in progress (max_unauthenticated_connections {MAX_UNAUTH})" in m
+                       for m in refused), refused[:3]
+            # A client that connects now is told why, by name.
+            with pytest.raises(rhino.ResourceExhaustedError, match="max_unauthenticated_connections"):
+                rhino.connect(capped.address, secret=SECRET)
+            # Authenticated connections and the other listener serve on.
+            _read_session(before_open)
+            _served_unix(capped)
+        finally:
+            for f in floods:
+                _close(f)
+        deadline = time.monotonic() + 10
+        while True:  # the worker sees the flood's connections close
+            try:
+                _served_tcp(capped)
+                break
+            except rhino.ResourceExhaustedError:
+                assert time.monotonic() < deadline, "TCP is not served again after the flood"
+                time.sleep(0.1)
+        assert capped.alive()
+    finally:
+        before_open.close()
+
+
+def test_authenticated_connections_are_bounded_per_address_and_per_listener(capped) -> None:
+    held: list = []
+    try:
+        for _ in range(MAX_PER_PEER):
+            r = _authed(capped, FLOOD_A)
+            assert isinstance(r, RawClient), r
+            held.append(r)
+        msg = _authed(capped, FLOOD_A)
+        assert isinstance(msg, str) and (f"{MAX_PER_PEER} connections from {FLOOD_A} are open "
+                                         f"(max_connections_per_peer {MAX_PER_PEER})") in msg, msg
+        for source in (FLOOD_B, FLOOD_C):  # other addresses, until the listener is full
+            for _ in range(MAX_PER_PEER):
+                r = _authed(capped, source)
+                if isinstance(r, str):
+                    break
+                held.append(r)
+            if isinstance(r, str):
+                break
+        assert isinstance(r, str) and f"connections are open (max_connections {MAX_CONNECTIONS})" in r, r
+        assert len(held) <= MAX_CONNECTIONS
+        _served_unix(capped)  # the Unix socket is its own listener
+        assert capped.alive()
+    finally:
+        _close(h.sock for h in held)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            _served_tcp(capped)
+            break
+        except rhino.ResourceExhaustedError:
+            assert time.monotonic() < deadline, "TCP is not served again after the connections closed"
+            time.sleep(0.1)
+
+
+def test_the_coordinators_listener_refuses_over_its_caps() -> None:
+    def handler(method: str, args: str):
+        return 0, "", "{}"
+
+    server = _core.CoordServer(COORD_HOST, 0, SECRET, handler, max_connections=MAX_CONNECTIONS,
+                               max_unauthenticated_connections=MAX_UNAUTH, max_connections_per_peer=MAX_PER_PEER,
+                               max_unauthenticated_per_peer=MAX_UNAUTH_PER_PEER, peer_timeout_ms=20000)
+    try:
+        host, port = server.address.rsplit(":", 1)
+        flood = [socket.create_connection((host, int(port)), timeout=10, source_address=(FLOOD_A, 0))
+                 for _ in range(100)]
+        try:
+            held, refused = _sort_out(flood)
+            assert len(held) == MAX_UNAUTH_PER_PEER and len(refused) == 100 - MAX_UNAUTH_PER_PEER
+            assert all(f"the coordinator (coordinator) refused a connection from {FLOOD_A}" in m and
+                       "(max_unauthenticated_per_peer 8)" in m for m in refused), refused[:3]
+            assert server.metrics()["connections_refused"] == len(refused)
+            c = _core.StateClient.connect(server.address, SECRET)  # another address is served meanwhile
+            try:
+                assert c.coord("echo", "{}") == "{}"
+            finally:
+                c.close()
+        finally:
+            _close(flood)
+    finally:
+        server.close()
+

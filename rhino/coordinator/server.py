@@ -24,6 +24,7 @@ import time
 from typing import Any, Optional
 
 from .. import _core
+from .._argtypes import uint32
 from .._secret import secret_bytes
 from ..errors import InvalidArgumentError
 from ..replication import parse_address, read_secret_file
@@ -36,7 +37,10 @@ class CoordinatorServer:
     """A Coordinator served on ``host:port`` (port 0: any free port)."""
 
     def __init__(self, coordinator: Any, host: str, port: int, *, secret: Any, threads: int = 16,
-                 tls: Any = None) -> None:
+                 tls: Any = None, max_connections: int = _core.MAX_CONNECTIONS,
+                 max_unauthenticated_connections: int = _core.MAX_UNAUTHENTICATED_CONNECTIONS,
+                 max_connections_per_peer: int = _core.MAX_CONNECTIONS_PER_PEER,
+                 max_unauthenticated_per_peer: int = _core.MAX_UNAUTHENTICATED_PER_PEER) -> None:
         self.coordinator = coordinator
 
         def handler(method: str, args_json: str) -> tuple[int, str, str]:
@@ -50,7 +54,11 @@ class CoordinatorServer:
         # must still be answered: enough threads that heartbeats never queue
         # behind the coordinator's lock.
         self._server = _core.CoordServer(host, port, secret_bytes(secret), handler, server_id="coordinator",
-                                         threads=threads, **tls_kwargs(tls))
+                                         threads=threads, max_connections=max_connections,
+                                         max_unauthenticated_connections=max_unauthenticated_connections,
+                                         max_connections_per_peer=max_connections_per_peer,
+                                         max_unauthenticated_per_peer=max_unauthenticated_per_peer,
+                                         **tls_kwargs(tls))
 
     @property
     def port(self) -> int:
@@ -84,6 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--handover-timeout", type=float, default=120.0,
                    help="seconds a handover step at one worker may take before the step aborts (default: %(default)s)")
     p.add_argument("--threads", type=int, default=16, help="request handler threads (default: %(default)s)")
+    p.add_argument("--max-connections", type=uint32, default=_core.MAX_CONNECTIONS,
+                   help="connections held at once; more are refused with ResourceExhausted (docs/protocol.md §2; "
+                        "default: %(default)s; 0: no bound)")
+    p.add_argument("--max-unauthenticated-connections", type=uint32, default=_core.MAX_UNAUTHENTICATED_CONNECTIONS,
+                   help="handshakes in progress at once; more are refused (default: %(default)s; 0: no bound)")
+    p.add_argument("--max-connections-per-peer", type=uint32, default=_core.MAX_CONNECTIONS_PER_PEER,
+                   help="connections per peer IP address; more are refused (default: %(default)s; 0: no bound)")
+    p.add_argument("--max-unauthenticated-per-peer", type=uint32, default=_core.MAX_UNAUTHENTICATED_PER_PEER,
+                   help="handshakes in progress per peer IP address; more are refused (default: %(default)s; "
+                        "0: no bound)")
     p.add_argument("--rebuild", action="store_true",
                    help="the metadata is lost: rebuild it from the workers' stores (needs --expect-workers)")
     p.add_argument("--expect-workers", type=int, default=0, help="with --rebuild: workers to wait for")
@@ -130,7 +148,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                         handover_timeout=args.handover_timeout, log=log.info,
                         rebuilding=args.rebuild, tls=tls)
     try:
-        server = CoordinatorServer(coord, host, port, secret=secret, threads=args.threads, tls=tls)
+        server = CoordinatorServer(coord, host, port, secret=secret, threads=args.threads, tls=tls,
+                                   max_connections=args.max_connections,
+                                   max_unauthenticated_connections=args.max_unauthenticated_connections,
+                                   max_connections_per_peer=args.max_connections_per_peer,
+                                   max_unauthenticated_per_peer=args.max_unauthenticated_per_peer)
     except Exception as e:  # noqa: BLE001 - a bind failure ends the process, logged
         log.error("start_failed", error=str(e), error_type=type(e).__name__)
         coord.close()

@@ -141,6 +141,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peer-timeout-ms", type=uint32, default=3000)
     p.add_argument("--max-window", type=uint32, default=64, help="most credits granted per stream")
     p.add_argument("--max-frame-bytes", type=uint32, default=_core.MAX_FRAME_BYTES)
+    p.add_argument("--max-connections", type=uint32, default=_core.MAX_CONNECTIONS,
+                   help="connections each listener (TCP, Unix socket) holds at once; more are refused with "
+                        "ResourceExhausted (default: %(default)s; 0: no bound)")
+    p.add_argument("--max-unauthenticated-connections", type=uint32, default=_core.MAX_UNAUTHENTICATED_CONNECTIONS,
+                   help="handshakes in progress per listener; more are refused (default: %(default)s; 0: no bound)")
+    p.add_argument("--max-connections-per-peer", type=uint32, default=_core.MAX_CONNECTIONS_PER_PEER,
+                   help="connections per peer IP address on the TCP listener; more are refused "
+                        "(default: %(default)s; 0: no bound)")
+    p.add_argument("--max-unauthenticated-per-peer", type=uint32, default=_core.MAX_UNAUTHENTICATED_PER_PEER,
+                   help="handshakes in progress per peer IP address on the TCP listener; more are refused "
+                        "(default: %(default)s; 0: no bound)")
     p.add_argument("--stream-idle-timeout-ms", type=uint32, default=60000,
                    help="abort a stream that sees no frame from either neighbour for this long (0: never)")
     p.add_argument("--nice", type=int, default=DEFAULT_NICE, choices=range(0, 20), metavar="0..19",
@@ -276,6 +287,10 @@ def _new_worker(args: argparse.Namespace, config: _Configuration) -> Worker:
         heartbeat_ms=args.heartbeat_ms,
         peer_timeout_ms=args.peer_timeout_ms,
         max_frame_bytes=args.max_frame_bytes,
+        max_connections=args.max_connections,
+        max_unauthenticated_connections=args.max_unauthenticated_connections,
+        max_connections_per_peer=args.max_connections_per_peer,
+        max_unauthenticated_per_peer=args.max_unauthenticated_per_peer,
         max_window=args.max_window,
         stream_idle_timeout_ms=args.stream_idle_timeout_ms,
         state_dir=config.state_dir,

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "net/connection.h"
+#include "net/connection_limiter.h"
 #include "net/json_bounds.h"
 #include "rhino/coord_messages.h"
 #include "rhino/messages.h"
@@ -40,7 +41,11 @@ struct Task {
 class CoordServer::Impl {
  public:
   Impl(const CoordServerOptions& options, CoordHandler handler)
-      : options_(options), handler_(std::move(handler)), acceptor_(io_), accept_retry_(io_) {
+      : options_(options),
+        handler_(std::move(handler)),
+        limiter_("the coordinator (" + options.server_id + ")", LimitsOf(options)),
+        acceptor_(io_),
+        accept_retry_(io_) {
     conn_options_.worker_id = options.server_id;
     conn_options_.secret = options.secret;
     conn_options_.max_frame_bytes = options.max_frame_bytes;
@@ -138,6 +143,7 @@ class CoordServer::Impl {
     m.peers_dead = counters_.peers_dead.load();
     m.open_connections = counters_.open_connections.load();
     m.connections_accepted = connections_accepted_.load();
+    m.connections_refused = limiter_.counts().refused;
     m.requests = requests_.load();
     m.requests_failed = requests_failed_.load();
     m.requests_refused = requests_refused_.load();
@@ -168,6 +174,15 @@ class CoordServer::Impl {
     std::weak_ptr<net::Connection> conn_;
   };
 
+  static net::ConnectionLimits LimitsOf(const CoordServerOptions& o) {
+    net::ConnectionLimits l;
+    l.max_connections = o.max_connections;
+    l.max_unauthenticated = o.max_unauthenticated_connections;
+    l.max_per_peer = o.max_connections_per_peer;
+    l.max_unauthenticated_per_peer = o.max_unauthenticated_per_peer;
+    return l;
+  }
+
   static std::string Join(const std::string& host, uint16_t port) {
     const bool v6 = host.find(':') != std::string::npos;
     return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
@@ -197,6 +212,21 @@ class CoordServer::Impl {
 
   void OnAccepted(const std::shared_ptr<net::Connection>& conn, const asio::error_code& ec) {
     if (ec == asio::error::operation_aborted) return;  // Shutdown closed the acceptor
+    // Admitted before its handshake costs anything (protocol §2, "Connection
+    // limits"); a refused peer gets the reason and the listener serves on.
+    std::shared_ptr<net::ConnectionLimiter::Slot> slot;
+    if (!ec) {
+      Status admitted = limiter_.Admit(net::PeerAddressOf(conn->socket().native_handle()), &slot);
+      if (!admitted.ok()) {
+        {
+          MutexLock l(&mu_);
+          if (stopping_) return;
+        }
+        conn->Refuse(admitted);
+        Accept();
+        return;
+      }
+    }
     {
       MutexLock l(&mu_);
       if (stopping_) return;
@@ -216,11 +246,16 @@ class CoordServer::Impl {
                                        std::shared_ptr<std::string> payload) {
       return OnUnclaimed(c, h, std::move(payload));
     });
-    conn->set_close_handler([this, raw](const Status&) {
+    // The slot is held until the connection closes; the handshake's success
+    // moves it out of the unauthenticated count.
+    conn->set_close_handler([this, raw, slot](const Status&) {
       MutexLock l(&mu_);
       conns_.erase(raw);
     });
-    conn->StartServer([](const Status&) {});  // the handshake (§2) is the connection's own business
+    // The handshake (§2) is the connection's own business.
+    conn->StartServer([slot](const Status& s) {
+      if (s.ok()) slot->Authenticated();
+    });
     Accept();
   }
 
@@ -349,6 +384,8 @@ class CoordServer::Impl {
   net::ConnectionCounters counters_;
   // Atomic: updated by the network and handler threads, read by Metrics.
   std::atomic<uint64_t> connections_accepted_{0};
+  // Before io_ too: the slots the connections hold share its counts.
+  net::ConnectionLimiter limiter_;
   std::atomic<uint64_t> requests_{0};
   std::atomic<uint64_t> requests_failed_{0};
   std::atomic<uint64_t> requests_refused_{0};

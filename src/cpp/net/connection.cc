@@ -82,6 +82,19 @@ void Connection::StartServer(ReadyHandler ready) {
   });
 }
 
+void Connection::Refuse(const Status& why) {
+  asio::post(strand_, [self = shared_from_this(), why]() {
+    self->remote_ = DescribePeer(self->socket_.native_handle());
+    if (self->options_.tls && !self->IsUnixSocket()) {
+      self->DoClose(why);
+      return;
+    }
+    // The handshake deadline (Tick) bounds a peer that does not read the answer.
+    self->StartClock();
+    self->CloseWithError(0, why);
+  });
+}
+
 void Connection::StartClient(const std::string& host, uint16_t port, ReadyHandler ready) {
   asio::post(strand_, [self = shared_from_this(), host, port, ready = std::move(ready)]() mutable {
     self->ready_ = std::move(ready);

@@ -103,6 +103,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   using Socket = asio::generic::stream_protocol::socket;
   Socket& socket() { return socket_; }
   void StartServer(ReadyHandler ready);
+  // Server: refuses the accepted connection instead (a listener over its
+  // limits, net/connection_limiter.h): without TLS the peer gets an ErrorRsp
+  // with `why` on stream 0 (a client's handshake fails with it), then the
+  // connection closes; under TLS it closes at once, as no TLS handshake is
+  // spent on it. The close handler runs as for any close.
+  void Refuse(const Status& why);
   // Client: connects to host:port and authenticates. `ready` is called once:
   // OK when authenticated, else the reason (AuthFailed, PeerDead, Timeout...).
   void StartClient(const std::string& host, uint16_t port, ReadyHandler ready);

@@ -22,7 +22,9 @@ ReplicaServer::ReplicaServer(asio::io_context& io, asio::thread_pool& disk, Repl
       fences_(store->dir()),
       acceptor_(io),
       unix_acceptor_(io),
-      accept_retry_(io) {
+      accept_retry_(io),
+      tcp_limiter_("worker " + options.connection.worker_id + "'s TCP listener", options.limits),
+      unix_limiter_("worker " + options.connection.worker_id + "'s Unix socket", options.limits) {
   env_.worker_id = options.connection.worker_id;
   env_.store = store;
   env_.pool = pool;
@@ -100,11 +102,6 @@ void ReplicaServer::AcceptUnix() {
 void ReplicaServer::OnAccepted(const std::shared_ptr<net::Connection>& conn, const asio::error_code& ec,
                                bool unix_socket) {
   if (ec == asio::error::operation_aborted) return;  // Shutdown
-  {
-    MutexLock l(&mu_);
-    if (stopping_) return;
-    if (!ec) conns_[conn.get()] = conn;
-  }
   auto again = [this, unix_socket]() {
     if (unix_socket) {
       AcceptUnix();
@@ -112,17 +109,42 @@ void ReplicaServer::OnAccepted(const std::shared_ptr<net::Connection>& conn, con
       Accept();
     }
   };
+  std::shared_ptr<net::ConnectionLimiter::Slot> slot;
+  if (!ec) {
+    // Admitted before its handshake costs anything (protocol §2, "Connection
+    // limits"); a refused peer gets the reason and the listener serves on.
+    net::ConnectionLimiter& limiter = unix_socket ? unix_limiter_ : tcp_limiter_;
+    Status admitted = limiter.Admit(unix_socket ? "" : net::PeerAddressOf(conn->socket().native_handle()), &slot);
+    if (!admitted.ok()) {
+      {
+        MutexLock l(&mu_);
+        if (stopping_) return;
+      }
+      conn->Refuse(admitted);
+      again();
+      return;
+    }
+  }
+  {
+    MutexLock l(&mu_);
+    if (stopping_) return;
+    if (!ec) conns_[conn.get()] = conn;
+  }
   if (!ec) {
     net::Connection* raw = conn.get();
     conn->set_unclaimed_handler([this](const std::shared_ptr<net::Connection>& c, const FrameHeader& h,
                                        std::shared_ptr<std::string> payload) {
       return OnUnclaimed(c, h, std::move(payload));
     });
-    conn->set_close_handler([this, raw](const Status&) {
+    // The slot is held until the connection closes; the handshake's success
+    // moves it out of the unauthenticated count.
+    conn->set_close_handler([this, raw, slot](const Status&) {
       MutexLock l(&mu_);
       conns_.erase(raw);
     });
-    conn->StartServer([](const Status&) {});
+    conn->StartServer([slot](const Status& s) {
+      if (s.ok()) slot->Authenticated();
+    });
     again();
     return;
   }

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "net/connection.h"
+#include "net/connection_limiter.h"
 #include "net/connection_pool.h"
 #include "replication/fence_table.h"
 #include "replication/replica_stream.h"
@@ -34,6 +35,10 @@ struct ReplicaServerOptions {
   net::ConnectionOptions connection;  // identity, secret, frame limit, liveness
   uint32_t max_window = 64;
   uint32_t stream_idle_timeout_ms = 60000;
+  // Per listener (the TCP one and the Unix socket each): how many
+  // connections, handshakes in progress and connections per peer address it
+  // holds at once (net/connection_limiter.h, protocol §2).
+  net::ConnectionLimits limits;
 };
 
 class ReplicaServer {
@@ -54,6 +59,9 @@ class ReplicaServer {
   // An existing socket file is replaced only if nothing answers on it.
   Status ListenUnix(const std::string& path);
   uint16_t port() const { return port_; }
+  // What each listener holds now, and has refused.
+  net::ConnectionLimiterCounts tcp_counts() const { return tcp_limiter_.counts(); }
+  net::ConnectionLimiterCounts unix_counts() const { return unix_limiter_.counts(); }
 
   // Stops accepting, aborts every stream ("worker shutting down"), closes
   // every accepted connection, and waits up to `wait_ms` for the streams to
@@ -87,6 +95,8 @@ class ReplicaServer {
   std::string unix_path_;
   asio::steady_timer accept_retry_;
   uint16_t port_ = 0;
+  net::ConnectionLimiter tcp_limiter_;
+  net::ConnectionLimiter unix_limiter_;
 
   Mutex mu_;
   CondVar cv_;

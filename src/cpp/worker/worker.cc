@@ -46,6 +46,10 @@ class Worker::Impl {
       so.connection = co;
       so.max_window = o.max_window;
       so.stream_idle_timeout_ms = o.stream_idle_timeout_ms;
+      so.limits.max_connections = o.max_connections;
+      so.limits.max_unauthenticated = o.max_unauthenticated_connections;
+      so.limits.max_per_peer = o.max_connections_per_peer;
+      so.limits.max_unauthenticated_per_peer = o.max_unauthenticated_per_peer;
       FrameDispatcher* d = dispatcher_.get();
       server_ = std::make_unique<ReplicaServer>(
           *io_, *disk_, store_.get(), pool_.get(), &metrics_, &counters_, so,

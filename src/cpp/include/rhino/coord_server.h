@@ -46,6 +46,12 @@ struct CoordServerOptions {
   uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
   uint32_t heartbeat_ms = 500;      // protocol §6; >= 1
   uint32_t peer_timeout_ms = 3000;  // protocol §6; > heartbeat_ms
+  // What the listener holds at once (protocol §2, "Connection limits"); over
+  // one, a connection is refused with ResourceExhausted. 0 = no bound.
+  uint32_t max_connections = kDefaultMaxConnections;
+  uint32_t max_unauthenticated_connections = kDefaultMaxUnauthenticatedConnections;
+  uint32_t max_connections_per_peer = kDefaultMaxConnectionsPerPeer;  // per peer IP address
+  uint32_t max_unauthenticated_per_peer = kDefaultMaxUnauthenticatedPerPeer;  // handshakes per peer IP address
 
   // ---- handlers ----
   uint32_t threads = 4;  // handler threads, >= 1: how many requests are handled at once
@@ -72,6 +78,7 @@ struct CoordServerMetrics {
   uint64_t peers_dead = 0;       // §6 timeouts
   int64_t open_connections = 0;
   uint64_t connections_accepted = 0;
+  uint64_t connections_refused = 0;  // over a connection limit (CoordServerOptions)
   // The requests'.
   uint64_t requests = 0;          // CoordReqs accepted for handling
   uint64_t requests_failed = 0;   // answered with a code != 0 (by the handler or the server)

@@ -70,6 +70,12 @@ constexpr uint32_t kMaxFrameBytesLimit = 256u << 20;
 // an unauthenticated peer costs a listener a few hundred bytes, not
 // max_frame_bytes (issue 46).
 constexpr uint32_t kMaxHandshakeFrameBytes = 1024;
+// The default bounds on the connections one listener holds at once (protocol
+// §2, "Connection limits"; net/connection_limiter.h). 0 = no bound.
+constexpr uint32_t kDefaultMaxConnections = 1024;               // open, per listener
+constexpr uint32_t kDefaultMaxUnauthenticatedConnections = 256;  // handshakes in progress, per listener
+constexpr uint32_t kDefaultMaxConnectionsPerPeer = 512;          // per peer IP address, per listener
+constexpr uint32_t kDefaultMaxUnauthenticatedPerPeer = 64;       // handshakes per peer IP address, per listener
 
 struct FrameHeader {
   MessageType type = MessageType::kErrorRsp;

@@ -54,6 +54,13 @@ struct WorkerOptions {
   uint32_t heartbeat_ms = 500;            // protocol §6
   uint32_t peer_timeout_ms = 3000;        // protocol §6
   uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
+  // What each listener (TCP, Unix socket) holds at once (protocol §2,
+  // "Connection limits"); over one, a connection is refused with
+  // ResourceExhausted and the worker serves on. 0 = no bound.
+  uint32_t max_connections = kDefaultMaxConnections;
+  uint32_t max_unauthenticated_connections = kDefaultMaxUnauthenticatedConnections;
+  uint32_t max_connections_per_peer = kDefaultMaxConnectionsPerPeer;  // per peer IP address (TCP)
+  uint32_t max_unauthenticated_per_peer = kDefaultMaxUnauthenticatedPerPeer;  // handshakes per peer IP address
 
   // ---- flow control (protocol §4 step 3) ----
   // Most credits granted per stream, whatever the sender asks: memory per
