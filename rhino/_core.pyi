@@ -239,6 +239,7 @@ class StateBackend:
 # ---- data plane (docs/protocol.md) ----
 
 MAX_FRAME_BYTES: int
+MAX_NUM_VNODES: int  # per instance (kMaxNumVnodes): more is InvalidArgument, in the worker and the coordinator
 FRAME_HEADER_BYTES: int
 # Default bounds on one listener's connections (docs/protocol.md §2, "Connection limits").
 MAX_CONNECTIONS: int

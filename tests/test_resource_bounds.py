@@ -11,7 +11,8 @@ kMaxHandshakeFrameBytes (1 KiB) of a frame from it (docs/protocol.md §2):
   was: 2,000 x 4 MiB would be 8 GiB if each got its buffer. A real session is served after.
 
 An instance has at most 65536 vnodes (column families; docs/protocol.md §7.1 `open`):
-more is InvalidArgument naming the limit, and the worker serves on.
+more is InvalidArgument naming the limit, and the worker serves on. The coordinator's
+create_operator refuses num_vnodes outside [1, 65536] before it places anything.
 
 Each listener bounds its connections (docs/protocol.md §2, "Connection limits"), tried on a
 worker (127.0.0.185) with small caps, flooded from 127.0.0.186-188 while the legitimate
@@ -48,6 +49,8 @@ import pytest
 import rhino
 from dataplane_wire import CORRUPTION, HEADER, Dec, Enc, RawClient, checksum, decode_status, frame, parse_header
 from rhino import _core
+from rhino.coordinator.client import LocalCoordinatorClient
+from rhino.coordinator.coordinator import Coordinator
 from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret
 
 OP = "preauth"
@@ -378,3 +381,16 @@ def test_the_coordinators_listener_refuses_over_its_caps() -> None:
     finally:
         server.close()
 
+
+def test_create_operator_refuses_num_vnodes_outside_the_workers_cap(capped, tmp_path) -> None:
+    assert _core.MAX_NUM_VNODES == 65536
+    with Coordinator(str(tmp_path / "coord"), secret=SECRET, heartbeat_timeout=3600) as coord:
+        cc = LocalCoordinatorClient(coord)
+        cc.register(capped.id, capped.address, unix_socket=str(capped.unix_socket), incarnation="test")
+        for bad in (65537, 0, -1, 1 << 30):
+            with pytest.raises(rhino.InvalidArgumentError, match=r"num_vnodes must be in \[1, 65536\]"):
+                cc.create_operator("capop", parallelism=1, num_vnodes=bad, replicas=0)
+            with pytest.raises(rhino.UnknownInstanceError):
+                cc.placement("capop")  # nothing was placed
+        assert cc.create_operator("capop", parallelism=1, num_vnodes=4, replicas=0).num_vnodes == 4
+    assert capped.alive()

@@ -30,6 +30,9 @@ from ..errors import InvalidArgumentError, RhinoError
 from .gateway import WorkerGateway
 from .metadata import EPOCH_FLOOR_KEY, InstanceRow, Metadata, OperatorRow, WorkerRow
 from .naming import check_operator_id
+
+# The workers' cap on an instance's vnodes (kMaxNumVnodes in rhino/state_backend.h).
+MAX_NUM_VNODES: int = _core.MAX_NUM_VNODES
 from .placement import InstanceInfo, place_chains, rebalance_chains, repair_chains
 
 __all__ = ["ReplicationManager"]
@@ -74,7 +77,13 @@ class ReplicationManager:
         one: a different count (the operator was rescaled since, by a person or the
         autoscaler) is adopted from the coordinator, with an ``operator_adopted``
         event (issue 45). What cannot change (num_vnodes, num_key_groups, seed,
-        replicas) must match: InvalidArgumentError names each field that differs."""
+        replicas) must match: InvalidArgumentError names each field that differs.
+
+        ``num_vnodes`` must be in [1, MAX_NUM_VNODES] (65536, the workers' cap on an
+        instance's column families, issue 46): refused before anything is placed."""
+        if isinstance(num_vnodes, bool) or not isinstance(num_vnodes, int) or not 1 <= num_vnodes <= MAX_NUM_VNODES:
+            raise InvalidArgumentError(f"num_vnodes must be in [1, {MAX_NUM_VNODES}] (the most vnodes a worker "
+                                       f"gives an instance), got {num_vnodes!r}")
         if not isinstance(parallelism, int) or parallelism < 1 or parallelism > num_vnodes:
             raise InvalidArgumentError(f"parallelism must be in [1, num_vnodes={num_vnodes}], got {parallelism!r}")
         if not isinstance(replicas, int) or replicas < 0:
