@@ -25,7 +25,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip --disable-pip-version-check
 # libgtest-dev: the C++ unit tests; clang (with libclang-rt): libFuzzer for the fuzz targets `make test` runs.
 APT_PACKAGES := librocksdb-dev libasio-dev libxxhash-dev libssl-dev nlohmann-json3-dev patchelf \
-  libsnappy-dev liblz4-dev libzstd-dev zlib1g-dev libgtest-dev clang
+  libsnappy-dev liblz4-dev libzstd-dev zlib1g-dev libgtest-dev clang ccache
 # PySpark needs Java 17, and the Spark layer's locality helper (spark_integration/java) is compiled
 # with javac: a JDK, installed only if there is no javac on PATH.
 JAVA_PACKAGE := openjdk-17-jdk-headless
@@ -35,6 +35,19 @@ ROCKSDB_PREFIX := .deps/rocksdb
 CPP_SOURCES := $(shell find src bindings -name '*.cc' -o -name '*.h') CMakeLists.txt pyproject.toml
 PYTEST_ARGS ?=
 export PIP_NO_INPUT := 1
+
+# ccache, beside the RocksDB build in the cache outside the clone: a second clone on this machine
+# (a CI run, a worktree) compiles only what differs from what some clone compiled before. Paths
+# under the clone are hashed relative to it (CCACHE_BASEDIR) and the build directory is left out of
+# the hash (CCACHE_NOHASHDIR), so two clones share entries; a miss simply compiles. CMake reads the
+# launcher from the environment when it configures a build directory (the extension's, the C++ unit
+# tests', the sanitizer builds); evaluated per command, so it is empty until `make apt` installed it.
+RHINO_CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/rhino
+export CCACHE_DIR ?= $(RHINO_CACHE_DIR)/ccache
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := 1
+export CMAKE_CXX_COMPILER_LAUNCHER = $(shell command -v ccache)
+export CMAKE_C_COMPILER_LAUNCHER = $(shell command -v ccache)
 
 .PHONY: all setup apt xdist demo test test-quick cpptest cpptest-build thread-safety fuzz-smoke sanitize bench wheel chaos fuzz clean distclean
 
