@@ -41,6 +41,7 @@ TABLE = [
     (E.AlreadyExistsError, Action.RAISE),
     (E.InvalidArgumentError, Action.RAISE),
     (E.BusyError, Action.RAISE),
+    (E.ResourceExhaustedError, Action.RETRY),
     (E.UnknownVnodeError, Action.RAISE),
     (E.KeyTypeError, Action.RAISE),
     (E.PathOutsideStoreError, Action.RAISE),

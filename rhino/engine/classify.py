@@ -15,8 +15,9 @@ import re
 from typing import Optional
 
 from .. import errors as _errors
-from ..errors import (AbortedError, NoSpaceError, PeerDeadError, RhinoIOError, RhinoTimeoutError, SessionBusyError,
-                      StaleChainVersionError, StaleEpochError, UnknownInstanceError)
+from ..errors import (AbortedError, NoSpaceError, PeerDeadError, ResourceExhaustedError, RhinoIOError,
+                      RhinoTimeoutError, SessionBusyError, StaleChainVersionError, StaleEpochError,
+                      UnknownInstanceError)
 
 __all__ = ["Action", "classify", "classify_name", "classify_failure", "classify_job_failure", "failure_class_name",
            "first_error_line", "checkpoint_blocks_lost"]
@@ -45,6 +46,9 @@ _TABLE: tuple[tuple[type, Action], ...] = (
     (StaleChainVersionError, Action.RERUN),
     (UnknownInstanceError, Action.RERUN),
     (SessionBusyError, Action.RETRY),
+    # a listener over one of its connection limits (docs/protocol.md §2): the same worker again
+    # shortly, with the busy backoff, as the burst of connections drains
+    (ResourceExhaustedError, Action.RETRY),
     (NoSpaceError, Action.RAISE),
     (PeerDeadError, Action.FAILOVER),
     (AbortedError, Action.FAILOVER),
