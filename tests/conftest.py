@@ -65,7 +65,7 @@ SLOW_FIRST = (
     "test_spark_hosts_join_leave.py", "test_bench_state_size.py", "test_spark_exactly_once.py",
     "test_spark_chain_exactly_once.py", "test_coordinator_model.py", "test_spark_cluster.py",
     "test_bench_spark_output.py", "test_service_model.py", "test_spark_output.py", "test_spark_live_reconfigure.py",
-    "test_spark_restart.py", "test_spark_output_lost.py", "test_spark_parity.py", "test_spark_ttl.py",
+    "test_spark_restart.py", "test_spark_lifecycle.py", "test_spark_output_lost.py", "test_spark_parity.py", "test_spark_ttl.py",
     "test_spark_operator.py", "test_spark_locality.py",
 )
 
