@@ -25,6 +25,15 @@ ConnectionLimiter::ConnectionLimiter(std::string owner, const ConnectionLimits& 
     : owner_(std::move(owner)), limits_(limits), state_(std::make_shared<State>()) {}
 
 Status ConnectionLimiter::Admit(const std::string& peer, std::shared_ptr<Slot>* slot) {
+  std::shared_ptr<Slot> fresh;
+  Status s = AdmitInto(peer, &fresh);
+  // Outside the lock: a slot *slot held before is released by this, and its
+  // destructor takes the lock.
+  if (s.ok()) *slot = std::move(fresh);
+  return s;
+}
+
+Status ConnectionLimiter::AdmitInto(const std::string& peer, std::shared_ptr<Slot>* slot) {
   State& st = *state_;
   MutexLock l(&st.mu);
   std::string why;

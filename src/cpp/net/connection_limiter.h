@@ -80,6 +80,9 @@ class ConnectionLimiter {
   const ConnectionLimits& limits() const { return limits_; }
 
  private:
+  // Admit's work, under the lock, into an empty *slot.
+  Status AdmitInto(const std::string& peer, std::shared_ptr<Slot>* slot);
+
   const std::string owner_;
   const ConnectionLimits limits_;
   const std::shared_ptr<State> state_;
