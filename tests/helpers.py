@@ -191,3 +191,31 @@ class StubWorkerGateway:
 
     def addresses(self, ids: list[str]) -> list[str]:
         return [f"{i}:1" for i in ids]
+
+
+# ---------------------------------------------------------------- running a bench
+
+
+def run_bench(argv: list[str], *, cwd: "str | os.PathLike[str]", timeout: float) -> "subprocess.CompletedProcess[str]":
+    """``subprocess.run(argv, capture_output=True, text=True, timeout=timeout)`` for a
+    ``rhino-bench`` command, except on a timeout: the bench gets SIGTERM first, on which it
+    takes down the cluster it started (its daemons run in their own sessions, so a SIGKILL
+    of the bench alone leaves them running, holding their hosts and memory for the rest of
+    the suite; test_bench_sigterm.py), then SIGKILL if it has not ended a minute later. The
+    timeout fails the test with the end of the bench's stderr."""
+    import signal
+    import subprocess
+
+    p = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGTERM)
+        try:
+            out, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+        raise AssertionError(f"{' '.join(argv[2:])}: no result within {timeout:g} s; stopped with SIGTERM. "
+                             f"The end of its stderr:\n{(err or '')[-4000:]}") from None
+    return subprocess.CompletedProcess(argv, p.returncode, out, err)

@@ -12,6 +12,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from helpers import run_bench
 
 pyspark = pytest.importorskip("pyspark")
 
@@ -21,8 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rhino_bench", "spark", "big-key", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_bench([sys.executable, "-m", "rhino_bench", "spark", "big-key", *args], cwd=REPO, timeout=timeout)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -131,3 +131,21 @@ except SystemExit as e:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        preexec_fn=_as_at_a_terminal)
     assert r.stdout.strip() == want, r.stdout + r.stderr
+
+
+def test_a_bench_test_that_times_out_stops_the_bench_with_sigterm(tmp_path):
+    """The bench tests' runner (helpers.run_bench) sends SIGTERM on a timeout, so the bench
+    takes its cluster down, instead of SIGKILLing the bench alone and leaving the cluster's
+    daemons (their own sessions) running for the rest of the suite."""
+    from helpers import run_bench
+
+    marker = tmp_path / "unwound"
+    code = ("import signal, sys, time\n"
+            f"def unwind(*_):\n    open({str(marker)!r}, 'w').write('x')\n    sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, unwind)\n"
+            "print('started', file=sys.stderr, flush=True)\n"
+            "time.sleep(60)\n")
+    t0 = time.monotonic()
+    with pytest.raises(AssertionError, match=r"no result within 2 s; stopped with SIGTERM(.|\n)*started"):
+        run_bench([sys.executable, "-c", code], cwd=tmp_path, timeout=2)
+    assert marker.exists() and time.monotonic() - t0 < 30

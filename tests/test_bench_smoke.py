@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_bench
 
 from rhino_bench import cli
 
@@ -25,8 +26,7 @@ TESTS = Path(__file__).resolve().parent
 
 
 def _bench(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rhino_bench", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+    return run_bench([sys.executable, "-m", "rhino_bench", *args], cwd=REPO, timeout=timeout)
 
 
 def _records(p: subprocess.CompletedProcess) -> list[dict]:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_bench
 
 pyspark = pytest.importorskip("pyspark")
 
@@ -24,8 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rhino_bench", "spark", "output", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_bench([sys.executable, "-m", "rhino_bench", "spark", "output", *args], cwd=REPO, timeout=timeout)
 
 
 @pytest.mark.parametrize("args, message", [

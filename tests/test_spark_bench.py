@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import run_bench
 
 pyspark = pytest.importorskip("pyspark")
 
@@ -19,8 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _rhino(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rhino_bench", "spark", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
+    return run_bench([sys.executable, "-m", "rhino_bench", "spark", *args], cwd=REPO, timeout=timeout)
 
 
 def _lines(text: str) -> list[dict]:
