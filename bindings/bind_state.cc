@@ -464,9 +464,6 @@ static void DefStateAdmin(StateClass& cls) {
 }
 
 void BindState(py::module_& m) {
-  // The most vnodes (column families) an instance may have: the coordinator
-  // refuses more before it places anything (issue 46).
-  m.attr("MAX_NUM_VNODES") = kMaxNumVnodes;
   py::class_<PyWriteBatch>(m, "WriteBatch", "Puts and deletes applied atomically by StateBackend.write().")
       .def("put", [](PyWriteBatch& b, py::handle keys, py::handle values) {
              ByteViews k, v;

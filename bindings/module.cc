@@ -7,6 +7,7 @@
 
 #include "bind_common.h"
 #include "errors.h"
+#include "rhino/state_backend.h"
 
 // Not in RocksDB's public headers, but exported by every build of it
 // (util/crc32c.h): says whether CRC32C, which guards every WAL record, runs
@@ -31,6 +32,9 @@ PYBIND11_MODULE(_core, m) {
                               std::to_string(ROCKSDB_PATCH);
   m.attr("ROCKSDB_BUILD") = RHINO_ROCKSDB_BUILD;
   m.attr("ROCKSDB_CRC32C") = rocksdb::crc32c::IsFastCrc32Supported();
+  // The most vnodes (column families) an instance may have: the coordinator
+  // refuses more before it places anything (issue 46).
+  m.attr("MAX_NUM_VNODES") = rhino::kMaxNumVnodes;
   rhino::py_bindings::BindErrors(m);
   rhino::py_bindings::BindRouting(m);
   rhino::py_bindings::BindStore(m);

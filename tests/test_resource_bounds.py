@@ -39,7 +39,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import select
+import selectors
 import socket
 import time
 
@@ -188,6 +188,15 @@ def _open(w: WorkerProcess, source: str, n: int) -> list[socket.socket]:
     return [socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0)) for _ in range(n)]
 
 
+def _readable(socks, timeout: float) -> list[socket.socket]:
+    """The sockets with something to read (or closed), by epoll: a flood's descriptors run past
+    the 1024 that select() can take, as they do in a pytest worker that already holds many."""
+    with selectors.DefaultSelector() as sel:
+        for s in socks:
+            sel.register(s, selectors.EVENT_READ)
+        return [key.fileobj for key, _ in sel.select(timeout)]
+
+
 def _sort_out(socks: list[socket.socket], settle: float = 2.0) -> tuple[list[socket.socket], list[str]]:
     """Splits connections into those the worker holds (silent) and those it refused: for each
     refused one, the ErrorRsp's message, after checking it is ResourceExhausted and that the
@@ -196,7 +205,7 @@ def _sort_out(socks: list[socket.socket], settle: float = 2.0) -> tuple[list[soc
     refused: list[str] = []
     deadline = time.monotonic() + settle
     while pending and time.monotonic() < deadline:
-        readable, _, _ = select.select(list(pending), [], [], 0.1)
+        readable = _readable(pending, 0.1)
         for s in readable:
             pending.discard(s)
             s.settimeout(5)
@@ -225,7 +234,7 @@ def _authed(w: WorkerProcess, source: str):
     host, port = w.address.rsplit(":", 1)
     raw = RawClient.__new__(RawClient)
     raw.sock = socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0))
-    readable, _, _ = select.select([raw.sock], [], [], 0.1)
+    readable = _readable([raw.sock], 0.1)
     cn = os.urandom(16)
     if not readable:
         raw.send(frame("HelloReq", Enc().u32(1).bytes_(b"cap-test").bytes_(cn).done()))
