@@ -203,8 +203,15 @@ def _cached_inputs(ui: str, app: str, sc) -> list[dict]:
     import urllib.request
 
     def get(path: str):
-        with urllib.request.urlopen(f"{ui}/api/v1/applications/{app}/{path}", timeout=10) as r:
-            return json.load(r)
+        # Spark's UI answers slowly on a loaded machine (two pytest workers, each with a 3-host
+        # cluster, on 2 cores): a 10 s read timed out there once; wait longer, and try again
+        for attempt in range(3):
+            try:
+                with urllib.request.urlopen(f"{ui}/api/v1/applications/{app}/{path}", timeout=60) as r:
+                    return json.load(r)
+            except TimeoutError:
+                if attempt == 2:
+                    raise
 
     host = {e["id"]: e["hostPort"].rsplit(":", 1)[0] for e in get("allexecutors")}
     out = []
