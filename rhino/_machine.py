@@ -57,6 +57,9 @@ def _mem_total_bytes() -> int:
     return int(m.group(1)) * 1024 if m else 0
 
 
+_SPARK_JVM_ENV = ("SPARK_DAEMON_JAVA_OPTS", "PYSPARK_SUBMIT_ARGS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS")
+
+
 def describe_machine(path: str = ".") -> dict[str, Any]:
     """CPU model, cores, RAM, kernel, the filesystem of `path`, Python and RocksDB."""
     try:
@@ -89,6 +92,9 @@ def describe_machine(path: str = ".") -> dict[str, Any]:
         "rocksdb": rocksdb,
         "loadavg_1_5_15": load,
         "hostname": platform.node(),
+        # JVM settings from the environment change Spark's speed (the test suite sets them:
+        # tests/conftest.py), so a result records them when they are set
+        "spark_jvm_env": {k: os.environ[k] for k in _SPARK_JVM_ENV if os.environ.get(k)},
     }
 
 

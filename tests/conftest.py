@@ -6,6 +6,7 @@ needs live in that file; helpers several files share live in tests/helpers.py.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,6 +41,22 @@ def read_rocksdb() -> Callable[[str | Path], dict[str, dict[bytes, bytes]]]:
     Close the Rhino handle first, or read a directory nobody writes to.
     """
     return _read_rocksdb
+
+
+# ---- short-lived JVMs ----------------------------------------------------------------------
+
+# Every JVM the suite starts runs for seconds to a few minutes, and on 2 cores HotSpot's C2
+# compiler thread and G1's GC threads are most of what it spends: the throughput bench's smoke
+# run took 122 s of CPU and 102 s of wall time with the defaults, 67 s and 70 s with these
+# (2026-12-03, quiet machine). Both variables are Spark's own: spark-class reads the first for
+# the master and worker daemons, PySpark's gateway hands the second to spark-submit for every
+# driver (local[2] or on a LocalCluster, in this process or in a bench run it starts), and the
+# executors get theirs through the conf. What a test checks does not depend on JIT tiers;
+# `make bench` runs with the JVM's defaults, and describe_machine() records these when set.
+SHORT_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", SHORT_JVM_OPTIONS)
+os.environ.setdefault("PYSPARK_SUBMIT_ARGS", f'--driver-java-options "{SHORT_JVM_OPTIONS}" '
+                                             f'--conf "spark.executor.extraJavaOptions={SHORT_JVM_OPTIONS}" pyspark-shell')
 
 
 # ---- markers -------------------------------------------------------------------------------
