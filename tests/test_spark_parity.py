@@ -9,7 +9,9 @@ compares what the processor saw and emitted:
 - a variable used after ``deleteIfExists`` in ``init``: Spark's ``PySparkRuntimeError``;
 - ``listTimers()`` inside ``handleExpiredTimer`` still lists the firing timer;
 - late rows filtered by the previous batch's watermark, timers fired by the current one;
-- a key's rows in frames of at most ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows.
+- a key's rows in frames of at most ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows;
+- nested types (arrays, maps, structs) in every kind of state variable, read back as Spark
+  gives them.
 
 One SparkSession and one Rhino cluster (real ``rhino worker`` processes on
 127.0.0.2..4) for the module; small frames, few batches."""
@@ -379,4 +381,63 @@ def test_f_a_keys_rows_arrive_in_frames_of_max_records_per_batch(cluster, spark,
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     assert s[s["k"] == "a"]["frames"].tolist() == ["2:0 2:0 1:0"], s
+    pd.testing.assert_frame_equal(r, s)
+
+
+# ---- g. nested types in state schemas: arrays, maps, structs -------------------------------------
+
+NESTED_VALUE = "xs array<bigint>, counts map<string, bigint>, last struct<n: bigint, tag: string>"
+
+
+class NestedProbe(StatefulProcessor):
+    """Per key and batch: what each state variable gives back (its ``repr``: the Python types
+    and the order of a map's entries show), then state written with nested values: a value
+    state of an array, a map and a struct, a list state of structs, a map state whose user key
+    is a struct and whose value holds an array of structs."""
+
+    def init(self, handle):
+        self.v = handle.getValueState("v", NESTED_VALUE)
+        self.l = handle.getListState("l", "e struct<n: bigint, tags: array<string>>")
+        self.m = handle.getMapState("m", "kk struct<p: string, q: bigint>", "vv array<struct<n: bigint>>")
+
+    def _seen(self, key, ns):
+        old = self.v.get()
+        mk = ((key, 1),)  # the map's user key: one field, a struct
+        out = [(key, "v", repr(old)), (key, "l", repr(list(self.l.get()))),
+               (key, "m", repr(self.m.getValue(mk) if self.m.containsKey(mk) else None))]
+        xs = (list(old[0]) if old else []) + ns
+        counts = dict(old[1]) if old else {}
+        for n in ns:
+            counts[f"c{n % 3}"] = counts.get(f"c{n % 3}", 0) + 1
+        self.v.update((xs, counts, (ns[-1], f"t{len(xs)}")))
+        self.l.appendList([((n, [f"a{n}", None] if n % 2 else []),) for n in ns])
+        self.m.updateValue(mk, ([(n,) for n in xs],))
+        return out
+
+    def handleInputRows(self, key, rows, timerValues):
+        ns = [int(n) for pdf in rows for n in pdf["n"]]
+        yield pd.DataFrame(self._seen(key[0], ns), columns=["k", "var", "got"])
+
+    def close(self):
+        pass
+
+
+class NestedProbeRows(NestedProbe):
+    def handleInputRows(self, key, rows, timerValues):
+        from pyspark.sql import Row
+
+        for k, var, got in self._seen(key[0], [int(r.n) for r in rows]):
+            yield Row(k=k, var=var, got=got)
+
+
+@pytest.mark.parametrize("mode", ["pandas", "rows"])
+def test_g_nested_state_types_as_on_spark(cluster, spark, tmp_path, mode):
+    frames = [pd.DataFrame({"k": ["a", "b", "a"], "n": [1, 2, 3]}),
+              pd.DataFrame({"k": ["a", "b"], "n": [4, 5]}),
+              pd.DataFrame({"k": ["a"], "n": [6]})]
+    proc = NestedProbe() if mode == "pandas" else NestedProbeRows()
+    s, r = _both(spark, cluster, tmp_path, "nested", proc, frames, "k string, n long", "k string, var string, got string",
+                 mode=mode)
+    a2 = dict(zip(*[s[(s["k"] == "a") & (s["batch"] == 2)][c] for c in ("var", "got")]))
+    assert "[1, 3, 4]" in a2["v"] and "'c1': 2" in a2["v"], s  # what Spark gave back, before the comparison
     pd.testing.assert_frame_equal(r, s)

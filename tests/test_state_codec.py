@@ -86,9 +86,12 @@ def test_ddl_parses_like_spark(ddl: str, expected: StructType) -> None:
 
 
 @pytest.mark.parametrize("ddl,cls,field,words", [
-    ("a array<int>", UnsupportedTypeError, "a", "nested type array"),
-    ("a long, m map<string, int>", UnsupportedTypeError, "m", "nested type map"),
-    ("a long, s struct<x: int>", UnsupportedTypeError, "s", "nested type struct"),
+    ("a array<interval day>", UnsupportedTypeError, "a.element", "type interval"),
+    ("a long, m map<map<int, int>, int>", UnsupportedTypeError, "m.key", "cannot be or hold a map"),
+    ("a long, s struct<x: int, x: long>", SchemaParseError, "s.x", "appears twice"),
+    ("a long, s struct<>", SchemaParseError, "s", "the struct has no field"),
+    ("a array<int", SchemaParseError, "a", "expected '>'"),
+    ("m map<string>", SchemaParseError, "m", "expected ','"),
     ("i interval day", UnsupportedTypeError, "i", "type interval"),
     ("v variant", UnsupportedTypeError, "v", "type variant"),
     ("s string collate UTF8_LCASE", UnsupportedTypeError, "s", "collated"),
@@ -109,14 +112,16 @@ def test_ddl_errors_name_the_variable_and_field(ddl: str, cls: type, field: Any,
     assert "state 'counts'" in str(ei.value) and words in str(ei.value)
     if field is not None:
         assert f"field {field!r}" in str(ei.value)
-    if cls is UnsupportedTypeError and words != "out of range":
+    if cls is UnsupportedTypeError and words not in ("out of range", "cannot be or hold a map"):
         assert "supported types: boolean" in str(ei.value)
 
 
 def test_struct_type_with_unsupported_field_is_refused() -> None:
-    from pyspark.sql.types import ArrayType, MapType
-    for dt_ in (ArrayType(LongType()), MapType(StringType(), LongType()), StructType([StructField("x", LongType())])):
-        with pytest.raises(UnsupportedTypeError, match="state 'v', field 'n': type .* is not supported"):
+    from pyspark.sql.types import ArrayType, DayTimeIntervalType, MapType
+    bad = DayTimeIntervalType()
+    for dt_, where in ((ArrayType(bad), "n.element"), (MapType(StringType(), bad), "n.value"),
+                       (StructType([StructField("x", bad)]), "n.x")):
+        with pytest.raises(UnsupportedTypeError, match=f"state 'v', field '{where}': type .* is not supported"):
             parse_schema(StructType([StructField("a", LongType()), StructField("n", dt_)]), var="v")
     with pytest.raises(SchemaParseError, match="StructType or a DDL string, not int"):
         parse_schema(5, var="v")

@@ -536,6 +536,36 @@ def test_arrow_batches_equal_pysparks_own_conversion_of_the_rows():
     assert rows_to_batch([], schema, to_arrow_schema(schema, timezone="UTC")).num_rows == 0
 
 
+def test_arrow_batches_of_nested_values_equal_pysparks_own_conversion():
+    """The same, for arrays, maps and structs inside state values (nulls at every level)."""
+    import datetime as dt
+
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.worker.plan_data_source_read import records_to_arrow_batches
+
+    from rhino.spark.state.codec import RowCodec
+    from rhino.spark.state.schema import parse_schema
+    from rhino.spark.state.reader import ReadPlan
+    from rhino.spark.state_source import RhinoStateDataSource, output_schema, rows_to_batch
+
+    vs = parse_schema("a array<bigint>, m map<string, struct<x: double, d: date>>, "
+                      "s struct<t: array<string>, n: struct<q: int>>", var="nested")
+    gk = parse_schema("k long", var="nested")
+    entry = {"id": 1, "kind": "list", "ttl_ms": None, "versions": {"1": vs.json()}, "current": 1}
+    plan = ReadPlan(operator_id="x", batch=0, kind="list", var_name="nested", entry=entry, grouping_key=gk.json(),
+                    batch_time_ms=None, include_expired=False, instances={0: []})
+    vc = RowCodec(vs, var="nested", version=1, history={1: vs})
+    rows_in = [([i, None, -i] if i % 3 else [], {f"k{i}": (i / 4, dt.date(2024, 1, 1 + i % 28)), "z": None},
+                (["a", None] if i % 2 else None, None if i % 5 == 0 else (i,))) for i in range(40)]
+    rows_in[4] = (None, None, None)
+    values = vc.decode(vc.encode(rows_in))
+    rows = [((i,), v, i % 3) for i, v in enumerate(values)]
+    schema = output_schema(plan)
+    ours = rows_to_batch(rows, schema, to_arrow_schema(schema, timezone="UTC"))
+    theirs = list(records_to_arrow_batches(iter(rows), 1000, schema, RhinoStateDataSource({})))
+    assert len(theirs) == 1 and ours.equals(theirs[0])
+
+
 class CountProcessor(StatefulProcessor):
     def init(self, handle):
         self.count = handle.getValueState("count", "c long")

@@ -87,11 +87,11 @@ def _column(values: list, dt: DataType, at: pa.DataType) -> pa.Array:
     data source conversion would build it, column by column instead of value by value."""
     if isinstance(dt, StructType):
         n = len(dt.fields)
-        cols = list(zip(*values)) if values else [()] * n
         mask = None
         if any(v is None for v in values):
             mask = pa.array([v is None for v in values])
-            cols = list(zip(*(((None,) * n) if v is None else v for v in values)))
+            values = [((None,) * n) if v is None else v for v in values]
+        cols = list(zip(*values)) if values else [()] * n
         children = [_column(list(c), f.dataType, at.field(i).type) for i, (c, f) in enumerate(zip(cols, dt.fields))]
         return pa.StructArray.from_arrays(children, fields=[at.field(i) for i in range(n)], mask=mask)
     if isinstance(dt, (TimestampType, TimestampNTZType)):

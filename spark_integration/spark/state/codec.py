@@ -50,8 +50,9 @@ from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StructField, StructType
 
+from .nested import NESTED_KINDS, CorruptNested, NestedCodec, adapt
 from .schema import (CorruptValueError, StateSchemaError, StateValueError, UnknownVersionError, evolve,
                      parse_schema, type_kind)
 
@@ -241,11 +242,14 @@ _STRUCT = {"byte": "<b", "short": "<h", "int": "<i", "long": "<q", "float": "<f"
 _FAST = {"byte": {int}, "short": {int}, "int": {int}, "long": {int}, "float": {float, int},
          "double": {float, int}, "boolean": {bool}, "string": {str}, "binary": {bytes}}
 _ZERO = {"byte": 0, "short": 0, "int": 0, "long": 0, "float": 0.0, "double": 0.0, "boolean": False,
-         "string": "", "binary": b"", "date": 0, "timestamp": 0, "timestamp_ntz": 0, "decimal": 0}
+         "string": "", "binary": b"", "date": 0, "timestamp": 0, "timestamp_ntz": 0, "decimal": 0,
+         "struct": b"", "array": b"", "map": b""}
 
 
 class _Field:
-    """How one field is checked, stored and read back."""
+    """How one field is checked, stored and read back. A nested field (struct, array, map) is
+    stored as a length and its bytes, made and read by its ``nested`` codec (``nested.py``);
+    ``adapt``: how a value read with an older schema becomes one of the current schema."""
 
     def __init__(self, f: Any, var: str, key: bool) -> None:
         self.name, self.nullable = f.name, f.nullable
@@ -253,12 +257,23 @@ class _Field:
         self.var, self.key = var, key
         self.dtype = np.dtype(_FIXED[kind]) if kind in _FIXED else None
         self.width = self.dtype.itemsize if self.dtype is not None else None
-        self.norm: Callable[[Any], Any] = {
+        self.nested: Optional[NestedCodec] = None
+        self.adapt: Optional[Callable[[Any], Any]] = None
+        self.norm: Callable[[Any], Any]
+        self.py: Optional[Callable[[Any], Any]] = None
+        self.pack: Callable[[Any], bytes]
+        if kind in NESTED_KINDS:
+            self.nested = NestedCodec(f.dataType, path=f.name, canonical=key, bad=_Bad,
+                                      make_field=lambda n, dt, nl: _Field(StructField(n, dt, nl), var, key))
+            self.norm = self.nested.encode
+            self.pack = _pack_var
+            return
+        self.norm = {
             "boolean": _boolean, "string": _string, "binary": _binary, "date": _date,
             "timestamp": _timestamp(False), "timestamp_ntz": _timestamp(True)}.get(kind) or (
             _integral(kind) if kind in _RANGE else _floating(kind, key) if kind in ("float", "double")
             else _decimal(f.dataType.precision, f.dataType.scale))
-        self.py: Optional[Callable[[Any], Any]] = {
+        self.py = {
             "date": _date_py, "timestamp": _ts_local, "timestamp_ntz": _ts_ntz, "boolean": bool}.get(kind)
         if kind == "decimal":
             self.py = lambda u, _s=-f.dataType.scale: Decimal(u).scaleb(_s, _DEC_CTX)
@@ -269,6 +284,15 @@ class _Field:
 
     def error(self, msg: str, row: Optional[int], cls: type = StateValueError) -> StateSchemaError:
         return cls(msg, var=self.var, field=self.name, row=row)
+
+    def nested_value(self, raw: bytes, row: int) -> Any:
+        """The Python value of a nested field's stored bytes (adapted to the current schema)."""
+        assert self.nested is not None
+        try:
+            v = self.nested.decode(raw)
+        except CorruptNested as e:
+            raise self.error(str(e), row, CorruptValueError) from None
+        return v if self.adapt is None else self.adapt(v)
 
     def null_error(self, row: int) -> StateSchemaError:
         return self.error("the field is not nullable, got None", row)
@@ -417,7 +441,12 @@ class _Layout:
         self.index = {f.name: i for i, f in enumerate(self.fields)}
 
     def projection(self, current: "_Layout") -> Optional[list[int]]:
-        """For each current field, its index here (-1: absent, read as null); None: the same fields."""
+        """For each current field, its index here (-1: absent, read as null); None: the same fields.
+        Also sets how each nested field here becomes the current one's type (``_Field.adapt``)."""
+        for f in current.fields:
+            if f.name in self.index:
+                mine = self.fields[self.index[f.name]]
+                mine.adapt = adapt(self.schema[f.name].dataType, current.schema[f.name].dataType)
         proj = [self.index.get(f.name, -1) for f in current.fields]
         return None if proj == list(range(len(self.fields))) else proj
 
@@ -754,6 +783,8 @@ def _read_column(f: _Field, buf: np.ndarray, joined: bytes, pos: np.ndarray, p: 
     b = (p + 4 + lens).tolist()
     if f.kind == "binary":
         vals = [joined[x:y] for x, y in zip(a, b)]
+    elif f.nested is not None:
+        vals = [f.nested_value(joined[x:y], row_of(np.array([j]))) for j, (x, y) in enumerate(zip(a, b))]
     else:
         try:
             vals = [joined[x:y].decode("utf-8") for x, y in zip(a, b)]
@@ -791,6 +822,8 @@ def _read_one(f: _Field, data: bytes, pos: int, end: int, i: int) -> tuple[int, 
     raw = data[pos:pos + n]
     if f.kind == "binary":
         return pos + n, raw
+    if f.nested is not None:
+        return pos + n, f.nested_value(raw, i)
     try:
         return pos + n, raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -11,7 +11,8 @@ handle and the executors agree on the schema without a JVM call.
 format"): boolean, tinyint/byte, smallint/short, int/integer, bigint/long,
 float/real, double, decimal(p, s) with p <= 38, string (char(n) and varchar(n)
 are stored as strings), binary, date, timestamp/timestamp_ltz and
-timestamp_ntz. Nested types (array, map, struct), intervals, time, variant and
+timestamp_ntz, and the nested types of these: ``array<T>``, ``map<K, V>`` (a key
+holds no map) and ``struct<...>``, to any depth. Intervals, time, variant and
 collated strings are refused with an ``UnsupportedTypeError`` that names the
 state variable and the field.
 
@@ -19,9 +20,12 @@ state variable and the field.
 was written with and the one a processor declares now, as Spark 4's
 transformWithState schema evolution allows it: adding a nullable field,
 removing a field, reordering, widening an integral type (byte < short < int <
-long) or float to double, and making a field nullable. Anything else (another
-type, a new non-nullable field, a nullable field made non-nullable) raises an
-``IncompatibleSchemaError`` naming the variable and the field.
+long) or float to double, and making a field nullable; inside a nested type the
+same rules hold for a struct's fields, an array's element and a map's value,
+and an array or map may start to hold nulls. A map's key type never changes.
+Anything else (another type, a new non-nullable field, a nullable field made
+non-nullable) raises an ``IncompatibleSchemaError`` naming the variable and the
+field (``n.x``, ``n.element``, ``n.value`` inside a nested one).
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
-from pyspark.sql.types import (BinaryType, BooleanType, ByteType, CharType, DataType, DateType, DecimalType,
-                               DoubleType, FloatType, IntegerType, LongType, ShortType, StringType, StructField,
+from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, ByteType, CharType, DataType, DateType, DecimalType,
+                               DoubleType, FloatType, IntegerType, LongType, MapType, ShortType, StringType, StructField,
                                StructType, TimestampNTZType, TimestampType, VarcharType)
 
 __all__ = ["StateSchemaError", "SchemaParseError", "UnsupportedTypeError", "IncompatibleSchemaError",
@@ -39,7 +43,7 @@ __all__ = ["StateSchemaError", "SchemaParseError", "UnsupportedTypeError", "Inco
 
 SUPPORTED_TYPES = ("boolean, tinyint (byte), smallint (short), int (integer), bigint (long), float (real), "
                    "double, decimal(p, s) with p <= 38, string (char(n), varchar(n)), binary, date, "
-                   "timestamp (timestamp_ltz), timestamp_ntz")
+                   "timestamp (timestamp_ltz), timestamp_ntz, and array<T>, map<K, V>, struct<...> of these")
 
 
 class StateSchemaError(ValueError):
@@ -50,6 +54,7 @@ class StateSchemaError(ValueError):
 
     def __init__(self, message: str, *, var: Optional[str] = None, field: Optional[str] = None,
                  row: Optional[int] = None) -> None:
+        self.reason = message  # without the state, row and field
         where = [f"state {var!r}"] if var is not None else []
         if row is not None:
             where.append(f"row {row}")
@@ -91,8 +96,28 @@ _KIND_OF_CLASS = {ByteType: "byte", ShortType: "short", IntegerType: "int", Long
                   CharType: "string", VarcharType: "string", DecimalType: "decimal"}
 
 
-def type_kind(dt: DataType, *, var: Optional[str] = None, field: Optional[str] = None) -> str:
-    """The codec's kind of a field type: "long", "string", "decimal", ...; refuses what it does not store."""
+MAX_NESTING = 32  # nested types inside one another, at most; deeper is refused, not a RecursionError
+
+
+def type_kind(dt: DataType, *, var: Optional[str] = None, field: Optional[str] = None, depth: int = 0) -> str:
+    """The codec's kind of a field type: "long", "string", "decimal", "struct", "array", "map", ...;
+    refuses what it does not store (a nested type's parts included, named ``field.x``,
+    ``field.element``, ``field.key``, ``field.value``)."""
+    if isinstance(dt, (StructType, ArrayType, MapType)) and depth >= MAX_NESTING:
+        raise UnsupportedTypeError(f"nested types are nested more than {MAX_NESTING} deep", var=var, field=field)
+    if isinstance(dt, StructType):
+        _check_fields(dt, var, prefix=f"{field}.", depth=depth + 1)
+        return "struct"
+    if isinstance(dt, ArrayType):
+        type_kind(dt.elementType, var=var, field=f"{field}.element", depth=depth + 1)
+        return "array"
+    if isinstance(dt, MapType):
+        if _holds_map(dt.keyType):
+            raise UnsupportedTypeError("a map's key cannot be or hold a map (Spark refuses it too)", var=var,
+                                       field=f"{field}.key")
+        type_kind(dt.keyType, var=var, field=f"{field}.key", depth=depth + 1)
+        type_kind(dt.valueType, var=var, field=f"{field}.value", depth=depth + 1)
+        return "map"
     if type(dt) is StringType:
         if dt.collation != "UTF8_BINARY":
             raise UnsupportedTypeError(f"string collation {dt.collation} is not supported (only UTF8_BINARY); "
@@ -108,17 +133,30 @@ def type_kind(dt: DataType, *, var: Optional[str] = None, field: Optional[str] =
     return kind
 
 
-def _check_struct(schema: StructType, var: str) -> StructType:
+def _holds_map(dt: DataType) -> bool:
+    if isinstance(dt, MapType):
+        return True
+    if isinstance(dt, ArrayType):
+        return _holds_map(dt.elementType)
+    return isinstance(dt, StructType) and any(_holds_map(f.dataType) for f in dt.fields)
+
+
+def _check_fields(schema: StructType, var: Optional[str], prefix: str = "", depth: int = 0) -> None:
     seen: set[str] = set()
     for f in schema.fields:
         if not isinstance(f.name, str) or not f.name:
-            raise SchemaParseError(f"a field has no name ({f.name!r})", var=var)
+            raise SchemaParseError(f"a field has no name ({f.name!r})", var=var, field=prefix.rstrip(".") or None)
         if f.name in seen:
-            raise SchemaParseError("the field name appears twice", var=var, field=f.name)
+            raise SchemaParseError("the field name appears twice", var=var, field=prefix + f.name)
         seen.add(f.name)
-        type_kind(f.dataType, var=var, field=f.name)
+        type_kind(f.dataType, var=var, field=prefix + f.name, depth=depth)
     if not schema.fields:
-        raise SchemaParseError("the schema has no field", var=var)
+        raise SchemaParseError("the struct has no field" if prefix else "the schema has no field", var=var,
+                               field=prefix.rstrip(".") or None)
+
+
+def _check_struct(schema: StructType, var: str) -> StructType:
+    _check_fields(schema, var)
     return schema
 
 
@@ -141,7 +179,6 @@ _SIMPLE: dict[str, DataType] = {
     "long": LongType(), "float": FloatType(), "real": FloatType(), "double": DoubleType(),
     "date": DateType(), "timestamp": TimestampType(), "timestamp_ltz": TimestampType(),
     "timestamp_ntz": TimestampNTZType(), "string": StringType(), "binary": BinaryType()}
-_NESTED = ("array", "map", "struct")
 
 
 class _DdlParser:
@@ -149,6 +186,7 @@ class _DdlParser:
 
     def __init__(self, text: str, var: str) -> None:
         self.text, self.var, self.toks, self.i = text, var, self._tokens(text, var), 0
+        self.depth = 0
 
     @staticmethod
     def _tokens(text: str, var: str) -> list[tuple[str, str]]:
@@ -199,14 +237,15 @@ class _DdlParser:
             raise self._fail("unexpected text after the last field")
         return StructType(fields)
 
-    def _field(self) -> StructField:
+    def _field(self, prefix: str = "") -> StructField:
+        """A field; ``prefix``: the path of the struct it is in (``n.``), for messages."""
         if self.i >= len(self.toks) or self.toks[self.i][0] not in ("name", "word"):
-            raise self._fail("expected a field name")
+            raise self._fail("expected a field name", prefix.rstrip(".") or None)
         name = self.toks[self.i][1]
         self.i += 1
         if self._peek(":"):
             self.i += 1
-        dt = self._type(name)
+        dt = self._type(prefix + name)
         nullable, meta = True, {}
         while self._peek("not") or self._peek("comment"):
             if self._peek("not"):
@@ -260,9 +299,38 @@ class _DdlParser:
             if len(args) != 1:
                 raise self._fail(f"{word} needs a length", name)
             return VarcharType(args[0]) if word == "varchar" else CharType(args[0])
-        kind = "nested type " + word if word in _NESTED else f"type {word}"
-        raise UnsupportedTypeError(f"{kind} is not supported in state; supported types: {SUPPORTED_TYPES}",
+        if word in ("array", "map", "struct"):
+            self.depth += 1
+            if self.depth > MAX_NESTING:
+                raise UnsupportedTypeError(f"nested types are nested more than {MAX_NESTING} deep", var=self.var,
+                                           field=name)
+            try:
+                return self._nested(word, name)
+            finally:
+                self.depth -= 1
+        raise UnsupportedTypeError(f"type {word} is not supported in state; supported types: {SUPPORTED_TYPES}",
                                    var=self.var, field=name)
+
+    def _nested(self, word: str, name: str) -> DataType:
+        if word == "array":
+            self._take("<", name)
+            element = self._type(f"{name}.element")
+            self._take(">", name)
+            return ArrayType(element, True)
+        if word == "map":
+            self._take("<", name)
+            key = self._type(f"{name}.key")
+            self._take(",", name)
+            value = self._type(f"{name}.value")
+            self._take(">", name)
+            return MapType(key, value, True)
+        self._take("<", name)  # struct
+        fields = [] if self._peek(">") else [self._field(prefix=f"{name}.")]
+        while self._peek(","):
+            self.i += 1
+            fields.append(self._field(prefix=f"{name}."))
+        self._take(">", name)
+        return StructType(fields)
 
 
 # ---- evolution ---------------------------------------------------------------------------------------
@@ -272,42 +340,62 @@ def _widens(old: str, new: str) -> bool:
     return old == "float" and new == "double"
 
 
-def _same_type(old: DataType, new: DataType, ko: str, kn: str) -> bool:
-    if ko != kn:
-        return False
-    if ko == "decimal":
-        return (old.precision, old.scale) == (new.precision, new.scale)
-    return True
+def _evolve_type(old: DataType, new: DataType, var: str, path: str, changes: list[str]) -> None:
+    """Checks that a value of type ``old`` reads as one of ``new`` (field ``path``); appends the
+    changes in words, or raises an ``IncompatibleSchemaError``."""
+    ko = type_kind(old, var=var, field=path)
+    kn = type_kind(new, var=var, field=path)
+    if ko == kn == "struct":
+        changes.extend(evolve(old, new, var, prefix=f"{path}."))
+        return
+    if ko == kn == "array":
+        _evolve_type(old.elementType, new.elementType, var, f"{path}.element", changes)
+        _evolve_nulls(old.containsNull, new.containsNull, var, f"{path}.element", changes)
+        return
+    if ko == kn == "map":
+        if old.keyType != new.keyType:  # keys are looked up by their bytes: those must not change
+            raise IncompatibleSchemaError(f"a map's key type cannot change (from {old.keyType.simpleString()} "
+                                          f"to {new.keyType.simpleString()})", var=var, field=f"{path}.key")
+        _evolve_type(old.valueType, new.valueType, var, f"{path}.value", changes)
+        _evolve_nulls(old.valueContainsNull, new.valueContainsNull, var, f"{path}.value", changes)
+        return
+    same = ko == kn and (ko != "decimal" or (old.precision, old.scale) == (new.precision, new.scale))
+    if not same:
+        if not _widens(ko, kn):
+            raise IncompatibleSchemaError(
+                f"type changed from {old.simpleString()} to {new.simpleString()}; only "
+                "widening (byte < short < int < long, float < double) is allowed", var=var, field=path)
+        changes.append(f"widened {path} {old.simpleString()} -> {new.simpleString()}")
 
 
-def evolve(old: StructType, new: StructType, var: str) -> list[str]:
+def _evolve_nulls(old: bool, new: bool, var: str, path: str, changes: list[str]) -> None:
+    if old and not new:
+        raise IncompatibleSchemaError("a nullable field cannot become non-nullable (stored values may "
+                                      "hold null)", var=var, field=path)
+    if new and not old:
+        changes.append(f"made {path} nullable")
+
+
+def evolve(old: StructType, new: StructType, var: str, prefix: str = "") -> list[str]:
     """Checks that values written with ``old`` can be read as ``new`` (Spark 4's rules, see the module
-    docstring); the changes in words (empty: the same schema), or an ``IncompatibleSchemaError``."""
+    docstring); the changes in words (empty: the same schema), or an ``IncompatibleSchemaError``.
+    ``prefix``: the path of a nested struct (``n.``)."""
     old_by = {f.name: f for f in old.fields}
     new_names = {f.name for f in new.fields}
     changes: list[str] = []
     for f in new.fields:
-        kn = type_kind(f.dataType, var=var, field=f.name)
+        path = prefix + f.name
         o = old_by.get(f.name)
         if o is None:
+            type_kind(f.dataType, var=var, field=path)
             if not f.nullable:
                 raise IncompatibleSchemaError("a field added to a state schema must be nullable (values "
-                                              "written before have no value for it)", var=var, field=f.name)
-            changes.append(f"added {f.name} {f.dataType.simpleString()}")
+                                              "written before have no value for it)", var=var, field=path)
+            changes.append(f"added {path} {f.dataType.simpleString()}")
             continue
-        ko = type_kind(o.dataType, var=var, field=f.name)
-        if not _same_type(o.dataType, f.dataType, ko, kn):
-            if not _widens(ko, kn):
-                raise IncompatibleSchemaError(
-                    f"type changed from {o.dataType.simpleString()} to {f.dataType.simpleString()}; only "
-                    "widening (byte < short < int < long, float < double) is allowed", var=var, field=f.name)
-            changes.append(f"widened {f.name} {o.dataType.simpleString()} -> {f.dataType.simpleString()}")
-        if o.nullable and not f.nullable:
-            raise IncompatibleSchemaError("a nullable field cannot become non-nullable (stored values may "
-                                          "hold null)", var=var, field=f.name)
-        if f.nullable and not o.nullable:
-            changes.append(f"made {f.name} nullable")
-    changes.extend(f"removed {o.name}" for o in old.fields if o.name not in new_names)
+        _evolve_type(o.dataType, f.dataType, var, path, changes)
+        _evolve_nulls(o.nullable, f.nullable, var, path, changes)
+    changes.extend(f"removed {prefix}{o.name}" for o in old.fields if o.name not in new_names)
     if [f.name for f in old.fields if f.name in new_names] != [f.name for f in new.fields if f.name in old_by]:
-        changes.append("reordered")
+        changes.append(f"reordered {prefix.rstrip('.')}" if prefix else "reordered")
     return changes
