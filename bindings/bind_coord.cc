@@ -8,6 +8,7 @@
 // run inside a handler, which would wait for itself. A handler's exception
 // never escapes: it becomes the answer's code and message.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <algorithm>
 #include <memory>
@@ -185,6 +186,8 @@ The coordinator's transport (docs/protocol.md §8): listens on host:port,
 authenticates every connection with the shared secret as a worker does, and
 calls handler(method, args_json) -> (code, message, result_json) for every
 CoordReq, on one of `threads` handler threads with the GIL held; code 0 is ok.
+The methods in lane_methods (the liveness lane) have `lane_threads` threads of
+their own and never queue behind the others.
 An exception from the handler answers the code of its rhino error class (from
 the one error table), or IOError with "TypeName: message" for any other.
 close() lets the handlers under way finish, then closes every connection.
@@ -194,7 +197,8 @@ close() lets the handlers under way finish, then closes every connection.
                        uint32_t heartbeat_ms, uint32_t peer_timeout_ms, const std::string& tls_cert,
                        const std::string& tls_key, const std::string& tls_ca, uint32_t max_connections,
                        uint32_t max_unauthenticated_connections, uint32_t max_connections_per_peer,
-                       uint32_t max_unauthenticated_per_peer) {
+                       uint32_t max_unauthenticated_per_peer, std::vector<std::string> lane_methods,
+                       uint32_t lane_threads) {
              if (!PyCallable_Check(handler.ptr())) throw py::type_error("handler must be callable");
              CoordServerOptions o;
              o.max_connections = max_connections;
@@ -206,6 +210,8 @@ close() lets the handlers under way finish, then closes every connection.
              o.secret = std::string(secret);
              o.server_id = server_id;
              o.threads = threads;
+             o.lane_methods = std::move(lane_methods);
+             o.lane_threads = lane_threads;
              o.max_frame_bytes = max_frame_bytes;
              o.heartbeat_ms = heartbeat_ms;
              o.peer_timeout_ms = peer_timeout_ms;
@@ -238,7 +244,8 @@ close() lets the handlers under way finish, then closes every connection.
            py::arg("tls_ca") = "", py::arg("max_connections") = kDefaultMaxConnections,
            py::arg("max_unauthenticated_connections") = kDefaultMaxUnauthenticatedConnections,
            py::arg("max_connections_per_peer") = kDefaultMaxConnectionsPerPeer,
-           py::arg("max_unauthenticated_per_peer") = kDefaultMaxUnauthenticatedPerPeer)
+           py::arg("max_unauthenticated_per_peer") = kDefaultMaxUnauthenticatedPerPeer,
+           py::arg("lane_methods") = std::vector<std::string>{}, py::arg("lane_threads") = 1)
       .def_property_readonly("port", [](PyCoordServer& h) { return h.port; })
       .def_property_readonly("host", [](PyCoordServer& h) { return h.host; })
       .def_property_readonly("address", [](PyCoordServer& h) { return h.address; }, "\"host:port\"")

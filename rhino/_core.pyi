@@ -394,6 +394,8 @@ class CoordServer:
         max_unauthenticated_connections: int = ...,
         max_connections_per_peer: int = ...,
         max_unauthenticated_per_peer: int = ...,
+        lane_methods: list[str] = [],  # the liveness lane: these methods have lane_threads threads of their own
+        lane_threads: int = 1,
     ) -> None: ...
     @property
     def port(self) -> int: ...

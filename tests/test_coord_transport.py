@@ -268,6 +268,43 @@ def test_a_result_too_large_for_a_frame_is_an_error_not_a_broken_connection(serv
         assert c.is_open
 
 
+# ---- the liveness lane (§8.1) -------------------------------------------------------
+
+
+@pytest.mark.parametrize("lane", [True, False])
+def test_lane_methods_never_queue_behind_slow_calls(handler, lane: bool) -> None:
+    """64 slow calls fill every handler thread and the queue; a heartbeat in the liveness lane is
+    answered at once, one outside it waits for a handler thread (so the test can fail)."""
+    slow_s = 1.0
+    s = _core.CoordServer("127.0.0.1", 0, SECRET, handler, threads=8,
+                          lane_methods=["echo"] if lane else [], lane_threads=1)
+    try:
+        with closing(connect(s)) as c, ThreadPoolExecutor(64) as pool:
+            slow = [pool.submit(c.coord, "slow", json.dumps({"s": slow_s, "tag": i})) for i in range(64)]
+            wait_for(lambda: s.metrics()["handlers_running"] == 8)
+            t0 = time.monotonic()
+            assert json.loads(c.coord("echo", '{"hb": 1}'))["args"] == {"hb": 1}
+            took = time.monotonic() - t0
+            if lane:
+                assert took < slow_s / 2, took
+            else:
+                assert took >= slow_s * 0.9, took  # behind at least one round of slow calls
+            assert sorted(json.loads(f.result(timeout=120))["tag"] for f in slow) == list(range(64))
+    finally:
+        s.close()
+
+
+def test_lane_without_threads_is_refused() -> None:
+    with pytest.raises(rhino.InvalidArgumentError, match="lane_threads"):
+        _core.CoordServer("127.0.0.1", 0, SECRET, echo, lane_methods=["heartbeat"], lane_threads=0)
+
+
+def test_the_coordinators_lane_is_heartbeat_and_status() -> None:
+    from rhino.coordinator.api import LANE_METHODS
+
+    assert LANE_METHODS == ["heartbeat", "status"]
+
+
 def test_bad_options_are_refused() -> None:
     with pytest.raises(TypeError, match="callable"):
         _core.CoordServer("127.0.0.1", 0, SECRET, "not callable")

@@ -16,18 +16,22 @@ from typing import Any, Optional
 
 from .types import CommitAnswer, Placement
 
-__all__ = ["Method", "METHODS"]
+__all__ = ["Method", "METHODS", "LANE_METHODS"]
 
 
 @dataclass(frozen=True)
 class Method:
     """One method: its ``name`` on the wire, the class its answer is parsed into
-    (``answer.from_wire``; None: the JSON object as is), and whether a coordinator
-    rebuilding its metadata from the workers (``--rebuild``) serves it meanwhile."""
+    (``answer.from_wire``; None: the JSON object as is), whether a coordinator
+    rebuilding its metadata from the workers (``--rebuild``) serves it meanwhile, and
+    whether it is in the liveness ``lane``: handled by threads of its own, never queued
+    behind calls that hold the coordinator's lock or call workers (docs/protocol.md §8.1).
+    A lane method must not take the coordinator's lock."""
 
     name: str
     answer: Optional[type] = None
     while_rebuilding: bool = False
+    lane: bool = False
 
     def parse(self, result: Any) -> Any:
         """The method's answer, as its client returns it."""
@@ -38,7 +42,7 @@ class Method:
 METHODS: dict[str, Method] = {m.name: m for m in (
     # the workers
     Method("register", while_rebuilding=True),
-    Method("heartbeat", while_rebuilding=True),
+    Method("heartbeat", while_rebuilding=True, lane=True),
     # a job's batches
     Method("create_operator", Placement),
     Method("placement", Placement),
@@ -52,9 +56,12 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("rescale"),
     Method("rebalance"),
     Method("cancel_plan"),
-    Method("status", while_rebuilding=True),
+    Method("status", while_rebuilding=True, lane=True),
     Method("declare_dead"),
     Method("decommission"),
     Method("autoscale"),
     Method("drop_operator"),
 )}
+
+# The liveness lane (Method.lane), as the server's transport takes it.
+LANE_METHODS: list[str] = [m.name for m in METHODS.values() if m.lane]

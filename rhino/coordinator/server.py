@@ -29,8 +29,11 @@ from .._secret import secret_bytes
 from ..errors import InvalidArgumentError
 from ..replication import parse_address, read_secret_file
 from ..tls.config import TLS, tls_kwargs
+from .api import LANE_METHODS
 
 __all__ = ["CoordinatorServer", "main", "build_parser"]
+
+LANE_THREADS = 2  # the liveness lane's threads: a status call never holds up a heartbeat
 
 
 class CoordinatorServer:
@@ -50,11 +53,14 @@ class CoordinatorServer:
                 raise InvalidArgumentError(f"{method}: the arguments are not JSON: {e}") from None
             return 0, "", json.dumps(coordinator.handle(method, args), separators=(",", ":"))
 
-        # Handlers may block (a handover step, a bulk copy) while heartbeats
-        # must still be answered: enough threads that heartbeats never queue
-        # behind the coordinator's lock.
+        # Handlers may block (a handover step, a bulk copy, a failover calling
+        # workers) while heartbeats must still be answered: heartbeats and
+        # status have a lane of their own (api.LANE_METHODS), so that no number
+        # of slow calls queues them. A heartbeat that waited behind a failover
+        # made live workers look dead, and failed them over too.
         self._server = _core.CoordServer(host, port, secret_bytes(secret), handler, server_id="coordinator",
-                                         threads=threads, max_connections=max_connections,
+                                         threads=threads, lane_methods=LANE_METHODS, lane_threads=LANE_THREADS,
+                                         max_connections=max_connections,
                                          max_unauthenticated_connections=max_unauthenticated_connections,
                                          max_connections_per_peer=max_connections_per_peer,
                                          max_unauthenticated_per_peer=max_unauthenticated_per_peer,

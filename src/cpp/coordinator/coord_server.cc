@@ -79,7 +79,10 @@ class CoordServer::Impl {
       io_done_ = true;
       cv_.SignalAll();
     });
-    for (uint32_t i = 0; i < options_.threads; ++i) workers_.emplace_back([this]() { HandlerLoop(); });
+    for (uint32_t i = 0; i < options_.threads; ++i) workers_.emplace_back([this]() { HandlerLoop(false); });
+    if (!options_.lane_methods.empty()) {
+      for (uint32_t i = 0; i < options_.lane_threads; ++i) workers_.emplace_back([this]() { HandlerLoop(true); });
+    }
     return Status::OK();
   }
 
@@ -149,7 +152,7 @@ class CoordServer::Impl {
     m.requests_refused = requests_refused_.load();
     MutexLock l(&mu_);
     m.handlers_running = running_;
-    m.requests_queued = queue_.size();
+    m.requests_queued = queue_.size() + lane_queue_.size();
     return m;
   }
 
@@ -281,12 +284,14 @@ class CoordServer::Impl {
     }
     t.conn = conn;
     t.stream_id = h.stream_id;
+    const bool lane = InLane(t.req.method);
     {
       MutexLock l(&mu_);
       if (!stopping_) {
         requests_.fetch_add(1);
-        queue_.push_back(std::move(t));
-        cv_.Signal();
+        (lane ? lane_queue_ : queue_).push_back(std::move(t));
+        // one condition for both queues: wake them all, the right one takes it
+        cv_.SignalAll();
         return std::make_shared<InFlight>(this, conn);
       }
     }
@@ -301,17 +306,25 @@ class CoordServer::Impl {
 
   // ---- the handler threads ----
 
-  void HandlerLoop() {
+  bool InLane(const std::string& method) const {
+    for (const auto& m : options_.lane_methods)
+      if (m == method) return true;
+    return false;
+  }
+
+  // `lane`: this thread serves the liveness lane's queue (lane_methods).
+  void HandlerLoop(bool lane) {
     tls_handler_of = this;
     for (;;) {
       Task t;
       bool refuse = false;
       {
         MutexLock l(&mu_);
-        while (queue_.empty() && !quit_) cv_.Wait(&mu_);
-        if (queue_.empty()) break;  // quit_, and nothing left to answer
-        t = std::move(queue_.front());
-        queue_.pop_front();
+        std::deque<Task>& q = lane ? lane_queue_ : queue_;
+        while (q.empty() && !quit_) cv_.Wait(&mu_);
+        if (q.empty()) break;  // quit_, and nothing left to answer
+        t = std::move(q.front());
+        q.pop_front();
         refuse = stopping_;
         ++running_;
       }
@@ -405,6 +418,7 @@ class CoordServer::Impl {
   bool quit_ GUARDED_BY(mu_) = false;  // handler threads exit when idle
   bool io_done_ GUARDED_BY(mu_) = false;
   std::deque<Task> queue_ GUARDED_BY(mu_);
+  std::deque<Task> lane_queue_ GUARDED_BY(mu_);  // lane_methods' requests
   uint64_t running_ GUARDED_BY(mu_) = 0;
   std::map<net::Connection*, std::weak_ptr<net::Connection>> conns_ GUARDED_BY(mu_);
 
@@ -417,6 +431,9 @@ Status CoordServer::Start(const CoordServerOptions& options, CoordHandler handle
   if (!handler) return Status::InvalidArgument("a coordinator server needs a handler");
   if (options.secret.empty()) return Status::InvalidArgument("a coordinator server needs the cluster's shared secret");
   if (options.threads == 0) return Status::InvalidArgument("a coordinator server needs threads >= 1");
+  if (!options.lane_methods.empty() && options.lane_threads == 0) {
+    return Status::InvalidArgument("a coordinator server with lane_methods needs lane_threads >= 1");
+  }
   // As a worker (protocol §6): a live idle peer must be heard from in time.
   if (options.heartbeat_ms == 0) return Status::InvalidArgument("heartbeat_ms must be >= 1");
   if (options.peer_timeout_ms <= options.heartbeat_ms) {

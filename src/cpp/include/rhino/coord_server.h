@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "rhino/frame.h"
 #include "rhino/status.h"
@@ -55,6 +56,12 @@ struct CoordServerOptions {
 
   // ---- handlers ----
   uint32_t threads = 4;  // handler threads, >= 1: how many requests are handled at once
+  // The methods of the liveness lane (for the coordinator: heartbeat, status),
+  // handled by `lane_threads` threads of their own, so that they never queue
+  // behind requests that hold the coordinator's lock or call workers (a
+  // heartbeat that waits there makes a live worker look dead). Empty: no lane.
+  std::vector<std::string> lane_methods;
+  uint32_t lane_threads = 1;  // >= 1 when lane_methods is not empty
 };
 
 // Answers one request. Called on a handler thread, with the method (valid:
