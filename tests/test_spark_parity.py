@@ -389,11 +389,26 @@ def test_f_a_keys_rows_arrive_in_frames_of_max_records_per_batch(cluster, spark,
 NESTED_VALUE = "xs array<bigint>, counts map<string, bigint>, last struct<n: bigint, tag: string>"
 
 
+def _shown(v):
+    """``repr`` of a state value, the Python types showing, with a dict's entries sorted: Spark
+    gives a map's entries in a Java HashMap's order, Rhino in the order they were written."""
+    from pyspark.sql import Row
+
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_shown(k)}: {_shown(x)}" for k, x in sorted(v.items())) + "}"
+    if isinstance(v, Row):
+        return "Row(" + ", ".join(f"{n}={_shown(x)}" for n, x in zip(v.__fields__, v)) + ")"
+    if isinstance(v, (list, tuple)):
+        inner = ", ".join(_shown(x) for x in v)
+        return f"[{inner}]" if isinstance(v, list) else f"({inner}{',' if len(v) == 1 else ''})"
+    return repr(v)
+
+
 class NestedProbe(StatefulProcessor):
-    """Per key and batch: what each state variable gives back (its ``repr``: the Python types
-    and the order of a map's entries show), then state written with nested values: a value
-    state of an array, a map and a struct, a list state of structs, a map state whose user key
-    is a struct and whose value holds an array of structs."""
+    """Per key and batch: what each state variable gives back (``_shown``: the Python types
+    show, a tuple from a Row too), then state written with nested values: a value state of an
+    array, a map and a struct, a list state of structs, a map state whose user key is a struct
+    and whose value holds an array of structs."""
 
     def init(self, handle):
         self.v = handle.getValueState("v", NESTED_VALUE)
@@ -403,8 +418,8 @@ class NestedProbe(StatefulProcessor):
     def _seen(self, key, ns):
         old = self.v.get()
         mk = ((key, 1),)  # the map's user key: one field, a struct
-        out = [(key, "v", repr(old)), (key, "l", repr(list(self.l.get()))),
-               (key, "m", repr(self.m.getValue(mk) if self.m.containsKey(mk) else None))]
+        out = [(key, "v", _shown(old)), (key, "l", _shown(list(self.l.get()))),
+               (key, "m", _shown(self.m.getValue(mk) if self.m.containsKey(mk) else None))]
         xs = (list(old[0]) if old else []) + ns
         counts = dict(old[1]) if old else {}
         for n in ns:
@@ -440,4 +455,5 @@ def test_g_nested_state_types_as_on_spark(cluster, spark, tmp_path, mode):
                  mode=mode)
     a2 = dict(zip(*[s[(s["k"] == "a") & (s["batch"] == 2)][c] for c in ("var", "got")]))
     assert "[1, 3, 4]" in a2["v"] and "'c1': 2" in a2["v"], s  # what Spark gave back, before the comparison
+    assert a2["m"].startswith("Row(vv=[Row(n=1)"), s  # Spark's getValue gives a Row
     pd.testing.assert_frame_equal(r, s)

@@ -207,6 +207,7 @@ class RhinoListState(_RhinoState, ListState):
 
 class RhinoMapState(_RhinoState, MapState):
     _WHAT = "Map state"
+    _value_row: Any = None  # the Row class of getValue's answers, made at the first
 
     def _kb(self, key: Any) -> bytes:
         return self._var.key_codec.encode([self._key(key)])[0]
@@ -230,9 +231,17 @@ class RhinoMapState(_RhinoState, MapState):
         return next(self._entries(), None) is not None
 
     def getValue(self, key: tuple) -> Optional[tuple]:
+        """The value as Spark's ``getValue`` gives it: a ``Row`` with the value schema's field
+        names (its other reads give tuples)."""
         self._usable("Error getting value")
         got = self._lookup(key)
-        return got[1] if got is not None else None
+        if got is None:
+            return None
+        if self._value_row is None:
+            from pyspark.sql import Row
+
+            self._value_row = Row(*self._var.codec.schema.names)
+        return self._value_row(*got[1])
 
     def containsKey(self, key: tuple) -> bool:
         self._usable("Error checking if map state contains key")
