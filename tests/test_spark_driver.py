@@ -53,6 +53,7 @@ def test_the_config_is_frozen_normalized_and_never_shows_its_secret():
     (dict(task_window_rows=0), "task_window_rows"),
     (dict(task_window_rows=True), "task_window_rows"),
     (dict(input_copies=4), "input_copies must be an int in 1..3"),
+    (dict(input_copies=0), "input_copies must be an int in 1..3"),
     (dict(parallelism=0), "parallelism"),
     (dict(replicas=-1), "replicas"),
     (dict(secret=None), "secret= or secret_file="),
@@ -64,6 +65,32 @@ def test_the_config_is_frozen_normalized_and_never_shows_its_secret():
 def test_a_bad_argument_is_refused_by_name(kw, match):
     with pytest.raises(InvalidArgumentError, match=match):
         config(**kw)
+
+
+def test_input_copies_default_to_two_wherever_a_copy_has_somewhere_to_go():
+    """The default (None) keeps two copies of a batch's input while the application has
+    two executors or more (issue 45: the default recovers as the benchmark does), one
+    otherwise; an explicit count is kept as given."""
+    from rhino.spark.driver.routing import auto_input_copies
+
+    assert config().input_copies is None and config(input_copies=1).input_copies == 1
+
+    class Tracker:
+        def __init__(self, n):
+            self.n = n
+
+        def getExecutorInfos(self):
+            if self.n is None:
+                raise RuntimeError("SparkContext is stopping")
+            return [object()] * self.n  # the driver, then each executor
+
+    class SC:
+        def __init__(self, n):
+            tracker = Tracker(n)
+            self._jsc = type("J", (), {"sc": lambda _self: type("S", (), {"statusTracker": lambda _s: tracker})()})()
+
+    assert [auto_input_copies(SC(n)) for n in (1, 2, 3, 9)] == [1, 1, 2, 2]
+    assert auto_input_copies(SC(None)) == 1  # nothing known: no copy rather than a failed batch
 
 
 def test_the_secret_can_come_from_a_file(tmp_path):
@@ -204,6 +231,7 @@ class Watch:
 
     def __init__(self) -> None:
         self.settled = threading.Event()
+        self.cancelled = False
 
 
 class Context:  # the job tags of the thread that runs the action

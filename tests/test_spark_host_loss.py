@@ -21,7 +21,7 @@ import pytest
 
 from placements import instance, placement
 from rhino.coordinator.types import Placement
-from rhino.errors import RhinoIOError
+from rhino.errors import RhinoError, RhinoIOError
 
 pyspark = pytest.importorskip("pyspark")
 import pandas as pd  # noqa: E402
@@ -56,6 +56,7 @@ class FakeCoordinator:
 
 
 def _watch(coord, hosts_seq, known, **kw):
+    kw.setdefault("recancel_s", 60.0)  # one cancellation per test, unless a test asks for more
     seq = list(hosts_seq)
     cancels: list[float] = []
 
@@ -101,9 +102,37 @@ def test_a_lost_primary_host_cancels_the_attempt_before_reporting_it():
     known = {"10.0.0.1", "10.0.0.2", "10.0.0.3"}
     w = BatchWatch(operator_id="op", epoch=3, placement=PLACEMENT, coordinator=coord,
                    hosts=lambda: {"10.0.0.1", "10.0.0.3"}, cancel=lambda: order.append("cancel"),
-                   known_hosts=known, interval_s=0.01, epoch_interval_s=0.01)
+                   known_hosts=known, interval_s=0.01, epoch_interval_s=0.01, recancel_s=60.0)
     _run(w)
     assert order == ["cancel", "report wb"] and w.new_epoch == 4
+
+
+def test_a_cancelled_attempt_is_cancelled_again_until_it_ends():
+    """Spark cancels only the jobs running when asked: one the attempt submits later (the
+    sink's next action) would run its tasks into StaleEpochError until Spark's task-failure
+    count aborts it, so the watch cancels the tag again every recancel_s while it lasts."""
+    coord = FakeCoordinator(epoch=5)
+    w, cancels = _watch(coord, [None], {"10.0.0.1"}, recancel_s=0.05)
+    _run(w, 0.4)
+    n = len(cancels)
+    assert 4 <= n <= 10 and w.summary()["cancels"] == n
+    gaps = [b - a for a, b in zip(cancels, cancels[1:])]
+    assert min(gaps) >= 0.04  # spaced by recancel_s, not one per loop of the watch
+    time.sleep(0.2)
+    assert len(cancels) == n  # and never after the attempt ended
+
+
+def test_an_action_of_a_cancelled_attempt_submits_no_job():
+    from rhino.spark.driver.sink import SinkRunner
+
+    coord = FakeCoordinator(epoch=5)
+    w, _ = _watch(coord, [None], {"10.0.0.1"})
+    ran = []
+    with w:
+        assert _wait_for(lambda: w.cancelled)
+        with pytest.raises(RhinoError, match="before its Spark job was submitted"):
+            SinkRunner("op").act(None, lambda: ran.append(1), w)
+    assert not ran
 
 
 def test_an_executor_lost_while_its_rhino_worker_answers_changes_nothing():
@@ -249,9 +278,21 @@ def test_the_driver_reports_a_killed_host_before_any_heartbeat_timeout(tmp_path,
         # cancelled call is still running (driver/sink.py).
         for_each_batch = TransformWithState.for_each_batch
         calls: dict = {"active": 0, "overlaps": [], "unwound": [], "unwound_at": []}
+        victim = cl.host(host).rhino_worker.id
+        killed: dict = {}
+
+        def kill() -> None:
+            time.sleep(0.05)  # into the sink's job, which runs the stateful tasks
+            killed["t"] = time.time()
+            killed["pids"] = cl.kill_host(host)
 
         def slow_to_unwind(op, sink=None, **kw):
             def wrapped(df, batch_id):
+                # the kill lands while the sink runs: an attempt cancelled before its sink
+                # is called submits no job and calls no sink (driver/sink.py)
+                if batch_id == 4 and not killed:
+                    killed["armed"] = True
+                    threading.Thread(target=kill, daemon=True).start()
                 calls["active"] += 1
                 if calls["active"] > 1:
                     calls["overlaps"].append(batch_id)
@@ -268,24 +309,12 @@ def test_the_driver_reports_a_killed_host_before_any_heartbeat_timeout(tmp_path,
 
         monkeypatch.setattr(TransformWithState, "for_each_batch", slow_to_unwind)
         try:
-            victim = cl.host(host).rhino_worker.id
-            killed: dict = {}
-
-            def on_batch(batch_id: int, run) -> None:
-                if batch_id == 3 and not killed:
-                    def kill() -> None:
-                        time.sleep(0.3)  # into the next batch
-                        killed["t"] = time.time()
-                        killed["pids"] = cl.kill_host(host)
-                    threading.Thread(target=kill, daemon=True).start()
-
             run = run_pipeline(spark, system="rhino", query="q8", checkpoint_dir=tmp_path / "ck",
                                events_per_batch=EVENTS_PER_BATCH, max_events=EVENTS_PER_BATCH * BATCHES,
                                source_options=SOURCE, params=PARAMS, operator_id="q8-host-loss",
                                coordinator=cl.coordinator, secret_file=str(cl.secret_file), parallelism=3,
-                               replicas=2, on_batch=on_batch, timeout_s=600,
-                               operator_options={"input_copies": 2})
-            assert killed, "the host was not killed"
+                               replicas=2, timeout_s=600, operator_options={"input_copies": 2})
+            assert "t" in killed, "the host was not killed"
             status = cl.coordinator_status()
             time.sleep(1.0)  # unpersist is asynchronous
             left = sc._jsc.sc().getRDDStorageInfo()

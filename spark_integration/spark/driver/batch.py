@@ -131,6 +131,7 @@ class BatchRunner:
             done = driver.run(b, lambda a: self._attempt(spark, df, a, wm, tz, batch_input, sink))
         finally:
             batch_input.release()
+        copies = batch_input.copies
         a = done.attempt
         data, tasks = done.result.value
         self.watermarks.committed(b, (t.get("max_event_ms") for t in tasks))
@@ -140,7 +141,8 @@ class BatchRunner:
             begin_s=a.started_at - a.begun_at, job_s=done.ran_at - a.started_at,
             commit_s=done.committed_at - done.ran_at, tasks=sorted(tasks, key=lambda t: t["instance"]),
             errors=done.errors, job_setup_s=(self._action_at - a.started_at) if self._action_at else None,
-            routing=self.router.mode, parallelism=len(a.placement.instances), initial_parallelism=c.parallelism))
+            routing=self.router.mode, parallelism=len(a.placement.instances), initial_parallelism=c.parallelism,
+            input_copies=copies))
         return data
 
     @property

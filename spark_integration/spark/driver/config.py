@@ -72,7 +72,8 @@ class OperatorConfig:
     failover_wait_s: float = 60.0
     watch_hosts: bool = True
     task_window_rows: int = 100_000
-    input_copies: int = 1
+    # None: 2 while the application has at least two executors, else 1 (driver/routing.py)
+    input_copies: Optional[int] = None
     name: str = ""  # the operator's name in its namespace (operator_id= as given)
     namespace: Optional[str] = None  # None: the default namespace
 
@@ -115,7 +116,8 @@ class OperatorConfig:
                                        "Spark's Hadoop filesystem), so that a restarted driver runs each batch "
                                        "with the watermark it first ran with")
         _positive_int("task_window_rows", kw.get("task_window_rows", 100_000))
-        _positive_int("input_copies", kw.get("input_copies", 1), hi=3)
+        if kw.get("input_copies") is not None:
+            _positive_int("input_copies", kw["input_copies"], hi=3)
         if int(parallelism) < 1 or int(replicas) < 0:
             raise InvalidArgumentError("parallelism must be >= 1 and replicas >= 0")
         if secret is None and secret_file is None:

@@ -44,6 +44,9 @@ class BatchReport:
     # config's, the initial one: they differ after a rescale (issue 45)
     parallelism: Optional[int] = None
     initial_parallelism: Optional[int] = None
+    # the copies of the batch's routed input the executors kept (input_copies; 2 by default
+    # with two executors or more: driver/routing.py)
+    input_copies: Optional[int] = None
 
     @property
     def parallelism_adopted(self) -> bool:

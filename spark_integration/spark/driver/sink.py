@@ -111,6 +111,12 @@ class SinkRunner:
         has returned."""
         if watch is None:
             return action()
+        if watch.cancelled:
+            # cancelled while the attempt was still being planned (its input shuffled, in
+            # AQE's planning): its job would run only into StaleEpochError, on the cores the
+            # next attempt needs
+            raise RhinoError(f"operator {self.operator_id}: the attempt was cancelled (a lost host, a new epoch) "
+                             "before its Spark job was submitted")
         from pyspark import SparkContext
         from pyspark.util import InheritableThread
 

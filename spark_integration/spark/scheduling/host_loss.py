@@ -21,7 +21,12 @@ While a batch's Spark job runs, a :class:`BatchWatch` thread in the driver does 
    failover, before the batch can run again. Once the attempt is cancelled and the
    coordinator has answered every report (or the new epoch was seen), the watch is
    ``settled``: the driver begins the next attempt without waiting for the cancelled job's
-   error to come back through py4j.
+   error to come back through py4j. Spark cancels only the jobs that run when it is asked,
+   so the watch cancels the tag again every ``recancel_s`` until the attempt ends: a job the
+   attempt submits after the first cancellation (the sink's next action, or its first one
+   when the host was lost while the batch's input was still being shuffled) is cancelled
+   too, not left to run its tasks into ``StaleEpochError`` until Spark's task-failure count
+   aborts it ("failed 4 times", issue 45), on the cores the next attempt's tasks need.
 
 The watch only reads Spark's status tracker and the coordinator's placement; the commit
 protocol alone keeps batches exactly-once, with the watch or without it.
@@ -75,7 +80,8 @@ class BatchWatch:
 
     def __init__(self, *, operator_id: str, epoch: int, placement: Placement, coordinator: Any,
                  hosts: Callable[[], Optional[set[str]]], cancel: Callable[[], None], known_hosts: set[str],
-                 tag: str = "", interval_s: float = 0.05, epoch_interval_s: float = 0.1) -> None:
+                 tag: str = "", interval_s: float = 0.05, epoch_interval_s: float = 0.1,
+                 recancel_s: float = 0.25) -> None:
         self.operator_id = operator_id
         self.tag = tag  # the Spark job tag of the attempt (what ``cancel`` cancels)
         self.epoch = int(epoch)
@@ -86,7 +92,10 @@ class BatchWatch:
         self.known_hosts = known_hosts
         self.interval_s = interval_s
         self.epoch_interval_s = epoch_interval_s
+        self.recancel_s = recancel_s
         self.cancelled_at: Optional[float] = None
+        self.cancels = 0  # calls of ``cancel``: the first, then one per recancel_s while the attempt lasts
+        self._last_cancel = 0.0
         self.exited_at: Optional[float] = None
         # set once the attempt is cancelled and the coordinator has acted on it (the lost
         # workers reported and answered, or the new epoch seen): the driver may begin the next
@@ -115,7 +124,7 @@ class BatchWatch:
 
     def summary(self) -> dict:
         return {"reported": list(self.reported), "cancelled_at": self.cancelled_at, "exited_at": self.exited_at,
-                "new_epoch": self.new_epoch,
+                "new_epoch": self.new_epoch, "cancels": self.cancels,
                 "errors": self.errors[-3:]}
 
     # ---- the loop -------------------------------------------------------------------------
@@ -128,6 +137,8 @@ class BatchWatch:
                 if not self.cancelled and now >= next_epoch_check:
                     next_epoch_check = now + self.epoch_interval_s
                     self._check_epoch(self.coordinator.placement(self.operator_id))
+                elif self.cancelled and now - self._last_cancel >= self.recancel_s:
+                    self._cancel()  # a job submitted since the last cancellation (module docstring)
             except RhinoError as e:  # the coordinator restarting...: the commit protocol still holds
                 self.errors.append(f"{type(e).__name__}: {e}")
             except Exception as e:  # never let the watch take the driver down
@@ -158,7 +169,7 @@ class BatchWatch:
             self.cancelled_at = time.time()
             log.warning("rhino.spark %s: Spark lost every executor of %s, which holds a primary: cancelling the "
                         "attempt", self.operator_id, ", ".join(sorted(lost & primaries)))
-            self.cancel()
+            self._cancel()
         for host in sorted(lost):
             for wid in sorted(w for w, h in wh.items() if h == host):
                 t = time.time()
@@ -172,6 +183,11 @@ class BatchWatch:
         if self.cancelled:
             self.settled.set()  # every lost worker reported and answered
 
+    def _cancel(self) -> None:
+        self._last_cancel = time.monotonic()
+        self.cancels += 1
+        self.cancel()
+
     def _check_epoch(self, placement: Placement, settle: bool = True) -> None:
         """Cancels the attempt once the operator's epoch has moved past its own; ``settle``:
         the move is the coordinator's last word on it (not one of several reports of a lost
@@ -183,6 +199,6 @@ class BatchWatch:
             self.cancelled_at = time.time()
             log.warning("rhino.spark %s: epoch %d -> %d during the batch: cancelling the attempt",
                         self.operator_id, self.epoch, e)
-            self.cancel()
+            self._cancel()
             if settle:
                 self.settled.set()
