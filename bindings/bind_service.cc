@@ -295,7 +295,8 @@ static void BindStateClientClass(py::module_& m) {
            "A coordinator request (docs/protocol.md §8): method ([a-z_]{1,64}) and a JSON document; returns the "
            "answer's JSON, or raises the rhino error of its code.")
       .def("open_session",
-           [](PyClient& h, const std::string& op, uint32_t instance, uint64_t batch, uint64_t epoch) {
+           [](PyClient& h, const std::string& op, uint32_t instance, uint64_t batch, uint64_t epoch,
+              std::optional<uint64_t> attempt, std::optional<uint64_t> committed) {
              auto c = h.get();
              auto ps = std::make_shared<PySession>();
              ps->client = c;
@@ -303,14 +304,17 @@ static void BindStateClientClass(py::module_& m) {
              Status s;
              {
                py::gil_scoped_release release;
-               s = c->OpenSession(op, instance, batch, epoch, &ps->session, &info);
+               s = c->OpenSession(op, instance, batch, epoch, &ps->session, &info, attempt, committed);
              }
              ThrowIfError(s);
              py::object version = info.has_version ? py::object(py::int_(info.version)) : py::object(py::none());
              return py::make_tuple(ps, version, info.rolled_back);
            },
            py::arg("operator_id"), py::arg("instance"), py::arg("batch"), py::arg("epoch"),
-           "Opens a session: (session, version it sees or None, whether the worker rolled back).")
+           py::arg("attempt") = py::none(), py::arg("committed") = py::none(),
+           "Opens a session: (session, version it sees or None, whether the worker rolled back). attempt: the "
+           "token begin_batch gave the attempt, committed: the operator's last committed batch then (the "
+           "attempt fence, docs/protocol.md §7.2).")
       .def("read_checkpoint", &ReadCheckpoint, py::arg("operator_id"), py::arg("instance"), py::arg("checkpoint"),
            "Opens a checkpoint reader: (read-only session, checkpoint id, vnodes).")
       .def("close",

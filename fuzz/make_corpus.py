@@ -86,6 +86,10 @@ def main() -> None:
     variants = {
         # a checkpoint reader's SessionOpenReq and its answer (§7.9)
         "type19-reader": (19, enc_bytes(b"op") + u32(1) + u64(0) + u64(0) + b"\x01\x01" + u64(9)),
+        # a fenced session's SessionOpenReq: the reader's fields as 0, 0, 0, then the attempt
+        # fence (attempt, has_committed, committed; protocol §7.2)
+        "type19-fenced": (19, enc_bytes(b"op") + u32(1) + u64(4) + u64(2) + b"\x00\x00" + u64(0) + u64(77)
+                          + b"\x01" + u64(3)),
         "type20-reader": (20, u32(0) + enc_bytes(b"") + b"\x01" + u64(9) + b"\x00" + u64(9) + u32(2) + u32(0) + u32(1)),
         "type27-batch-time": (27, b"\x00" + u64(1_700_000_000_000)),  # SessionCommitReq with batch_time_ms
     }

@@ -63,6 +63,7 @@ from .errors import (
     ResourceExhaustedError,
     TLSError,
     StaleEpochError,
+    StaleAttemptError,
 )
 from .replication import query_store, replicate
 from .client import Client, Session, connect
@@ -116,4 +117,5 @@ __all__ = [
     "ResourceExhaustedError",
     "TLSError",
     "StaleEpochError",
+    "StaleAttemptError",
 ]

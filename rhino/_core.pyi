@@ -332,7 +332,8 @@ class StateClient:
     # returns the answer's JSON, or raises the rhino error of the answer's code. Releases the GIL.
     def coord(self, method: str, args_json: str) -> str: ...
     def open_session(
-        self, operator_id: str, instance: int, batch: int, epoch: int
+        self, operator_id: str, instance: int, batch: int, epoch: int,
+        attempt: int | None = None, committed: int | None = None,
     ) -> tuple[ClientSession, int | None, bool]: ...
     # A checkpoint reader (docs/protocol.md §7.9): a ClientSession that takes no writes, the checkpoint
     # id it reads (the newest of the worker's store for None) and its vnodes. Releases the GIL.

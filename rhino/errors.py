@@ -32,6 +32,7 @@ __all__ = [
     "SessionBusyError",
     "OperatorRunningError",
     "ResourceExhaustedError",
+    "StaleAttemptError",
     "StaleEpochError",
 ]
 
@@ -135,4 +136,10 @@ class ResourceExhaustedError(RhinoError, RuntimeError):
 class StaleEpochError(RhinoError, RuntimeError):
     """A request of an older configuration epoch: the instance has moved on, ask
     the coordinator for the current placement (fencing, protocol §7.5)."""
+
+
+class StaleAttemptError(StaleEpochError):
+    """A session of stale work (protocol §7.2 step 1): of an attempt that a later one of
+    the coordinator's ``begin_batch`` has superseded, or of a batch older than the one the
+    coordinator committed last. A zombie task's; the current attempt runs on."""
 

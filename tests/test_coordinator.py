@@ -7,6 +7,7 @@ workers' stores. The expected state is a dict model of what the engine wrote.
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -99,6 +100,34 @@ def test_bad_input(cluster) -> None:
         cc.heartbeat("w99", "x")
     with pytest.raises(rhino.StaleEpochError, match="incarnation"):
         cc.heartbeat("w2", "another-process")
+    coord.close()
+
+
+def test_begin_batch_issues_attempt_tokens_that_only_rise_and_the_sessions_carry_them(cluster) -> None:
+    """The attempt fence (docs/protocol.md §7.2): every begin_batch, a batch's rerun too,
+    answers a new token above the last, at least the clock in µs, and above the last after
+    a coordinator restart on the same metadata. The engine's sessions carry it: once batch
+    1 ran, a session of batch 1 with an older token is refused."""
+    tmp, ws = cluster
+    coord, cc = make(tmp, ws)
+    cc.create_operator(OP, parallelism=2, num_vnodes=V, replicas=1)
+    assert cc.placement(OP).attempt is None  # begin_batch's answer only
+    t0 = time.time() * 1e6
+    tokens = [cc.begin_batch(OP, 0).attempt, cc.begin_batch(OP, 0).attempt]
+    assert tokens[0] >= t0 and tokens[1] > tokens[0]
+    job = Job(cc)
+    job.run(2)  # batches 0 and 1, each with a token of its own begin
+    coord.close()
+    coord, cc = make(tmp, ws)
+    after = cc.begin_batch(OP, 2)
+    assert after.attempt > tokens[1] and after.last_batch == 1
+    info = after.instances[0]
+    with rhino.connect(info.address, secret=SECRET) as c:
+        with pytest.raises(rhino.StaleAttemptError, match="superseded attempt"):
+            c.session(OP, 0, batch=1, epoch=after.epoch, attempt=tokens[1], committed=0)
+        with c.session(OP, 0, batch=2, epoch=after.epoch, attempt=after.attempt, committed=1) as s:
+            assert s.version == 1
+            s.abort()
     coord.close()
 
 

@@ -299,3 +299,74 @@ def test_a_session_for_an_older_batch_at_the_same_epoch_is_refused(tmp_path: Pat
     finally:
         w2.stop()
         w3.stop()
+
+
+def test_the_attempt_fence_refuses_superseded_attempts_and_committed_batches(tmp_path: Path,
+                                                                             secret_file: Path) -> None:
+    """The attempt fence (protocol §7.2 step 1, issue 46): batches 0, 1 and 2 committed at
+    epoch 1 by attempts 10, 11 and 12 (each showing the coordinator's committed batch).
+    Then:
+
+    - a session for batch 2 from attempt 11, superseded by 12 (a zombie task: the one-batch
+      rollback alone would let it roll batch 2 back), is refused with StaleAttemptError;
+    - after batch 3 (attempt 13) committed and batch 4's session (attempt 14) showed
+      committed = 3, a session for batch 2 is refused by the committed batch, even with a
+      higher token and an older ``committed`` of its own;
+
+    and nothing moves: the primary's version, its store and the chain member's checkpoints,
+    read with rocksdict from a restore of each, equal the model. The current attempt's
+    sessions, and a replay of the committed batch, still open."""
+    w3 = WorkerProcess(tmp_path, "w3", "127.0.0.3", secret_file=secret_file, metrics=False).start()
+    w2 = WorkerProcess(tmp_path, "w2", "127.0.0.2", secret_file=secret_file, metrics=False).start()
+    try:
+        c = rhino.connect(w2.unix_socket, secret=SECRET)
+        c.open_instance("fence", 0, epoch=1, num_vnodes=8, chain=[w3.address], chain_version=1)
+        keys = np.arange(300, dtype=np.int64)
+        model: dict[bytes, bytes] = {}
+
+        def commit(b: int, attempt: int) -> None:
+            committed = b - 1 if b > 0 else None
+            with c.session("fence", 0, batch=b, epoch=1, attempt=attempt, committed=committed) as s:
+                vals = [f"b{b}".encode()] * 100
+                s.put_batch(keys[100 * (b % 3):100 * (b % 3 + 1)], vals)
+                assert s.commit().replication == "complete"
+            model.update({kb(k): v for k, v in zip(keys[100 * (b % 3):100 * (b % 3 + 1)], vals)})
+
+        def unchanged(version: int) -> None:
+            info = {i["instance"]: i for i in c.instances() if i["operator_id"] == "fence"}
+            assert info[0]["version"] == version
+            for d in (w2.dir, w3.dir):
+                store = rhino.ReplicaStore(str(d))
+                assert store.checkpoints("fence", 0)[-1] == version
+                out = tmp_path / f"r-{d.name}-{version}"
+                store.restore("fence", 0, version, str(out)).close()
+                assert vnode_state(out) == model
+
+        for b in range(3):
+            commit(b, attempt=10 + b)
+        with pytest.raises(rhino.StaleAttemptError, match="attempt 11 for batch 2 .* attempt 12 has begun since"):
+            c.session("fence", 0, batch=2, epoch=1, attempt=11, committed=1)
+        unchanged(2)
+        # attempt 12 itself may run batch 2 again (a retried task): back to version 1
+        with c.session("fence", 0, batch=2, epoch=1, attempt=12, committed=1) as s:
+            assert s.rolled_back and s.version == 1
+            s.abort()
+        commit(2, attempt=12)  # as it was: the model does not change
+        commit(3, attempt=13)
+        with c.session("fence", 0, batch=4, epoch=1, attempt=14, committed=3) as s:
+            s.abort()  # batch 4 began: the coordinator holds batch 3 committed
+        for attempt in (15, None):
+            kw = {"attempt": attempt, "committed": 1} if attempt else {}
+            with pytest.raises(rhino.StaleAttemptError, match="batch 2 .* older than batch 3, which the coordinator"):
+                c.session("fence", 0, batch=2, epoch=1, **kw)
+        unchanged(3)
+        # the committed batch may run again (Spark's replay after a driver restart)
+        with c.session("fence", 0, batch=3, epoch=1, attempt=16, committed=3) as s:
+            assert s.rolled_back and s.version == 2
+            s.abort()
+        with pytest.raises(rhino.InvalidArgumentError, match="attempt= token only"):
+            c.session("fence", 0, batch=3, epoch=1, committed=3)
+        c.close()
+    finally:
+        w2.stop()
+        w3.stop()

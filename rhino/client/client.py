@@ -57,7 +57,8 @@ class Client:
         self._h = handle
 
     # ---- sessions ----------------------------------------------------------
-    def session(self, operator_id: str, instance: int, *, batch: int, epoch: int) -> Session:
+    def session(self, operator_id: str, instance: int, *, batch: int, epoch: int,
+                attempt: Optional[int] = None, committed: Optional[int] = None) -> Session:
         """Opens the session of micro-batch ``batch`` on an instance the worker hosts.
 
         The session sees exactly the state at version ``batch - 1``; if the
@@ -66,11 +67,23 @@ class Client:
         :class:`rhino.SessionBusyError` if the instance has an open session,
         :class:`rhino.StaleEpochError` for an old ``epoch``, and
         :class:`rhino.UnknownInstanceError` if the worker does not host it.
+
+        ``attempt`` and ``committed`` are the attempt fence (docs/protocol.md §7.2): the
+        token the coordinator's ``begin_batch`` gave this attempt (``Placement.attempt``)
+        and the operator's last committed batch then (``Placement.last_batch``). The
+        worker refuses a session of a superseded attempt, or of a batch older than the
+        committed one, with :class:`rhino.StaleAttemptError`.
         """
         _check_uint("batch", batch)
         _check_uint("epoch", epoch)
         _check_uint("instance", instance)
-        h, version, rolled_back = self._h.open_session(operator_id, instance, batch, epoch)
+        if attempt is not None:
+            _check_uint("attempt", attempt)
+        if committed is not None:
+            if attempt is None:
+                raise InvalidArgumentError("committed= is sent with an attempt= token only")
+            _check_uint("committed", committed)
+        h, version, rolled_back = self._h.open_session(operator_id, instance, batch, epoch, attempt, committed)
         return Session(h, operator_id=operator_id, instance=instance, batch=batch, epoch=epoch,
                        version=version, rolled_back=rolled_back)
 

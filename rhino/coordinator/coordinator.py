@@ -334,10 +334,21 @@ class Coordinator:
                     self.log("rebalance_failed", operator=operator_id, error=f"{type(e).__name__}: {e}")
             self._in_flight[operator_id] = batch
             self._in_flight_at[operator_id] = time.monotonic()
-            placement = self._placement(operator_id)
+            placement = replace(self._placement(operator_id), attempt=self._attempt_token())
             if batch_time_ms is not None:
                 placement = replace(placement, batch_time_ms=self._batch_time(operator_id, batch, batch_time_ms))
             return placement.to_wire()
+
+    def _attempt_token(self) -> int:
+        """A new attempt token (the attempt fence, docs/protocol.md §7.2): above every token
+        issued before, by this coordinator or an earlier one on the same metadata, and at
+        least the clock in µs, so that a coordinator rebuilt from the workers (``--rebuild``:
+        the metadata is new) still issues tokens above the workers' highest. REQUIRES: lock."""
+        got = self.meta.get_meta(_ATTEMPT_KEY)
+        token = max(int(got) + 1 if got else 1, int(time.time() * 1_000_000))
+        with self.meta.tx() as c:
+            self.meta.set_meta(c, _ATTEMPT_KEY, str(token))
+        return token
 
     def _batch_time(self, operator_id: str, batch: int, proposed_ms: int) -> int:
         """The batch's time: the one stored for ``batch``, else ``proposed_ms`` (raised to
@@ -866,6 +877,7 @@ def _uint(name: str, v: Any) -> None:
 
 _BATCH_TIMES_KEPT = 1024  # batch times kept besides the latest (checkpoints kept are far fewer)
 _BATCH_TIME_KEY = "batch_time:"  # + operator id: the metadata's entry of its batch times (a BatchTime's JSON)
+_ATTEMPT_KEY = "attempt_token"  # the last attempt token begin_batch issued (docs/protocol.md §7.2)
 
 # a failover's phases, per operator, in its failover_done event (seconds)
 _FAILOVER_PHASES = ("decide_s", "plan_tx_s", "fence_s", "copy_s", "commit_tx_s", "asked")

@@ -94,7 +94,8 @@ class Placement:
     to its placement (numbers have gaps once a rescale retired some, and a retired number
     is never reused). ``batch_time`` is what the coordinator keeps of its batch times;
     ``batch_time_ms`` is set on ``begin_batch``'s answer only, when the caller proposed
-    a time: the batch's time, fixed at its first begin (design §5)."""
+    a time: the batch's time, fixed at its first begin (design §5); ``attempt`` on
+    ``begin_batch``'s answer only: the attempt's token (docs/protocol.md §7.2)."""
 
     operator_id: str
     epoch: int
@@ -107,6 +108,9 @@ class Placement:
     instances: dict[int, InstancePlacement]
     batch_time: Optional[BatchTime]
     batch_time_ms: Optional[int] = None
+    # begin_batch's answer only: the attempt's token, which its sessions carry (the attempt
+    # fence, docs/protocol.md §7.2): strictly increasing across the coordinator
+    attempt: Optional[int] = None
 
     def instance_order(self) -> list[int]:
         """The instance numbers in partition order: partition p of a batch's shuffle, and
@@ -145,7 +149,8 @@ class Placement:
                    seed=_int(doc, "seed", where), replicas=_int(doc, "replicas", where),
                    last_batch=_opt_int(doc, "last_batch", where), assignment=tuple(assignment), instances=instances,
                    batch_time=None if bt is None else BatchTime.from_wire(bt, where=f"{where}.batch_time"),
-                   batch_time_ms=_opt_int(doc, "batch_time_ms", where, absent=True))
+                   batch_time_ms=_opt_int(doc, "batch_time_ms", where, absent=True),
+                   attempt=_opt_int(doc, "attempt", where, absent=True))
 
     def to_wire(self) -> dict:
         out = {"operator_id": self.operator_id, "epoch": self.epoch, "num_vnodes": self.num_vnodes,
@@ -155,6 +160,8 @@ class Placement:
                "batch_time": None if self.batch_time is None else self.batch_time.to_wire()}
         if self.batch_time_ms is not None:
             out["batch_time_ms"] = self.batch_time_ms
+        if self.attempt is not None:
+            out["attempt"] = self.attempt
         return out
 
 

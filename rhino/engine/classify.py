@@ -16,8 +16,8 @@ from typing import Optional
 
 from .. import errors as _errors
 from ..errors import (AbortedError, NoSpaceError, PeerDeadError, ResourceExhaustedError, RhinoIOError,
-                      RhinoTimeoutError, SessionBusyError, StaleChainVersionError, StaleEpochError,
-                      UnknownInstanceError)
+                      RhinoTimeoutError, SessionBusyError, StaleAttemptError, StaleChainVersionError,
+                      StaleEpochError, UnknownInstanceError)
 
 __all__ = ["Action", "classify", "classify_name", "classify_failure", "classify_job_failure", "failure_class_name",
            "first_error_line", "checkpoint_blocks_lost"]
@@ -42,6 +42,10 @@ class Action(enum.Enum):
 # Order matters: the first class an exception is an instance of decides. NoSpaceError comes
 # before RhinoIOError (its base): a full disk is a real error, not a lost worker.
 _TABLE: tuple[tuple[type, Action], ...] = (
+    # stale work (docs/protocol.md §7.2, the attempt fence): a later attempt has begun, so
+    # this one's driver has moved on (or another driver runs the operator): nothing to wait
+    # for, nothing a rerun of this attempt would fix. Before StaleEpochError, its base.
+    (StaleAttemptError, Action.RAISE),
     (StaleEpochError, Action.RERUN),
     (StaleChainVersionError, Action.RERUN),
     (UnknownInstanceError, Action.RERUN),

@@ -57,6 +57,11 @@ class InstanceRun:
         self.batch = batch
         self.placement = placement
         self.epoch = placement.epoch if epoch is None else int(epoch)
+        # the attempt fence (docs/protocol.md §7.2): the token begin_batch gave this attempt
+        # and the operator's last committed batch then; kept from the attempt's placement,
+        # not from a newer one fetched while waiting for a failover
+        self.attempt = placement.attempt
+        self.committed = placement.last_batch if placement.attempt is not None else None
         self.host = host
         self.wait_for_failover = wait_for_failover
         self.failover_wait_s = failover_wait_s
@@ -124,7 +129,8 @@ class InstanceRun:
         self.address, self.local = primary_address(self.info, self.host)
         self.started_at = time.time()
         client = self.clients.get(self.address)
-        return client.session(self.operator_id, self.instance, batch=self.batch, epoch=self.epoch)
+        return client.session(self.operator_id, self.instance, batch=self.batch, epoch=self.epoch,
+                              attempt=self.attempt, committed=self.committed)
 
     def _busy(self, e: Exception, deadline: float) -> None:
         # A task of an attempt the driver cancelled (a new epoch) may still hold the

@@ -269,12 +269,18 @@ Status StateClient::Coord(const std::string& method, const std::string& args_jso
 }
 
 Status StateClient::OpenSession(const std::string& operator_id, uint32_t instance, uint64_t batch, uint64_t epoch,
-                                std::unique_ptr<ClientSession>* out, SessionOpenRsp* info) {
+                                std::unique_ptr<ClientSession>* out, SessionOpenRsp* info,
+                                std::optional<uint64_t> attempt, std::optional<uint64_t> committed) {
+  if (committed && !attempt) return Status::InvalidArgument("a committed batch is sent with an attempt token only");
   SessionOpenReq req;
   req.operator_id = operator_id;
   req.instance = instance;
   req.batch = batch;
   req.epoch = epoch;
+  req.has_attempt = attempt.has_value();
+  req.attempt = attempt.value_or(0);
+  req.has_committed = committed.has_value();
+  req.committed = committed.value_or(0);
   return Open(req, out, info);
 }
 

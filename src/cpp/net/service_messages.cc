@@ -71,16 +71,33 @@ void Fields(V& v, wire::Msg<V, SessionOpenReq>& m) {
   v.U32(m.instance);
   v.U64(m.batch);
   v.U64(m.epoch);
-  // The appended fields of a checkpoint reader: present only for one, so a
-  // frame decodes and re-encodes to the same bytes.
-  if (v.Trailing(m.read_checkpoint)) {
+  // The appended fields of a checkpoint reader, then of a session's attempt
+  // fence: present only when set, so a frame decodes and re-encodes to the
+  // same bytes. A fenced session sends the reader's fields as 0, 0, 0.
+  bool appended = m.read_checkpoint || m.has_attempt;
+  if (v.Trailing(appended)) {
     v.Bool(m.read_checkpoint, "read_checkpoint");
-    v.Check([&m] {
-      return m.read_checkpoint ? Status::OK()
-                               : Status::Corruption("a SessionOpenReq carries reader fields with read = 0");
-    });
     v.Bool(m.has_checkpoint, "has_checkpoint");
     v.U64(m.checkpoint);
+    if (v.Trailing(m.has_attempt)) {
+      v.U64(m.attempt);
+      v.Bool(m.has_committed, "has_committed");
+      v.U64(m.committed);
+    }
+    v.Check([&m] {
+      if (m.read_checkpoint) {
+        return m.has_attempt ? Status::Corruption("a SessionOpenReq is both a checkpoint reader and a fenced session")
+                             : Status::OK();
+      }
+      if (!m.has_attempt) return Status::Corruption("a SessionOpenReq carries reader fields with read = 0");
+      if (m.has_checkpoint || m.checkpoint != 0) {
+        return Status::Corruption("a fenced session's SessionOpenReq carries a checkpoint");
+      }
+      if (!m.has_committed && m.committed != 0) {
+        return Status::Corruption("a SessionOpenReq carries a committed batch with has_committed = 0");
+      }
+      return Status::OK();
+    });
   }
 }
 RHINO_WIRE_MESSAGE(SessionOpenReq)

@@ -105,6 +105,44 @@ TEST(ServiceMessagesTest, SessionOpenReqAppendsReaderFieldsOnlyForAReader) {
       SessionOpenReq::Decode(Str(std::string(kMaxOperatorIdBytes + 1, 'o')) + U32(0) + U64(0) + U64(0), &bad)));
 }
 
+TEST(ServiceMessagesTest, SessionOpenReqAppendsTheAttemptFenceOnlyWhenSet) {
+  SessionOpenReq s;
+  s.operator_id = "op";
+  s.instance = 2;
+  s.batch = 10;
+  s.epoch = 3;
+  s.has_attempt = true;
+  s.attempt = 41;
+  const std::string session = Str("op") + U32(2) + U64(10) + U64(3);
+  // the reader's fields as 0, 0, 0, then the fence
+  EXPECT_EQ(s.Encode(), session + U8(0) + U8(0) + U64(0) + U64(41) + U8(0) + U64(0));
+  SessionOpenReq b = MustDecode<SessionOpenReq>(s.Encode());
+  EXPECT_FALSE(b.read_checkpoint);
+  EXPECT_TRUE(b.has_attempt);
+  EXPECT_EQ(b.attempt, 41u);
+  EXPECT_FALSE(b.has_committed);
+  s.has_committed = true;
+  s.committed = 9;
+  b = MustDecode<SessionOpenReq>(s.Encode());
+  EXPECT_TRUE(b.has_committed);
+  EXPECT_EQ(b.committed, 9u);
+  EXPECT_EQ(b.Encode(), s.Encode());
+
+  SessionOpenReq bad;
+  // a reader and a fenced session at once
+  EXPECT_TRUE(IsCorruption(
+      SessionOpenReq::Decode(session + U8(1) + U8(0) + U64(0) + U64(41) + U8(0) + U64(0), &bad)));
+  // a fenced session with a checkpoint
+  EXPECT_TRUE(IsCorruption(
+      SessionOpenReq::Decode(session + U8(0) + U8(1) + U64(5) + U64(41) + U8(0) + U64(0), &bad)));
+  // a committed batch without has_committed, a bad bool, a short fence
+  EXPECT_TRUE(IsCorruption(
+      SessionOpenReq::Decode(session + U8(0) + U8(0) + U64(0) + U64(41) + U8(0) + U64(7), &bad)));
+  EXPECT_TRUE(IsCorruption(
+      SessionOpenReq::Decode(session + U8(0) + U8(0) + U64(0) + U64(41) + U8(2) + U64(0), &bad)));
+  EXPECT_TRUE(IsCorruption(SessionOpenReq::Decode(session + U8(0) + U8(0) + U64(0) + U64(41), &bad)));
+}
+
 TEST(ServiceMessagesTest, SessionOpenRspAppendsTheCheckpointOnlyForAReader) {
   SessionOpenRsp r;
   r.code = 0;

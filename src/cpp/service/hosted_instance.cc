@@ -389,7 +389,9 @@ Status HostedInstance::RollbackTo(std::optional<uint64_t> version) {
   return Status::OK();
 }
 
-Status HostedInstance::OpenSession(uint64_t token, uint64_t batch, uint64_t epoch, SessionOpenRsp* rsp) {
+Status HostedInstance::OpenSession(uint64_t token, const SessionOpenReq& req, SessionOpenRsp* rsp) {
+  const uint64_t batch = req.batch;
+  const uint64_t epoch = req.epoch;
   if (!db_) return Status::UnknownInstance(Describe(config_) + " is closed");
   if (session_) {
     return Status::SessionBusy(Describe(config_) + " already has an open session (batch " +
@@ -400,6 +402,26 @@ Status HostedInstance::OpenSession(uint64_t token, uint64_t batch, uint64_t epoc
     return Status::StaleEpoch("session at epoch " + std::to_string(epoch) + " for " + Describe(config_) +
                               ", which this worker hosts at epoch " + std::to_string(config_.epoch));
   }
+  // The attempt fence (protocol §7.2 step 1): Spark never legitimately runs a
+  // batch older than the last one the coordinator committed (that one may run
+  // again: a replay), and a task of a superseded attempt (a lower token than
+  // one already seen here) is a zombie. Checked before the rollback below, so
+  // a refused session changes nothing.
+  if (req.has_attempt && max_attempt_ && req.attempt < *max_attempt_) {
+    return Status::StaleAttempt("a session of attempt " + std::to_string(req.attempt) + " for batch " +
+                                std::to_string(batch) + " of " + Describe(config_) + ", where attempt " +
+                                std::to_string(*max_attempt_) + " has begun since: a task of a superseded attempt");
+  }
+  std::optional<uint64_t> committed = max_committed_;
+  if (req.has_attempt && req.has_committed && (!committed || req.committed > *committed)) committed = req.committed;
+  if (committed && batch < *committed) {
+    return Status::StaleAttempt("a session for batch " + std::to_string(batch) + " of " + Describe(config_) +
+                                ", older than batch " + std::to_string(*committed) +
+                                ", which the coordinator has committed: only that batch (a replay) or the next runs");
+  }
+  // Only a session that passed the fence raises it.
+  if (req.has_attempt) max_attempt_ = req.attempt;
+  max_committed_ = committed;
   // Design §5: the session for batch b sees exactly version b-1.
   std::optional<uint64_t> want;
   if (batch > 0) want = batch - 1;

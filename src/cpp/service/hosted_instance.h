@@ -131,7 +131,8 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   // ---- sessions (design §5; REQUIRES: mu held) ----
   bool has_session() const { return session_ != nullptr; }
   uint64_t session_token() const { return session_ ? session_->token : 0; }
-  Status OpenSession(uint64_t token, uint64_t batch, uint64_t epoch, SessionOpenRsp* rsp);
+  // `req`'s batch, epoch and attempt fence (protocol §7.2 step 1).
+  Status OpenSession(uint64_t token, const SessionOpenReq& req, SessionOpenRsp* rsp);
   Status CheckSession(uint64_t token);
   // Aborts the open session if nothing of it came for `idle` (a client that
   // hangs but keeps its connection alive); true if it did.
@@ -242,6 +243,13 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   bool compacting_ = false;                  // between BeginCompaction and EndCompaction
   std::condition_variable_any compacted_;    // notified by EndCompaction; waits on mu_
   std::unique_ptr<Session> session_;
+  // The attempt fence (protocol §7.2 step 1, issue 46): the highest attempt
+  // token a session has shown here, and the highest committed batch a session
+  // said the coordinator holds. A session of a lower token (a superseded
+  // attempt) or of an older batch is refused. In memory: a restarted worker
+  // learns them again from the next attempt's first session.
+  std::optional<uint64_t> max_attempt_;
+  std::optional<uint64_t> max_committed_;
   std::map<uint64_t, std::string> expired_;  // token -> why, for sessions the worker ended
   std::vector<uint64_t> repl_queue_;          // committed checkpoints not yet sent down the chain
   std::unique_ptr<ReplicationHandle> repl_active_;

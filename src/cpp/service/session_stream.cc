@@ -32,7 +32,7 @@ void SessionStream::Open(const SessionOpenReq& req) {
     {
       std::lock_guard<InstanceMutex> l(self->inst_->mu());
       s = self->env_->check_epoch(req.operator_id, req.instance, req.epoch);
-      if (s.ok()) s = self->inst_->OpenSession(self->token_, req.batch, req.epoch, &rsp);
+      if (s.ok()) s = self->inst_->OpenSession(self->token_, req, &rsp);
     }
     if (!s.ok()) {
       rsp = SessionOpenRsp();

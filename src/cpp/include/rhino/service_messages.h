@@ -80,6 +80,14 @@ struct SessionOpenReq {
   bool read_checkpoint = false;
   bool has_checkpoint = false;
   uint64_t checkpoint = 0;
+  // A session's attempt fence (protocol §7.2 step 1, issue 46): the token the
+  // coordinator's begin_batch gave the batch's attempt, and the operator's last
+  // committed batch as the attempt began. Encoded after the reader fields
+  // (then 0, 0, 0) only when has_attempt.
+  bool has_attempt = false;
+  uint64_t attempt = 0;
+  bool has_committed = false;
+  uint64_t committed = 0;
   std::string Encode() const;
   static Status Decode(std::string_view payload, SessionOpenReq* out);
 };

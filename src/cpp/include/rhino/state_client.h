@@ -62,9 +62,12 @@ class StateClient {
   // method or oversized args are InvalidArgument, refused here before anything
   // is sent (a coordinator would close the connection for a bad method).
   Status Coord(const std::string& method, const std::string& args_json, std::string* result_json);
-  // Opens a session for batch `batch` at `epoch` (§7.2).
+  // Opens a session for batch `batch` at `epoch` (§7.2), with the attempt
+  // fence when `attempt` is set: the token begin_batch gave the attempt, and
+  // `committed`, the operator's last committed batch then (§7.2 step 1).
   Status OpenSession(const std::string& operator_id, uint32_t instance, uint64_t batch, uint64_t epoch,
-                     std::unique_ptr<ClientSession>* out, SessionOpenRsp* info);
+                     std::unique_ptr<ClientSession>* out, SessionOpenRsp* info,
+                     std::optional<uint64_t> attempt = std::nullopt, std::optional<uint64_t> committed = std::nullopt);
   // Opens a checkpoint reader (§7.9): a session that reads committed
   // checkpoint `checkpoint` (the newest if unset) of the worker's own replica
   // store, and takes no writes. info->checkpoint and ->vnodes say what it reads.

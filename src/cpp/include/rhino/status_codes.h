@@ -43,4 +43,5 @@
   /* whatever local codes are added above. */                                                                        \
   X(StaleChainVersion, 100, "StaleChainVersionError") /* a frame of an older replica chain (fenced, §5) */           \
   X(AuthFailed, 101, "AuthFailedError")               /* the peer does not know the shared secret (§2) */            \
-  X(StaleEpoch, 102, "StaleEpochError")               /* a request of an older configuration epoch (fenced, §7.5) */
+  X(StaleEpoch, 102, "StaleEpochError")               /* a request of an older configuration epoch (fenced, §7.5) */ \
+  X(StaleAttempt, 103, "StaleAttemptError")           /* a session of a superseded attempt or committed batch (§7.2) */
