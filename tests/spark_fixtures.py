@@ -21,7 +21,8 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 def rhino_cluster(root: Path, *, hosts: Sequence[int] = (2, 3, 4), heartbeat_timeout: float = 2.0
                   ) -> Iterator[dict]:
     """A coordinator and one registered worker per host; yields ``root``, ``secret_file``,
-    ``secret``, ``coordinator`` (its address) and ``workers`` (the processes)."""
+    ``secret``, ``coordinator`` (its address), ``workers`` (the processes) and
+    ``coordinator_process`` (a restart keeps its address)."""
     from rhino.coordinator.client import connect_coordinator
 
     sf = write_secret(root)
@@ -37,7 +38,8 @@ def rhino_cluster(root: Path, *, hosts: Sequence[int] = (2, 3, 4), heartbeat_tim
             while len([w for w in cc.status()["workers"] if w.get("alive", True)]) < len(hosts):
                 assert time.monotonic() < deadline, "workers did not register"
                 time.sleep(0.2)
-        yield {"root": root, "secret_file": sf, "secret": secret, "coordinator": coord.address, "workers": workers}
+        yield {"root": root, "secret_file": sf, "secret": secret, "coordinator": coord.address, "workers": workers,
+               "coordinator_process": coord}
     finally:
         for w in workers:
             w.stop()

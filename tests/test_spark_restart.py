@@ -1,13 +1,21 @@
-"""A query restarts with its own code after it was rescaled (issue 45, item 1).
+"""A query restarts with its own code after it was reconfigured (issue 45, item 1).
 
 A real streaming query (Spark's file source over JSON files, one file per micro-batch
 with ``maxFilesPerTrigger=1``) runs in a driver *subprocess*: a script written here whose
 code says ``parallelism=2``, against a ``rhino coordinator`` process and three ``rhino
-worker`` processes. After a few batches the operator is rescaled live 2->3 (the
-coordinator client's ``rescale``, as ``rhino rescale`` does); once a batch ran at 3, the
-driver is SIGKILLed (its whole process group: the JVM too). The same script is started
-again from the same Spark checkpoint: it adopts the coordinator's parallelism 3 (its
-report and its log say so) and consumes the rest of the input.
+worker`` processes. After two batches the operator goes to 3 instances while the query
+runs, in one of three ways:
+
+- ``rescale``: the coordinator client's ``rescale``, as ``rhino rescale`` does;
+- ``autoscale``: the coordinator's autoscaler, turned on with at least 3 instances, scales
+  the operator out on the batches' own reports;
+- ``coordinator``: ``rescale``, and then the coordinator is SIGKILLed with the driver and
+  started again on its metadata before the driver restarts.
+
+Once a batch ran at 3, the driver is SIGKILLed (its whole process group: the JVM too).
+The same script is started again from the same Spark checkpoint: it adopts the
+coordinator's parallelism 3 (its report and its log say so) and consumes the rest of the
+input.
 
 The sink writes each batch's output to its own file, replaced atomically (idempotent by
 batch id, as ``foreachBatch`` sinks must be): the whole output, every file read back
@@ -39,7 +47,7 @@ from spark_fixtures import rhino_cluster  # noqa: E402
 
 HOSTS = (141, 142, 143)  # 127.0.0.141..143: no other test module's workers
 OP = "restart"
-FILES = 5  # input files, one micro-batch each: 2 at parallelism 2, 1 at 3, 2 after the restart
+MAX_FILES = 9  # input files, one micro-batch each: 2 at parallelism 2, then until one ran at 3, 2 after the restart
 ROWS = 30  # rows per file
 TESTS = Path(__file__).resolve().parent
 
@@ -111,7 +119,8 @@ DRIVER = textwrap.dedent('''
 
 def frames() -> list[pd.DataFrame]:
     rng = np.random.default_rng(45)
-    return [pd.DataFrame({"k": rng.integers(0, 10, ROWS), "v": rng.integers(0, 100, ROWS)}) for _ in range(FILES)]
+    return [pd.DataFrame({"k": rng.integers(0, 10, ROWS), "v": rng.integers(0, 100, ROWS)})
+            for _ in range(MAX_FILES)]
 
 
 def oracle(fs: list[pd.DataFrame]) -> pd.DataFrame:
@@ -173,7 +182,8 @@ def wait_for(cond, driver: Driver, what: str, timeout: float = 180.0) -> None:
         time.sleep(0.1)
 
 
-def test_a_query_rescaled_live_then_killed_restarts_with_its_own_code(tmp_path):
+@pytest.mark.parametrize("how", ["rescale", "autoscale", "coordinator"])
+def test_a_query_reconfigured_live_then_killed_restarts_with_its_own_code(tmp_path, how):
     root = tmp_path
     (root / "in").mkdir()
     (root / "out").mkdir()
@@ -186,22 +196,34 @@ def test_a_query_rescaled_live_then_killed_restarts_with_its_own_code(tmp_path):
         for i in range(2):
             write_file(root, i, fs[i], base)
         first = Driver(root, cluster, "driver-1")
+        written = 2
         try:
             wait_for(lambda: {r["batch"] for r in reports(root)} >= {0, 1}, first, "batches 0 and 1")
             assert {r["parallelism"] for r in reports(root)} == {2}
-            cc.rescale(OP, 3)  # live: its step runs at the next batch's barrier
-            write_file(root, 2, fs[2], base)
-            wait_for(lambda: any(r["parallelism"] == 3 for r in reports(root)), first, "a batch at parallelism 3")
+            if how == "autoscale":
+                # at least 3: the reports of two consecutive batches give it an input rate
+                cc.autoscale(OP, enabled=True, min_parallelism=3, max_parallelism=3, cooldown_batches=0)
+            else:
+                cc.rescale(OP, 3)  # live: its step runs at the next batch's barrier
+            while not any(r["parallelism"] == 3 for r in reports(root)):
+                assert written < MAX_FILES - 2, f"no batch ran at 3 after {written} files: {reports(root)}"
+                write_file(root, written, fs[written], base)
+                written += 1
+                wait_for(lambda: len(reports(root)) >= written, first, f"batch {written - 1}")
         finally:
             first.kill()  # SIGKILL, the JVM with it
+        if how == "coordinator":
+            cluster["coordinator_process"].kill()
+            cluster["coordinator_process"].start()
         assert len(cc.placement(OP).instances) == 3
         seen = len(reports(root))
 
-        for i in range(3, FILES):
+        total = written + 2
+        for i in range(written, total):
             write_file(root, i, fs[i], base)
         second = Driver(root, cluster, "driver-2")
         try:
-            wait_for(lambda: len(list((root / "out").glob("batch-*.json"))) >= FILES, second, "the rest of the input")
+            wait_for(lambda: len(list((root / "out").glob("batch-*.json"))) >= total, second, "the rest of the input")
             (root / "stop").touch()
             try:
                 second.p.wait(30)
@@ -213,6 +235,7 @@ def test_a_query_rescaled_live_then_killed_restarts_with_its_own_code(tmp_path):
         db = sqlite3.connect(f"file:{cluster['root'] / 'coordinator' / 'coordinator.db'}?mode=ro", uri=True)
         try:
             adopted = [json.loads(d) for (d,) in db.execute("SELECT detail FROM events WHERE kind='operator_adopted'")]
+            scaled = [json.loads(d) for (d,) in db.execute("SELECT detail FROM events WHERE kind='autoscale_decision'")]
         finally:
             db.close()
 
@@ -221,8 +244,10 @@ def test_a_query_rescaled_live_then_killed_restarts_with_its_own_code(tmp_path):
     assert again and all((r["parallelism"], r["initial_parallelism"]) == (3, 2) for r in again), again
     assert adopted == [{"operator": OP, "asked_parallelism": 2, "parallelism": 3}], adopted
     assert "WARNING rhino.spark" in log and "runs at the coordinator's parallelism 3, not the code's 2" in log, log[-3000:]
+    if how == "autoscale":  # the autoscaler's own decision did it
+        assert any(d.get("action") == "scale_out" and d.get("to") == 3 for d in scaled), scaled
     # the whole output, read back as written: every row exactly once, as pandas computes it
     files = sorted((root / "out").glob("batch-*.json"))
-    assert [int(f.stem.split("-")[1]) for f in files] == list(range(FILES))
+    assert [int(f.stem.split("-")[1]) for f in files] == list(range(total))
     got = pd.concat([pd.read_json(f, orient="records", lines=True) for f in files], ignore_index=True)
-    pd.testing.assert_frame_equal(canon(got), oracle(fs))
+    pd.testing.assert_frame_equal(canon(got), oracle(fs[:total]))
