@@ -148,9 +148,12 @@ stop() aborts streams under way and closes connections; join() waits for stop.
                        uint32_t retention_interval_ms, const std::string& tls_cert, const std::string& tls_key,
                        const std::string& tls_ca, uint32_t max_connections,
                        uint32_t max_unauthenticated_connections, uint32_t max_connections_per_peer,
-                       uint32_t max_unauthenticated_per_peer) {
+                       uint32_t max_unauthenticated_per_peer, uint32_t max_instances,
+                       uint32_t max_checkpoint_readers) {
              auto w = std::make_unique<PyWorker>();
              WorkerOptions o;
+             o.max_instances = max_instances;
+             o.max_checkpoint_readers = max_checkpoint_readers;
              o.max_connections = max_connections;
              o.max_unauthenticated_connections = max_unauthenticated_connections;
              o.max_connections_per_peer = max_connections_per_peer;
@@ -190,7 +193,9 @@ stop() aborts streams under way and closes connections; join() waits for stop.
            py::arg("tls_key") = "", py::arg("tls_ca") = "", py::arg("max_connections") = kDefaultMaxConnections,
            py::arg("max_unauthenticated_connections") = kDefaultMaxUnauthenticatedConnections,
            py::arg("max_connections_per_peer") = kDefaultMaxConnectionsPerPeer,
-           py::arg("max_unauthenticated_per_peer") = kDefaultMaxUnauthenticatedPerPeer)
+           py::arg("max_unauthenticated_per_peer") = kDefaultMaxUnauthenticatedPerPeer,
+           py::arg("max_instances") = kDefaultMaxInstances,
+           py::arg("max_checkpoint_readers") = kDefaultMaxCheckpointReaders)
       .def("start", [](PyWorker& w) {
              Status s;
              {
@@ -331,6 +336,8 @@ void BindWorker(py::module_& m) {
   m.attr("MAX_UNAUTHENTICATED_CONNECTIONS") = kDefaultMaxUnauthenticatedConnections;
   m.attr("MAX_CONNECTIONS_PER_PEER") = kDefaultMaxConnectionsPerPeer;
   m.attr("MAX_UNAUTHENTICATED_PER_PEER") = kDefaultMaxUnauthenticatedPerPeer;
+  m.attr("MAX_INSTANCES") = kDefaultMaxInstances;
+  m.attr("MAX_CHECKPOINT_READERS") = kDefaultMaxCheckpointReaders;
   m.attr("FRAME_HEADER_BYTES") = kFrameHeaderBytes;
   BindWorkerClass(m);
   BindReplication(m);

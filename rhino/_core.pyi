@@ -246,6 +246,9 @@ MAX_CONNECTIONS: int
 MAX_UNAUTHENTICATED_CONNECTIONS: int
 MAX_CONNECTIONS_PER_PEER: int
 MAX_UNAUTHENTICATED_PER_PEER: int
+# Default bounds on what a worker's state service holds (docs/protocol.md §7.1, "Bounds").
+MAX_INSTANCES: int
+MAX_CHECKPOINT_READERS: int
 
 class Worker:
     def __init__(
@@ -278,6 +281,8 @@ class Worker:
         max_unauthenticated_connections: int = ...,  # handshakes in progress per listener
         max_connections_per_peer: int = ...,  # per peer IP address (TCP)
         max_unauthenticated_per_peer: int = ...,  # handshakes in progress per peer IP address (TCP)
+        max_instances: int = ...,  # instances hosted at once; 0 = no bound
+        max_checkpoint_readers: int = ...,  # checkpoint readers open at once; 0 = no bound
     ) -> None: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...

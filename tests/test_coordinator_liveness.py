@@ -23,7 +23,7 @@ from rhino.coordinator.client import connect_coordinator
 from rhino_bench.harness.workers import CoordinatorProcess, WorkerProcess, write_secret
 
 CALLS = 64
-HOSTS = (151, 152, 153, 154)  # 127.0.0.151..154: no other test module's workers
+HOSTS = (100, 101, 102, 103)  # 127.0.0.100..103: no other test module's workers
 
 
 def test_64_slow_calls_during_a_failover_cause_no_false_death(tmp_path: Path) -> None:

@@ -146,6 +146,54 @@ def test_num_vnodes_over_the_limit_is_refused_by_name(worker, num_vnodes) -> Non
     _served(worker)
 
 
+def test_hosted_instances_and_checkpoint_readers_are_bounded_by_name(tmp_path) -> None:
+    """A worker with --max-instances 2 and --max-checkpoint-readers 2 (docs/protocol.md
+    §7.1, "Bounds"): a third instance's open, and a takeover of one, are refused with
+    ResourceExhaustedError naming the option, before anything is made or fenced; so is a
+    third reader while two are open, and a reader opens again once one closed. Each refusal
+    is in the worker's log, and the worker serves its sessions throughout."""
+    w = WorkerProcess(tmp_path, "w1", "127.0.0.2", secret_file=write_secret(tmp_path, SECRET), metrics=False,
+                      extra_args=["--max-instances", "2", "--max-checkpoint-readers", "2"]).start()
+    try:
+        with rhino.connect(w.unix_socket, secret=SECRET) as c:
+            for i in (0, 1):
+                c.open_instance(OP, i, epoch=1, num_vnodes=4)
+                with c.session(OP, i, batch=0, epoch=1) as s:
+                    s.put_batch(np.arange(10, dtype=np.int64), [b"v%d" % k for k in range(10)])
+                    s.commit()
+            c.open_instance(OP, 1, epoch=2, num_vnodes=4)  # a re-open of a hosted one is not one more
+            with pytest.raises(rhino.ResourceExhaustedError, match=r"hosts 2 instances.*--max-instances"):
+                c.open_instance(OP, 2, epoch=1, num_vnodes=4)
+            with pytest.raises(rhino.ResourceExhaustedError, match="--max-instances"):
+                c.takeover(OP, 3, epoch=1, checkpoint=0)
+            assert sorted(i["instance"] for i in c.instances()) == [0, 1]
+            assert not (w.dir / "state" / "instances" / OP / "2").exists()
+            # the refused takeover raised no fence: fence_epoch 0 (none seen)
+            assert c.status(OP, 3)["fence_epoch"] == 0
+            readers = [c.read_checkpoint(OP, 0), c.read_checkpoint(OP, 1)]
+            with pytest.raises(rhino.ResourceExhaustedError, match=r"2 checkpoint readers open.*--max-checkpoint"):
+                c.read_checkpoint(OP, 0)
+            with c.session(OP, 0, batch=1, epoch=1) as s:  # sessions are served meanwhile
+                assert s.get_batch(np.arange(3, dtype=np.int64)) == [b"v0", b"v1", b"v2"]
+                s.abort()
+            readers.pop().close()
+            deadline = time.monotonic() + 10
+            while True:  # the worker drops a closed reader as its stream ends
+                try:
+                    readers.append(c.read_checkpoint(OP, 1))
+                    break
+                except rhino.ResourceExhaustedError:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+            for r in readers:
+                r.close()
+        log = w.log_path.read_text()
+        assert "refused a checkpoint reader" in log and "its limit (--max-instances)" in log
+    finally:
+        assert w.alive(), "the worker died"
+        w.stop()
+
+
 # ---- connection limits (docs/protocol.md §2, "Connection limits") ----------------------------
 
 

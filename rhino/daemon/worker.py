@@ -113,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: %(default)s)")
     p.add_argument("--max-session-bytes", type=_size, default="1G",
                    help="uncommitted keys and values one session may hold (default: 1G)")
+    p.add_argument("--max-instances", type=uint32, default=_core.MAX_INSTANCES,
+                   help="instances this worker hosts at once (each a RocksDB open); an open or takeover of one "
+                        "more is refused with ResourceExhausted (default: %(default)s; 0: no bound)")
+    p.add_argument("--max-checkpoint-readers", type=uint32, default=_core.MAX_CHECKPOINT_READERS,
+                   help="checkpoint readers open at once (each a hard-link restore and a RocksDB open); one more "
+                        "is refused with ResourceExhausted (default: %(default)s; 0: no bound)")
     p.add_argument("--session-idle-timeout", type=float, default=600.0,
                    help="abort a session with no request for this many seconds: a task that hangs with its "
                         "connection alive would hold its instance otherwise (default: %(default)s; 0: never)")
@@ -297,6 +303,8 @@ def _new_worker(args: argparse.Namespace, config: _Configuration) -> Worker:
         unix_socket=config.unix_socket,
         service_threads=args.service_threads,
         max_session_bytes=args.max_session_bytes,
+        max_instances=args.max_instances,
+        max_checkpoint_readers=args.max_checkpoint_readers,
         replicate_timeout_ms=int(args.replication_timeout * 1000),
         session_idle_timeout_ms=int(args.session_idle_timeout * 1000),
         keep_checkpoints=args.keep_checkpoints,

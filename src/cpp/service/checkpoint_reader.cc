@@ -81,6 +81,18 @@ void ReaderTable::Add(uint64_t token, const std::shared_ptr<ReaderStream>& r) {
   readers_[token] = r;
 }
 
+bool ReaderTable::AddIfRoom(uint64_t token, const std::shared_ptr<ReaderStream>& r, size_t max) {
+  MutexLock l(&mu_);
+  if (max > 0) {
+    for (auto it = readers_.begin(); it != readers_.end();) {  // readers that ended are not counted
+      it = it->second.expired() ? readers_.erase(it) : std::next(it);
+    }
+    if (readers_.size() >= max) return false;
+  }
+  readers_[token] = r;
+  return true;
+}
+
 void ReaderTable::Remove(uint64_t token) {
   MutexLock l(&mu_);
   readers_.erase(token);

@@ -80,6 +80,8 @@ class ReaderTable {
   void Add(uint64_t token, const std::shared_ptr<ReaderStream>& r) EXCLUDES(mu_);
   void Remove(uint64_t token) EXCLUDES(mu_);
   std::vector<std::shared_ptr<ReaderStream>> All() EXCLUDES(mu_);
+  // Adds `r` unless `max` readers (0: no bound) are open already: false then.
+  bool AddIfRoom(uint64_t token, const std::shared_ptr<ReaderStream>& r, size_t max) EXCLUDES(mu_);
 
  private:
   Mutex mu_;

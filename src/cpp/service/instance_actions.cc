@@ -160,6 +160,7 @@ Status StateService::OpenInstance(const InstanceReq& req, std::string* result) {
                      {"deferred", false}};
     return Answer(out, result);
   }
+  RHINO_RETURN_IF_ERROR(RoomToHost(op, i));
   InstanceConfig c;
   Status saved = InstanceDir::ReadSavedConfig(options_.state_dir, op, i, &c);
   if (saved.ok()) {
@@ -226,6 +227,7 @@ Status StateService::TakeoverInstance(const InstanceReq& req, std::string* resul
     }
     RHINO_RETURN_IF_ERROR(s);
   }
+  RHINO_RETURN_IF_ERROR(RoomToHost(op, i));  // before the fence: a refused takeover changes nothing
   RHINO_RETURN_IF_ERROR(RaiseEpoch(op, i, req.epoch));
   InstanceConfig c;
   c.operator_id = op;

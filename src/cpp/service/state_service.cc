@@ -150,6 +150,17 @@ void StateService::Host(const std::shared_ptr<HostedInstance>& inst) {
   instances_[{inst->config().operator_id, inst->config().instance}] = inst;
 }
 
+Status StateService::RoomToHost(const std::string& op, uint32_t instance) {
+  MutexLock l(&mu_);
+  const uint32_t max = options_.max_instances;
+  if (max == 0 || instances_.count({op, instance}) > 0 || instances_.size() < max) return Status::OK();
+  const Status s = Status::ResourceExhausted("worker " + options_.worker_id + " hosts " + std::to_string(max) +
+                                             " instances, its limit (--max-instances): not hosting " +
+                                             Describe(op, instance));
+  std::fprintf(stderr, "rhino worker %s: %s\n", options_.worker_id.c_str(), s.message().c_str());
+  return s;
+}
+
 void StateService::Unhost(const std::string& op, uint32_t instance) {
   MutexLock l(&mu_);
   instances_.erase({op, instance});
@@ -287,7 +298,15 @@ std::shared_ptr<net::StreamListener> StateService::OpenReader(const std::shared_
                                      Status::Aborted("worker " + options_.worker_id + " is shutting down")));
       return nullptr;
     }
-    readers_->Add(token, reader);
+    if (!readers_->AddIfRoom(token, reader, options_.max_checkpoint_readers)) {
+      const Status s = Status::ResourceExhausted(
+          "worker " + options_.worker_id + " has " + std::to_string(options_.max_checkpoint_readers) +
+          " checkpoint readers open, its limit (--max-checkpoint-readers): close one first");
+      std::fprintf(stderr, "rhino worker %s: refused a checkpoint reader of %.128s/%u: %s\n",
+                   options_.worker_id.c_str(), req.operator_id.c_str(), req.instance, s.message().c_str());
+      conn->Send(MessageType::kSessionOpenRsp, h.stream_id, 0, ServiceErrorPayload(MessageType::kSessionOpenRsp, s));
+      return nullptr;
+    }
   }
   reader->Open(req);
   return reader;

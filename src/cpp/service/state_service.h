@@ -52,6 +52,12 @@ struct StateServiceOptions {
   // A session with no request for this long is aborted (a client that hangs
   // with its connection still alive would hold its instance forever). 0 = never.
   uint32_t session_idle_timeout_ms = 600000;
+  // What a peer can make the worker hold (protocol §7.1, "Bounds"): hosted
+  // instances (each a RocksDB open, its column families and threads) and
+  // open checkpoint readers (each a hard-link restore and a RocksDB open).
+  // Over one, the request is refused with ResourceExhausted. 0 = no bound.
+  uint32_t max_instances = kDefaultMaxInstances;
+  uint32_t max_checkpoint_readers = kDefaultMaxCheckpointReaders;
 };
 
 class StateService {
@@ -106,6 +112,9 @@ class StateService {
   Status FindHosted(const std::string& op, uint32_t instance, std::shared_ptr<HostedInstance>* out);
   void Host(const std::shared_ptr<HostedInstance>& inst) EXCLUDES(mu_);
   void Unhost(const std::string& op, uint32_t instance) EXCLUDES(mu_);
+  // OK if op/instance is hosted here already or one more fits max_instances;
+  // else ResourceExhausted naming the bound (and a log line).
+  Status RoomToHost(const std::string& op, uint32_t instance) EXCLUDES(mu_);
   // The newest checkpoint of the instance in this worker's store, or `wanted`
   // if the store holds it; NotFound otherwise.
   Status PickCheckpoint(const std::string& op, uint32_t instance, std::optional<uint64_t> wanted, uint64_t* out);

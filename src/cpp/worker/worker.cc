@@ -223,6 +223,8 @@ class Worker::Impl {
     ss.max_frame_bytes = o.max_frame_bytes;
     ss.max_session_bytes = o.max_session_bytes;
     ss.session_idle_timeout_ms = o.session_idle_timeout_ms;
+    ss.max_instances = o.max_instances;
+    ss.max_checkpoint_readers = o.max_checkpoint_readers;
     ss.peer_timeout_ms = o.peer_timeout_ms;
     ss.replicate.chunk_bytes = o.replicate_chunk_bytes;
     ss.replicate.window = o.replicate_window;

@@ -33,6 +33,8 @@ struct WorkerOptions {
   uint32_t service_threads = 4;               // sessions of different instances run in parallel
   uint64_t max_session_bytes = 1ull << 30;    // uncommitted writes one session may hold
   uint32_t session_idle_timeout_ms = 600000;  // a session with no request this long is aborted; 0 = never
+  uint32_t max_instances = kDefaultMaxInstances;                    // hosted at once; 0 = no bound
+  uint32_t max_checkpoint_readers = kDefaultMaxCheckpointReaders;  // open at once; 0 = no bound
   // How a commit replicates its checkpoint down the instance's chain.
   uint32_t replicate_chunk_bytes = 1u << 20;
   uint32_t replicate_window = 16;
