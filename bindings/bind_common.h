@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "errors.h"
+#include "rhino/credential.h"
 #include "rhino/replica_store.h"
 #include "rhino/tls.h"
 
@@ -31,6 +32,23 @@ RestoreOptions ParseRestoreOptions(const std::string& mode, const std::string& v
 // The tls_cert / tls_key / tls_ca keyword arguments (all empty: plaintext).
 inline TlsFiles TlsOf(const std::string& cert, const std::string& key, const std::string& ca) {
   return TlsFiles{cert, key, ca};
+}
+
+// What a client proves (docs/protocol.md §2, "Roles"), from the secret, role,
+// scope and derived keyword arguments: `secret` is the cluster's root secret,
+// from which the role's key is derived, or (derived=True) that key itself (a
+// task's credential file). The admin from the root proves the root itself
+// (the handshake's form without a role). A bad role or scope raises
+// InvalidArgumentError.
+inline Credential CredentialOf(const std::string& secret, const std::string& role, const std::string& scope,
+                               bool derived) {
+  PeerRole r = PeerRole::kAdmin;
+  ThrowIfError(ParseRole(role, &r));
+  ThrowIfError(CheckScope(r, scope));
+  if (secret.empty()) ThrowIfError(Status::InvalidArgument("the secret (or the role's key) is empty"));
+  if (derived) return Credential{r, scope, secret, false};
+  // The admin from the root proves the root itself (the handshake without a role).
+  return r == PeerRole::kAdmin ? Credential::Root(secret) : Credential::FromRoot(secret, r, scope);
 }
 
 // For long C++ calls made with the GIL released that report as they go and

@@ -139,13 +139,19 @@ Status FromHandlerResult(const py::object& r, std::string* result) {
   return Status::OK();
 }
 
-CoordHandler MakeHandler(py::object fn) {
+// with_caller: the handler also gets (role, scope, peer_id, address), who the
+// caller proved to be in the handshake (protocol §2, "Roles").
+CoordHandler MakeHandler(py::object fn, bool with_caller) {
   auto holder = std::make_shared<HandlerHolder>();
   holder->fn = std::move(fn);
-  return [holder](const std::string& method, const std::string& args, std::string* result) -> Status {
+  return [holder, with_caller](const std::string& method, const std::string& args, const PeerIdentity& caller,
+                               std::string* result) -> Status {
     py::gil_scoped_acquire gil;
     try {
-      py::object r = holder->fn(py::str(method), py::str(args));
+      py::object r = with_caller ? holder->fn(py::str(method), py::str(args),
+                                              py::make_tuple(RoleName(caller.role), caller.scope,
+                                                             py::bytes(caller.id), caller.address))
+                                 : holder->fn(py::str(method), py::str(args));
       return FromHandlerResult(r, result);
     } catch (py::error_already_set& e) {
       return FromHandlerException(e);
@@ -186,6 +192,10 @@ The coordinator's transport (docs/protocol.md §8): listens on host:port,
 authenticates every connection with the shared secret as a worker does, and
 calls handler(method, args_json) -> (code, message, result_json) for every
 CoordReq, on one of `threads` handler threads with the GIL held; code 0 is ok.
+With with_caller=True it is called handler(method, args_json, caller) instead,
+caller = (role, scope, peer_id: bytes, address): who the connection proved to be
+in the handshake (docs/protocol.md §2, "Roles"), for the handler to decide what
+that role may ask.
 The methods in lane_methods (the liveness lane) have `lane_threads` threads of
 their own and never queue behind the others.
 An exception from the handler answers the code of its rhino error class (from
@@ -198,7 +208,7 @@ close() lets the handlers under way finish, then closes every connection.
                        const std::string& tls_key, const std::string& tls_ca, uint32_t max_connections,
                        uint32_t max_unauthenticated_connections, uint32_t max_connections_per_peer,
                        uint32_t max_unauthenticated_per_peer, std::vector<std::string> lane_methods,
-                       uint32_t lane_threads) {
+                       uint32_t lane_threads, bool with_caller) {
              if (!PyCallable_Check(handler.ptr())) throw py::type_error("handler must be callable");
              CoordServerOptions o;
              o.max_connections = max_connections;
@@ -216,7 +226,7 @@ close() lets the handlers under way finish, then closes every connection.
              o.heartbeat_ms = heartbeat_ms;
              o.peer_timeout_ms = peer_timeout_ms;
              o.tls = TlsOf(tls_cert, tls_key, tls_ca);
-             CoordHandler h = MakeHandler(std::move(handler));
+             CoordHandler h = MakeHandler(std::move(handler), with_caller);
              std::unique_ptr<CoordServer> server;
              Status s;
              {
@@ -245,7 +255,8 @@ close() lets the handlers under way finish, then closes every connection.
            py::arg("max_unauthenticated_connections") = kDefaultMaxUnauthenticatedConnections,
            py::arg("max_connections_per_peer") = kDefaultMaxConnectionsPerPeer,
            py::arg("max_unauthenticated_per_peer") = kDefaultMaxUnauthenticatedPerPeer,
-           py::arg("lane_methods") = std::vector<std::string>{}, py::arg("lane_threads") = 1)
+           py::arg("lane_methods") = std::vector<std::string>{}, py::arg("lane_threads") = 1,
+           py::arg("with_caller") = false)
       .def_property_readonly("port", [](PyCoordServer& h) { return h.port; })
       .def_property_readonly("host", [](PyCoordServer& h) { return h.host; })
       .def_property_readonly("address", [](PyCoordServer& h) { return h.address; }, "\"host:port\"")

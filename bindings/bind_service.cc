@@ -239,9 +239,10 @@ static void BindStateClientClass(py::module_& m) {
           "connect",
           [](const std::string& address, py::bytes secret, const std::string& client_id, uint32_t max_frame_bytes,
              uint32_t peer_timeout_ms, uint32_t request_timeout_ms, const std::string& local_bind_host,
-             const std::string& tls_cert, const std::string& tls_key, const std::string& tls_ca) {
+             const std::string& tls_cert, const std::string& tls_key, const std::string& tls_ca,
+             const std::string& role, const std::string& scope, bool derived) {
             StateClientOptions o;
-            o.secret = std::string(secret);
+            o.credential = CredentialOf(std::string(secret), role, scope, derived);
             o.client_id = client_id;
             o.max_frame_bytes = max_frame_bytes;
             o.peer_timeout_ms = peer_timeout_ms;
@@ -261,7 +262,8 @@ static void BindStateClientClass(py::module_& m) {
           py::arg("address"), py::arg("secret"), py::arg("client_id") = "client",
           py::arg("max_frame_bytes") = kDefaultMaxFrameBytes, py::arg("peer_timeout_ms") = 3000,
           py::arg("request_timeout_ms") = 120000, py::arg("local_bind_host") = "", py::arg("tls_cert") = "",
-          py::arg("tls_key") = "", py::arg("tls_ca") = "")
+          py::arg("tls_key") = "", py::arg("tls_ca") = "", py::arg("role") = "admin", py::arg("scope") = "",
+          py::arg("derived") = false)
       .def("instance",
            [](PyClient& h, const std::string& action, const std::string& op, uint32_t instance, uint64_t epoch,
               const std::string& args) {

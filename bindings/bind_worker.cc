@@ -281,7 +281,9 @@ void BindReplication(py::module_& m) {
                         uint64_t checkpoint_id, const std::vector<std::string>& chain, uint64_t chain_version,
                         const std::string& secret, uint32_t chunk_bytes, uint32_t window, uint32_t timeout_ms,
                         uint32_t heartbeat_ms, uint32_t peer_timeout_ms, const std::string& client_id,
-                        const std::string& tls_cert, const std::string& tls_key, const std::string& tls_ca) {
+                        const std::string& tls_cert, const std::string& tls_key, const std::string& tls_ca,
+                        const std::string& role, const std::string& scope, bool derived) {
+          const Credential credential = CredentialOf(secret, role, scope, derived);
           ReplicateOptions o;
           ThrowIfError(net::MakeTlsContext(TlsOf(tls_cert, tls_key, tls_ca), &o.tls));
           o.chunk_bytes = chunk_bytes;
@@ -297,7 +299,7 @@ void BindReplication(py::module_& m) {
             s = ReplicaStore::Open(store_dir, &r->store);
             if (s.ok()) {
               s = ReplicateCheckpoint(r->store.get(), operator_id, instance, checkpoint_id, chain, chain_version,
-                                      secret, o, &r->handle);
+                                      credential, o, &r->handle);
             }
           }
           ThrowIfError(s);
@@ -306,24 +308,28 @@ void BindReplication(py::module_& m) {
         py::arg("chain"), py::kw_only(), py::arg("chain_version"), py::arg("secret"),
         py::arg("chunk_bytes") = 1u << 20, py::arg("window") = 16, py::arg("timeout_ms") = 30000,
         py::arg("heartbeat_ms") = 500, py::arg("peer_timeout_ms") = 3000, py::arg("client_id") = "primary",
-        py::arg("tls_cert") = "", py::arg("tls_key") = "", py::arg("tls_ca") = "",
+        py::arg("tls_cert") = "", py::arg("tls_key") = "", py::arg("tls_ca") = "", py::arg("role") = "admin",
+        py::arg("scope") = "", py::arg("derived") = false,
         "Starts replicating a checkpoint of the store at `store_dir` down `chain` ['host:port', ...].");
 
   m.def("query_store", [](const std::string& address, const std::string& secret, const std::string& operator_id,
                           uint32_t instance, uint32_t timeout_ms, const std::string& tls_cert,
-                          const std::string& tls_key, const std::string& tls_ca) {
+                          const std::string& tls_key, const std::string& tls_ca, const std::string& role,
+                          const std::string& scope, bool derived) {
+          const Credential credential = CredentialOf(secret, role, scope, derived);
           std::vector<uint64_t> ids;
           net::TlsContext tls;
           ThrowIfError(net::MakeTlsContext(TlsOf(tls_cert, tls_key, tls_ca), &tls));
           Status s;
           {
             py::gil_scoped_release release;
-            s = QueryStore(address, secret, operator_id, instance, timeout_ms, &ids, tls);
+            s = QueryStore(address, credential, operator_id, instance, timeout_ms, &ids, tls);
           }
           ThrowIfError(s);
           return ids;
         }, py::arg("address"), py::kw_only(), py::arg("secret"), py::arg("operator_id"), py::arg("instance"),
         py::arg("timeout_ms") = 5000, py::arg("tls_cert") = "", py::arg("tls_key") = "", py::arg("tls_ca") = "",
+        py::arg("role") = "admin", py::arg("scope") = "", py::arg("derived") = false,
         "Committed checkpoint ids of an instance in the worker's replica store.");
 
 }
@@ -331,6 +337,13 @@ void BindReplication(py::module_& m) {
 }  // namespace
 
 void BindWorker(py::module_& m) {
+  m.def("credential_key", [](py::bytes root, const std::string& role, const std::string& scope) {
+          PeerRole r = PeerRole::kAdmin;
+          ThrowIfError(ParseRole(role, &r));
+          ThrowIfError(CheckScope(r, scope));
+          return py::bytes(CredentialKey(std::string(root), r, scope));
+        }, py::arg("root"), py::arg("role"), py::arg("scope") = "",
+        "The key of `role` with `scope`, derived from the cluster's root secret (docs/protocol.md §2, \"Roles\").");
   m.attr("MAX_FRAME_BYTES") = kDefaultMaxFrameBytes;
   m.attr("MAX_CONNECTIONS") = kDefaultMaxConnections;
   m.attr("MAX_UNAUTHENTICATED_CONNECTIONS") = kDefaultMaxUnauthenticatedConnections;

@@ -61,12 +61,14 @@ from .errors import (
     SessionBusyError,
     OperatorRunningError,
     ResourceExhaustedError,
+    PermissionDeniedError,
     TLSError,
     StaleEpochError,
     StaleAttemptError,
 )
 from .replication import query_store, replicate
 from .client import Client, Session, connect
+from .credential import Credential
 from .tls.config import TLS
 from .coordinator.naming import operator_id
 
@@ -90,6 +92,7 @@ __all__ = [
     "replicate",
     "query_store",
     "connect",
+    "Credential",
     "operator_id",
     "TLS",
     "Client",
@@ -115,6 +118,7 @@ __all__ = [
     "SessionBusyError",
     "OperatorRunningError",
     "ResourceExhaustedError",
+    "PermissionDeniedError",
     "TLSError",
     "StaleEpochError",
     "StaleAttemptError",

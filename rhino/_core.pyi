@@ -315,10 +315,16 @@ def replicate(
     heartbeat_ms: int = 500,
     peer_timeout_ms: int = 3000,
     client_id: str = "primary",
+    role: str = "admin",
+    scope: str = "",
+    derived: bool = False,
 ) -> ReplicationHandle: ...
 def query_store(
-    address: str, *, secret: bytes | str, operator_id: str, instance: int, timeout_ms: int = 5000
+    address: str, *, secret: bytes | str, operator_id: str, instance: int, timeout_ms: int = 5000,
+    role: str = "admin", scope: str = "", derived: bool = False,
 ) -> list[int]: ...
+# The key of `role` with `scope`, derived from the cluster's root secret (docs/protocol.md §2, "Roles").
+def credential_key(root: bytes, role: str, scope: str = "") -> bytes: ...
 
 # The state client (rhino/client/, docs/protocol.md §7).
 class StateClient:
@@ -331,6 +337,11 @@ class StateClient:
         peer_timeout_ms: int = 3000,
         request_timeout_ms: int = 120000,
         local_bind_host: str = "",
+        # what the client proves (docs/protocol.md §2, "Roles"): `role` with `scope`, its key derived
+        # from `secret` (the root), or `secret` itself when derived (a rhino.Credential's key)
+        role: str = "admin",
+        scope: str = "",
+        derived: bool = False,
     ) -> StateClient: ...
     def instance(self, action: str, operator_id: str, instance: int, epoch: int, args: str = "{}") -> str: ...
     # A CoordReq to a coordinator (docs/protocol.md §8): method is [a-z_]{1,64}, args_json a JSON document;
@@ -402,6 +413,9 @@ class CoordServer:
         max_unauthenticated_per_peer: int = ...,
         lane_methods: list[str] = [],  # the liveness lane: these methods have lane_threads threads of their own
         lane_threads: int = 1,
+        # True: handler(method, args_json, caller), caller = (role, scope, peer_id: bytes, address), who the
+        # connection proved to be (docs/protocol.md §2, "Roles")
+        with_caller: bool = False,
     ) -> None: ...
     @property
     def port(self) -> int: ...

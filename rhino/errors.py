@@ -32,6 +32,7 @@ __all__ = [
     "SessionBusyError",
     "OperatorRunningError",
     "ResourceExhaustedError",
+    "PermissionDeniedError",
     "StaleAttemptError",
     "StaleEpochError",
 ]
@@ -131,6 +132,14 @@ class ResourceExhaustedError(RhinoError, RuntimeError):
     ``max_unauthenticated_connections``, ``max_connections_per_peer``,
     ``max_unauthenticated_per_peer``: docs/protocol.md §2, "Connection limits"). The
     message names the bound; the server serves on."""
+
+
+class PermissionDeniedError(RhinoError, PermissionError):
+    """The role the caller proved in the handshake may not make this request: a task
+    credential asking to fence an instance, a task of one namespace opening a session
+    on another's operator, a worker registering as another worker's id
+    (docs/protocol.md §2, "Roles"). The message names the request and the role; the
+    server logs the refusal and serves on."""
 
 
 class StaleEpochError(RhinoError, RuntimeError):

@@ -17,24 +17,30 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Optional
 
 from . import _core
 from ._core import ReplicationHandle, ReplicaStore
-from ._secret import call_hiding_secret, secret_bytes
+from ._secret import call_hiding_secret
+from .credential import credential_args, parse_credential
 from .tls.config import TLS, tls_kwargs
 
 __all__ = ["replicate", "query_store", "ReplicationHandle", "read_secret_file", "parse_address"]
 
 
-def read_secret_file(path: str | os.PathLike[str]) -> bytes:
-    """The shared secret in `path`, without surrounding whitespace (a trailing
-    newline from an editor is not part of the secret)."""
+def read_secret_file(path: str | os.PathLike[str]) -> Any:
+    """The cluster's root secret in `path`, without surrounding whitespace (a trailing
+    newline from an editor is not part of the secret), or the :class:`rhino.Credential`
+    of a credential file (``rhino credential``), which every ``secret=`` takes too."""
     with open(path, "rb") as f:
         secret = f.read().strip()
     if not secret:
         raise ValueError(f"secret file {path} is empty")
-    return secret
+    try:
+        cred = parse_credential(secret)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    return secret if cred is None else cred
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -61,6 +67,8 @@ def replicate(
     peer_timeout: float = 3.0,
     client_id: str = "primary",
     tls: Optional[TLS] = None,
+    role: str = "admin",
+    scope: str = "",
 ) -> ReplicationHandle:
     """Starts replicating checkpoint `checkpoint_id` of (operator_id, instance),
     committed in `store`, down `chain` (["host:port", ...], head first).
@@ -88,7 +96,7 @@ def replicate(
         checkpoint_id,
         list(chain),
         chain_version=chain_version,
-        secret=secret_bytes(secret),
+        **credential_args(secret, role, scope),
         chunk_bytes=chunk_bytes,
         window=window,
         timeout_ms=max(1, int(timeout * 1000)),
@@ -100,14 +108,15 @@ def replicate(
 
 
 def query_store(
-    address: str, *, secret: bytes | str, operator_id: str, instance: int, timeout: float = 5.0,
-    tls: Optional[TLS] = None,
+    address: str, *, secret: Any, operator_id: str, instance: int, timeout: float = 5.0,
+    tls: Optional[TLS] = None, role: str = "admin", scope: str = "",
 ) -> list[int]:
-    """Checkpoint ids of an instance committed in the store of the worker at `address`."""
+    """Checkpoint ids of an instance committed in the store of the worker at `address`.
+    ``secret``: the root secret (proving ``role``) or a :class:`rhino.Credential`."""
     return call_hiding_secret(
         _core.query_store,
         address,
-        secret=secret_bytes(secret),
+        **credential_args(secret, role, scope),
         operator_id=operator_id,
         instance=instance,
         timeout_ms=max(1, int(timeout * 1000)),

@@ -182,6 +182,9 @@ class Dec:
     def u64s(self) -> list[int]:
         return [self.u64() for _ in range(self.u32())]
 
+    def remaining(self) -> int:
+        return len(self.d) - self.p
+
     def end(self) -> None:
         assert self.p == len(self.d), "trailing bytes"
 

@@ -686,7 +686,11 @@ class StingyTail:
             d = wire.Dec(p)
             d.u32(), d.bytes_()
             cn, sn = d.bytes_(), os.urandom(16)
-            mac = hmac.new(SECRET, b"rhino-server" + cn + sn, hashlib.sha256).digest()
+            key = SECRET
+            if d.remaining():  # the role the client names (docs/protocol.md §2, "Roles"): its key from the root
+                role, scope = d.bytes_(), d.bytes_()
+                key = hmac.new(SECRET, b"rhino-credential\0" + role + b"\0" + scope, hashlib.sha256).digest()
+            mac = hmac.new(key, b"rhino-server" + cn + sn, hashlib.sha256).digest()
             c.send(wire.frame("HelloRsp", wire.Enc().bytes_(b"stingy").bytes_(sn).bytes_(mac).done()))
             self._recv(c)  # AuthReq: trusted, this is a test double
             c.send(wire.frame("AuthRsp", wire.Enc().u8(1).done()))

@@ -94,9 +94,33 @@ def test_input_copies_default_to_two_wherever_a_copy_has_somewhere_to_go():
 
 
 def test_the_secret_can_come_from_a_file(tmp_path):
+    from rhino.credential import Credential, write_credential_file
+
     f = tmp_path / "secret"
     f.write_bytes(b"x" * 32 + b"\n")
-    assert config(secret=None, secret_file=str(f)).secret == b"x" * 32
+    assert config(secret=None, secret_file=str(f)).secret == Credential.task(b"x" * 32)
+    cred = tmp_path / "job.credential"
+    write_credential_file(cred, Credential.task(b"x" * 32, "jobA"))
+    assert config(secret=None, secret_file=str(cred), namespace="jobA").secret == Credential.task(b"x" * 32, "jobA")
+
+
+def test_tasks_get_the_jobs_task_credential_never_the_root():
+    """Issue 46: what the executors receive (the pickled config) holds the task key of the
+    operator's namespace only; the root secret never leaves the driver."""
+    import pickle
+
+    from rhino.credential import Credential
+
+    root = b"R" * 32
+    c = config(secret=root, namespace="jobA")
+    assert c.secret == Credential.task(root, "jobA") and c.operator_id == "jobA..op"
+    shipped = pickle.dumps(c)
+    assert root not in shipped and c.secret.key in shipped
+    assert config(secret=root).secret == Credential.task(root)  # the default namespace: scope ""
+    with pytest.raises(InvalidArgumentError, match="not the task credential of namespace 'jobA'"):
+        config(secret=Credential.task(root, "jobB"), namespace="jobA")
+    with pytest.raises(InvalidArgumentError, match="task credential"):
+        config(secret=Credential.derive(root, "admin"))  # an admin key would be shipped to every task
 
 
 def test_delays_parse_as_spark_writes_them():

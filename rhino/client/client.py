@@ -7,7 +7,8 @@ import os
 from typing import Any, Iterable, Optional, Sequence
 
 from .. import _core
-from .._secret import call_hiding_secret, secret_bytes
+from .._secret import call_hiding_secret
+from ..credential import credential_args
 from ..errors import InvalidArgumentError
 from ..tls.config import TLS, tls_kwargs
 from .reader import CheckpointReader
@@ -18,13 +19,18 @@ __all__ = ["connect", "Client"]
 
 def connect(address: str | os.PathLike, *, secret: Any, client_id: str = "client",
             request_timeout: float = 120.0, peer_timeout: float = 3.0,
-            bind_host: str = "", max_frame_bytes: Optional[int] = None, tls: Optional[TLS] = None) -> "Client":
+            bind_host: str = "", max_frame_bytes: Optional[int] = None, tls: Optional[TLS] = None,
+            role: str = "admin", scope: str = "") -> "Client":
     """Connects to a worker's state service.
 
     ``address`` is a Unix socket path (a worker on this host: ``rhino worker
     --unix-socket``) or ``"host:port"`` (a worker elsewhere, its ``--listen``).
-    ``secret`` is the cluster's shared secret (bytes or str); a wrong one
-    raises :class:`rhino.AuthFailedError`. ``request_timeout`` bounds one
+    ``secret`` is the cluster's shared secret (bytes or str), from which the
+    key of ``role`` with ``scope`` is derived (admin by default), or a
+    :class:`rhino.Credential` (a Spark job's task credential), whose role is
+    proved instead (docs/protocol.md §2, "Roles"); a wrong one raises
+    :class:`rhino.AuthFailedError`, a request the role may not make
+    :class:`rhino.PermissionDeniedError`. ``request_timeout`` bounds one
     request, a barrier commit included; ``bind_host`` sets the TCP client's
     own address (e.g. this host's 127.0.0.N). ``max_frame_bytes`` must not
     exceed the worker's ``--max-frame-bytes`` (default: the same default):
@@ -39,7 +45,7 @@ def connect(address: str | os.PathLike, *, secret: Any, client_id: str = "client
     if request_timeout <= 0 or peer_timeout <= 0:
         raise InvalidArgumentError("timeouts must be positive")
     handle = call_hiding_secret(
-        _core.StateClient.connect, address, secret_bytes(secret), client_id=client_id,
+        _core.StateClient.connect, address, client_id=client_id, **credential_args(secret, role, scope),
         peer_timeout_ms=int(peer_timeout * 1000), request_timeout_ms=int(request_timeout * 1000),
         local_bind_host=bind_host, **tls_kwargs(tls),
         max_frame_bytes=int(max_frame_bytes if max_frame_bytes is not None else _core.MAX_FRAME_BYTES))

@@ -18,7 +18,8 @@ import threading
 from typing import Any, Optional
 
 from .. import _core
-from .._secret import call_hiding_secret, secret_bytes
+from .._secret import call_hiding_secret
+from ..credential import credential_args
 from ..errors import InvalidArgumentError, PeerDeadError
 from ..tls.config import tls_kwargs
 from .api import METHODS
@@ -132,12 +133,13 @@ class CoordinatorClient(_Methods):
     have restarted)."""
 
     def __init__(self, address: str, *, secret: Any, client_id: str = "client", request_timeout: float = 300.0,
-                 peer_timeout: float = 3.0, bind_host: str = "", tls: Any = None) -> None:
+                 peer_timeout: float = 3.0, bind_host: str = "", tls: Any = None, role: str = "admin",
+                 scope: str = "") -> None:
         if not isinstance(address, str) or ":" not in address:
             raise InvalidArgumentError(f"the coordinator's address must be 'host:port', got {address!r}")
         self.address = address
-        self._secret = secret_bytes(secret)
-        self._opts = dict(client_id=client_id, peer_timeout_ms=int(peer_timeout * 1000),
+        # the role proved (docs/protocol.md §2, "Roles"): a Credential's, else `role` from the root
+        self._opts = dict(credential_args(secret, role, scope), client_id=client_id, peer_timeout_ms=int(peer_timeout * 1000),
                           request_timeout_ms=int(request_timeout * 1000), local_bind_host=bind_host,
                           max_frame_bytes=int(_core.MAX_FRAME_BYTES), **tls_kwargs(tls))
         self._lock = threading.Lock()
@@ -145,7 +147,7 @@ class CoordinatorClient(_Methods):
         self._connect()
 
     def _connect(self) -> Any:
-        h = call_hiding_secret(_core.StateClient.connect, self.address, self._secret, **self._opts)
+        h = call_hiding_secret(_core.StateClient.connect, self.address, **self._opts)
         with self._lock:
             old, self._h = self._h, h
         if old is not None:

@@ -55,8 +55,10 @@ class WorkerGateway:
                 return c
             if c is not None:
                 c.close()
+            # the coordinator's own role (docs/protocol.md §2, "Roles"), not the admin's
             c = connect(w.address, secret=self.secret, client_id=self.client_id,
-                        request_timeout=max(self.request_timeout, self.copy_timeout), peer_timeout=3.0, tls=self.tls)
+                        request_timeout=max(self.request_timeout, self.copy_timeout), peer_timeout=3.0, tls=self.tls,
+                        role="coordinator")
             self._clients[w.id] = c
             return c
 

@@ -26,10 +26,10 @@ from typing import Any, Optional
 from .. import _core
 from .._argtypes import uint32
 from .._secret import secret_bytes
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, PermissionDeniedError
 from ..replication import parse_address, read_secret_file
 from ..tls.config import TLS, tls_kwargs
-from .api import LANE_METHODS
+from .api import LANE_METHODS, authorize
 
 __all__ = ["CoordinatorServer", "main", "build_parser"]
 
@@ -45,12 +45,20 @@ class CoordinatorServer:
                  max_connections_per_peer: int = _core.MAX_CONNECTIONS_PER_PEER,
                  max_unauthenticated_per_peer: int = _core.MAX_UNAUTHENTICATED_PER_PEER) -> None:
         self.coordinator = coordinator
+        self._refused = 0
+        self._last_refusal_log = -1.0
 
-        def handler(method: str, args_json: str) -> tuple[int, str, str]:
+        def handler(method: str, args_json: str, caller: tuple) -> tuple[int, str, str]:
             try:
                 args = json.loads(args_json) if args_json else {}
             except json.JSONDecodeError as e:
                 raise InvalidArgumentError(f"{method}: the arguments are not JSON: {e}") from None
+            role, scope, peer_id, address = caller
+            try:
+                authorize(method, args, role, scope, f"{peer_id.decode(errors='replace')} at {address}")
+            except PermissionDeniedError as e:
+                self._log_refusal(str(e))
+                raise
             return 0, "", json.dumps(coordinator.handle(method, args), separators=(",", ":"))
 
         # Handlers may block (a handover step, a bulk copy, a failover calling
@@ -64,7 +72,20 @@ class CoordinatorServer:
                                          max_unauthenticated_connections=max_unauthenticated_connections,
                                          max_connections_per_peer=max_connections_per_peer,
                                          max_unauthenticated_per_peer=max_unauthenticated_per_peer,
-                                         **tls_kwargs(tls))
+                                         with_caller=True, **tls_kwargs(tls))
+
+    def _log_refusal(self, message: str) -> None:
+        """A refused request's log line (docs/protocol.md §2, "Roles"), at most one a second."""
+        now = time.monotonic()
+        self._refused += 1
+        if now - self._last_refusal_log >= 1.0:
+            self._last_refusal_log = now
+            log = getattr(self.coordinator, "log", None)
+            if callable(log):
+                log("permission_denied", message=message, refused_so_far=self._refused)
+            else:
+                print(f"rhino coordinator: permission denied: {message} ({self._refused} refused so far)",
+                      file=sys.stderr, flush=True)
 
     @property
     def port(self) -> int:

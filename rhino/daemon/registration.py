@@ -58,7 +58,8 @@ class Registration:
             try:
                 if client is None:
                     client = CoordinatorClient(self.coordinator, secret=self.secret, client_id=self.worker_id,
-                                               request_timeout=600.0, bind_host=self.bind_host, tls=self.tls)
+                                               request_timeout=600.0, bind_host=self.bind_host, tls=self.tls,
+                                               role="worker", scope=self.worker_id)
                 if not registered:
                     client.register(self.worker_id, self.address, unix_socket=self.unix_socket, rack=self.rack,
                                     zone=self.zone, incarnation=self.incarnation)

@@ -21,8 +21,10 @@ class WorkerClients:
     works): two threads never each connect one, which would leave a session on a client the
     cache no longer holds."""
 
-    def __init__(self, *, secret: Any, client_id: str, request_timeout: float = 120.0, tls: Any = None) -> None:
-        self._secret = secret
+    def __init__(self, *, secret: Any, client_id: str, request_timeout: float = 120.0, tls: Any = None,
+                 role: str = "admin") -> None:
+        self._secret = secret  # the root secret, proving `role`, or a rhino.Credential (a task's)
+        self._role = role
         self._tls = tls  # a rhino.TLS for TCP connections; None: plaintext
         self.client_id = client_id
         self.request_timeout = request_timeout
@@ -36,7 +38,7 @@ class WorkerClients:
             c = self._clients.get(address)
             if c is None or not c.is_open:
                 c = connect(address, secret=self._secret, client_id=self.client_id,
-                            request_timeout=self.request_timeout, tls=self._tls)
+                            request_timeout=self.request_timeout, tls=self._tls, role=self._role)
                 self._clients[address] = c
             return c
 

@@ -147,7 +147,14 @@ class _Request:
             self.secret = read_secret_file(Path(options["secretFile"]))
         else:
             raise StateReadError("the rhino-state source needs option 'secretFile' (or 'secret'): "
-                                 "the cluster's shared secret")
+                                 "the job's task credential, or the cluster's shared secret")
+        from rhino.credential import Credential
+
+        if not isinstance(self.secret, Credential):
+            # The readers run in executors: they get the operator's namespace's task
+            # credential, never the root (docs/protocol.md §2, "Roles").
+            ns = self.operator_id.split("..", 1)[0] if ".." in self.operator_id else ""
+            self.secret = Credential.task(self.secret, ns)
         self.state_var = options.get("stateVarName") or None
         self.timers = _flag(options, "readRegisteredTimers")
         self.batch = _int(options, "batchId")

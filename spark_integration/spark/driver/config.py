@@ -55,7 +55,9 @@ class OperatorConfig:
     output_schema: Any  # a pyspark StructType
     operator_id: str  # the id at the coordinator and the workers: rhino.operator_id(name, namespace)
     coordinator: str  # the coordinator's "host:port"
-    secret: bytes
+    # The job's task credential (rhino.Credential, role task, scoped to the namespace): what the
+    # driver and every task prove, never the cluster's root secret (docs/spark.md, "Credentials")
+    secret: Any
     tls: Optional[TLS] = None  # its paths may hold {host}: each process's own host (runtime/task.py)
     parallelism: int = 2
     replicas: int = 2
@@ -94,7 +96,7 @@ class OperatorConfig:
         InvalidArgumentError naming the first bad one."""
         from pyspark.sql.types import StructType
 
-        from rhino._secret import secret_bytes
+        from rhino.replication import read_secret_file
 
         if not operator_id or not isinstance(operator_id, str):
             raise InvalidArgumentError("operator_id must be a non-empty string")
@@ -121,9 +123,11 @@ class OperatorConfig:
         if int(parallelism) < 1 or int(replicas) < 0:
             raise InvalidArgumentError("parallelism must be >= 1 and replicas >= 0")
         if secret is None and secret_file is None:
-            raise InvalidArgumentError("pass secret= or secret_file= (the cluster's shared secret)")
+            raise InvalidArgumentError("pass secret= or secret_file= (the job's task credential, or the cluster's "
+                                       "shared secret to derive it from)")
         if secret is None:
-            secret = Path(secret_file).read_bytes().strip()
+            secret = read_secret_file(Path(secret_file))
+        credential = _task_credential(secret, namespace)
         tls = kw.get("tls")
         if tls is not None and not isinstance(tls, TLS):
             raise InvalidArgumentError(f"tls must be a rhino.TLS or None, not {type(tls).__name__}")
@@ -133,8 +137,26 @@ class OperatorConfig:
         schema = StructType.fromDDL(output_schema) if isinstance(output_schema, str) else output_schema
         return cls(processor=processor, key_columns=keys, output_schema=schema, operator_id=operator_id,
                    name=name, namespace=namespace,
-                   coordinator=coordinator, secret=secret_bytes(secret), time_mode=tm,
+                   coordinator=coordinator, secret=credential, time_mode=tm,
                    delay_ms=parse_delay_ms(watermark_delay), parallelism=int(parallelism), replicas=int(replicas),
                    num_vnodes=int(num_vnodes) if num_vnodes else max(64, 16 * int(parallelism)),
                    checkpoint_location=str(checkpoint_location) if checkpoint_location else None,
                    **{k: v for k, v in kw.items()})
+
+
+def _task_credential(secret: Any, namespace: Optional[str]) -> Any:
+    """What the driver and its tasks prove (docs/protocol.md §2, "Roles"): a task credential
+    of the operator's namespace. From the cluster's root secret it is derived here, so that
+    no task ever holds the root; a credential given as is must be that one."""
+    from rhino.credential import Credential
+
+    want = namespace or ""
+    if not isinstance(secret, Credential):
+        return Credential.task(secret, want)
+    if secret.role != "task" or secret.scope != want:
+        where = f"namespace {want!r}" if want else "the default namespace"
+        raise InvalidArgumentError(
+            f"{secret!r} is not the task credential of {where}: every task is handed this credential, so it must "
+            f"be that job's task credential (rhino credential task{' --namespace ' + want if want else ''}) or the "
+            "cluster's shared secret, from which the driver derives it")
+    return secret

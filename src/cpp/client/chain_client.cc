@@ -37,14 +37,14 @@ const char* ReplicationStateName(ReplicationState s) {
 class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHandle::Job> {
  public:
   Job(const ReplicaStore* store, std::string operator_id, uint32_t instance, uint64_t checkpoint_id,
-      std::vector<std::string> chain, uint64_t chain_version, std::string secret, ReplicateOptions options)
+      std::vector<std::string> chain, uint64_t chain_version, Credential credential, ReplicateOptions options)
       : store_(store),
         operator_id_(std::move(operator_id)),
         instance_(instance),
         checkpoint_id_(checkpoint_id),
         chain_(std::move(chain)),
         chain_version_(chain_version),
-        secret_(std::move(secret)),
+        credential_(std::move(credential)),
         options_(std::move(options)) {}
 
   ~Job() {
@@ -195,7 +195,7 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
     RHINO_RETURN_IF_ERROR(net::ParseAddress(chain_[0], &host, &port));
     net::ConnectionOptions co;
     co.worker_id = options_.client_id;
-    co.secret = secret_;
+    co.credential = credential_;
     co.tls = options_.tls;
     co.max_frame_bytes = options_.max_frame_bytes;
     co.heartbeat_ms = options_.heartbeat_ms;
@@ -376,7 +376,7 @@ class ReplicationHandle::Job : public std::enable_shared_from_this<ReplicationHa
   const uint64_t checkpoint_id_;
   const std::vector<std::string> chain_;
   const uint64_t chain_version_;
-  const std::string secret_;
+  const Credential credential_;
   const ReplicateOptions options_;
   std::chrono::steady_clock::time_point deadline_;
   std::thread runner_;
@@ -413,7 +413,7 @@ void ReplicationHandle::Cancel() { job_->Cancel(); }
 
 Status ReplicateCheckpoint(const ReplicaStore* store, const std::string& operator_id, uint32_t instance,
                            uint64_t checkpoint_id, const std::vector<std::string>& chain, uint64_t chain_version,
-                           const std::string& secret, const ReplicateOptions& options,
+                           const Credential& credential, const ReplicateOptions& options,
                            std::unique_ptr<ReplicationHandle>* out) {
   if (store == nullptr) return Status::InvalidArgument("no replica store to replicate from");
   if (chain.empty()) return Status::InvalidArgument("the replica chain is empty");
@@ -432,7 +432,7 @@ Status ReplicateCheckpoint(const ReplicaStore* store, const std::string& operato
   if (options.window == 0) return Status::InvalidArgument("window must be at least 1");
   if (options.timeout_ms == 0) return Status::InvalidArgument("timeout must be positive");
   auto job = std::make_shared<ReplicationHandle::Job>(store, operator_id, instance, checkpoint_id, chain,
-                                                      chain_version, secret, options);
+                                                      chain_version, credential, options);
   job->Start();
   *out = std::make_unique<ReplicationHandle>(std::move(job));
   return Status::OK();
@@ -482,7 +482,7 @@ class QueryListener : public net::StreamListener {
 
 }  // namespace
 
-Status QueryStore(const std::string& address, const std::string& secret, const std::string& operator_id,
+Status QueryStore(const std::string& address, const Credential& credential, const std::string& operator_id,
                   uint32_t instance, uint32_t timeout_ms, std::vector<uint64_t>* checkpoints,
                   const net::TlsContext& tls) {
   std::string host;
@@ -492,7 +492,7 @@ Status QueryStore(const std::string& address, const std::string& secret, const s
   asio::io_context io;  // single-threaded: everything below runs inside run_for
   net::ConnectionOptions co;
   co.worker_id = "query";
-  co.secret = secret;
+  co.credential = credential;
   co.tls = tls;
   co.peer_timeout_ms = timeout_ms;
   auto conn = net::Connection::Create(io, net::Connection::Role::kClient, co, nullptr);

@@ -18,6 +18,7 @@
 
 #include "net/tls.h"
 #include "rhino/frame.h"
+#include "rhino/credential.h"
 #include "rhino/status.h"
 
 namespace rhino {
@@ -93,11 +94,12 @@ class ReplicationHandle {
 // arguments) are returned here, all others end up in the result.
 Status ReplicateCheckpoint(const ReplicaStore* store, const std::string& operator_id, uint32_t instance,
                            uint64_t checkpoint_id, const std::vector<std::string>& chain, uint64_t chain_version,
-                           const std::string& secret, const ReplicateOptions& options,
+                           const Credential& credential, const ReplicateOptions& options,
                            std::unique_ptr<ReplicationHandle>* out);
 
 // Asks the worker at `address` for the committed checkpoints of an instance.
-Status QueryStore(const std::string& address, const std::string& secret, const std::string& operator_id,
+// `credential`: the role to prove (protocol §2, "Roles").
+Status QueryStore(const std::string& address, const Credential& credential, const std::string& operator_id,
                   uint32_t instance, uint32_t timeout_ms, std::vector<uint64_t>* checkpoints,
                   const net::TlsContext& tls = nullptr);
 

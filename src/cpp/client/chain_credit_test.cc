@@ -32,6 +32,8 @@ namespace rhino {
 namespace {
 
 constexpr char kSecret[] = "chain-credit-test-secret";
+// The primary's own role down the chain (protocol §2, "Roles").
+const Credential kWorkerCredential = Credential::FromRoot(kSecret, PeerRole::kWorker, "primary");
 
 using testing::RandomBytes;
 using testing::Slurp;
@@ -113,7 +115,7 @@ class ChainCreditTest : public ::testing::Test {
                         Observed* seen) {
     std::unique_ptr<ReplicationHandle> h;
     ReplicationResult r;
-    Status s = ReplicateCheckpoint(store_.get(), "op", 0, id, chain, version, kSecret, Options(window), &h);
+    Status s = ReplicateCheckpoint(store_.get(), "op", 0, id, chain, version, kWorkerCredential, Options(window), &h);
     EXPECT_OK(s);
     if (!s.ok()) {
       r.status = s;
@@ -244,14 +246,14 @@ TEST_F(ChainCreditTest, AStaleChainVersionIsRefusedAndTheFenceIsPersisted) {
 
 TEST_F(ChainCreditTest, BadArgumentsAndAMissingCheckpointFailCleanly) {
   std::unique_ptr<ReplicationHandle> h;
-  EXPECT_CODE(ReplicateCheckpoint(store_.get(), "op", 0, 1, {"127.0.0.1:1"}, 1, kSecret, Options(0), &h),
+  EXPECT_CODE(ReplicateCheckpoint(store_.get(), "op", 0, 1, {"127.0.0.1:1"}, 1, kWorkerCredential, Options(0), &h),
               kInvalidArgument);
-  EXPECT_CODE(ReplicateCheckpoint(store_.get(), "op", 0, 1, {}, 1, kSecret, Options(1), &h), kInvalidArgument);
-  EXPECT_CODE(ReplicateCheckpoint(nullptr, "op", 0, 1, {"127.0.0.1:1"}, 1, kSecret, Options(1), &h),
+  EXPECT_CODE(ReplicateCheckpoint(store_.get(), "op", 0, 1, {}, 1, kWorkerCredential, Options(1), &h), kInvalidArgument);
+  EXPECT_CODE(ReplicateCheckpoint(nullptr, "op", 0, 1, {"127.0.0.1:1"}, 1, kWorkerCredential, Options(1), &h),
               kInvalidArgument);
   EXPECT_EQ(h, nullptr);
   // Checkpoint 9 is not in the store: NotFound, before any connection is made.
-  ASSERT_OK(ReplicateCheckpoint(store_.get(), "op", 0, 9, {"127.0.0.1:1"}, 1, kSecret, Options(1), &h));
+  ASSERT_OK(ReplicateCheckpoint(store_.get(), "op", 0, 9, {"127.0.0.1:1"}, 1, kWorkerCredential, Options(1), &h));
   ReplicationResult r;
   ASSERT_TRUE(h->Wait(5000, &r));
   EXPECT_CODE(r.status, kNotFound);

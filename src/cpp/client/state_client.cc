@@ -90,6 +90,7 @@ class StateClient::Impl {
     net::ConnectionOptions co;
     co.worker_id = options_.client_id;
     co.secret = options_.secret;
+    co.credential = options_.credential;
     co.max_frame_bytes = options_.max_frame_bytes;
     co.heartbeat_ms = options_.heartbeat_ms;
     co.peer_timeout_ms = options_.peer_timeout_ms;
@@ -183,7 +184,9 @@ class StateClient::Impl {
 
 Status StateClient::Connect(const std::string& address, const StateClientOptions& options,
                             std::shared_ptr<StateClient>* out) {
-  if (options.secret.empty()) return Status::InvalidArgument("a state client needs the cluster's shared secret");
+  if (options.secret.empty() && options.credential.key.empty()) {
+    return Status::InvalidArgument("a state client needs the cluster's shared secret or a role's credential");
+  }
   if (options.max_frame_bytes < kMaxMessageBytes || options.max_frame_bytes > kMaxFrameBytesLimit) {
     return Status::InvalidArgument("max_frame_bytes must be in [" + std::to_string(kMaxMessageBytes) + ", " +
                                    std::to_string(kMaxFrameBytesLimit) + "]");

@@ -34,6 +34,7 @@ struct Task {
   std::weak_ptr<net::Connection> conn;  // weak: a closed connection is freed, its answer dropped
   uint32_t stream_id = 0;
   CoordReq req;
+  PeerIdentity caller;  // who the connection proved to be (protocol §2, "Roles")
 };
 
 }  // namespace
@@ -284,6 +285,7 @@ class CoordServer::Impl {
     }
     t.conn = conn;
     t.stream_id = h.stream_id;
+    t.caller = conn->peer();
     const bool lane = InLane(t.req.method);
     {
       MutexLock l(&mu_);
@@ -336,7 +338,7 @@ class CoordServer::Impl {
         rsp.code = WireCode(Status::Aborted(""));
         rsp.message = "the coordinator (" + options_.server_id + ") is shutting down";
       } else {
-        Handle(t.req, &rsp);
+        Handle(t.req, t.caller, &rsp);
       }
       if (rsp.code != 0) requests_failed_.fetch_add(1);
       Answer(t, std::move(rsp));
@@ -346,7 +348,7 @@ class CoordServer::Impl {
     tls_handler_of = nullptr;
   }
 
-  void Handle(const CoordReq& req, CoordRsp* rsp) {
+  void Handle(const CoordReq& req, const PeerIdentity& caller, CoordRsp* rsp) {
     Status s;
     // The args come from the network; the handler gets a JSON document of
     // bounded depth or is not called (nlohmann's parser also rejects strings
@@ -354,7 +356,7 @@ class CoordServer::Impl {
     s = CheckJson(req.args, kMaxCoordArgsDepth, "the args of " + req.method);
     if (s.ok()) {
       try {
-        s = handler_(req.method, req.args, &rsp->result);
+        s = handler_(req.method, req.args, caller, &rsp->result);
       } catch (const std::exception& e) {
         s = Status::IOError(std::string("the coordinator's handler of ") + req.method + " threw: " + e.what());
       } catch (...) {

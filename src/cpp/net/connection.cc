@@ -66,6 +66,22 @@ std::string Connection::peer_id() const {
   return peer_id_;
 }
 
+PeerIdentity Connection::peer() const {
+  PeerIdentity out;
+  {
+    std::lock_guard<std::mutex> l(peer_mu_);
+    out.role = peer_role_;
+    out.scope = peer_scope_;
+    out.id = peer_id_;
+  }
+  out.address = remote_;
+  return out;
+}
+
+const std::string& Connection::Key() const {
+  return options_.credential.key.empty() ? options_.secret : options_.credential.key;
+}
+
 void Connection::StartServer(ReadyHandler ready) {
   asio::post(strand_, [self = shared_from_this(), ready = std::move(ready)]() mutable {
     self->ready_ = std::move(ready);
@@ -175,6 +191,11 @@ void Connection::SendHello() {
   HelloReq hello;
   hello.worker_id = options_.worker_id;
   hello.client_nonce = client_nonce_;
+  if (!options_.credential.key.empty() && !options_.credential.root) {  // a role's key (§2, "Roles")
+    hello.has_role = true;
+    hello.role = RoleName(options_.credential.role);
+    hello.scope = options_.credential.scope;
+  }
   SendNow(MessageType::kHelloReq, 0, hello.Encode());
 }
 
@@ -418,16 +439,33 @@ void Connection::HandleHandshake(const FrameHeader& h, const std::string& payloa
       Reject(0, s);
       return;
     }
+    // The key the client proves: its role's, derived from the root secret
+    // this server holds (§2, "Roles"); without a role, the root itself, as
+    // admin (the first handshake's form).
+    PeerRole role = PeerRole::kAdmin;
+    if (req.has_role) {
+      s = ParseRole(req.role, &role);
+      if (s.ok()) s = CheckScope(role, req.scope);
+      if (!s.ok()) {
+        Reject(0, Status::InvalidArgument("HelloReq: " + s.message()));
+        return;
+      }
+      server_key_ = CredentialKey(options_.secret, role, req.scope);
+    } else {
+      server_key_ = options_.secret;
+    }
     {
       std::lock_guard<std::mutex> l(peer_mu_);
       peer_id_ = req.worker_id;
+      peer_role_ = role;
+      peer_scope_ = req.has_role ? req.scope : std::string();
     }
     client_nonce_ = req.client_nonce;
     hello_done_ = true;
     HelloRsp rsp;
     rsp.worker_id = options_.worker_id;
     rsp.server_nonce = server_nonce_;
-    rsp.server_mac = ServerMac(options_.secret, client_nonce_, server_nonce_);
+    rsp.server_mac = ServerMac(server_key_, client_nonce_, server_nonce_);
     SendNow(MessageType::kHelloRsp, 0, rsp.Encode());
     return;
   }
@@ -438,10 +476,10 @@ void Connection::HandleHandshake(const FrameHeader& h, const std::string& payloa
       Reject(0, s);
       return;
     }
-    if (!MacEquals(req.client_mac, ClientMac(options_.secret, server_nonce_, client_nonce_))) {
+    if (!MacEquals(req.client_mac, ClientMac(server_key_, server_nonce_, client_nonce_))) {
       if (counters_ != nullptr) counters_->auth_failures.fetch_add(1);
       CloseWithError(0, Status::AuthFailed("authentication failed: peer " + remote_ +
-                                           " does not know the shared secret"));
+                                           " does not know the shared secret (or the key of the role it named)"));
       return;
     }
     AuthRsp rsp;
@@ -460,7 +498,7 @@ void Connection::HandleHandshake(const FrameHeader& h, const std::string& payloa
     }
     // Mutual authentication: talk only to a server that knows the secret too.
     if (rsp.server_nonce.size() != kNonceBytes ||
-        !MacEquals(rsp.server_mac, ServerMac(options_.secret, client_nonce_, rsp.server_nonce))) {
+        !MacEquals(rsp.server_mac, ServerMac(Key(), client_nonce_, rsp.server_nonce))) {
       if (counters_ != nullptr) counters_->auth_failures.fetch_add(1);
       DoClose(Status::AuthFailed("authentication failed: server " + remote_ + " does not know the shared secret"));
       return;
@@ -471,7 +509,7 @@ void Connection::HandleHandshake(const FrameHeader& h, const std::string& payloa
     }
     hello_done_ = true;
     AuthReq req;
-    req.client_mac = ClientMac(options_.secret, rsp.server_nonce, client_nonce_);
+    req.client_mac = ClientMac(Key(), rsp.server_nonce, client_nonce_);
     SendNow(MessageType::kAuthReq, 0, req.Encode());
     return;
   }

@@ -34,6 +34,7 @@
 
 #include "net/address.h"
 #include "net/tls.h"
+#include "rhino/credential.h"
 #include "rhino/frame.h"
 #include "rhino/status.h"
 
@@ -41,7 +42,12 @@ namespace rhino::net {
 
 struct ConnectionOptions {
   std::string worker_id;  // our name, sent in the handshake
-  std::string secret;     // shared secret (§2)
+  // Server: the cluster's root secret, from which it derives the key of the
+  // role each client names (§2, "Roles"). Client: the root secret, proved
+  // itself (as admin) when `credential` has no key.
+  std::string secret;
+  // Client: the role (and scope) to prove, with its key (rhino/credential.h).
+  Credential credential;
   uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
   uint32_t heartbeat_ms = 500;
   uint32_t peer_timeout_ms = 3000;
@@ -140,6 +146,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool is_open() const { return state_.load() == State::kOpen; }
   // The peer's worker id, known after the handshake.
   std::string peer_id() const;
+  // Server: who the peer proved to be in the handshake (its role and scope),
+  // known once the connection is open (§2, "Roles").
+  PeerIdentity peer() const;
   // "ip:port" of the peer, for messages.
   const std::string& remote() const { return remote_; }
 
@@ -174,6 +183,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Connect(const asio::generic::stream_protocol::endpoint& ep);
   // Client: the §2 handshake's first frame.
   void SendHello();
+  // Client: the key it proves (its credential's, else the root secret).
+  const std::string& Key() const;
   bool IsUnixSocket();
   // The TLS handshake over the connected socket, then `then` (on the strand).
   void StartTls(asio::ssl::stream_base::handshake_type type, std::function<void()> then);
@@ -212,8 +223,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   CloseHandler on_close_;
   ReadyHandler ready_;
   std::string remote_;
-  std::string peer_id_;  // also read by peer_id() under peer_mu_
+  std::string peer_id_;  // these three are also read by peer_id() and peer() under peer_mu_
+  PeerRole peer_role_ = PeerRole::kAdmin;
+  std::string peer_scope_;
   mutable std::mutex peer_mu_;
+  std::string server_key_;  // server: the key the client named in HelloReq (§2, "Roles")
   std::string client_nonce_, server_nonce_;
   bool hello_done_ = false;
   char header_buf_[kFrameHeaderBytes];

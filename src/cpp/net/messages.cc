@@ -18,6 +18,10 @@ void Fields(V& v, wire::Msg<V, HelloReq>& m) {
   v.U32(m.proto);
   v.Bytes(m.worker_id, kMaxWorkerIdBytes);
   v.Bytes(m.client_nonce, kNonceBytes);
+  if (v.Trailing(m.has_role)) {
+    v.Bytes(m.role, kMaxRoleBytes);
+    v.Bytes(m.scope, kMaxWorkerIdBytes);
+  }
 }
 RHINO_WIRE_MESSAGE(HelloReq)
 

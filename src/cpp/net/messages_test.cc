@@ -34,6 +34,34 @@ TEST(MessagesTest, HelloReqMatchesTheDocumentedLayout) {
   EXPECT_EQ(back.client_nonce, kNonce);
 }
 
+TEST(MessagesTest, HelloReqCarriesARoleAndScopeAppended) {
+  // Issue 46: the role and scope follow the nonce; a frame without them is the
+  // first handshake's (decoded as no role), so the layout stays canonical.
+  HelloReq m;
+  m.worker_id = "w1";
+  m.client_nonce = kNonce;
+  m.has_role = true;
+  m.role = "task";
+  m.scope = "jobA";
+  EXPECT_EQ(m.Encode(), U32(1) + Str("w1") + Str(kNonce) + Str("task") + Str("jobA"));
+  HelloReq back = MustDecode<HelloReq>(m.Encode());
+  EXPECT_TRUE(back.has_role);
+  EXPECT_EQ(back.role, "task");
+  EXPECT_EQ(back.scope, "jobA");
+  EXPECT_FALSE(MustDecode<HelloReq>(U32(1) + Str("w1") + Str(kNonce)).has_role);
+  // Every cut inside the appended block is Corruption (a cut right before it is a HelloReq without a role).
+  const std::string full = m.Encode();
+  const size_t base = (U32(1) + Str("w1") + Str(kNonce)).size();
+  for (size_t n = base + 1; n < full.size(); ++n) {
+    HelloReq cut;
+    EXPECT_TRUE(IsCorruption(HelloReq::Decode(std::string_view(full).substr(0, n), &cut))) << "prefix of " << n;
+  }
+  HelloReq r;
+  EXPECT_TRUE(IsCorruption(HelloReq::Decode(U32(1) + Str("w1") + Str(kNonce) + Str(std::string(17, 'r')) + Str(""),
+                                            &r)));
+  EXPECT_TRUE(IsCorruption(HelloReq::Decode(U32(1) + Str("w1") + Str(kNonce) + Str("task"), &r)));  // no scope
+}
+
 TEST(MessagesTest, HandshakeMessagesRoundTripAtTheirFieldLimits) {
   HelloRsp rsp;
   rsp.worker_id = std::string(kMaxWorkerIdBytes, 'w');

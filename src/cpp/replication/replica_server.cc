@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "net/permissions.h"
 #include "rhino/messages.h"
 
 #include <sys/stat.h>
@@ -167,6 +168,15 @@ std::shared_ptr<net::StreamListener> ReplicaServer::OnUnclaimed(const std::share
         conn->CloseWithError(h.stream_id, Status::Corruption("invalid OpenStreamReq: " + s.message()));
         return nullptr;
       }
+      s = net::PermitRequest(conn->peer(), h.type, req.operator_id, "worker " + options_.connection.worker_id);
+      if (!s.ok()) {
+        net::LogRefusal(s);
+        OpenStreamRsp rsp;
+        rsp.code = WireCode(s);
+        rsp.message = s.message();
+        conn->Send(MessageType::kOpenStreamRsp, h.stream_id, h.chain_version, rsp.Encode());
+        return nullptr;
+      }
       std::shared_ptr<ReplicaStream> stream;
       {
         MutexLock l(&mu_);
@@ -198,6 +208,15 @@ void ReplicaServer::AnswerStoreQuery(const std::shared_ptr<net::Connection>& con
   if (!s.ok()) {
     if (counters_ != nullptr) counters_->frames_rejected.fetch_add(1);
     conn->CloseWithError(h.stream_id, Status::Corruption("invalid StoreQueryReq: " + s.message()));
+    return;
+  }
+  s = net::PermitRequest(conn->peer(), h.type, req.operator_id, "worker " + options_.connection.worker_id);
+  if (!s.ok()) {
+    net::LogRefusal(s);
+    StoreQueryRsp rsp;
+    rsp.code = WireCode(s);
+    rsp.message = s.message();
+    conn->Send(MessageType::kStoreQueryRsp, h.stream_id, h.chain_version, rsp.Encode());
     return;
   }
   // Directory listing is disk work: off the connection's strand.

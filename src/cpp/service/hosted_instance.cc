@@ -663,7 +663,7 @@ Status HostedInstance::StartReplication(uint64_t id) {
   };
   // Returns at once: the transfer runs on the replication's own threads.
   return ReplicateCheckpoint(env_.store, config_.operator_id, config_.instance, id, config_.chain,
-                             config_.chain_version, env_.secret, o, &repl_active_);
+                             config_.chain_version, env_.credential, o, &repl_active_);
 }
 
 void HostedInstance::FailReplication(uint64_t id, const Status& why) {

@@ -44,7 +44,7 @@ struct InstanceEnv {
   std::string worker_id;
   std::string state_dir;
   ReplicaStore* store = nullptr;
-  std::string secret;       // to replicate down the chains
+  Credential credential;    // the worker's own (protocol §2, "Roles"): to replicate down the chains
   ReplicateOptions replicate;
   // Asks each chain member to drop the instance's checkpoints after `after`
   // (a re-executed batch replaces them); set by the state service.

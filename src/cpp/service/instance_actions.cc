@@ -458,7 +458,7 @@ Status StateService::ReplicateTo(const InstanceReq& req, std::string* result) {
   std::unique_ptr<ReplicationHandle> h;
   const auto t0 = std::chrono::steady_clock::now();
   RHINO_RETURN_IF_ERROR(ReplicateCheckpoint(store_, req.operator_id, req.instance, checkpoint, a.to, a.chain_version,
-                                            options_.secret, o, &h));
+                                            env_.credential, o, &h));
   ReplicationResult r;
   if (!h->Wait(static_cast<int64_t>(a.timeout_s * 1000), &r)) {
     h->Cancel();

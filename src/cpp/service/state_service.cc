@@ -1,5 +1,7 @@
 #include "service/state_service.h"
 
+#include "net/permissions.h"
+
 #include <algorithm>
 #include <cstdio>
 
@@ -28,7 +30,7 @@ StateService::StateService(ReplicaStore* store, net::ConnectionCounters* counter
   env_.worker_id = options.worker_id;
   env_.state_dir = options.state_dir;
   env_.store = store;
-  env_.secret = options.secret;
+  env_.credential = Credential::FromRoot(options.secret, PeerRole::kWorker, options.worker_id);
   env_.replicate = options.replicate;
   env_.replicate.client_id = options.worker_id;
   env_.discard_on_chain = [this](const InstanceConfig& c, std::optional<uint64_t> after) {
@@ -186,7 +188,7 @@ Status StateService::RaiseEpoch(const std::string& op, uint32_t instance, uint64
 Status StateService::DiscardOnChain(const InstanceConfig& config, std::optional<uint64_t> after) {
   StateClientOptions o;
   o.client_id = options_.worker_id;
-  o.secret = options_.secret;
+  o.credential = env_.credential;
   o.tls = options_.tls;
   o.max_frame_bytes = options_.max_frame_bytes;
   o.peer_timeout_ms = options_.peer_timeout_ms;
@@ -226,6 +228,13 @@ std::shared_ptr<net::StreamListener> StateService::OnUnclaimed(const std::shared
         Reject(conn, h, Status::Corruption("invalid InstanceReq: " + s.message()));
         return nullptr;
       }
+      s = net::PermitInstanceAction(conn->peer(), static_cast<InstanceAction>(req.action), req.operator_id,
+                                    "worker " + options_.worker_id);
+      if (!s.ok()) {
+        net::LogRefusal(s);
+        conn->Send(MessageType::kInstanceRsp, h.stream_id, 0, ServiceErrorPayload(MessageType::kInstanceRsp, s));
+        return nullptr;
+      }
       std::weak_ptr<net::Connection> weak = conn;
       const uint32_t sid = h.stream_id;
       const auto queued = std::chrono::steady_clock::now();
@@ -247,6 +256,12 @@ std::shared_ptr<net::StreamListener> StateService::OnUnclaimed(const std::shared
       Status s = SessionOpenReq::Decode(*payload, &req);
       if (!s.ok()) {
         Reject(conn, h, Status::Corruption("invalid SessionOpenReq: " + s.message()));
+        return nullptr;
+      }
+      s = net::PermitRequest(conn->peer(), h.type, req.operator_id, "worker " + options_.worker_id);
+      if (!s.ok()) {
+        net::LogRefusal(s);
+        conn->Send(MessageType::kSessionOpenRsp, h.stream_id, 0, ServiceErrorPayload(MessageType::kSessionOpenRsp, s));
         return nullptr;
       }
       if (req.read_checkpoint) return OpenReader(conn, h, req);

@@ -201,7 +201,9 @@ class Worker::Impl {
     net::ConnectionOptions co;
     co.tls = tls;
     co.worker_id = o.id;
-    co.secret = o.secret;
+    co.secret = o.secret;  // the server side: every role's key derives from it
+    // The client side (the pool's connections down a chain): the worker's own role.
+    co.credential = Credential::FromRoot(o.secret, PeerRole::kWorker, o.id);
     co.max_frame_bytes = o.max_frame_bytes;
     co.heartbeat_ms = o.heartbeat_ms;
     co.peer_timeout_ms = o.peer_timeout_ms;

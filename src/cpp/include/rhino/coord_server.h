@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "rhino/credential.h"
 #include "rhino/frame.h"
 #include "rhino/status.h"
 #include "rhino/tls.h"
@@ -65,12 +66,15 @@ struct CoordServerOptions {
 };
 
 // Answers one request. Called on a handler thread, with the method (valid:
-// [a-z_]{1,64}) and the args (a JSON document, already checked to parse). On
+// [a-z_]{1,64}), the args (a JSON document, already checked to parse) and who
+// the caller proved to be (its role and scope: protocol §2, "Roles"; the
+// handler decides what that role may ask, §8.2). On
 // OK, *result_json (empty on entry) is the answer, a JSON document; any other
 // Status goes back to the client with its code and message, and *result_json
 // is dropped. It must not throw; if it does, the client is answered IOError.
 using CoordHandler =
-    std::function<Status(const std::string& method, const std::string& args_json, std::string* result_json)>;
+    std::function<Status(const std::string& method, const std::string& args_json, const PeerIdentity& caller,
+                         std::string* result_json)>;
 
 // Counters since Start. Each is a snapshot; they are not read atomically together.
 struct CoordServerMetrics {

@@ -25,6 +25,7 @@ constexpr size_t kMaxAddressBytes = 256;
 constexpr size_t kMaxChainLength = 16;
 constexpr size_t kMaxMessageBytes = 64 << 10;
 constexpr size_t kNonceBytes = 16;
+constexpr size_t kMaxRoleBytes = 16;  // HelloReq.role: "coordinator" is the longest
 constexpr size_t kMacBytes = 32;  // HMAC-SHA256
 
 // Wire codes are Status::Code numbers (§3).
@@ -35,6 +36,12 @@ struct HelloReq {
   uint32_t proto = kProtocolVersion;
   std::string worker_id;
   std::string client_nonce;
+  // Appended (issue 46): the role the client proves and its scope (protocol §2,
+  // "Roles"; rhino/credential.h). Absent: the first handshake, in which the
+  // client proves the cluster's root secret itself, as admin.
+  bool has_role = false;
+  std::string role;   // at most kMaxRoleBytes
+  std::string scope;  // at most kMaxWorkerIdBytes
   std::string Encode() const;
   static Status Decode(std::string_view payload, HelloReq* out);
 };

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "rhino/coord_messages.h"
+#include "rhino/credential.h"
 #include "rhino/frame.h"
 #include "rhino/service_messages.h"
 #include "rhino/status.h"
@@ -32,7 +33,10 @@ namespace rhino {
 
 struct StateClientOptions {
   std::string client_id = "client";
+  // What the client proves (protocol §2): `credential`, a role's key, when it
+  // has one; else the cluster's root `secret` itself, as admin.
   std::string secret;
+  Credential credential;
   uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
   uint32_t heartbeat_ms = 500;
   uint32_t peer_timeout_ms = 3000;

@@ -39,6 +39,7 @@
   X(TlsFailed, 16, "TLSError")                        /* a TLS handshake failed: a refused certificate, plaintext */ \
   X(OperatorRunning, 17, "OperatorRunningError")      /* a query runs the operator: not dropped (protocol §8.2) */  \
   X(ResourceExhausted, 18, "ResourceExhaustedError")  /* a bound on what a peer may hold was hit (protocol §2) */  \
+  X(PermissionDenied, 19, "PermissionDeniedError")    /* the peer's role may not make this request (§2 Roles) */   \
   /* Wire codes of docs/protocol.md §3: numbered apart so that they stay stable */                                   \
   /* whatever local codes are added above. */                                                                        \
   X(StaleChainVersion, 100, "StaleChainVersionError") /* a frame of an older replica chain (fenced, §5) */           \
