@@ -14,7 +14,8 @@
 #                 in one foreachBatch query with a host SIGKILLed mid-run (each output identical to the
 #                 failure-free run), then 20 trials of random reconfigurations of a running query
 #                 (rescales, handovers, rebalances, a host joining, decommissioned, SIGKILLed), then the
-#                 coordinator model with 24 examples
+#                 coordinator model with 24 examples, then 10 minutes of replication to a replica with a
+#                 stream always open (its pool stays bounded: tests/test_gc_pins.py)
 #   make fuzz   - the frame-decoder and TLS-listener fuzz targets (libFuzzer under clang), FUZZ_SECONDS each (default 60)
 #   make thread-safety - clang's thread-safety analysis (-Wthread-safety) over the core's sources
 
@@ -206,6 +207,7 @@ chaos: setup
 	RHINO_CHAIN_TRIALS=$${RHINO_CHAIN_TRIALS:-20} $(PY) -m pytest tests/test_spark_chain_exactly_once.py -q $(PYTEST_ARGS)
 	RHINO_ELASTIC_TRIALS=$${RHINO_ELASTIC_TRIALS:-20} $(PY) -m pytest tests/test_spark_elastic_chaos.py -q $(PYTEST_ARGS)
 	RHINO_COORD_EXAMPLES=$${RHINO_COORD_EXAMPLES:-24} $(PY) -m pytest tests/test_coordinator_model.py -q $(PYTEST_ARGS)
+	RHINO_GC_SOAK_SECONDS=$${RHINO_GC_SOAK_SECONDS:-600} $(PY) -m pytest tests/test_gc_pins.py -q -s $(PYTEST_ARGS)
 
 FUZZ_SECONDS ?= 60
 FUZZ_SOURCES := fuzz/frame_fuzzer.cc src/cpp/net/frame.cc src/cpp/net/messages.cc src/cpp/net/service_messages.cc \

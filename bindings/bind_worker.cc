@@ -68,6 +68,10 @@ py::dict MetricsDict(const WorkerMetrics& m) {
   d["checkpoints_retired"] = m.checkpoints_retired;
   d["gc_files_removed"] = m.gc_files_removed;
   d["gc_bytes_removed"] = m.gc_bytes_removed;
+  d["gc_deferred"] = m.gc_deferred;
+  d["pool_files"] = m.pool_files;
+  d["pool_bytes"] = m.pool_bytes;
+  d["gc_pins"] = m.gc_pins;
   d["retention_errors"] = m.retention_errors;
   d["retention_last_error"] = m.retention_last_error;
   py::list inst;

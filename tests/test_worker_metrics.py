@@ -19,7 +19,8 @@ SNAPSHOT = dict(bytes_received=10, bytes_sent=20, bytes_written=30, net_bytes_in
                 active_streams=1, in_flight_credits=4, streams_opened=7, checkpoints_complete=3,
                 checkpoints_aborted=1, auth_failures=6, tls_failures=14, rejected_frames=2, stale_rejections=5, peers_dead=8,
                 open_connections=3, buffer_pool_cached_bytes=1 << 20, checkpoints_retired=11,
-                gc_bytes_removed=12, retention_errors=13, retention_last_error="",
+                gc_bytes_removed=12, retention_errors=13, retention_last_error="", gc_deferred=15, pool_files=16,
+                pool_bytes=17, gc_pins=18,
                 instances=[dict(operator_id='q8"join', instance=0, last_committed=None, last_opened=2, chain_version=3),
                            dict(operator_id="agg", instance=5, last_committed=4, last_opened=4, chain_version=1)])
 
@@ -51,7 +52,8 @@ def test_every_snapshot_field_is_a_sample_with_the_worker_label():
         key("rhino_worker_stale_rejections_total"): 5, key("rhino_worker_peers_dead_total"): 8,
         key("rhino_worker_open_connections"): 3, key("rhino_worker_buffer_pool_cached_bytes"): 1 << 20,
         key("rhino_worker_checkpoints_retired_total"): 11, key("rhino_worker_gc_bytes_removed_total"): 12,
-        key("rhino_worker_retention_errors_total"): 13,
+        key("rhino_worker_retention_errors_total"): 13, key("rhino_worker_gc_deferred_total"): 15,
+        key("rhino_worker_pool_files"): 16, key("rhino_worker_pool_bytes"): 17, key("rhino_worker_gc_pins"): 18,
         # An instance with nothing committed has no committed sample, and its lag counts from 0.
         key("rhino_replica_last_committed_checkpoint", operator="agg", instance="5"): 4,
         key("rhino_replica_last_opened_checkpoint", operator='q8"join', instance="0"): 2,

@@ -85,6 +85,8 @@ _COUNTERS = [
      "gc_bytes_removed"),
     ("rhino_worker_retention_errors_total", "Retention passes that failed (the worker logs the error).",
      "retention_errors"),
+    ("rhino_worker_gc_deferred_total", "Retention passes whose garbage collection found the replica store busy "
+     "(a restore or a stream opening holding its lock) and waited for the next pass.", "gc_deferred"),
 ]
 _GAUGES = [
     ("rhino_worker_active_streams", "Replication streams under way.", "active_streams"),
@@ -93,6 +95,11 @@ _GAUGES = [
     ("rhino_worker_open_connections", "Open data-plane connections.", "open_connections"),
     ("rhino_worker_buffer_pool_cached_bytes", "Free chunk buffers kept for reuse (at most 32 MiB).",
      "buffer_pool_cached_bytes"),
+    ("rhino_worker_pool_bytes", "Bytes in the replica store's pool, as the last garbage collection left it.",
+     "pool_bytes"),
+    ("rhino_worker_pool_files", "Files in the replica store's pool, as the last garbage collection left it.",
+     "pool_files"),
+    ("rhino_worker_gc_pins", "Pins (replication streams under way) the last garbage collection honoured.", "gc_pins"),
 ]
 # (name, help, instance key) of the per-instance gauges; an instance whose value is None has no sample.
 _INSTANCE_GAUGES = [

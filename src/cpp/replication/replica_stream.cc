@@ -149,9 +149,14 @@ Status ReplicaStream::PrepareLocal() {
   chunk_bytes_ = req_.chunk_bytes;
   window_ = std::min(req_.window, env_->max_window);
   ReplicaStore* store = env_->store;
-  // Shared lock until commit or abort: GC must not reclaim a pooled file this
-  // stream counted on when it computed need_i.
-  RHINO_RETURN_IF_ERROR(store->AcquireLock(false, &store_lock_));
+  // GC must not reclaim a pooled file this stream counts on from computing
+  // need_i until its manifest is committed: a pin of the manifest's files,
+  // made under the shared lock before the pool is looked at. The lock itself
+  // is held only while this function runs, so that GC, which takes it
+  // exclusively, never waits for a stream's whole life (issue 46).
+  std::unique_ptr<ReplicaStore::Lock> lock;
+  RHINO_RETURN_IF_ERROR(store->AcquireLock(false, &lock));
+  RHINO_RETURN_IF_ERROR(store->PinManifest(manifest_, &pin_));
   Manifest existing;
   Status s = store->ReadManifest(operator_id_, instance_, checkpoint_id_, &existing);
   if (s.ok() && !SameFiles(existing, manifest_)) {
@@ -669,7 +674,7 @@ void ReplicaStream::Finish() {
   // Partial data is discarded; committed files live on under their pool names.
   if (!staging_.empty()) fs::RemoveAll(staging_);
   staging_.clear();
-  store_lock_.reset();
+  pin_.reset();
   held_.clear();
   env_->metrics->in_flight_credits.fetch_sub(held_count_);
   held_count_ = 0;

@@ -152,7 +152,7 @@ class ReplicaStream : public std::enable_shared_from_this<ReplicaStream> {
   Manifest manifest_;
 
   // local side (§4 steps 1-2)
-  std::unique_ptr<ReplicaStore::Lock> store_lock_;  // keeps GC away until commit/abort
+  std::unique_ptr<ReplicaStore::Pin> pin_;  // keeps GC off the manifest's files until commit/abort
   std::string staging_;
   std::vector<uint32_t> need_self_;  // manifest indexes this member lacks, ascending
   std::vector<char> self_needs_;     // by manifest index

@@ -115,6 +115,50 @@ ReplicaStore::Lock::~Lock() {
   if (fd_ >= 0) ::close(fd_);  // closing the fd releases the flock
 }
 
+ReplicaStore::Pin::~Pin() { ::unlink(path_.c_str()); }
+
+Status ReplicaStore::PinManifest(const Manifest& m, std::unique_ptr<Pin>* out) {
+  std::string list;
+  for (const auto& f : m.files) list.append(f.identity).push_back('\n');
+  const std::string dir = fs::Join(dir_, "pins");
+  RHINO_RETURN_IF_ERROR(fs::MakeDirs(dir));  // a store made before pins existed
+  // Not synced: a pin never outlives its process, and GC drops those of dead ones.
+  std::string path = fs::Join(dir, std::to_string(::getpid()) + "-" + fs::RandomHex(8));
+  RHINO_RETURN_IF_ERROR(fs::WriteFileAtomic(path, list, /*sync=*/false));
+  *out = std::make_unique<Pin>(std::move(path));
+  return Status::OK();
+}
+
+// The identities the live pins hold (PinManifest); the pins of processes that
+// no longer run are removed. Under the exclusive lock.
+Status ReplicaStore::PinnedIdentities(std::set<std::string>* pinned, uint64_t* pins) {
+  const std::string dir = fs::Join(dir_, "pins");
+  if (!fs::Exists(dir)) return Status::OK();
+  std::vector<std::string> names;
+  RHINO_RETURN_IF_ERROR(fs::ListDir(dir, &names));
+  for (const auto& n : names) {
+    const std::string path = fs::Join(dir, n);
+    if (StagingOwnerDead(n, "")) {
+      ::unlink(path.c_str());
+      continue;
+    }
+    std::string list;
+    Status s = fs::ReadFile(path, &list);
+    if (s.IsNotFound()) continue;  // released meanwhile
+    // Never delete on uncertainty: a live pin that cannot be read stops GC.
+    if (!s.ok()) return Status::IOError("garbage collection stopped: pin " + path + ": " + s.message());
+    ++*pins;
+    size_t start = 0;
+    while (start < list.size()) {
+      size_t end = list.find('\n', start);
+      if (end == std::string::npos) end = list.size();
+      if (end > start) pinned->insert(list.substr(start, end - start));
+      start = end + 1;
+    }
+  }
+  return Status::OK();
+}
+
 Status ReplicaStore::AcquireLock(bool exclusive, std::unique_ptr<Lock>* out, bool wait) const {
   std::string path = fs::Join(dir_, "LOCK");
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -135,7 +179,7 @@ Status ReplicaStore::AcquireLock(bool exclusive, std::unique_ptr<Lock>* out, boo
 
 Status ReplicaStore::Open(const std::string& dir, std::unique_ptr<ReplicaStore>* out) {
   if (dir.empty()) return Status::InvalidArgument("store directory is empty");
-  for (const char* sub : {"pool", "checkpoints", "tmp"}) {
+  for (const char* sub : {"pool", "checkpoints", "tmp", "pins"}) {
     RHINO_RETURN_IF_ERROR(fs::MakeDirs(fs::Join(dir, sub)));
   }
   std::unique_ptr<ReplicaStore> store(new ReplicaStore(dir));
@@ -595,14 +639,19 @@ Status ReplicaStore::GarbageCollect(GcStats* stats, bool wait) {
     }
   }
   DropStaleStandbys(stats);
+  RHINO_RETURN_IF_ERROR(PinnedIdentities(&referenced, &stats->pins));
   std::string pool = fs::Join(dir_, "pool");
   std::vector<std::string> names;
   RHINO_RETURN_IF_ERROR(fs::ListDir(pool, &names));
   for (const auto& n : names) {
-    if (referenced.count(n)) continue;
     std::string p = fs::Join(pool, n);
     uint64_t size = 0;
     fs::FileSize(p, &size);
+    if (referenced.count(n)) {
+      ++stats->pool_files;
+      stats->pool_bytes += size;
+      continue;
+    }
     if (::unlink(p.c_str()) != 0 && errno != ENOENT) return Status::FromErrno(errno, "unlink " + p);
     ++stats->files_removed;
     stats->bytes_removed += size;

@@ -32,6 +32,10 @@ Status ApplyRetention(ReplicaStore* store, uint32_t keep, const RetentionFloor& 
   RHINO_RETURN_IF_ERROR(s);
   stats->files_removed = gc.files_removed;
   stats->bytes_removed = gc.bytes_removed;
+  stats->gc_ran = true;
+  stats->pool_files = gc.pool_files;
+  stats->pool_bytes = gc.pool_bytes;
+  stats->pins = gc.pins;
   return Status::OK();
 }
 

@@ -35,6 +35,10 @@ struct RetentionStats {
   uint64_t files_removed = 0;        // pooled files freed
   uint64_t bytes_removed = 0;
   bool gc_deferred = false;          // the store was busy: GC waits for the next pass
+  bool gc_ran = false;               // GC ran: the pool figures below are this pass's
+  uint64_t pool_files = 0;           // the pool after GC
+  uint64_t pool_bytes = 0;
+  uint64_t pins = 0;                 // live pins GC honoured (replica streams under way)
 };
 
 // For an instance hosted on this worker: the oldest checkpoint it may still

@@ -170,5 +170,48 @@ TEST_F(RetentionTest, BusyStoreDefersGcButStillRetiresCheckpoints) {
   EXPECT_EQ(Pool().size(), 3u);
 }
 
+TEST_F(RetentionTest, APinKeepsItsFilesThroughGcWithoutHoldingTheLock) {
+  // Issue 46: a replica stream pins its manifest's files instead of holding the
+  // store's shared lock for its whole life, so GC runs while it is under way.
+  CommitMany("op", 0, {1, 2, 3, 4});
+  Manifest old_one;
+  ASSERT_OK(store_->ReadManifest("op", 0, 1, &old_one));  // what a stream counting on checkpoint 1's files pins
+  std::unique_ptr<ReplicaStore::Pin> pin;
+  {
+    std::unique_ptr<ReplicaStore::Lock> lock;
+    ASSERT_OK(store_->AcquireLock(/*exclusive=*/false, &lock));
+    ASSERT_OK(store_->PinManifest(old_one, &pin));
+  }  // the lock goes; the pin stays
+  RetentionStats stats;
+  ASSERT_OK(ApplyRetention(store_.get(), 2, kReplica, &stats));
+  EXPECT_FALSE(stats.gc_deferred);
+  EXPECT_TRUE(stats.gc_ran);
+  EXPECT_EQ(stats.pins, 1u);
+  EXPECT_EQ(stats.checkpoints_removed, 2u);
+  EXPECT_EQ(stats.files_removed, 1u);  // checkpoint 2's own file; checkpoint 1's is pinned
+  for (const auto& f : old_one.files) EXPECT_EQ(Pool().count(f.identity), 1u) << f.name;
+  EXPECT_EQ(stats.pool_files, Pool().size());
+  EXPECT_EQ(stats.pool_files, 4u);  // 3's and 4's own files, the shared one, and 1's pinned one
+  pin.reset();  // the stream ended: the next pass frees what only the pin held
+  ASSERT_OK(ApplyRetention(store_.get(), 2, kReplica, &stats));
+  EXPECT_EQ(stats.pins, 0u);
+  EXPECT_EQ(stats.files_removed, 1u);
+  EXPECT_EQ(Pool().size(), 3u);
+  EXPECT_TRUE(testing::List(tmp_.Sub("store/pins")).empty());
+}
+
+TEST_F(RetentionTest, ThePinOfAProcessThatNoLongerRunsIsDropped) {
+  CommitMany("op", 0, {1, 2, 3});
+  Manifest m;
+  ASSERT_OK(store_->ReadManifest("op", 0, 1, &m));
+  // A pin left by a killed process: pid 2^22+ is above Linux's pid_max default (4194304).
+  testing::WriteBytes(tmp_.Sub("store/pins/4194305-deadbeef"), m.files[0].identity + "\n");
+  RetentionStats stats;
+  ASSERT_OK(ApplyRetention(store_.get(), 2, kReplica, &stats));
+  EXPECT_EQ(stats.pins, 0u);
+  EXPECT_EQ(stats.files_removed, 1u);  // checkpoint 1's own file is free after all
+  EXPECT_TRUE(testing::List(tmp_.Sub("store/pins")).empty());
+}
+
 }  // namespace
 }  // namespace rhino

@@ -153,6 +153,10 @@ class Worker::Impl {
       m.checkpoints_retired = retired_;
       m.gc_files_removed = gc_files_;
       m.gc_bytes_removed = gc_bytes_;
+      m.gc_deferred = gc_deferred_;
+      m.pool_files = pool_files_;
+      m.pool_bytes = pool_bytes_;
+      m.gc_pins = gc_pins_;
       m.retention_errors = retention_errors_;
       m.retention_last_error = retention_last_error_;
     }
@@ -262,6 +266,12 @@ class Worker::Impl {
         retired_ += st.checkpoints_removed;
         gc_files_ += st.files_removed;
         gc_bytes_ += st.bytes_removed;
+        if (st.gc_deferred) ++gc_deferred_;
+        if (st.gc_ran) {
+          pool_files_ = st.pool_files;
+          pool_bytes_ = st.pool_bytes;
+          gc_pins_ = st.pins;
+        }
         if (!s.ok()) {
           ++retention_errors_;
           retention_last_error_ = s.ToString();
@@ -296,6 +306,10 @@ class Worker::Impl {
   uint64_t retired_ GUARDED_BY(retention_mu_) = 0;
   uint64_t gc_files_ GUARDED_BY(retention_mu_) = 0;
   uint64_t gc_bytes_ GUARDED_BY(retention_mu_) = 0;
+  uint64_t gc_deferred_ GUARDED_BY(retention_mu_) = 0;
+  uint64_t pool_files_ GUARDED_BY(retention_mu_) = 0;
+  uint64_t pool_bytes_ GUARDED_BY(retention_mu_) = 0;
+  uint64_t gc_pins_ GUARDED_BY(retention_mu_) = 0;
   uint64_t retention_errors_ GUARDED_BY(retention_mu_) = 0;
   std::string retention_last_error_ GUARDED_BY(retention_mu_);
 };

@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -127,6 +128,9 @@ struct GcStats {
   uint64_t bytes_removed = 0;
   uint64_t staging_removed = 0;
   uint64_t standbys_removed = 0;
+  uint64_t pins = 0;          // live pins honoured (ReplicaStore::Pin)
+  uint64_t pool_files = 0;    // the pool after the pass
+  uint64_t pool_bytes = 0;
 };
 
 struct InstanceRef {
@@ -158,6 +162,29 @@ class ReplicaStore {
   };
   // With wait = false, Busy if another holder conflicts (LOCK_NB).
   Status AcquireLock(bool exclusive, std::unique_ptr<Lock>* out, bool wait = true) const;
+
+  // A pin keeps the pooled files of a manifest from GarbageCollect for as long
+  // as it lives, without holding the store's lock that long (issue 46: a
+  // replica stream used to hold the shared lock for its whole life, so on a
+  // replica that always had a stream open GC never ran and the pool grew
+  // until the disk filled). It is a file pins/<pid>-<random> listing the
+  // identities, removed when the Pin is destroyed; GC honours the pins of
+  // processes that run and removes those of processes that do not.
+  class Pin {
+   public:
+    explicit Pin(std::string path) : path_(std::move(path)) {}
+    ~Pin();
+    Pin(const Pin&) = delete;
+    Pin& operator=(const Pin&) = delete;
+
+   private:
+    std::string path_;
+  };
+  // Pins every file of `m`. Call it with the shared lock held, before looking
+  // at the pool: a GC pass (under the exclusive lock) then either ended
+  // before, and what it removed is seen missing, or starts after and sees the
+  // pin. The lock may be released once the pool has been looked at.
+  Status PinManifest(const Manifest& m, std::unique_ptr<Pin>* out);
 
   // A fresh staging directory under tmp/; the caller removes it (RemoveAll).
   Status NewStagingDir(const std::string& kind, std::string* path);
@@ -233,9 +260,10 @@ class ReplicaStore {
   // replaces the history after the checkpoint it restarts from (design §5).
   Status DiscardAfter(const std::string& operator_id, uint32_t instance, std::optional<uint64_t> after,
                       std::vector<uint64_t>* removed);
-  // Removes pooled files that no committed manifest references, and stale staging.
-  // With wait = false, returns Busy at once instead of waiting for the
-  // streams and restores that hold the shared lock (store/retention.h).
+  // Removes pooled files that no committed manifest and no live pin references,
+  // and stale staging. With wait = false, returns Busy at once instead of
+  // waiting for the restores and stream openings that hold the shared lock,
+  // each briefly (store/retention.h).
   Status GarbageCollect(GcStats* stats, bool wait = true);
 
   // pool/<identity>; PathOutsideStore if `identity` is not of the identity form.
@@ -253,6 +281,7 @@ class ReplicaStore {
   // Under the exclusive lock (GC): removes standby directories that are not
   // of their instance's newest checkpoint.
   void DropStaleStandbys(GcStats* stats);
+  Status PinnedIdentities(std::set<std::string>* pinned, uint64_t* pins);
 
   std::string dir_;
   mutable std::mutex standby_mu_;  // guards standby_locks_

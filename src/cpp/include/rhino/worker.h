@@ -116,6 +116,11 @@ struct WorkerMetrics {
   uint64_t checkpoints_retired = 0;
   uint64_t gc_files_removed = 0;
   uint64_t gc_bytes_removed = 0;
+  uint64_t gc_deferred = 0;  // passes whose GC found the store busy (a restore or a stream opening) and waited
+  // The replica store's pool as the last GC pass left it, and the pins it honoured (streams under way).
+  uint64_t pool_files = 0;
+  uint64_t pool_bytes = 0;
+  uint64_t gc_pins = 0;
   uint64_t retention_errors = 0;  // passes that failed (the error is kept below)
   std::string retention_last_error;
   std::vector<InstanceReplicaState> instances;
