@@ -36,15 +36,17 @@ RETENTION = ["--retention-interval", "0.2", "--keep-checkpoints", "2"]
 
 
 class StalledStream:
-    """A replication stream to `address` that opens and then never sends its file:
-    while it lives, the worker holds it open. Answers the worker's heartbeats, so that
-    only the stream, not the connection, is idle."""
+    """A replication stream to `address` that opens and then sends its file 100 bytes
+    every 10 s (110 chunks: 18 minutes), so that it lives through the whole run without
+    tripping the worker's 60 s idle timeout. Answers the worker's heartbeats."""
+
+    CHUNK, EVERY_S = 100, 10.0
 
     def __init__(self, address: str) -> None:
         self.raw = wire.RawClient(address)
         rsp = self.raw.handshake(SECRET)
         assert rsp[0]["type"] == "AuthRsp", rsp
-        content = b"never sent " * 1000
+        self.content = content = b"slowly sent" * 1000
         manifest = wire.manifest_bytes("stalled", 0, 1, [("000001.sst", content)])
         self.raw.send(wire.frame("OpenStreamReq", wire.open_stream_req("stalled", 0, 1, manifest),
                                  stream_id=1, chain_version=1))
@@ -58,9 +60,14 @@ class StalledStream:
         self.thread.start()
 
     def _heartbeats(self) -> None:
+        offset, last = 0, time.monotonic()
         while not self.stop.is_set():
+            if time.monotonic() - last > self.EVERY_S and offset + self.CHUNK < len(self.content):
+                self.raw.send(wire.frame("ChunkReq", wire.chunk_req(0, offset, self.content[offset:offset + self.CHUNK]),
+                                         stream_id=1, chain_version=1))
+                offset, last = offset + self.CHUNK, time.monotonic()
             try:
-                self.raw.recv_skipping_heartbeats()
+                self.raw.recv_skipping_heartbeats()  # credits come back here, and are not needed
             except socket.timeout:
                 continue
             except OSError:
