@@ -84,6 +84,7 @@ class Cluster:
     co: CoordinatorProcess
     ws: dict[str, WorkerProcess]
     tls: Optional[rhino.TLS]  # the clients' identity (127.0.0.1); None: plaintext
+    task_tls: Optional[rhino.TLS]  # the task certificate of the clients' host (role task only)
     task: Credential  # jobA's, from the file `rhino credential task --namespace jobA` wrote
     model: dict[str, dict[int, bytes]] = field(default_factory=dict)  # op -> committed state
     last: dict[str, int] = field(default_factory=dict)  # op -> last committed batch
@@ -104,11 +105,16 @@ class Cluster:
         for c in self._admins.values():
             c.close()
 
+    def tls_for(self, secret: Any) -> Optional[rhino.TLS]:
+        """The certificate a holder of `secret` has: a task credential the task certificate (as a
+        Spark task does), anything else the host's (docs/protocol.md §2, "TLS")."""
+        return self.task_tls if isinstance(secret, Credential) and secret.role == "task" else self.tls
+
     def connect(self, w: WorkerProcess, secret: Any = SECRET, **kw: Any) -> rhino.Client:
-        return rhino.connect(w.address, secret=secret, tls=self.tls, client_id="abuse-test", **kw)
+        return rhino.connect(w.address, secret=secret, tls=self.tls_for(secret), client_id="abuse-test", **kw)
 
     def coordinator(self, secret: Any = SECRET, **kw: Any):
-        return connect_coordinator(self.co.address, secret=secret, tls=self.tls, client_id="abuse-test",
+        return connect_coordinator(self.co.address, secret=secret, tls=self.tls_for(secret), client_id="abuse-test",
                                    request_timeout=60.0, **kw)
 
     def placement(self, op: str):
@@ -178,11 +184,13 @@ def cluster(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"abuse-{mode}")
     sf = write_secret(root, SECRET)
     tls_of: dict[str, Optional[rhino.TLS]] = {h: None for h in (W1_HOST, W2_HOST, COORD_HOST, CLIENT_HOST)}
+    task_tls = None
     if mode == "tls":
         pytest.importorskip("cryptography")
         from rhino.tls.certs import init
 
         init(root / "certs", list(tls_of))  # `rhino certs init DIR --hosts ...`
+        task_tls = rhino.TLS.from_dir(root / "certs", CLIENT_HOST, task=True)
         tls_of = {h: rhino.TLS.from_dir(root / "certs", h) for h in tls_of}
     co = CoordinatorProcess(root, secret_file=sf, host=COORD_HOST, heartbeat_timeout=30.0,
                             extra_args=_tls_args(tls_of[COORD_HOST])).start()
@@ -191,7 +199,7 @@ def cluster(request, tmp_path_factory):
         for wid, host in (("w1", W1_HOST), ("w2", W2_HOST)):
             ws[wid] = WorkerProcess(root, wid, host, secret_file=sf, metrics=False,
                                     extra_args=["--coordinator", co.address] + _tls_args(tls_of[host])).start()
-        cl = Cluster(mode, root, sf, co, ws, tls_of[CLIENT_HOST], _write_task_credential(root, sf))
+        cl = Cluster(mode, root, sf, co, ws, tls_of[CLIENT_HOST], task_tls, _write_task_credential(root, sf))
         with cl.coordinator() as cc:  # the workers registered themselves, with their worker credentials
             deadline = time.monotonic() + 30
             while sum(w["state"] == "alive" for w in cc.status()["workers"]) < 2:
@@ -492,7 +500,7 @@ def test_a_task_cannot_replicate_or_query_a_store(cluster, tmp_path) -> None:
     repl = cl.replica[A]
     before = snapshot(cl)
     refused(cl, before, lambda: rhino.query_store(repl.address, secret=cl.task, operator_id=A, instance=0,
-                                                  tls=cl.tls))
+                                                  tls=cl.tls_for(cl.task)))
     forged = 1000
     db = rhino.StateBackend.open(str(tmp_path / "live"), operator_id=A, instance=0,
                                  partitioner=rhino.Partitioner(num_vnodes=V))
@@ -502,8 +510,8 @@ def test_a_task_cannot_replicate_or_query_a_store(cluster, tmp_path) -> None:
     store = rhino.ReplicaStore(str(tmp_path / "store"))
     db.checkpoint(store, forged)
     db.close()
-    h = rhino.replicate(store, A, 0, forged, [repl.address], chain_version=1 << 62, secret=cl.task, tls=cl.tls,
-                        timeout=20.0)
+    h = rhino.replicate(store, A, 0, forged, [repl.address], chain_version=1 << 62, secret=cl.task,
+                        tls=cl.tls_for(cl.task), timeout=20.0)
     refused(cl, before, lambda: h.wait(30))
     assert forged not in rhino.ReplicaStore(str(repl.dir)).checkpoints(A, 0)
 

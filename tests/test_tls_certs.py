@@ -1,8 +1,9 @@
 """``rhino certs init`` (rhino/tls/certs.py): the files it makes, checked by an independent
 TLS stack, Python's ``ssl`` (OpenSSL) doing a mutual TLS 1.3 handshake over a real socket
 pair: a host's certificate is accepted by a peer trusting the CA, and refused with a CA
-it does not trust, expired, or naming another host. Bad input is a clear error, and
-nothing is overwritten."""
+it does not trust, expired, or naming another host. Each host also gets a task
+certificate: the roles each admits are its ``rhino-role:`` URI SANs (docs/protocol.md §2,
+"TLS"). Bad input is a clear error, and nothing is overwritten."""
 
 from __future__ import annotations
 
@@ -119,11 +120,60 @@ def test_init_keeps_the_ca_and_refuses_to_overwrite(tmp_path, capsys):
     assert (d / "ca.pem").read_bytes() != ca_before and (d / "127.0.0.2.key").read_bytes() != key_before
 
 
+def _roles_and_usages(path) -> tuple[list[str], set[str]]:
+    """The ``rhino-role:`` URI SANs of a certificate, and its extended key usages' names."""
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    names = {ExtendedKeyUsageOID.SERVER_AUTH: "serverAuth", ExtendedKeyUsageOID.CLIENT_AUTH: "clientAuth"}
+    cert = x509.load_pem_x509_certificate(path.read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    return ([u for u in san.get_values_for_type(x509.UniformResourceIdentifier) if u.startswith("rhino-role:")],
+            {names.get(u, u.dotted_string) for u in eku})
+
+
+def test_each_host_gets_its_own_and_its_tasks_certificate_with_their_roles(tmp_path, capsys):
+    d = tmp_path / "c"
+    assert certs_main(["init", str(d), "--hosts", "127.0.0.2"]) == 0
+    out = capsys.readouterr().out
+    assert "127.0.0.2-task.pem" in out and "127.0.0.2.pem" in out
+    # the host's: the infrastructure on it (worker, coordinator, the admin's CLI), both ends
+    assert _roles_and_usages(d / "127.0.0.2.pem") == (
+        ["rhino-role:admin", "rhino-role:coordinator", "rhino-role:worker"], {"serverAuth", "clientAuth"})
+    # its Spark tasks': the task role only, a client only
+    assert _roles_and_usages(d / "127.0.0.2-task.pem") == (["rhino-role:task"], {"clientAuth"})
+    assert stat.S_IMODE((d / "127.0.0.2-task.key").stat().st_mode) == 0o600
+    # the task certificate passes a mutual TLS handshake as a client, and names the host too
+    srv = _ctx(ssl.PROTOCOL_TLS_SERVER, str(d / "ca.pem"), str(d / "127.0.0.2.pem"), str(d / "127.0.0.2.key"))
+    cli = _ctx(ssl.PROTOCOL_TLS_CLIENT, str(d / "ca.pem"), str(d / "127.0.0.2-task.pem"),
+               str(d / "127.0.0.2-task.key"))
+    assert _handshake(srv, cli, "127.0.0.2") == ("", "")
+    # but it cannot serve: a client refuses it as a server's certificate (no serverAuth)
+    srv = _ctx(ssl.PROTOCOL_TLS_SERVER, str(d / "ca.pem"), str(d / "127.0.0.2-task.pem"),
+               str(d / "127.0.0.2-task.key"))
+    cli = _ctx(ssl.PROTOCOL_TLS_CLIENT, str(d / "ca.pem"), str(d / "127.0.0.2.pem"), str(d / "127.0.0.2.key"))
+    _, c_err = _handshake(srv, cli, "127.0.0.2")
+    assert "unsupported certificate purpose" in c_err or "certificate verify failed" in c_err, c_err
+    # issue(): any roles, or none (a CA that does not mark roles), and nothing else
+    ca_cert, ca_key = load_ca(d)
+    cert, _ = issue(ca_cert, ca_key, "127.0.0.3", roles=None)
+    (tmp_path / "plain.pem").write_bytes(cert)
+    assert _roles_and_usages(tmp_path / "plain.pem") == ([], {"serverAuth", "clientAuth"})
+    cert, _ = issue(ca_cert, ca_key, "127.0.0.3", roles=["worker"])
+    (tmp_path / "w.pem").write_bytes(cert)
+    assert _roles_and_usages(tmp_path / "w.pem")[0] == ["rhino-role:worker"]
+    for bad in (["root"], [], ["Admin"]):
+        with pytest.raises(InvalidArgumentError, match="roles must be some of"):
+            issue(ca_cert, ca_key, "127.0.0.3", roles=bad)
+
+
 @pytest.mark.parametrize("hosts, days, match", [
     ([], 365, "at least one host"),
     (["bad host"], 365, "neither an IP address nor a DNS name"),
     (["a..b"], 365, "neither"),
     (["ca"], 365, "CA's file name"),
+    (["w1", "w1-task"], 365, "w1's task certificate"),
     (["127.0.0.2"], 0, "positive integer"),
     (["127.0.0.2"], True, "positive integer"),
 ])

@@ -1,4 +1,5 @@
-"""``rhino certs init DIR --hosts H...``: a CA and a certificate per host, for trying
+"""``rhino certs init DIR --hosts H...``: a CA and certificates per host (its
+infrastructure's and its Spark tasks'), for trying
 mutual TLS out (rhino/tls/certs.py says what is made; docs/deploy.md how to use a
 company CA instead)."""
 
@@ -15,10 +16,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rhino certs", description=__doc__.split("\n\n")[0].replace("\n", " "))
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    p = sub.add_parser("init", help="make DIR/ca.pem, ca.key and <host>.pem, <host>.key per host",
+    p = sub.add_parser("init", help="make DIR/ca.pem, ca.key and <host>.pem, <host>.key, <host>-task.pem, "
+                                    "<host>-task.key per host",
                        description="Makes a self-signed CA in DIR (or signs with the one already there) and, per "
                                    "host, a certificate naming it (an IP address or a DNS name) for both ends "
-                                   "of a connection. Keys are written owner-only. Existing files are kept unless "
+                                   "of a connection, admitting the roles admin, coordinator and worker (for the "
+                                   "rhino worker, the coordinator and the CLI on that host), and <host>-task.pem "
+                                   "admitting the role task only (for the Spark executors and driver on that "
+                                   "host). Keys are written owner-only. Existing files are kept unless "
                                    "--force, which also makes a new CA (certificates it signed before stop "
                                    "being accepted). For trying TLS out: in production use your company's CA.")
     p.add_argument("dir", metavar="DIR")

@@ -10,7 +10,13 @@ them. What this module makes is what such a deployment would have:
 - ``<host>.pem`` / ``<host>.key`` per host: the host's name as its subject
   alternative name (an IP address for an address, a DNS name otherwise), valid for
   both ends of a connection (``serverAuth`` and ``clientAuth``), since a worker
-  accepts connections and opens them (chain replication, bulk copies).
+  accepts connections and opens them (chain replication, bulk copies); it admits the
+  roles of the infrastructure on that host, ``admin``, ``coordinator`` and ``worker``
+  (URI subject alternative names ``rhino-role:<role>``, docs/protocol.md §2, "TLS");
+- ``<host>-task.pem`` / ``<host>-task.key`` per host: the certificate of the Spark
+  executors and driver on that host, the same name, ``clientAuth`` only (a task
+  never serves), admitting the role ``task`` only: a task that got hold of the root
+  secret still cannot act as the coordinator, a worker or the admin with it.
 
 Keys are written owner-only (0600), certificates world-readable. Nothing is
 overwritten unless ``force``. Uses the ``cryptography`` package
@@ -29,7 +35,14 @@ from typing import Any, Iterable, Optional
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["CertificateFiles", "init", "issue", "load_ca"]
+__all__ = ["CertificateFiles", "HOST_ROLES", "ROLES", "ROLE_URI", "TASK_ROLES", "init", "issue", "load_ca"]
+
+# The URI subject alternative name that names a role a certificate admits (one per role)
+ROLE_URI = "rhino-role:"
+ROLES = ("admin", "coordinator", "worker", "task")
+HOST_ROLES = ("admin", "coordinator", "worker")  # <host>.pem: the infrastructure on the host
+TASK_ROLES = ("task",)  # <host>-task.pem: its Spark executors and driver
+TASK_SUFFIX = "-task"
 
 _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 
@@ -135,17 +148,37 @@ def _make_ca(name: str, days: int) -> tuple[Any, Any]:
     return cert, key
 
 
+def _role_names(roles: Optional[Iterable[str]]) -> list[Any]:
+    """The URI subject alternative names of ``roles`` (None: none, the certificate admits any role)."""
+    from cryptography import x509
+
+    if roles is None:
+        return []
+    roles = list(dict.fromkeys(roles))
+    bad = [r for r in roles if r not in ROLES]
+    if bad or not roles:
+        raise InvalidArgumentError(f"roles must be some of {', '.join(ROLES)} (or None: any role), got {roles!r}")
+    return [x509.UniformResourceIdentifier(ROLE_URI + r) for r in roles]
+
+
 def issue(ca_cert: Any, ca_key: Any, host: str, *, days: int = 365,
-          not_before: Optional[dt.datetime] = None, not_after: Optional[dt.datetime] = None) -> tuple[bytes, bytes]:
+          not_before: Optional[dt.datetime] = None, not_after: Optional[dt.datetime] = None,
+          roles: Optional[Iterable[str]] = HOST_ROLES) -> tuple[bytes, bytes]:
     """A certificate for ``host`` signed by the CA, and its key, as PEM bytes. ``not_before``
-    and ``not_after`` override the validity (a test makes an expired certificate so)."""
+    and ``not_after`` override the validity (a test makes an expired certificate so).
+    ``roles``: the roles it admits, as ``rhino-role:<role>`` URI SANs (default: a host's;
+    None: none named, so any role: a CA that does not mark roles). A certificate of
+    ``task`` only is for clients only (``clientAuth``)."""
     _crypto()
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    san = _check_host(host)
+    names = [_check_host(host), *_role_names(roles)]
+    client_only = roles is not None and set(roles) == {"task"}
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if client_only else [ExtendedKeyUsageOID.SERVER_AUTH,
+                                                                     ExtendedKeyUsageOID.CLIENT_AUTH]
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
     start = not_before or now - dt.timedelta(minutes=5)
@@ -158,9 +191,8 @@ def issue(ca_cert: Any, ca_key: Any, host: str, *, days: int = 365,
             .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False, key_cert_sign=False,
                                          crl_sign=False, content_commitment=False, data_encipherment=False,
                                          key_agreement=True, encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                           critical=False)
-            .add_extension(x509.SubjectAlternativeName([san]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
             .sign(ca_key, hashes.SHA256()))
     return _cert_pem(cert), _key_pem(key)
@@ -169,8 +201,9 @@ def issue(ca_cert: Any, ca_key: Any, host: str, *, days: int = 365,
 def init(directory: str | os.PathLike, hosts: Iterable[str], *, days: int = 365, force: bool = False,
          ca_name: str = "rhino test CA") -> dict[str, CertificateFiles]:
     """Makes ``directory`` with a new CA (unless it already holds one: then new host
-    certificates are signed by it) and a certificate per host. Returns the files by host,
-    and the CA's under ``"ca"``."""
+    certificates are signed by it) and per host two certificates: ``<host>.pem`` (roles
+    admin, coordinator, worker) and ``<host>-task.pem`` (role task). Returns the files by
+    host, the task certificate's under ``"<host>-task"``, and the CA's under ``"ca"``."""
     _crypto()
     hosts = list(dict.fromkeys(hosts))
     if not hosts:
@@ -181,6 +214,9 @@ def init(directory: str | os.PathLike, hosts: Iterable[str], *, days: int = 365,
         _check_host(h)
         if h == "ca":
             raise InvalidArgumentError("'ca' is the CA's file name, not a host")
+        if h + TASK_SUFFIX in hosts:
+            raise InvalidArgumentError(f"{h + TASK_SUFFIX!r} is the file name of {h}'s task certificate, "
+                                       f"not another host")
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     out: dict[str, CertificateFiles] = {}
@@ -192,9 +228,10 @@ def init(directory: str | os.PathLike, hosts: Iterable[str], *, days: int = 365,
         _write(d / "ca.pem", _cert_pem(ca_cert), 0o644, force)
     out["ca"] = CertificateFiles(d / "ca.pem", d / "ca.key")
     for h in hosts:
-        cert, key = issue(ca_cert, ca_key, h, days=days)
-        files = CertificateFiles(d / f"{h}.pem", d / f"{h}.key")
-        _write(files.key, key, 0o600, force)
-        _write(files.cert, cert, 0o644, force)
-        out[h] = files
+        for name, roles in ((h, HOST_ROLES), (h + TASK_SUFFIX, TASK_ROLES)):
+            cert, key = issue(ca_cert, ca_key, h, days=days, roles=roles)
+            files = CertificateFiles(d / f"{name}.pem", d / f"{name}.key")
+            _write(files.key, key, 0o600, force)
+            _write(files.cert, cert, 0o644, force)
+            out[name] = files
     return out

@@ -37,10 +37,13 @@ class TLS:
                 raise InvalidArgumentError(f"TLS needs a {name} file path, got {v!r}")
 
     @classmethod
-    def from_dir(cls, directory: str | os.PathLike, host: str) -> "TLS":
-        """The files ``rhino certs init`` made in ``directory`` for ``host``."""
+    def from_dir(cls, directory: str | os.PathLike, host: str, *, task: bool = False) -> "TLS":
+        """The files ``rhino certs init`` made in ``directory`` for ``host``: its own
+        certificate (roles admin, coordinator, worker), or with ``task`` its Spark tasks'
+        (``<host>-task.pem``, role task only: what a ``rhino.spark`` operator is given)."""
         d = os.fspath(directory)
-        return cls(os.path.join(d, f"{host}.pem"), os.path.join(d, f"{host}.key"), os.path.join(d, "ca.pem"))
+        name = f"{host}-task" if task else host
+        return cls(os.path.join(d, f"{name}.pem"), os.path.join(d, f"{name}.key"), os.path.join(d, "ca.pem"))
 
     @classmethod
     def from_args(cls, cert: Optional[str], key: Optional[str], ca: Optional[str]) -> Optional["TLS"]:
@@ -62,7 +65,7 @@ class TLS:
 def for_host(tls: Optional[Any], host: str) -> Optional[TLS]:
     """``tls`` (a :class:`TLS`, its dict, or None) with ``{host}`` in its paths replaced by
     ``host``: one setting names each host's own files, as a Spark job that runs on many
-    hosts needs (``/etc/rhino/{host}.pem``; the local cluster's ``certs/{host}.pem``)."""
+    hosts needs (``/etc/rhino/{host}-task.pem``; the local cluster's ``certs/{host}-task.pem``)."""
     if tls is None:
         return None
     if isinstance(tls, dict):

@@ -198,7 +198,8 @@ def transform_with_state(processor: Any, *, key: str | Sequence[str], output_sch
       the driver hosts); ``secret`` / ``secret_file``: the cluster's shared secret.
     - ``tls``: a ``rhino.TLS`` when the cluster runs mutual TLS; ``{host}`` in its paths
       becomes each process's own host (the driver's, each task's executor's), so one
-      setting names every host's certificate.
+      setting names every host's certificate: the hosts' task certificates
+      (``{host}-task.pem`` of ``rhino certs init``, role task only), not the hosts' own.
     - ``parallelism`` (instances), ``replicas`` (r, default 2), ``num_vnodes``. The
       parallelism is the initial one: a driver restarted after a rescale runs at the
       coordinator's, says so in a warning and its reports (``BatchReport.parallelism``).

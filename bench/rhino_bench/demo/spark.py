@@ -211,7 +211,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         _say(f"[demo] cluster up in {time.time() - t_up:.1f} s; starting the Spark application")
         if a.tls:
-            _say(f"[demo] mutual TLS on every Rhino TCP link (certificates in {cl.state['tls_dir']})")
+            _say(f"[demo] mutual TLS on every Rhino TCP link (certificates in {cl.state['tls_dir']}; the Spark "
+                 f"tasks present their hosts' task certificates, which admit the task role only)")
         # one executor per host, and room for one more: the host that joins
         spark = cl.spark_session("rhino-demo-q8", spare_hosts=1 if elastic else 0)
         spark.sparkContext.setLogLevel("ERROR")
@@ -349,7 +350,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                coordinator=cl.coordinator, secret_file=str(cl.secret_file), parallelism=a.hosts,
                                replicas=a.replicas, on_batch=on_batch, stop_when=stop_when if elastic else None,
                                operator_options={**({"num_vnodes": a.vnodes} if elastic else {}),
-                                                 **({"tls": cl.tls} if a.tls else {})} or None)
+                                                 **({"tls": cl.task_tls} if a.tls else {})} or None)
         finally:
             prog.end()
         op = run.operator

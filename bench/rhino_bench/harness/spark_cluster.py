@@ -632,15 +632,26 @@ class LocalCluster:
 
     @property
     def tls(self) -> Any:
-        """The cluster's ``rhino.TLS`` (``{host}`` in its paths: each process's own host), or None
-        when it runs plaintext. Pass it to ``rhino.connect``, ``connect_coordinator`` and the
-        ``rhino.spark`` operator."""
+        """The cluster's ``rhino.TLS`` for its hosts' infrastructure and admin (``{host}`` in its
+        paths: each process's own host; roles admin, coordinator, worker), or None when it runs
+        plaintext. Pass it to ``rhino.connect`` and ``connect_coordinator`` as the admin; a
+        ``rhino.spark`` operator gets :attr:`task_tls`."""
+        return self._tls_of("")
+
+    @property
+    def task_tls(self) -> Any:
+        """The hosts' task certificates (``{host}-task.pem``, role task only), or None when the
+        cluster runs plaintext: what a ``rhino.spark`` operator's ``tls=`` is given, so that its
+        driver and tasks prove the task role and no other (docs/protocol.md §2, "TLS")."""
+        return self._tls_of("-task")
+
+    def _tls_of(self, suffix: str) -> Any:
         d = self._state.get("tls_dir")
         if not d:
             return None
         from rhino.tls.config import TLS
 
-        return TLS(f"{d}/{{host}}.pem", f"{d}/{{host}}.key", f"{d}/ca.pem")
+        return TLS(f"{d}/{{host}}{suffix}.pem", f"{d}/{{host}}{suffix}.key", f"{d}/ca.pem")
 
     def _tls_args(self, host: str) -> list[str]:
         d = self._state.get("tls_dir")
@@ -1093,7 +1104,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     up.add_argument("--coordinator-port", type=int, default=0, help="the coordinator's port (default: any free)")
     up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness (default: 120)")
     up.add_argument("--tls", action="store_true",
-                    help="mutual TLS on every Rhino TCP link: a CA and per-host certificates are made in DIR/certs")
+                    help="mutual TLS on every Rhino TCP link: a CA and per-host certificates are made in DIR/certs "
+                         "(H.pem for the host's Rhino processes and the CLI, H-task.pem for its Spark tasks)")
     with_dir(sub.add_parser("down", help="stop every process of the cluster"))
     stp = with_dir(sub.add_parser("status", help="what is up"))
     stp.add_argument("--json", action="store_true")

@@ -8,6 +8,8 @@
 #include <cstring>
 
 #include "net/auth.h"
+#include "net/cert_roles.h"
+#include "net/permissions.h"
 #include "rhino/messages.h"
 #include "util/buffer_pool.h"
 
@@ -470,23 +472,7 @@ void Connection::HandleHandshake(const FrameHeader& h, const std::string& payloa
     return;
   }
   if (role_ == Role::kServer && h.type == MessageType::kAuthReq && hello_done_) {
-    AuthReq req;
-    Status s = AuthReq::Decode(payload, &req);
-    if (!s.ok()) {
-      Reject(0, s);
-      return;
-    }
-    if (!MacEquals(req.client_mac, ClientMac(server_key_, server_nonce_, client_nonce_))) {
-      if (counters_ != nullptr) counters_->auth_failures.fetch_add(1);
-      CloseWithError(0, Status::AuthFailed("authentication failed: peer " + remote_ +
-                                           " does not know the shared secret (or the key of the role it named)"));
-      return;
-    }
-    AuthRsp rsp;
-    rsp.ok = true;
-    SendNow(MessageType::kAuthRsp, 0, rsp.Encode());
-    state_.store(State::kOpen);
-    FinishHandshake(Status::OK());
+    OnAuthReq(payload);
     return;
   }
   if (role_ == Role::kClient && h.type == MessageType::kHelloRsp && !hello_done_) {
@@ -530,6 +516,49 @@ void Connection::HandleHandshake(const FrameHeader& h, const std::string& payloa
   }
   // §2: any other frame before AuthRsp closes the connection.
   Reject(0, Status::Corruption(std::string(MessageTypeName(h.type)) + " before authentication completed"));
+}
+
+void Connection::OnAuthReq(const std::string& payload) {
+  AuthReq req;
+  Status s = AuthReq::Decode(payload, &req);
+  if (!s.ok()) {
+    Reject(0, s);
+    return;
+  }
+  if (!MacEquals(req.client_mac, ClientMac(server_key_, server_nonce_, client_nonce_))) {
+    if (counters_ != nullptr) counters_->auth_failures.fetch_add(1);
+    CloseWithError(0, Status::AuthFailed("authentication failed: peer " + remote_ +
+                                         " does not know the shared secret (or the key of the role it named)"));
+    return;
+  }
+  // The role is proved; under TLS the peer's certificate must admit it too (§2, "TLS").
+  PeerRole proved;
+  {
+    std::lock_guard<std::mutex> l(peer_mu_);
+    proved = peer_role_;
+  }
+  s = CheckCertificateAdmits(proved);
+  if (!s.ok()) {
+    LogRefusal(s);
+    CloseWithError(0, s);
+    return;
+  }
+  AuthRsp rsp;
+  rsp.ok = true;
+  SendNow(MessageType::kAuthRsp, 0, rsp.Encode());
+  state_.store(State::kOpen);
+  FinishHandshake(Status::OK());
+}
+
+Status Connection::CheckCertificateAdmits(PeerRole role) {
+  if (!tls_) return Status::OK();  // plaintext, or a Unix socket: the keys alone
+  X509* cert = SSL_get0_peer_certificate(tls_->native_handle());  // not ours to free
+  std::string peer = remote_;
+  {
+    std::lock_guard<std::mutex> l(peer_mu_);
+    if (!peer_id_.empty()) peer += " (" + peer_id_ + ")";
+  }
+  return CheckCertificateRole(CertificateRoles(cert), role, "rhino " + options_.worker_id, peer);
 }
 
 void Connection::HandleConnectionFrame(const FrameHeader& h, const std::string& payload) {

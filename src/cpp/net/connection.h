@@ -172,6 +172,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void OnPayload(const asio::error_code& ec);
   void Dispatch(const FrameHeader& h, std::shared_ptr<std::string> payload);
   void HandleHandshake(const FrameHeader& h, const std::string& payload);
+  // Server side of §2: the client's AuthReq, then (under TLS) its certificate's roles.
+  void OnAuthReq(const std::string& payload);
+  // Server side, under TLS: PermissionDenied unless the peer's certificate
+  // admits `role` (its "rhino-role:" SANs, net/cert_roles.h; none: any role).
+  Status CheckCertificateAdmits(PeerRole role);
   void HandleConnectionFrame(const FrameHeader& h, const std::string& payload);
   void Enqueue(Outgoing o);
   void WriteNext();
