@@ -1,6 +1,7 @@
 #include "replication/replica_stream.h"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include <xxhash.h>
 // Bulk hashing (chunks, whole files) through libxxhash's run-time dispatch to
@@ -9,9 +10,13 @@
 #include <xxh_x86dispatch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <set>
 
 #include "replication/manifest_check.h"
@@ -21,6 +26,21 @@
 
 namespace rhino {
 namespace {
+
+// A refused stream's log line, at most once a second with a count: a flood of
+// oversized manifests must not flood the log.
+void LogNoSpace(const Status& why) {
+  static std::atomic<uint64_t> refused{0};
+  static std::mutex mu;
+  static std::chrono::steady_clock::time_point last;
+  const uint64_t n = refused.fetch_add(1) + 1;
+  std::lock_guard<std::mutex> l(mu);
+  const auto now = std::chrono::steady_clock::now();
+  if (n > 1 && now - last < std::chrono::seconds(1)) return;
+  last = now;
+  std::fprintf(stderr, "rhino: %s (%llu streams refused so far)\n", why.message().c_str(),
+               static_cast<unsigned long long>(n));
+}
 
 std::string Hex128(XXH128_hash_t h) {
   char hex[33];
@@ -183,6 +203,7 @@ Status ReplicaStream::PrepareLocal() {
   member_needed_files_ = {static_cast<uint32_t>(need_self_.size())};
   member_needed_bytes_ = {need_bytes};
   if (need_self_.empty()) return Status::OK();
+  RHINO_RETURN_IF_ERROR(Reserve(need_bytes));
   RHINO_RETURN_IF_ERROR(store->NewStagingDir("stream", &staging_));
   // Empty files get no chunks: create (and check) them now.
   for (uint32_t i : need_self_) {
@@ -198,6 +219,39 @@ Status ReplicaStream::PrepareLocal() {
   recv_hash_ = XXH3_createState();
   if (recv_hash_ == nullptr) return Status::IOError("out of memory for a hash state");
   return Status::OK();
+}
+
+Status ReplicaStream::Reserve(uint64_t need_bytes) {
+  struct statvfs st;
+  if (::statvfs(env_->store->dir().c_str(), &st) != 0) return Status::FromErrno(errno, "statvfs " + env_->store->dir());
+  const uint64_t free_bytes = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  const uint64_t total = static_cast<uint64_t>(st.f_blocks) * st.f_frsize;
+  // Kept free for the commits themselves (manifests, fences, the live state's
+  // own writes on a worker that hosts instances): 1% of the disk, at least 64 MiB.
+  const uint64_t keep = std::max<uint64_t>(64ull << 20, total / 100);
+  const int64_t need = static_cast<int64_t>(std::min<uint64_t>(need_bytes, INT64_MAX / 4));
+  const int64_t others = env_->metrics->reserved_bytes.fetch_add(need);
+  const uint64_t promised = static_cast<uint64_t>(std::max<int64_t>(0, others));
+  if (need_bytes > free_bytes || promised + need_bytes + keep > free_bytes) {
+    env_->metrics->reserved_bytes.fetch_sub(need);
+    Status s = Status::NoSpace("worker " + env_->worker_id + " cannot take checkpoint " +
+                               std::to_string(checkpoint_id_) + " of " + operator_id_ + "/" +
+                               std::to_string(instance_) + ": it needs " + std::to_string(need_bytes) +
+                               " bytes here, and the store's disk has " + std::to_string(free_bytes) +
+                               " free, of which " + std::to_string(promised) + " are promised to open streams and " +
+                               std::to_string(keep) + " kept for commits");
+    LogNoSpace(s);
+    return s;
+  }
+  reserved_ = need;
+  return Status::OK();
+}
+
+void ReplicaStream::Unreserve(uint64_t bytes) {
+  const int64_t n = std::min<int64_t>(reserved_, static_cast<int64_t>(std::min<uint64_t>(bytes, INT64_MAX / 4)));
+  if (n <= 0) return;
+  reserved_ -= n;
+  env_->metrics->reserved_bytes.fetch_sub(n);
 }
 
 void ReplicaStream::OnDownstreamConnected(const Status& s, std::shared_ptr<net::Connection> conn) {
@@ -464,6 +518,7 @@ Status ReplicaStream::OnChunk(const ChunkReq& c, std::shared_ptr<std::string> pa
   XXH3_128bits_update(recv_hash_, c.data.data(), c.data.size());
   env_->metrics->bytes_received.fetch_add(c.data.size());
   env_->metrics->bytes_written.fetch_add(c.data.size());
+  Unreserve(c.data.size());
   recv_off_ += c.data.size();
   if (!down_needs_.empty() && down_needs_[want]) {
     held_.push_back(HeldChunk{want, c.offset, static_cast<uint32_t>(c.data.size()), std::move(payload)});
@@ -675,6 +730,7 @@ void ReplicaStream::Finish() {
   if (!staging_.empty()) fs::RemoveAll(staging_);
   staging_.clear();
   pin_.reset();
+  Unreserve(UINT64_MAX);
   held_.clear();
   env_->metrics->in_flight_credits.fetch_sub(held_count_);
   held_count_ = 0;

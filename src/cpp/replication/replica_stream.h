@@ -106,6 +106,11 @@ class ReplicaStream : public std::enable_shared_from_this<ReplicaStream> {
   // ---- all below run on strand_ ----
   void DoOpen();
   Status PrepareLocal();
+  // Admits the stream's need against the store's free space less what open
+  // streams may still write and a margin (ServerMetrics::reserved_bytes), or
+  // refuses it with NoSpace (issue 46: a manifest's sizes drive fallocate).
+  Status Reserve(uint64_t need_bytes);
+  void Unreserve(uint64_t bytes);  // written, or the stream ended
   void OnDownstreamConnected(const Status& s, std::shared_ptr<net::Connection> conn);
   void OnFrame(Side side, const FrameHeader& h, std::shared_ptr<std::string> payload);
   void OnUpstreamFrame(const FrameHeader& h, std::shared_ptr<std::string> payload);
@@ -152,7 +157,8 @@ class ReplicaStream : public std::enable_shared_from_this<ReplicaStream> {
   Manifest manifest_;
 
   // local side (§4 steps 1-2)
-  std::unique_ptr<ReplicaStore::Pin> pin_;  // keeps GC off the manifest's files until commit/abort
+  std::unique_ptr<ReplicaStore::Pin> pin_;
+  int64_t reserved_ = 0;  // of ServerMetrics::reserved_bytes: this stream's need less what it wrote  // keeps GC off the manifest's files until commit/abort
   std::string staging_;
   std::vector<uint32_t> need_self_;  // manifest indexes this member lacks, ascending
   std::vector<char> self_needs_;     // by manifest index

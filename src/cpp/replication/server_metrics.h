@@ -23,6 +23,12 @@ struct ServerMetrics {
   std::atomic<uint64_t> checkpoints_complete{0};
   std::atomic<uint64_t> checkpoints_aborted{0};
   std::atomic<uint64_t> stale_rejections{0};
+  // Bytes the open streams may still write here: each stream's need (what its
+  // manifest names and the pool lacks) less what it has written. A stream is
+  // admitted only if its need fits the store's free space less these and a
+  // margin (ReplicaStream::Reserve), so that manifests cannot promise away the
+  // disk that commits need.
+  std::atomic<int64_t> reserved_bytes{0};
 
   void NoteOpened(const std::string& op, uint32_t inst, uint64_t checkpoint_id, uint64_t chain_version) EXCLUDES(mu) {
     MutexLock l(&mu);
