@@ -379,6 +379,7 @@ class Run:
     checks: dict[str, bool] = field(default_factory=dict)
     fill_begin_s: list[float] = field(default_factory=list)
     failed: Optional[str] = None
+    admin: Any = None  # the admin's coordinator client (coord())
 
     # ---- helpers ------------------------------------------------------------------------------
     @property
@@ -386,7 +387,16 @@ class Run:
         return self.parameters["operator_id"]
 
     def coord(self) -> Any:
-        return self.op.coordinator()
+        """The admin's coordinator client (the cluster's root secret): a handover is the
+        admin's to ask, not the job's (its driver holds a task credential: docs/protocol.md
+        §2, "Roles")."""
+        if self.admin is None:
+            from rhino.coordinator.client import connect_coordinator
+            from rhino.replication import read_secret_file
+
+            self.admin = connect_coordinator(self.cluster["coordinator"],
+                                             secret=read_secret_file(self.cluster["secret_file"]))
+        return self.admin
 
     def small_keys(self) -> list[int]:
         return list(range(1, self.args.small_keys + 1))
