@@ -153,9 +153,10 @@ stop() aborts streams under way and closes connections; join() waits for stop.
                        const std::string& tls_ca, uint32_t max_connections,
                        uint32_t max_unauthenticated_connections, uint32_t max_connections_per_peer,
                        uint32_t max_unauthenticated_per_peer, uint32_t max_instances,
-                       uint32_t max_checkpoint_readers) {
+                       uint32_t max_checkpoint_readers, uint32_t max_streams_per_connection) {
              auto w = std::make_unique<PyWorker>();
              WorkerOptions o;
+             o.max_streams_per_connection = max_streams_per_connection;
              o.max_instances = max_instances;
              o.max_checkpoint_readers = max_checkpoint_readers;
              o.max_connections = max_connections;
@@ -199,7 +200,8 @@ stop() aborts streams under way and closes connections; join() waits for stop.
            py::arg("max_connections_per_peer") = kDefaultMaxConnectionsPerPeer,
            py::arg("max_unauthenticated_per_peer") = kDefaultMaxUnauthenticatedPerPeer,
            py::arg("max_instances") = kDefaultMaxInstances,
-           py::arg("max_checkpoint_readers") = kDefaultMaxCheckpointReaders)
+           py::arg("max_checkpoint_readers") = kDefaultMaxCheckpointReaders,
+           py::arg("max_streams_per_connection") = kDefaultMaxStreamsPerConnection)
       .def("start", [](PyWorker& w) {
              Status s;
              {
@@ -349,6 +351,7 @@ void BindWorker(py::module_& m) {
         }, py::arg("root"), py::arg("role"), py::arg("scope") = "",
         "The key of `role` with `scope`, derived from the cluster's root secret (docs/protocol.md §2, \"Roles\").");
   m.attr("MAX_FRAME_BYTES") = kDefaultMaxFrameBytes;
+  m.attr("MAX_STREAMS_PER_CONNECTION") = kDefaultMaxStreamsPerConnection;
   m.attr("MAX_CONNECTIONS") = kDefaultMaxConnections;
   m.attr("MAX_UNAUTHENTICATED_CONNECTIONS") = kDefaultMaxUnauthenticatedConnections;
   m.attr("MAX_CONNECTIONS_PER_PEER") = kDefaultMaxConnectionsPerPeer;

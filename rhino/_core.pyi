@@ -246,6 +246,7 @@ MAX_CONNECTIONS: int
 MAX_UNAUTHENTICATED_CONNECTIONS: int
 MAX_CONNECTIONS_PER_PEER: int
 MAX_UNAUTHENTICATED_PER_PEER: int
+MAX_STREAMS_PER_CONNECTION: int  # streams a peer holds open on one connection (docs/protocol.md §2)
 # Default bounds on what a worker's state service holds (docs/protocol.md §7.1, "Bounds").
 MAX_INSTANCES: int
 MAX_CHECKPOINT_READERS: int
@@ -283,6 +284,7 @@ class Worker:
         max_unauthenticated_per_peer: int = ...,  # handshakes in progress per peer IP address (TCP)
         max_instances: int = ...,  # instances hosted at once; 0 = no bound
         max_checkpoint_readers: int = ...,  # checkpoint readers open at once; 0 = no bound
+        max_streams_per_connection: int = ...,  # streams one peer holds open on one connection; 0 = no bound
     ) -> None: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...

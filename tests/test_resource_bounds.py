@@ -502,3 +502,51 @@ def test_a_manifest_that_would_reserve_the_disk_is_refused_by_name(worker, size)
                        stream_id=1, chain_version=1))
         h, p = raw.recv_skipping_heartbeats()
         assert h["type"] == "OpenStreamRsp" and decode_status(p)[0] == 0, decode_status(p)
+
+
+def test_streams_per_connection_are_bounded_by_name_and_given_back(tmp_path) -> None:
+    """Issue 46: a peer holds at most --max-streams-per-connection streams open on one
+    connection. One more is answered ResourceExhausted on its own stream and logged; the
+    connection serves on, another connection is not affected, and a stream that ends gives
+    its place back."""
+    from dataplane_wire import open_stream_req
+
+    cap = 4
+    w = WorkerProcess(tmp_path, "w1", "127.0.0.2", secret_file=write_secret(tmp_path, SECRET), metrics=False,
+                      extra_args=["--max-streams-per-connection", str(cap)]).start()
+    try:
+        with RawClient(w.address) as raw:
+            assert raw.handshake(SECRET)[0]["type"] == "AuthRsp"
+
+            def open_stream(sid: int) -> tuple[dict, bytes]:
+                m = _manifest_of_size("capped", sid, 1 << 10)  # a file the store lacks: the stream waits for it
+                raw.send(frame("OpenStreamReq", open_stream_req("capped", 0, sid, m), stream_id=sid, chain_version=1))
+                return raw.recv_skipping_heartbeats()
+
+            for sid in range(1, cap + 1):
+                h, p = open_stream(sid)
+                assert h["type"] == "OpenStreamRsp" and decode_status(p)[0] == 0, decode_status(p)
+            h, p = open_stream(cap + 1)
+            assert h["type"] == "ErrorRsp" and h["stream_id"] == cap + 1, h
+            code, message = decode_status(p)
+            assert code == 18 and f"holds {cap} streams open" in message and "max_streams_per_connection" in message
+            # Another connection is not affected, and this one still serves.
+            _served_unix_or_tcp(w)
+            raw.send(frame("AbortReq", Enc().bytes_(b"test: done").done(), stream_id=1, chain_version=1))
+            deadline = time.monotonic() + 10
+            while True:  # the aborted stream gives its place back
+                h, p = open_stream(100 + int(time.monotonic() * 10) % 1000)
+                if h["type"] == "OpenStreamRsp":
+                    assert decode_status(p)[0] == 0, decode_status(p)
+                    break
+                assert time.monotonic() < deadline, "the aborted stream never gave its place back"
+                time.sleep(0.2)
+        assert "max_streams_per_connection" in w.log_path.read_text(errors="replace")
+        assert w.alive()
+    finally:
+        w.stop()
+
+
+def _served_unix_or_tcp(w: WorkerProcess) -> None:
+    with rhino.connect(w.address, secret=SECRET) as c:
+        assert c.instances() == []  # a worker that hosts nothing answers, on its own connection

@@ -158,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-unauthenticated-per-peer", type=uint32, default=_core.MAX_UNAUTHENTICATED_PER_PEER,
                    help="handshakes in progress per peer IP address on the TCP listener; more are refused "
                         "(default: %(default)s; 0: no bound)")
+    p.add_argument("--max-streams-per-connection", type=uint32, default=_core.MAX_STREAMS_PER_CONNECTION,
+                   help="streams (sessions, replication streams, readers) a peer holds open on one connection; "
+                        "one more is refused with ResourceExhausted (default: %(default)s; 0: no bound)")
     p.add_argument("--stream-idle-timeout-ms", type=uint32, default=60000,
                    help="abort a stream that sees no frame from either neighbour for this long (0: never)")
     p.add_argument("--nice", type=int, default=DEFAULT_NICE, choices=range(0, 20), metavar="0..19",
@@ -297,6 +300,7 @@ def _new_worker(args: argparse.Namespace, config: _Configuration) -> Worker:
         max_unauthenticated_connections=args.max_unauthenticated_connections,
         max_connections_per_peer=args.max_connections_per_peer,
         max_unauthenticated_per_peer=args.max_unauthenticated_per_peer,
+        max_streams_per_connection=args.max_streams_per_connection,
         max_window=args.max_window,
         stream_idle_timeout_ms=args.stream_idle_timeout_ms,
         state_dir=config.state_dir,

@@ -4,8 +4,11 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 
 #include "net/auth.h"
 #include "net/cert_roles.h"
@@ -15,6 +18,20 @@
 
 namespace rhino::net {
 namespace {
+
+// A refused stream's log line, at most once a second with a count.
+void LogStreamRefusal(const Status& why) {
+  static std::atomic<uint64_t> refused{0};
+  static std::mutex mu;
+  static std::chrono::steady_clock::time_point last;
+  const uint64_t n = refused.fetch_add(1) + 1;
+  std::lock_guard<std::mutex> l(mu);
+  const auto now = std::chrono::steady_clock::now();
+  if (n > 1 && now - last < std::chrono::seconds(1)) return;
+  last = now;
+  std::fprintf(stderr, "rhino: %s: refused (%llu so far)\n", why.message().c_str(),
+               static_cast<unsigned long long>(n));
+}
 
 // "ip:port" of a TCP peer, "unix" for a Unix-socket peer (it has no name).
 std::string DescribePeer(int fd) {
@@ -416,6 +433,18 @@ void Connection::Dispatch(const FrameHeader& h, std::shared_ptr<std::string> pay
   if (it != listeners_.end()) {
     it->second->OnFrame(h, std::move(payload));
   } else if (unclaimed_) {
+    if (role_ == Role::kServer && options_.max_streams != 0 && listeners_.size() >= options_.max_streams) {
+      // A peer that holds this many streams open gets no more until one ends
+      // (issue 46: streams per connection are bounded).
+      if (counters_ != nullptr) counters_->frames_rejected.fetch_add(1);
+      Status why = Status::ResourceExhausted(options_.worker_id + ": peer " + remote_ + " holds " +
+                                             std::to_string(listeners_.size()) +
+                                             " streams open on one connection (max_streams_per_connection " +
+                                             std::to_string(options_.max_streams) + ")");
+      LogStreamRefusal(why);
+      SendNow(MessageType::kErrorRsp, h.stream_id, ErrorRsp::From(why).Encode());
+      return;
+    }
     std::shared_ptr<StreamListener> l = unclaimed_(shared_from_this(), h, std::move(payload));
     if (l != nullptr && state_.load() != State::kClosed) listeners_[h.stream_id] = std::move(l);
   }

@@ -51,6 +51,10 @@ struct ConnectionOptions {
   uint32_t max_frame_bytes = kDefaultMaxFrameBytes;
   uint32_t heartbeat_ms = 500;
   uint32_t peer_timeout_ms = 3000;
+  // Server side: streams the peer may hold open on this connection (§1); a
+  // frame that would open one more is answered ResourceExhausted on its
+  // stream, logged, and the connection serves on. 0 = no bound.
+  uint32_t max_streams = kDefaultMaxStreamsPerConnection;
   // Client side: bind the local end to this address (e.g. the worker's own
   // 127.0.0.N) so that peers see where traffic comes from. Empty = any.
   std::string local_bind_host;

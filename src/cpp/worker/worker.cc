@@ -209,6 +209,7 @@ class Worker::Impl {
     // The client side (the pool's connections down a chain): the worker's own role.
     co.credential = Credential::FromRoot(o.secret, PeerRole::kWorker, o.id);
     co.max_frame_bytes = o.max_frame_bytes;
+    co.max_streams = o.max_streams_per_connection;
     co.heartbeat_ms = o.heartbeat_ms;
     co.peer_timeout_ms = o.peer_timeout_ms;
     co.local_bind_host = o.listen_host;

@@ -76,6 +76,9 @@ constexpr uint32_t kDefaultMaxConnections = 1024;               // open, per lis
 constexpr uint32_t kDefaultMaxUnauthenticatedConnections = 256;  // handshakes in progress, per listener
 constexpr uint32_t kDefaultMaxConnectionsPerPeer = 512;          // per peer IP address, per listener
 constexpr uint32_t kDefaultMaxUnauthenticatedPerPeer = 64;       // handshakes per peer IP address, per listener
+// Streams one peer may hold open on one connection it opened (sessions,
+// replication streams, readers, coordinator requests in flight; protocol §1).
+constexpr uint32_t kDefaultMaxStreamsPerConnection = 1024;
 // The default bounds on what authenticated peers can make a worker's state
 // service hold (protocol §7.1, "Bounds"). 0 = no bound.
 constexpr uint32_t kDefaultMaxInstances = 4096;         // hosted instances (a RocksDB open each)

@@ -63,6 +63,10 @@ struct WorkerOptions {
   uint32_t max_unauthenticated_connections = kDefaultMaxUnauthenticatedConnections;
   uint32_t max_connections_per_peer = kDefaultMaxConnectionsPerPeer;  // per peer IP address (TCP)
   uint32_t max_unauthenticated_per_peer = kDefaultMaxUnauthenticatedPerPeer;  // handshakes per peer IP address
+  // Streams one peer holds open on one connection (sessions, replication
+  // streams, readers); a frame that would open one more is answered
+  // ResourceExhausted on its stream. 0 = no bound.
+  uint32_t max_streams_per_connection = kDefaultMaxStreamsPerConnection;
 
   // ---- flow control (protocol §4 step 3) ----
   // Most credits granted per stream, whatever the sender asks: memory per
