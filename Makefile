@@ -158,7 +158,8 @@ SANITIZE_TESTS ?= tests/test_replication.py tests/test_chain_repair_reexecuted.p
   tests/test_retention.py tests/test_standby.py tests/test_service_sessions.py tests/test_service_takeover.py \
   tests/test_service_reconfigure.py tests/test_service_status.py tests/test_service_security.py \
   tests/test_session_scan_many.py tests/test_close_during_call.py tests/test_failover_fence.py tests/test_frame.py \
-  tests/test_partitioner.py tests/test_routing_table.py tests/test_ttl_compaction.py tests/test_coord_transport.py
+  tests/test_partitioner.py tests/test_routing_table.py tests/test_ttl_compaction.py tests/test_coord_transport.py \
+  tests/test_abuse.py tests/test_tls_roles.py tests/test_gc_pins.py tests/test_resource_bounds.py
 sanitize: setup
 	@mkdir -p build
 	@for san in address,undefined thread; do \
