@@ -4,9 +4,8 @@ passed is cancelled.
 
 - Unit tests of :class:`BatchWatch` with a scripted host list and a stand-in coordinator.
 - On a real 3-host cluster (127.0.0.34-36) whose coordinator's heartbeat timeout is far
-  longer than the test: a SIGKILLed host is declared dead because the driver's watch
-  reported it (the worker was still alive at the coordinator when the report was sent),
-  and Q8's output still equals a pandas computation over the same events. The operator
+  longer than the test: a SIGKILLed host is declared dead because it was reported (by the
+  driver's watch, or by a task that found it unreachable, whichever came first), and Q8's output still equals a pandas computation over the same events. The operator
   runs with ``input_copies=2``: each batch's routed input is cached with copies on two
   executors of two hosts (read from Spark's REST API while the batch runs), and released.
 """
@@ -328,14 +327,22 @@ def test_the_driver_reports_a_killed_host_before_any_heartbeat_timeout(tmp_path,
     assert len(left) == 0, [i.toString() for i in left]
     dead = next(w for w in status["workers"] if w["id"] == victim)
     assert dead["state"] == "dead"
-    reports = [r for w in run.operator.watch_log for r in w["reported"] if r["worker"] == victim]
-    assert reports, run.operator.watch_log
-    # the watch sent its report while the coordinator still held the worker alive: its
-    # report is what declared it dead (a task's report or a heartbeat would come first
-    # otherwise, and the death would predate it)
-    assert dead["dead_since"] >= reports[0]["at"], (dead, reports)
+    # Declared dead by a report, not by the 600 s heartbeat timeout. Two reporters race:
+    # the driver's watch (Spark's driver lost the host's executors) and a task of another
+    # host that found the killed primary unreachable (engine/instance.py). On an idle
+    # machine the watch wins; on a loaded one (a clean-clone CI run) Spark's driver saw
+    # the executors go only after a task had reported, and the watch then saw the new
+    # epoch instead. The unit tests above check the watch's report on its own.
     ev = [e for e in status.get("events", []) if e.get("kind") == "worker_dead" and e.get("worker") == victim]
     assert ev and ev[0]["reason"].startswith("reported unreachable"), ev
+    assert dead["dead_since"] - killed["t"] < 60, (dead, killed["t"])
+    reports = [r for w in run.operator.watch_log for r in w["reported"] if r["worker"] == victim]
+    if reports:
+        # the watch sent its report while the coordinator still held the worker alive
+        assert dead["dead_since"] >= reports[0]["at"], (dead, reports)
+    else:
+        # a task's report came first: the watch saw the epoch move and cancelled the attempt
+        assert any(w["new_epoch"] and w["cancelled_at"] for w in run.operator.watch_log), run.operator.watch_log
     # the killed batch's cancelled sink call unwound slowly; the rerun materialized its output
     # meanwhile and called the sink only after that call had returned
     assert calls["unwound"] and not calls["overlaps"], calls

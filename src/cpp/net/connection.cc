@@ -651,7 +651,7 @@ void Connection::SendNow(MessageType type, uint32_t stream_id, std::string paylo
 }
 
 void Connection::Enqueue(Outgoing o) {
-  if (state_.load() == State::kClosed) return;
+  if (state_.load() == State::kClosed || write_failed_) return;
   queue_.push_back(std::move(o));
   if (!writing_) WriteNext();
 }
@@ -676,7 +676,25 @@ void Connection::WriteNext() {
 void Connection::OnWritten(const asio::error_code& ec) {
   if (state_.load() == State::kClosed) return;
   if (ec) {
-    DoClose(Status::PeerDead("write to " + remote_ + " failed: " + ec.message()));
+    const Status failed = Status::PeerDead("write to " + remote_ + " failed: " + ec.message());
+    if (closing_ || state_.load() != State::kOpen) {
+      DoClose(failed);
+      return;
+    }
+    // A write fails when the peer has closed, but what it sent before closing
+    // may still be unread here: a server that answers a request and then shuts
+    // down resets the connection when our next heartbeat reaches it, and the
+    // answer sits in our receive queue (the kernel hands queued data out before
+    // the error). Closing now would fail that request with this write's error,
+    // so the read side drains first and closes with what it finds (the peer's
+    // ErrorRsp, or its EOF); Tick closes with this status if it does not.
+    write_failed_ = true;
+    write_failed_status_ = failed;
+    write_failed_at_ = Clock::now();
+    queue_.clear();
+    writing_ = false;
+    asio::error_code ignored;
+    socket_.shutdown(asio::socket_base::shutdown_send, ignored);
     return;
   }
   Outgoing o = std::move(queue_.front());
@@ -717,6 +735,10 @@ void Connection::Tick() {
   }
   if (closing_ && MsSince(write_started_) > timeout) {
     DoClose(closing_status_);
+    return;
+  }
+  if (write_failed_ && MsSince(write_failed_at_) > kWriteFailedDrainMs) {
+    DoClose(write_failed_status_);
     return;
   }
   if (state_.load() == State::kOpen && !writing_ && MsSince(last_send_) >= options_.heartbeat_ms) {

@@ -247,6 +247,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool writing_ = false;
   bool closing_ = false;  // CloseWithError: stop reading, close when the queue drains
   Status closing_status_;
+  // A write failed: nothing more is written, the read side drains what the
+  // peer sent before it closed (OnWritten says why), for at most this long.
+  static constexpr int64_t kWriteFailedDrainMs = 1000;
+  bool write_failed_ = false;
+  Status write_failed_status_;
+  Clock::time_point write_failed_at_;
   Clock::time_point started_, last_recv_, last_send_, write_started_;
   uint64_t heartbeat_nonce_ = 0;
   std::map<uint32_t, std::shared_ptr<StreamListener>> listeners_;
