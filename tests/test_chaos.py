@@ -16,15 +16,20 @@ the middle of writing its manifest). After every trial:
 
 `make test` runs 50 trials; `make chaos` runs 500 (RHINO_CHAOS_TRIALS). The same
 trials run with mutual TLS on every link (docs/protocol.md §2, "TLS"): 5 in
-`make test`, 100 in `make chaos` (RHINO_CHAOS_TLS_TRIALS).
+`make test`, 100 in `make chaos` (RHINO_CHAOS_TLS_TRIALS); and with each worker's
+store on a filesystem that loses unsynced writes when the victim's machine loses
+power (tests/test_power_loss.py says how): 10 in `make test`, 100 in `make chaos`
+(RHINO_CHAOS_POWER_LOSS_TRIALS).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import threading
 import time
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -36,6 +41,7 @@ from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret
 OP = "chaos"
 TRIALS = int(os.environ.get("RHINO_CHAOS_TRIALS", "50"))
 TLS_TRIALS = int(os.environ.get("RHINO_CHAOS_TLS_TRIALS", "5"))
+POWER_LOSS_TRIALS = int(os.environ.get("RHINO_CHAOS_POWER_LOSS_TRIALS", "10"))
 SEED = int(os.environ.get("RHINO_CHAOS_SEED", str(random.randrange(1 << 30))))
 CRASH_POINTS = [
     "replica.after_chunk_write",
@@ -71,8 +77,25 @@ def test_chaos_with_tls(tmp_path):
                                                f"{tmp_path}/certs/ca.pem"))
 
 
-def _chaos(tmp_path, trials: int, tls) -> None:
-    """The trials of the module docstring; with ``tls`` ({host} in its paths) on every link."""
+def test_chaos_with_power_loss(tmp_path):
+    """The same trials, each worker's store on its own power-loss filesystem
+    (rhino_bench.harness.power_loss_fs): the killed member's machine also loses every
+    write it had not fsynced before it restarts. A checkpoint it acked must survive."""
+    from rhino_bench.harness.power_loss_fs import PowerLossMount, available
+
+    if available() and os.environ.get("CI") != "true":
+        pytest.skip(f"the power-loss filesystem cannot run here: {available()}")
+    with contextlib.ExitStack() as stack:
+        machines = {f"w{n}": stack.enter_context(PowerLossMount(tmp_path / f"backing-w{n}", tmp_path / f"host-w{n}"))
+                    for n in (2, 3, 4, 5)}
+        _chaos(tmp_path, POWER_LOSS_TRIALS, tls=None, machines=machines)
+        assert sum(m.crashes for m in machines.values()) == POWER_LOSS_TRIALS
+
+
+def _chaos(tmp_path, trials: int, tls, machines: Optional[dict] = None) -> None:
+    """The trials of the module docstring; with ``tls`` ({host} in its paths) on every link;
+    with ``machines`` (worker id -> PowerLossMount), each worker's store on its mount, and
+    the victim's machine loses power before it restarts."""
     from rhino.tls.config import for_host
 
     def tls_args(host: str) -> list[str]:
@@ -83,7 +106,7 @@ def _chaos(tmp_path, trials: int, tls) -> None:
     TRIALS = trials  # noqa: N806 - the module's name for it, per run
     rng = random.Random(SEED)
     secret_file = write_secret(tmp_path)
-    workers = [WorkerProcess(tmp_path, f"w{n}", f"127.0.0.{n}", secret_file=secret_file, metrics=False,
+    workers = [WorkerProcess(machines[f"w{n}"].mountpoint if machines else tmp_path, f"w{n}", f"127.0.0.{n}", secret_file=secret_file, metrics=False,
                              peer_timeout_ms=1000, heartbeat_ms=200, extra_args=tls_args(f"127.0.0.{n}")).start()
                for n in (2, 3, 4, 5)]
     chain, spare = workers[:3], workers[3]
@@ -136,6 +159,8 @@ def _chaos(tmp_path, trials: int, tls) -> None:
             else:
                 outcomes["killed_before_ack"] += 1
 
+            if machines:  # the victim's machine loses what it had not fsynced
+                machines[victim.id].power_loss()
             # The victim restarts: its store verifies clean and it keeps no staging.
             victim.start()
             report = rhino.ReplicaStore(str(victim.dir)).verify(full=True)

@@ -312,7 +312,9 @@ Status StateBackend::Open(const std::string& dir, const StateOptions& options,
     if (!s.ok()) return FromRocks(s, "listing column families of " + dir);
   } else {
     RHINO_RETURN_IF_ERROR(NewColumnFamilyNames(options, &cf_names));
-    RHINO_RETURN_IF_ERROR(fs::MakeDirs(fs::Parent(dir)));
+    // The DB's own directory too, durably: RocksDB creates it if missing but
+    // never fsyncs its parent, so a power loss could take a new DB whole.
+    RHINO_RETURN_IF_ERROR(fs::MakeDirs(dir));
   }
   b->ttl_filter_ = std::make_shared<TtlCompactionFilter>();
   b->cf_options_ = std::make_shared<rocksdb::ColumnFamilyOptions>(

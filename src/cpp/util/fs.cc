@@ -41,8 +41,12 @@ Status MakeDirs(const std::string& path) {
     if (errno != EEXIST) return Status::FromErrno(errno, "mkdir " + path);
     // Made meanwhile by someone else is fine; a file in the way is not (mkdir -p fails too).
     if (!IsDir(path)) return Status::AlreadyExists("mkdir " + path + ": exists and is not a directory");
+    return Status::OK();
   }
-  return Status::OK();
+  // The new entry is durable only once its parent is fsynced: without this a
+  // power loss could take a store's or an instance's whole directory, with
+  // every checkpoint later made durable inside it (tests/test_power_loss.py).
+  return FsyncParent(path);
 }
 
 Status ListDir(const std::string& path, std::vector<std::string>* names) {

@@ -11,7 +11,9 @@ namespace rhino::fs {
 
 bool Exists(const std::string& path);
 bool IsDir(const std::string& path);
-Status MakeDirs(const std::string& path);  // mkdir -p; ok if it exists
+// mkdir -p; ok if it exists. Each directory it creates is durable (its parent
+// fsynced) when it returns.
+Status MakeDirs(const std::string& path);
 Status ListDir(const std::string& path, std::vector<std::string>* names);  // sorted, no . / ..
 Status RemoveAll(const std::string& path);  // rm -rf; ok if absent
 Status FsyncPath(const std::string& path);  // fsync a file or directory
