@@ -30,8 +30,9 @@ import uuid
 from dataclasses import asdict, replace
 from typing import Any, Callable, Optional
 
-from ..errors import (BusyError, InvalidArgumentError, OperatorRunningError, RhinoError, StaleEpochError,
-                      UnknownInstanceError)
+from ..errors import (BusyError, InvalidArgumentError, OperatorRunningError, ResourceExhaustedError, RhinoError,
+                      StaleEpochError, UnknownInstanceError)
+from . import copies
 from .api import METHODS
 from .autoscaler import DECISIONS_KEPT, DEFAULT_STRATEGY, AutoscaleSettings, Autoscaler, validate_report
 from .gateway import WorkerGateway
@@ -262,7 +263,9 @@ class Coordinator:
 
     # ---- operators -------------------------------------------------------------------
     def create_operator(self, operator_id: str, *, parallelism: int, num_vnodes: int = 256, replicas: int = 2,
-                        num_key_groups: int = 1 << 15, seed: int = 0, placement: str = "balanced") -> dict:
+                        num_key_groups: int = 1 << 15, seed: int = 0, placement: str = "balanced",
+                        min_copies: Optional[int] = None, min_copies_strict: Optional[bool] = None,
+                        min_copies_wait_s: Optional[float] = None) -> dict:
         """Places a new operator: the initial routing table from the
         consistent-hash ring, primaries spread over the workers, a chain of
         ``replicas`` other workers per instance; every instance is opened on its
@@ -270,11 +273,26 @@ class Coordinator:
         restarted driver): ``parallelism`` is the initial one only, and a different
         count is adopted from the coordinator (an ``operator_adopted`` event); a
         different ``num_vnodes``, ``num_key_groups``, ``seed`` or ``replicas`` is
-        refused, naming each field's two values (issue 45)."""
+        refused, naming each field's two values (issue 45).
+
+        ``min_copies``, ``min_copies_strict``, ``min_copies_wait_s``: the live copies each
+        instance must have before a batch runs, and whether a batch waits for them
+        (coordinator/copies.py); each one given replaces the operator's setting, the others
+        keep theirs (1, False, 30 s at first)."""
         self._touch(operator_id)
         with self.lock:
+            given = (min_copies, min_copies_strict, min_copies_wait_s)
+            if any(x is not None for x in given) and self.meta.operator(operator_id) is None:
+                # checked before the operator exists: a refused setting creates nothing
+                copies.merged(copies.CopiesPolicy(), *given).checked(replicas, operator_id)
             self.rm.create_operator(operator_id, parallelism=parallelism, num_vnodes=num_vnodes, replicas=replicas,
                                     num_key_groups=num_key_groups, seed=seed, placement=placement)
+            if any(x is not None for x in given):
+                op = self.meta.require_operator(operator_id)
+                policy = copies.merged(copies.load_policy(self.meta, operator_id), *given).checked(op.replicas,
+                                                                                                    operator_id)
+                with self.meta.tx() as c:
+                    copies.save_policy(self.meta, c, operator_id, policy)
             return self.placement(operator_id)
 
     def placement(self, operator_id: str) -> dict:
@@ -332,12 +350,66 @@ class Coordinator:
                     self.rm.rebalance_replicas(operator_id)
                 except RhinoError as e:  # a worker died meanwhile: the detector handles that
                     self.log("rebalance_failed", operator=operator_id, error=f"{type(e).__name__}: {e}")
+            policy = copies.load_policy(self.meta, operator_id)
+            short = self._short_of_copies(operator_id, policy)
+        if short and policy.strict:
+            short = self._wait_for_copies(operator_id, batch, policy)  # [] or ResourceExhaustedError
+        with self.lock:
+            op = self.meta.require_operator(operator_id)
+            if (0 if op.last_batch is None else op.last_batch + 1) != batch:  # committed meanwhile (a second driver)
+                raise InvalidArgumentError(f"operator {operator_id} completed batch {op.last_batch} while batch "
+                                           f"{batch} waited for its copies")
+            if short:
+                self.log("batch_short_of_copies", operator=operator_id, batch=batch,
+                         instances={s.instance: s.copies for s in short}, min_copies=policy.min_copies)
+                with self.meta.tx() as c:
+                    self.meta.event(c, "batch_short_of_copies", operator=operator_id, batch=batch,
+                                    instances=[s.to_wire() for s in short])
             self._in_flight[operator_id] = batch
             self._in_flight_at[operator_id] = time.monotonic()
-            placement = replace(self._placement(operator_id), attempt=self._attempt_token())
+            placement = replace(self._placement(operator_id), attempt=self._attempt_token(),
+                                short_of_copies=tuple(short))
             if batch_time_ms is not None:
                 placement = replace(placement, batch_time_ms=self._batch_time(operator_id, batch, batch_time_ms))
             return placement.to_wire()
+
+    def _short_of_copies(self, operator_id: str, policy: copies.CopiesPolicy) -> list:
+        """The instances short of ``policy.min_copies`` after a chain repair was tried for
+        them (coordinator/copies.py). REQUIRES: lock."""
+        if policy.min_copies <= 1:
+            return []  # the primary is a copy, and a dead one was failed over already
+        short = copies.short_of_copies(self.meta.instances(operator_id), self.workers.alive_ids(), policy.min_copies)
+        if short:
+            self.log("copies_short_repairing", operator=operator_id, instances={s.instance: s.copies for s in short},
+                     min_copies=policy.min_copies)
+            self.rm.repair_all()  # a failure stays pending and is logged there
+            short = copies.short_of_copies(self.meta.instances(operator_id), self.workers.alive_ids(),
+                                           policy.min_copies)
+        return short
+
+    def _wait_for_copies(self, operator_id: str, batch: int, policy: copies.CopiesPolicy) -> list:
+        """min_copies strict: waits (without the lock: a worker must be able to register)
+        for a repair that gives every instance its copies, at most ``policy.wait_s``."""
+        deadline = time.monotonic() + policy.wait_s
+        self.log("batch_waits_for_copies", operator=operator_id, batch=batch, min_copies=policy.min_copies,
+                 wait_s=policy.wait_s)
+        while True:
+            time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
+            with self.lock:
+                short = self._short_of_copies(operator_id, policy)
+            if not short:
+                self.log("copies_restored", operator=operator_id, batch=batch)
+                return []
+            if time.monotonic() >= deadline:
+                which = ", ".join(f"instance {s.instance} has {s.copies}" for s in short)
+                self.log("batch_refused_short_of_copies", operator=operator_id, batch=batch, detail=which)
+                with self.lock, self.meta.tx() as c:
+                    self.meta.event(c, "batch_refused_short_of_copies", operator=operator_id, batch=batch,
+                                    instances=[s.to_wire() for s in short])
+                raise ResourceExhaustedError(
+                    f"batch {batch} of operator {operator_id} needs {policy.min_copies} live copies of every "
+                    f"instance (min_copies, strict): {which}, and no chain repair gave them within "
+                    f"{policy.wait_s:g} s; add a worker, or lower min_copies")
 
     def _attempt_token(self) -> int:
         """A new attempt token (the attempt fence, docs/protocol.md §7.2): above every token

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from ..errors import CorruptionError
 
-__all__ = ["BatchTime", "InstancePlacement", "Placement", "CommitAnswer"]
+__all__ = ["BatchTime", "InstancePlacement", "ShortOfCopies", "Placement", "CommitAnswer"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,24 @@ class InstancePlacement:
 
 
 @dataclass(frozen=True)
+class ShortOfCopies:
+    """An instance with fewer live copies of its state than its operator's ``min_copies``
+    (coordinator/copies.py), as ``begin_batch`` answered it."""
+
+    instance: int
+    copies: int
+    min_copies: int
+
+    @classmethod
+    def from_wire(cls, doc: Any, *, where: str = "short_of_copies") -> "ShortOfCopies":
+        return cls(instance=_int(doc, "instance", where), copies=_int(doc, "copies", where),
+                   min_copies=_int(doc, "min_copies", where))
+
+    def to_wire(self) -> dict:
+        return {"instance": self.instance, "copies": self.copies, "min_copies": self.min_copies}
+
+
+@dataclass(frozen=True)
 class Placement:
     """An operator's routing table and placement at one epoch: what ``placement``,
     ``create_operator`` and ``report_unreachable`` answer, and ``begin_batch`` with the
@@ -111,6 +129,9 @@ class Placement:
     # begin_batch's answer only: the attempt's token, which its sessions carry (the attempt
     # fence, docs/protocol.md §7.2): strictly increasing across the coordinator
     attempt: Optional[int] = None
+    # begin_batch's answer only: the instances short of min_copies that the batch runs
+    # with anyway (coordinator/copies.py); empty when every instance has its copies
+    short_of_copies: tuple[ShortOfCopies, ...] = ()
 
     def instance_order(self) -> list[int]:
         """The instance numbers in partition order: partition p of a batch's shuffle, and
@@ -150,7 +171,8 @@ class Placement:
                    last_batch=_opt_int(doc, "last_batch", where), assignment=tuple(assignment), instances=instances,
                    batch_time=None if bt is None else BatchTime.from_wire(bt, where=f"{where}.batch_time"),
                    batch_time_ms=_opt_int(doc, "batch_time_ms", where, absent=True),
-                   attempt=_opt_int(doc, "attempt", where, absent=True))
+                   attempt=_opt_int(doc, "attempt", where, absent=True),
+                   short_of_copies=_short_of_copies(doc, where))
 
     def to_wire(self) -> dict:
         out = {"operator_id": self.operator_id, "epoch": self.epoch, "num_vnodes": self.num_vnodes,
@@ -162,7 +184,18 @@ class Placement:
             out["batch_time_ms"] = self.batch_time_ms
         if self.attempt is not None:
             out["attempt"] = self.attempt
+        if self.short_of_copies:
+            out["short_of_copies"] = [s.to_wire() for s in self.short_of_copies]
         return out
+
+
+def _short_of_copies(doc: Any, where: str) -> tuple[ShortOfCopies, ...]:
+    raw = _field(doc, "short_of_copies", where, absent=True)
+    if raw is _ABSENT:
+        return ()
+    if not isinstance(raw, list):
+        raise _bad(f"{where}.short_of_copies", "a list", raw)
+    return tuple(ShortOfCopies.from_wire(x, where=f"{where}.short_of_copies[{i}]") for i, x in enumerate(raw))
 
 
 @dataclass(frozen=True)

@@ -205,6 +205,9 @@ def transform_with_state(processor: Any, *, key: str | Sequence[str], output_sch
       coordinator's, says so in a warning and its reports (``BatchReport.parallelism``).
       ``num_vnodes`` defaults from it (max(64, 16 x parallelism)), so keep the code's
       parallelism, or pass the operator's ``num_vnodes``, to restart it.
+    - ``min_copies`` (1 to replicas + 1), ``min_copies_strict``, ``min_copies_wait_s``: the live
+      copies of each instance's state a batch needs; short ones are repaired first, then the
+      batch runs and says so (``BatchReport.short_of_copies``), or, strict, waits for a repair.
     - ``time_mode``: ``"None"``, ``"EventTime"`` (with ``event_time=<column>`` and
       ``watermark_delay``, e.g. ``"10 seconds"``) or ``"ProcessingTime"``: timers
       fire at the watermark or at the batch's time (fixed by the coordinator at the

@@ -135,6 +135,10 @@ class BatchRunner:
         a = done.attempt
         data, tasks = done.result.value
         self.watermarks.committed(b, (t.get("max_event_ms") for t in tasks))
+        short = [s.to_wire() for s in a.placement.short_of_copies]
+        if short:
+            log.warning("rhino.spark %s: batch %d committed with fewer live copies than min_copies: %s", c.operator_id,
+                        b, ", ".join(f"instance {s['instance']} had {s['copies']}" for s in short))
         self.reports.append(BatchReport(
             batch=b, epoch=max(t["epoch"] for t in tasks), attempts=a.number, watermark_ms=wm,
             rows_out=sum(int(t.get("output_rows", 0)) for t in tasks), started=t0, ended=done.committed_at,
@@ -142,7 +146,7 @@ class BatchRunner:
             commit_s=done.committed_at - done.ran_at, tasks=sorted(tasks, key=lambda t: t["instance"]),
             errors=done.errors, job_setup_s=(self._action_at - a.started_at) if self._action_at else None,
             routing=self.router.mode, parallelism=len(a.placement.instances), initial_parallelism=c.parallelism,
-            input_copies=copies))
+            input_copies=copies, short_of_copies=short))
         return data
 
     @property

@@ -76,6 +76,11 @@ class OperatorConfig:
     task_window_rows: int = 100_000
     # None: 2 while the application has at least two executors, else 1 (driver/routing.py)
     input_copies: Optional[int] = None
+    # the live copies of each instance's state a batch needs, and whether it waits for
+    # them (rhino/coordinator/copies.py); None: the coordinator's setting (1 at first)
+    min_copies: Optional[int] = None
+    min_copies_strict: Optional[bool] = None
+    min_copies_wait_s: Optional[float] = None
     name: str = ""  # the operator's name in its namespace (operator_id= as given)
     namespace: Optional[str] = None  # None: the default namespace
 
@@ -122,6 +127,8 @@ class OperatorConfig:
             _positive_int("input_copies", kw["input_copies"], hi=3)
         if int(parallelism) < 1 or int(replicas) < 0:
             raise InvalidArgumentError("parallelism must be >= 1 and replicas >= 0")
+        if kw.get("min_copies") is not None:
+            _positive_int("min_copies", kw["min_copies"], hi=int(replicas) + 1)
         if secret is None and secret_file is None:
             raise InvalidArgumentError("pass secret= or secret_file= (the job's task credential, or the cluster's "
                                        "shared secret to derive it from)")

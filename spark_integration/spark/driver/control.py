@@ -52,9 +52,11 @@ class Control:
         (issue 45). Every batch routes by the placement it is given, never by the config."""
         if self.state_doc is None:
             c = self.config
+            copies = {k: getattr(c, k) for k in ("min_copies", "min_copies_strict", "min_copies_wait_s")
+                      if getattr(c, k) is not None}
             pl = self.coordinator().create_operator(c.operator_id, parallelism=c.parallelism,
                                                     num_vnodes=c.num_vnodes, replicas=c.replicas,
-                                                    placement=c.placement)
+                                                    placement=c.placement, **copies)
             self.parallelism = len(pl.instances)
             self.last_batch = pl.last_batch
             if self.parallelism != c.parallelism:

@@ -47,6 +47,9 @@ class BatchReport:
     # the copies of the batch's routed input the executors kept (input_copies; 2 by default
     # with two executors or more: driver/routing.py)
     input_copies: Optional[int] = None
+    # the instances that ran with fewer live copies of their state than min_copies (each
+    # {"instance", "copies", "min_copies"}): the coordinator's begin_batch said so
+    short_of_copies: list[dict] = field(default_factory=list)
 
     @property
     def parallelism_adopted(self) -> bool:
