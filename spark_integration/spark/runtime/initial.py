@@ -80,8 +80,17 @@ def _frame(pdf: Any, a: int, b: int, exact: list[str]) -> Any:
     out = pdf.iloc[a:b]
     if exact:
         out = out.astype({c: ("float64" if out[c].hasnans else "int64") for c in exact})
-    out.index = pd.RangeIndex(b - a)
+    n = b - a
+    index = _RANGES.get(n)
+    if index is None:  # an index is immutable: frames of one length share one (a few µs a key)
+        index = pd.RangeIndex(n)
+        if n <= 64:
+            _RANGES[n] = index
+    out.index = index
     return out
+
+
+_RANGES: dict[int, Any] = {}
 
 
 def _exact(pdf: Any) -> list[str]:

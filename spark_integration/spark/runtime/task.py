@@ -64,7 +64,7 @@ from ..state.writeback import write_back
 from ..driver.attempt import AttemptSpec
 from ..driver.config import PREFETCH_ENTRIES, OperatorConfig
 from .doomed import DoomedAttemptWatch
-from .glue import concat_frames, group_rows
+from .glue import OutputFrames, concat_frames, group_rows
 from .initial import SIDE, Sides
 
 __all__ = ["run_partition", "output_arrow_schema", "this_host"]
@@ -412,9 +412,11 @@ class _InstanceBatch:
         t = self._clock("group", t)
         st.prefetch([g[0] for g in groups])
         t = self._clock("fetch", t)
-        outputs: list = []
+        outputs: Any = [] if cfg.mode == "rows" else OutputFrames()
         sides = Sides(pdf, self.keys, spec.input_columns or [f.name for f in self.in_schema.fields],
                       spec.initial_columns)
+        # row mode: the window's Row objects made in one pass, each key's a slice of them
+        window_rows = _rows_of(sides.data) if cfg.mode == "rows" and spec.initial_columns is None else None
         for g, kt, a, b in groups:
             st.current = g
             init, a = sides.split(a, b)
@@ -424,7 +426,9 @@ class _InstanceBatch:
                     cfg.processor.handleInitialState(kt, one, tv)
             if a == b:
                 continue
-            if cfg.mode == "rows":
+            if window_rows is not None:
+                it = iter(window_rows[a:b])
+            elif cfg.mode == "rows":
                 it = iter(_rows_of(sides.rows(a, b)))
             else:  # in frames of at most maxRecordsPerBatch rows, as Spark hands them over
                 step = spec.max_records_per_batch or (b - a)
@@ -468,7 +472,9 @@ class _InstanceBatch:
         self.n["deletes"] += deletes
         self._clock("write", t)
 
-    def _output(self, outputs: list) -> Optional[pa.RecordBatch]:
+    def _output(self, outputs: Any) -> Optional[pa.RecordBatch]:
+        if isinstance(outputs, OutputFrames):
+            outputs = outputs.frames()
         out = (_to_arrow(outputs, self.out_schema, self.spec.timezone) if self.cfg.mode == "pandas"
                else _rows_to_arrow(outputs, self.out_schema))
         if out is not None:
@@ -498,7 +504,7 @@ class _InstanceBatch:
             assert st is not None
             st.prefetch([g for _, g in chunk])
             t = self._clock("fetch", t)
-            outputs: list = []
+            outputs: Any = [] if self.cfg.mode == "rows" else OutputFrames()
             self._fire(st, chunk, tv, outputs)
             t = self._clock("process", t)
             self._write_back(st, t)
@@ -549,7 +555,7 @@ def _timer_time(cfg: OperatorConfig, spec: AttemptSpec) -> int:
     return spec.watermark_ms if cfg.time_mode == "eventtime" else spec.batch_time_ms
 
 
-def _collect(result: Any, outputs: list, mode: str) -> None:
+def _collect(result: Any, outputs: Any, mode: str) -> None:
     if result is None:
         return
     for item in result:

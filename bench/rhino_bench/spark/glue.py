@@ -1,0 +1,413 @@
+"""``rhino-bench spark glue``: the per-key cost of rhino.spark's task around the processor,
+at up to a million keys per batch (issue 45, "Glue").
+
+    rhino-bench spark glue --keys 1000000 --batches 3 --mode both --json \\
+        --out bench/results/spark_glue_1m.jsonl --report bench/results/spark_glue_1m.md
+
+A task's work on a batch, besides the processor's own code, is the framework's: Arrow to
+pandas, grouping rows by key, one call of ``handleInputRows`` per key with its rows, the
+state variables' reads (prefetched in one round trip per window) and writes, gathering the
+outputs, and the commit at the worker. This runs that task code (``runtime/task.py``'s
+``_run_instance``: the code a Spark executor runs, called here in-process so that it can be
+timed and profiled without Spark's scheduling around it) against a real ``rhino worker``
+and ``rhino coordinator``, over ``--batches`` batches of ``--keys`` distinct keys (one row
+each by default, as a batch of 1M keys with one event each is), with :class:`CountPerKey`,
+a processor that does the least a stateful processor can: per key, read a ValueState,
+add its rows, write it back, emit one row.
+
+Measured per batch (each a JSON line): the task's wall time and its own thread's CPU time
+(``time.thread_time``: run-queue waits on the shared machine do not inflate it), the
+processor's own CPU time (the same processor over the same keys with its rows built
+beforehand and its ValueState a dict: no framework around it; timing it inside the task
+would cost more than some of what it measures), the task's own phase timers, and so the
+framework's time per key: ``(task - processor) / keys``, in CPU and in wall time (the
+worker's share is in the wall time only: it runs in another process).
+
+Then, with ``--profile``, one more batch under cProfile: its top entries by own time.
+And the floor: what pandas and Python cost per key for the least any such framework must do
+(build the rows a processor is handed, call a generator, build its output), measured here,
+in this run, by themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import pstats
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from .common import Emitter, host_number, loadavg, median, positive_int, round_floats, say, stdout_for_json_only
+
+__all__ = ["main", "CountPerKey", "floor_per_key"]
+
+INPUT_COLUMNS = ("k", "v")  # both long
+OUTPUT_COLUMNS = ("k", "n")  # both long
+
+
+def _schema(names: Sequence[str]) -> Any:
+    """A StructType of long columns (fromDDL would need a SparkContext; none runs here)."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    return StructType([StructField(n, LongType()) for n in names])
+TARGET_US_PER_KEY = 2.0  # the issue's bound on the framework's time per key
+
+try:
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor as _Base
+except ImportError:  # pragma: no cover - the CLI checks for PySpark before importing this module
+    _Base = object  # type: ignore[assignment,misc]
+
+
+class CountPerKey(_Base):  # type: ignore[misc,valid-type]
+    """Per key, its rows counted in a ValueState (``"n long"``); one output row ``(k, n)``: a
+    DataFrame in pandas mode, a ``Row`` in row mode."""
+
+    def __init__(self, mode: str = "pandas") -> None:
+        self.mode = mode
+        self.count: Any = None
+
+    def init(self, handle: Any) -> None:
+        self.count = handle.getValueState("count", "n long")
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+        got = self.count.get()
+        n = int(got[0]) if got is not None else 0
+        if self.mode == "pandas":
+            import pandas as pd
+
+            for pdf in rows:
+                n += len(pdf)
+            self.count.update((n,))
+            yield pd.DataFrame({"k": [int(key[0])], "n": [n]})
+        else:
+            from pyspark.sql import Row
+
+            for _ in rows:
+                n += 1
+            self.count.update((n,))
+            yield Row(k=int(key[0]), n=n)
+
+    def close(self) -> None:
+        pass
+
+
+class NullPerKey(_Base):  # type: ignore[misc,valid-type]
+    """Takes each key's rows and does nothing: what is left is the framework's per-key loop."""
+
+    def __init__(self, mode: str = "pandas") -> None:
+        self.mode = mode
+
+    def init(self, handle: Any) -> None:
+        handle.getValueState("count", "n long")
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+        for _ in rows:
+            pass
+        return iter(())
+
+    def close(self) -> None:
+        pass
+
+
+class StatePerKey(CountPerKey):
+    """CountPerKey without its output: the per-key loop and the state reads and writes."""
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+        got = self.count.get()
+        n = int(got[0]) if got is not None else 0
+        for _ in rows:
+            n += 1
+        self.count.update((n,))
+        return iter(())
+
+
+PROCESSORS = {"count": CountPerKey, "null": NullPerKey, "state": StatePerKey}
+
+
+class _DictValue:
+    """A ValueState of a dict, for timing the processor's own code alone."""
+
+    def __init__(self) -> None:
+        self.d: dict = {}
+        self.key: Any = None
+
+    def get(self) -> Any:
+        return self.d.get(self.key)
+
+    def update(self, v: Any) -> None:
+        self.d[self.key] = v
+
+
+def processor_alone(mode: str, keys: int, rows_per_key: int, kind: str = "count") -> float:
+    """The processor's own CPU time over ``keys`` keys, its rows built beforehand and its
+    ValueState a dict: what the processor costs with no framework around it (s)."""
+    import numpy as np
+    import pandas as pd
+    from pyspark.sql import Row
+
+    proc = PROCESSORS[kind](mode)
+    proc.count = _DictValue()
+    if mode == "pandas":
+        pdf = pd.DataFrame({"k": np.repeat(np.arange(keys, dtype=np.int64), rows_per_key),
+                            "v": np.arange(keys * rows_per_key, dtype=np.int64)})
+        inputs = [[pdf.iloc[i * rows_per_key:(i + 1) * rows_per_key]] for i in range(keys)]
+    else:
+        inputs = [[Row(k=i, v=j) for j in range(rows_per_key)] for i in range(keys)]
+    t = time.thread_time()
+    for i in range(keys):
+        proc.count.key = i
+        for _ in proc.handleInputRows((i,), iter(inputs[i]), None) or ():
+            pass
+    return time.thread_time() - t
+
+
+def floor_per_key(keys: int, rows_per_key: int = 1) -> dict:
+    """The least, per key, any task that hands each key's rows to a Python ``handleInputRows``
+    as a pandas DataFrame and takes one DataFrame back must spend: a slice of the batch's
+    frame per key, one generator per key, one small output frame per key. Measured here on
+    ``keys`` keys, each on its own (µs per key)."""
+    import numpy as np
+    import pandas as pd
+
+    n = keys * rows_per_key
+    pdf = pd.DataFrame({"k": np.repeat(np.arange(keys, dtype=np.int64), rows_per_key),
+                        "v": np.arange(n, dtype=np.int64)})
+    bounds = [(i * rows_per_key, (i + 1) * rows_per_key) for i in range(keys)]
+
+    def per_key(fn) -> float:
+        t = time.thread_time()
+        fn()
+        return (time.thread_time() - t) / keys * 1e6
+
+    def slices() -> None:
+        for a, b in bounds:
+            pdf.iloc[a:b]
+
+    def gens() -> None:
+        def g(x):
+            yield x
+        for a, _ in bounds:
+            for _ in g(a):
+                pass
+
+    def outputs() -> None:
+        for a, _ in bounds:
+            pd.DataFrame({"k": [a], "n": [1]})
+
+    def rows() -> None:
+        from pyspark.sql import Row
+        ks = pdf["k"].tolist()
+        vs = pdf["v"].tolist()
+        for k, v in zip(ks, vs):
+            Row(k=k, v=v)
+
+    return {"pandas_slice_us": per_key(slices), "generator_us": per_key(gens),
+            "output_frame_us": per_key(outputs), "row_object_us": per_key(rows)}
+
+
+# ---- the run --------------------------------------------------------------------------------------
+
+
+def _input(keys: int, rows_per_key: int, batch: int, chunk_rows: int = 10_000) -> list:
+    """The batch's rows, sorted by key (a Spark task's partition is), in Arrow record batches."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = keys * rows_per_key
+    k = np.repeat(np.arange(keys, dtype=np.int64), rows_per_key)
+    v = np.arange(n, dtype=np.int64) + batch * n
+    t = pa.table({"k": k, "v": v})
+    return t.to_batches(max_chunksize=chunk_rows)
+
+
+class _Meta:
+    def __init__(self) -> None:
+        self.rows: list = []
+
+    def add(self, rows: list) -> None:
+        self.rows.extend(rows)
+
+
+def _run_batch(cfg: Any, control: Any, kind: str, b: int, keys: int, rows_per_key: int,
+               profile: bool = False) -> dict:
+    from rhino.spark.driver.attempt import AttemptSpec
+    from rhino.spark.runtime.task import _run_instance
+
+    cc = control.coordinator()
+    pl = cc.begin_batch(cfg.operator_id, b, batch_time_ms=int(time.time() * 1000))
+    meta = _Meta()
+    spec = AttemptSpec(batch=b, attempt=1, epoch=pl.epoch, watermark_ms=0, timezone="UTC", placement=pl,
+                       batch_time_ms=pl.batch_time_ms, state_doc=control.state_doc,
+                       input_schema_json=_schema(INPUT_COLUMNS).json(), instances=(0,), meta=meta)
+    batches = _input(keys, rows_per_key, b)
+    prof = cProfile.Profile() if profile else None
+    w0, c0 = time.perf_counter(), time.thread_time()
+    if prof is not None:
+        prof.enable()
+    out_rows = sum(rb.num_rows for rb in _run_instance(cfg, spec, 0, 0, socket.gethostname(), time.time(),
+                                                       iter(batches)))
+    if prof is not None:
+        prof.disable()
+    wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
+    cc.commit_batch(cfg.operator_id, b, epoch=pl.epoch)
+    task = meta.rows[-1]
+    want = keys if kind == "count" else 0
+    assert out_rows == want, f"batch {b}: {out_rows} output rows for {keys} keys"
+    own = processor_alone(cfg.mode, keys, rows_per_key, kind)
+    rec = {"record": "batch", "batch": b, "keys": keys, "rows": keys * rows_per_key, "mode": cfg.mode,
+           "processor": kind,
+           "task_wall_s": wall, "task_cpu_s": cpu, "processor_cpu_s": own,
+           "framework_wall_us_per_key": (wall - own) / keys * 1e6,
+           "framework_cpu_us_per_key": (cpu - own) / keys * 1e6,
+           "phases_s": {k: task[k] for k in ("open_s", "read_s", "group_s", "fetch_s", "process_s", "write_s",
+                                             "commit_s")},
+           "round_trips": task["round_trips"], "puts": task["puts"]}
+    if prof is not None:
+        rec["profile_top"] = _top(prof, 25)
+    return rec
+
+
+def _top(prof: cProfile.Profile, n: int) -> list[dict]:
+    st = pstats.Stats(prof, stream=io.StringIO())
+    rows = []
+    for (path, line, fn), (cc, nc, tt, ct, _) in st.stats.items():  # type: ignore[attr-defined]
+        rows.append({"function": f"{Path(path).name}:{line}({fn})", "calls": nc, "own_s": tt, "cum_s": ct})
+    rows.sort(key=lambda r: -r["own_s"])
+    return rows[:n]
+
+
+def run_mode(mode: str, kind: str, args: argparse.Namespace, root: Path, coord_address: str, secret_file: Path,
+             emit: Emitter) -> list[dict]:
+    from rhino.spark.driver.config import OperatorConfig
+    from rhino.spark.driver.control import Control
+
+    proc = PROCESSORS[kind](mode)
+    cfg = OperatorConfig.of(proc, key="k", output_schema=_schema(OUTPUT_COLUMNS), operator_id=f"glue-{mode}-{kind}",
+                            coordinator=coord_address, secret_file=str(secret_file), parallelism=1, replicas=0,
+                            num_vnodes=args.vnodes, mode=mode, watch_hosts=False, task_window_rows=args.window_rows)
+    control = Control(cfg)
+    control.ensure_created(_schema(INPUT_COLUMNS))
+    out = []
+    for b in range(args.batches + (1 if args.profile else 0)):
+        profiled = args.profile and b == args.batches
+        say(f"glue {mode}, {kind}: batch {b}{' (profiled)' if profiled else ''}, {args.keys:,} keys")
+        rec = _run_batch(cfg, control, kind, b, args.keys, args.rows_per_key, profile=profiled)
+        rec.update(command=args.command, params=args.params, profiled=profiled, loadavg=loadavg())
+        emit.emit(round_floats(rec))
+        out.append(rec)
+        say(f"  task {rec['task_wall_s']:.2f} s wall, {rec['task_cpu_s']:.2f} s CPU; processor "
+            f"{rec['processor_cpu_s']:.2f} s CPU; framework {rec['framework_cpu_us_per_key']:.2f} us/key CPU, "
+            f"{rec['framework_wall_us_per_key']:.2f} us/key wall")
+    return out
+
+
+def report(records: Sequence[dict], floor: dict, args: argparse.Namespace) -> str:
+    lines = ["# rhino.spark glue at a million keys per batch", "",
+             f"Command: `{args.command}`", "",
+             f"Parameters: {args.params}. Load average during the run: {loadavg()}.", "",
+             "Each batch runs the task code a Spark executor runs (`runtime/task.py`), in this process, "
+             "against a real `rhino worker` and `rhino coordinator` (r = 0: the commit is the worker's "
+             "checkpoint only). The processor, `CountPerKey`, reads a ValueState, counts its key's rows, "
+             "writes it back and emits one row. Framework per key = (task - processor's own time) / keys; "
+             "the worker's share is in the wall time only. The first batch writes every key new; later "
+             "batches read and update them.", "",
+             "| mode | batch | keys | task wall (s) | task CPU (s) | processor CPU (s) | framework CPU (us/key) | "
+             "framework wall (us/key) | group | fetch | process | write | commit |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in records:
+        if r.get("profiled"):
+            continue
+        p = r["phases_s"]
+        lines.append(f"| {r['mode']} | {r['batch']} | {r['keys']:,} | {r['task_wall_s']:.2f} | {r['task_cpu_s']:.2f} "
+                     f"| {r['processor_cpu_s']:.2f} | {r['framework_cpu_us_per_key']:.2f} | "
+                     f"{r['framework_wall_us_per_key']:.2f} | {p['group_s']:.2f} | {p['fetch_s']:.2f} | "
+                     f"{p['process_s']:.2f} | {p['write_s']:.2f} | {p['commit_s']:.2f} |")
+    lines += ["", "## The floor", "",
+              "What pandas and Python cost per key, measured in this run on their own (thread CPU, "
+              f"{args.keys:,} keys):", ""]
+    for k, v in floor.items():
+        lines.append(f"- `{k}`: {v:.2f} us")
+    pandas_floor = floor["pandas_slice_us"] + floor["generator_us"] + floor["output_frame_us"]
+    lines += ["", f"A pandas-mode framework hands each key a DataFrame and takes one back: at least "
+              f"{floor['pandas_slice_us']:.2f} + {floor['generator_us']:.2f} + {floor['output_frame_us']:.2f} = "
+              f"{pandas_floor:.2f} us per key in pandas and Python alone (the output frame is built by the "
+              f"processor, so it counts as the processor's here). The target of {TARGET_US_PER_KEY:g} us per key "
+              f"for everything but the processor is below the cost of one pandas slice per key.", ""]
+    for r in records:
+        if r.get("profiled") and r.get("profile_top"):
+            lines += [f"## Profile ({r['mode']} mode, batch {r['batch']}, cProfile: inflates Python-heavy code)", "",
+                      "| function | calls | own (s) | cumulative (s) |", "|---|---:|---:|---:|"]
+            for e in r["profile_top"]:
+                lines.append(f"| `{e['function']}` | {e['calls']:,} | {e['own_s']:.3f} | {e['cum_s']:.3f} |")
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="rhino-bench spark glue", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--keys", type=positive_int, default=1_000_000)
+    ap.add_argument("--rows-per-key", type=positive_int, default=1)
+    ap.add_argument("--batches", type=positive_int, default=3)
+    ap.add_argument("--mode", choices=("pandas", "rows", "both"), default="both")
+    ap.add_argument("--processors", default="count",
+                    help="comma-separated: count (the processor), null (rows taken, nothing else: the per-key "
+                         "loop), state (the loop and the ValueState, no output)")
+    ap.add_argument("--vnodes", type=positive_int, default=64)
+    ap.add_argument("--window-rows", type=positive_int, default=100_000, help="task_window_rows")
+    ap.add_argument("--profile", action="store_true", help="one more batch per mode under cProfile")
+    ap.add_argument("--first-host", type=host_number, default=80, help="the worker on 127.0.0.N")
+    ap.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--report", default=None)
+    args = ap.parse_args(argv)
+    args.command = "rhino-bench spark glue " + " ".join(argv if argv is not None else sys.argv[1:])
+    args.params = {k: v for k, v in vars(args).items() if k not in ("json", "out", "report", "dir", "command")}
+    from rhino_bench.harness.workers import CoordinatorProcess, WorkerProcess, write_secret
+
+    emit = Emitter(args.json, args.out)
+    modes = ("pandas", "rows") if args.mode == "both" else (args.mode,)
+    with contextlib.ExitStack() as stack:
+        root = Path(args.dir) if args.dir else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="glue-")))
+        root.mkdir(parents=True, exist_ok=True)
+        sf = write_secret(root)
+        coord = CoordinatorProcess(root, secret_file=sf, heartbeat_timeout=30.0).start()
+        stack.callback(coord.stop)
+        w = WorkerProcess(root, "w1", f"127.0.0.{args.first_host}", secret_file=sf, metrics=False,
+                          extra_args=["--coordinator", coord.address]).start()
+        stack.callback(w.stop)
+        from rhino.coordinator.client import connect_coordinator
+
+        with connect_coordinator(coord.address, secret=sf.read_bytes().strip()) as cc:
+            deadline = time.monotonic() + 30
+            while not cc.status()["workers"]:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the worker did not register")
+                time.sleep(0.1)
+        records: list[dict] = []
+        with stdout_for_json_only() if args.json else contextlib.nullcontext():
+            for mode in modes:
+                for kind in args.processors.split(","):
+                    records += run_mode(mode, kind, args, root, coord.address, sf, emit)
+            say("the floor: pandas and Python per key, on their own")
+            floor = floor_per_key(min(args.keys, 200_000), args.rows_per_key)
+            emit.emit(round_floats({"record": "floor", "command": args.command, "params": args.params, **floor}))
+            steady = [r for r in records if r["batch"] > 0 and not r.get("profiled")]
+            emit.emit(round_floats({"record": "summary", "command": args.command, "params": args.params,
+                                    "framework_cpu_us_per_key": {m: median([r["framework_cpu_us_per_key"]
+                                                                            for r in steady if r["mode"] == m])
+                                                                 for m in modes},
+                                    "target_us_per_key": TARGET_US_PER_KEY}))
+        if args.report:
+            Path(args.report).write_text(report(records, floor, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
