@@ -57,6 +57,9 @@ def _schema(names: Sequence[str]) -> Any:
 
     return StructType([StructField(n, LongType()) for n in names])
 TARGET_US_PER_KEY = 2.0  # the bound on the framework's time per key
+# the processor alone is timed on at most this many keys, and scaled (its cost per key does not
+# grow with the batch: each key's rows and output are its own)
+PROCESSOR_SAMPLE_KEYS = 100_000
 
 try:
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor as _Base
@@ -259,7 +262,8 @@ def _run_batch(cfg: Any, control: Any, kind: str, b: int, keys: int, rows_per_ke
     task = meta.rows[-1]
     want = keys if kind == "count" else 0
     assert out_rows == want, f"batch {b}: {out_rows} output rows for {keys} keys"
-    own = processor_alone(cfg.mode, keys, rows_per_key, kind)
+    sample = min(keys, PROCESSOR_SAMPLE_KEYS)
+    own = processor_alone(cfg.mode, sample, rows_per_key, kind) * keys / sample
     rec = {"record": "batch", "batch": b, "keys": keys, "rows": keys * rows_per_key, "mode": cfg.mode,
            "processor": kind,
            "task_wall_s": wall, "task_cpu_s": cpu, "processor_cpu_s": own,
@@ -310,21 +314,25 @@ def run_mode(mode: str, kind: str, args: argparse.Namespace, root: Path, coord_a
 def report(records: Sequence[dict], floor: dict, args: argparse.Namespace) -> str:
     lines = ["# rhino.spark glue at a million keys per batch", "",
              f"Command: `{args.command}`", "",
-             f"Parameters: {args.params}. Load average during the run: {loadavg()}.", "",
+             f"Parameters: {args.params}. 1-min load average during the run: "
+             f"{min(r['loadavg'][0] for r in records):.1f}-{max(r['loadavg'][0] for r in records):.1f}.", "",
              "Each batch runs the task code a Spark executor runs (`runtime/task.py`), in this process, "
              "against a real `rhino worker` and `rhino coordinator` (r = 0: the commit is the worker's "
              "checkpoint only). The processor, `CountPerKey`, reads a ValueState, counts its key's rows, "
-             "writes it back and emits one row. Framework per key = (task - processor's own time) / keys; "
+             "writes it back and emits one row; `null` takes each key's rows and does nothing else (what is left is "
+             "the framework's per-key loop); `state` keeps the count without emitting. The processor's own CPU "
+             "is that processor run alone on the same keys (rows built beforehand, a dict for its state; on at most "
+             f"{PROCESSOR_SAMPLE_KEYS:,} keys, scaled). Framework per key = (task - processor's own time) / keys; "
              "the worker's share is in the wall time only. The first batch writes every key new; later "
              "batches read and update them.", "",
-             "| mode | batch | keys | task wall (s) | task CPU (s) | processor CPU (s) | framework CPU (us/key) | "
-             "framework wall (us/key) | group | fetch | process | write | commit |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| mode | processor | batch | keys | task wall (s) | task CPU (s) | processor CPU (s) | "
+             "framework CPU (us/key) | framework wall (us/key) | group | fetch | process | write | commit |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in records:
         if r.get("profiled"):
             continue
         p = r["phases_s"]
-        lines.append(f"| {r['mode']} | {r['batch']} | {r['keys']:,} | {r['task_wall_s']:.2f} | {r['task_cpu_s']:.2f} "
+        lines.append(f"| {r['mode']} | {r['processor']} | {r['batch']} | {r['keys']:,} | {r['task_wall_s']:.2f} | {r['task_cpu_s']:.2f} "
                      f"| {r['processor_cpu_s']:.2f} | {r['framework_cpu_us_per_key']:.2f} | "
                      f"{r['framework_wall_us_per_key']:.2f} | {p['group_s']:.2f} | {p['fetch_s']:.2f} | "
                      f"{p['process_s']:.2f} | {p['write_s']:.2f} | {p['commit_s']:.2f} |")
@@ -341,7 +349,8 @@ def report(records: Sequence[dict], floor: dict, args: argparse.Namespace) -> st
               f"for everything but the processor is below the cost of one pandas slice per key.", ""]
     for r in records:
         if r.get("profiled") and r.get("profile_top"):
-            lines += [f"## Profile ({r['mode']} mode, batch {r['batch']}, cProfile: inflates Python-heavy code)", "",
+            lines += [f"## Profile ({r['mode']} mode, {r['processor']}, batch {r['batch']}, {r['keys']:,} keys; "
+                      "cProfile: inflates Python-heavy code)", "",
                       "| function | calls | own (s) | cumulative (s) |", "|---|---:|---:|---:|"]
             for e in r["profile_top"]:
                 lines.append(f"| `{e['function']}` | {e['calls']:,} | {e['own_s']:.3f} | {e['cum_s']:.3f} |")

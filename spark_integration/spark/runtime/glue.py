@@ -8,10 +8,12 @@ so ``bench/rhino_bench/spark/glue.py`` can time them against the naive forms the
 - Outputs: the processor yields one small DataFrame per key (or per fired
   timer); ``pd.concat`` of thousands of them costs more than the processor.
   Columns are concatenated with NumPy instead, then one DataFrame is built.
-  They are folded as they come (:class:`OutputFrames`): a DataFrame is some fifty
-  objects that Python's cyclic garbage collector walks at every collection, so
-  100,000 of them alive made each new one cost 94 µs instead of 50
-  (bench/results/spark_glue_1m.md).
+  They are folded as they come (:class:`OutputFrames`), so that at most a few
+  hundred are alive: a DataFrame is some fifty objects that Python's cyclic
+  garbage collector walks at every collection (alone, a new frame cost 50 µs,
+  75 µs with 20,000 kept and 94 µs with 100,000). In a whole task at 1M keys the
+  gain was within the run-to-run noise (bench/README.md, "The task's per-key
+  cost").
 """
 
 from __future__ import annotations
