@@ -172,6 +172,8 @@ py::dict MetricsDict(const CoordServerMetrics& m) {
   d["tls_failures"] = m.tls_failures;
   d["peers_dead"] = m.peers_dead;
   d["open_connections"] = m.open_connections;
+  d["reads_paused"] = m.reads_paused;
+  d["outbound_bytes"] = m.outbound_bytes;
   d["connections_accepted"] = m.connections_accepted;
   d["connections_refused"] = m.connections_refused;
   d["requests"] = m.requests;

@@ -64,6 +64,8 @@ py::dict MetricsDict(const WorkerMetrics& m) {
   d["stale_rejections"] = m.stale_rejections;
   d["peers_dead"] = m.peers_dead;
   d["open_connections"] = m.open_connections;
+  d["reads_paused"] = m.reads_paused;
+  d["outbound_bytes"] = m.outbound_bytes;
   d["buffer_pool_cached_bytes"] = m.buffer_pool_cached_bytes;
   d["checkpoints_retired"] = m.checkpoints_retired;
   d["gc_files_removed"] = m.gc_files_removed;
@@ -153,10 +155,12 @@ stop() aborts streams under way and closes connections; join() waits for stop.
                        const std::string& tls_ca, uint32_t max_connections,
                        uint32_t max_unauthenticated_connections, uint32_t max_connections_per_peer,
                        uint32_t max_unauthenticated_per_peer, uint32_t max_instances,
-                       uint32_t max_checkpoint_readers, uint32_t max_streams_per_connection) {
+                       uint32_t max_checkpoint_readers, uint32_t max_streams_per_connection,
+                       uint64_t max_outbound_bytes) {
              auto w = std::make_unique<PyWorker>();
              WorkerOptions o;
              o.max_streams_per_connection = max_streams_per_connection;
+             o.max_outbound_bytes = max_outbound_bytes;
              o.max_instances = max_instances;
              o.max_checkpoint_readers = max_checkpoint_readers;
              o.max_connections = max_connections;
@@ -201,7 +205,8 @@ stop() aborts streams under way and closes connections; join() waits for stop.
            py::arg("max_unauthenticated_per_peer") = kDefaultMaxUnauthenticatedPerPeer,
            py::arg("max_instances") = kDefaultMaxInstances,
            py::arg("max_checkpoint_readers") = kDefaultMaxCheckpointReaders,
-           py::arg("max_streams_per_connection") = kDefaultMaxStreamsPerConnection)
+           py::arg("max_streams_per_connection") = kDefaultMaxStreamsPerConnection,
+           py::arg("max_outbound_bytes") = kDefaultMaxOutboundBytes)
       .def("start", [](PyWorker& w) {
              Status s;
              {
@@ -352,6 +357,7 @@ void BindWorker(py::module_& m) {
         "The key of `role` with `scope`, derived from the cluster's root secret (docs/protocol.md §2, \"Roles\").");
   m.attr("MAX_FRAME_BYTES") = kDefaultMaxFrameBytes;
   m.attr("MAX_STREAMS_PER_CONNECTION") = kDefaultMaxStreamsPerConnection;
+  m.attr("MAX_OUTBOUND_BYTES") = kDefaultMaxOutboundBytes;
   m.attr("MAX_CONNECTIONS") = kDefaultMaxConnections;
   m.attr("MAX_UNAUTHENTICATED_CONNECTIONS") = kDefaultMaxUnauthenticatedConnections;
   m.attr("MAX_CONNECTIONS_PER_PEER") = kDefaultMaxConnectionsPerPeer;

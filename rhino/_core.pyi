@@ -247,6 +247,7 @@ MAX_UNAUTHENTICATED_CONNECTIONS: int
 MAX_CONNECTIONS_PER_PEER: int
 MAX_UNAUTHENTICATED_PER_PEER: int
 MAX_STREAMS_PER_CONNECTION: int  # streams a peer holds open on one connection (docs/protocol.md §2)
+MAX_OUTBOUND_BYTES: int  # bytes queued for one peer before its connection stops reading it (docs/protocol.md §2)
 # Default bounds on what a worker's state service holds (docs/protocol.md §7.1, "Bounds").
 MAX_INSTANCES: int
 MAX_CHECKPOINT_READERS: int
@@ -285,6 +286,7 @@ class Worker:
         max_instances: int = ...,  # instances hosted at once; 0 = no bound
         max_checkpoint_readers: int = ...,  # checkpoint readers open at once; 0 = no bound
         max_streams_per_connection: int = ...,  # streams one peer holds open on one connection; 0 = no bound
+        max_outbound_bytes: int = ...,  # bytes queued for one peer before reading it pauses; 0 = no bound
     ) -> None: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...

@@ -31,6 +31,12 @@ client connects from 127.0.0.1:
 
 The coordinator's listener (_core.CoordServer) refuses the same way, counted in its metrics.
 
+What a worker queues for one peer is bounded (docs/protocol.md §2, --max-outbound-bytes): a
+raw client that pipelines 120 GetReqs of 1 MiB answers and reads none is not read past the
+bound (plus the 16 requests a connection may have in progress), the worker's RSS stays within
+64 MiB of where it was, the pause is counted and logged, another connection is served, and the
+client, once it reads, gets all 120 answers; with no bound (0) the worker queues them all.
+
 The frames are built by tests/dataplane_wire.py, written from the document.
 """
 
@@ -550,3 +556,129 @@ def test_streams_per_connection_are_bounded_by_name_and_given_back(tmp_path) -> 
 def _served_unix_or_tcp(w: WorkerProcess) -> None:
     with rhino.connect(w.address, secret=SECRET) as c:
         assert c.instances() == []  # a worker that hosts nothing answers, on its own connection
+
+
+# ---- outbound queues (docs/protocol.md §2, "Connection limits") ----------------------------
+
+OUT_KEYS = [b"outbound-%02d" % i for i in range(16)]
+OUT_VALUE = 64 << 10  # so that each GetRsp for the 16 keys is 1 MiB
+OUT_REQUESTS = 120    # 120 MiB of answers owed
+OUT_BOUND = 1 << 20   # --max-outbound-bytes 1M
+
+
+def _out_value(i: int) -> bytes:
+    return bytes([65 + i]) * OUT_VALUE
+
+
+def _outbound_flooder(w: WorkerProcess) -> RawClient:
+    """An authenticated raw TCP client with a small receive buffer (64 KiB), so that the kernel
+    holds little of what the worker sends it, in a session of batch 1 of instance 0."""
+    host, port = w.address.rsplit(":", 1)
+    raw = RawClient.__new__(RawClient)
+    raw.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    raw.sock.settimeout(10)
+    raw.sock.connect((host, int(port)))
+    assert raw.handshake(SECRET)[0]["type"] == "AuthRsp"
+    raw.send(frame("SessionOpenReq", Enc().bytes_(OP).u32(0).u64(1).u64(1).done(), stream_id=1))
+    h, p = raw.recv_skipping_heartbeats()
+    assert h["type"] == "SessionOpenRsp" and decode_status(p)[0] == 0, decode_status(p)
+    return raw
+
+
+def _get_rsp_values(p: bytes) -> list[bytes]:
+    d = Dec(p)
+    code, message, found = d.u32(), d.bytes_(), d.bytes_()
+    assert code == 0, message
+    assert found == b"\x01" * len(OUT_KEYS), found
+    values = [d.bytes_() for _ in range(d.u32())]
+    d.end()
+    return values
+
+
+@pytest.mark.parametrize("bound", [OUT_BOUND, 0], ids=["bounded", "unbounded"])
+def test_a_peer_that_reads_no_answers_is_not_read_past_the_outbound_bound(tmp_path, bound) -> None:
+    """Issue 46: a peer that pipelines 120 GetReqs of 1 MiB answers each and reads none. With
+    --max-outbound-bytes 1M the worker stops reading it once that much is queued: the answers
+    queued stay within the bound plus those of the requests in progress (at most 16, one frame
+    each), the worker's RSS grows by less than 64 MiB, the pause is counted and logged, and
+    another connection is served meanwhile. Then the peer reads, and gets every answer it is
+    owed, in order, intact. The control, with no bound (0), queues nearly all 120 MiB."""
+    w = WorkerProcess(tmp_path, "w1", "127.0.0.2", secret_file=write_secret(tmp_path, SECRET),
+                      peer_timeout_ms=20000,  # the flooder reads nothing for seconds, on purpose
+                      extra_args=["--max-outbound-bytes", str(bound)]).start()
+    try:
+        with rhino.connect(w.unix_socket, secret=SECRET) as c:
+            for i in (0, 1):
+                c.open_instance(OP, i, epoch=1, num_vnodes=4)
+            with c.session(OP, 1, batch=0, epoch=1) as s:  # the bystander's instance
+                s.put_batch(np.arange(10, dtype=np.int64), [b"v%d" % i for i in range(10)])
+                s.commit()
+        with RawClient(w.address) as raw:  # instance 0's 16 values of 64 KiB, by hand
+            assert raw.handshake(SECRET)[0]["type"] == "AuthRsp"
+            raw.send(frame("SessionOpenReq", Enc().bytes_(OP).u32(0).u64(0).u64(1).done(), stream_id=1))
+            assert raw.recv_skipping_heartbeats()[0]["type"] == "SessionOpenRsp"
+            raw.send(frame("WriteReq", Enc().u8(1).strs(OUT_KEYS).strs([_out_value(i) for i in range(16)]).done(),
+                           stream_id=1))
+            h, p = raw.recv_skipping_heartbeats()
+            assert h["type"] == "SessionRsp" and decode_status(p)[0] == 0, decode_status(p)
+            raw.send(frame("SessionCommitReq", Enc().u8(0).done(), stream_id=1))
+            h, p = raw.recv_skipping_heartbeats()
+            assert h["type"] == "SessionCommitRsp" and decode_status(p)[0] == 0, decode_status(p)
+
+        flooder = _outbound_flooder(w)
+        try:
+            get = frame("GetReq", Enc().strs(OUT_KEYS).done(), stream_id=1)
+            rss_before = _rss_kib(w.pid)
+            flooder.send(get * OUT_REQUESTS)  # 33 KB: the sockets' buffers take it all
+            rss_peak, out_peak = rss_before, 0.0
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline:  # the worker settles, the flooder reads nothing
+                rss_peak = max(rss_peak, _rss_kib(w.pid))
+                out_peak = max(out_peak, w.metric("rhino_worker_outbound_bytes"))
+                time.sleep(0.05)
+            paused = w.metric("rhino_worker_reads_paused_total")
+            print(f"--max-outbound-bytes {bound}: RSS {rss_before} KiB before, +{rss_peak - rss_before} KiB at "
+                  f"the peak; {int(out_peak)} bytes queued at the peak; {paused:g} pauses")
+            # Another connection is served meanwhile (its own instance: the flooder's session holds 0).
+            _read_bystander(w)
+            if bound == 0:
+                assert out_peak > (OUT_REQUESTS - 20) << 20, out_peak
+                assert paused == 0
+            else:
+                answer = 32 + 32 + len(OUT_KEYS) * (4 + OUT_VALUE)  # a GetRsp frame, header included
+                assert paused >= 1
+                assert out_peak <= bound + 17 * answer, out_peak
+                assert rss_peak - rss_before < 64 << 10, f"RSS grew by {(rss_peak - rss_before) >> 10} MiB"
+            # Now the flooder reads: every answer it is owed, in order, intact.
+            want = [_out_value(i) for i in range(16)]
+            for n in range(OUT_REQUESTS):
+                h, p = flooder.recv_skipping_heartbeats()
+                assert h["type"] == "GetRsp" and h["stream_id"] == 1, (n, h)
+                assert _get_rsp_values(p) == want, n
+            flooder.send(get)  # and it is served on
+            h, p = flooder.recv_skipping_heartbeats()
+            assert h["type"] == "GetRsp" and _get_rsp_values(p) == want
+            if bound != 0:
+                assert w.metric("rhino_worker_reads_paused_total") > paused  # resumed, paused again
+        finally:
+            flooder.close()
+        deadline = time.monotonic() + 10
+        while w.metric("rhino_worker_outbound_bytes") != 0:
+            assert time.monotonic() < deadline, "the queue was not drained"
+            time.sleep(0.05)
+        log = w.log_path.read_text(errors="replace")
+        if bound != 0:
+            assert "reads its answers slower than they come" in log and f"(max_outbound_bytes {bound})" in log
+            assert log.count("reads its answers slower than they come") <= 10  # at most one a second
+        else:
+            assert "reads its answers slower than they come" not in log
+        assert w.alive()
+    finally:
+        w.stop()
+
+
+def _read_bystander(w: WorkerProcess) -> None:
+    with rhino.connect(w.address, secret=SECRET) as c, c.session(OP, 1, batch=1, epoch=1) as s:
+        assert s.get_batch(np.arange(10, dtype=np.int64)) == [b"v%d" % i for i in range(10)]
+        s.abort()

@@ -20,7 +20,7 @@ SNAPSHOT = dict(bytes_received=10, bytes_sent=20, bytes_written=30, net_bytes_in
                 checkpoints_aborted=1, auth_failures=6, tls_failures=14, rejected_frames=2, stale_rejections=5, peers_dead=8,
                 open_connections=3, buffer_pool_cached_bytes=1 << 20, checkpoints_retired=11,
                 gc_bytes_removed=12, retention_errors=13, retention_last_error="", gc_deferred=15, pool_files=16,
-                pool_bytes=17, gc_pins=18,
+                pool_bytes=17, gc_pins=18, reads_paused=19, outbound_bytes=20,
                 instances=[dict(operator_id='q8"join', instance=0, last_committed=None, last_opened=2, chain_version=3),
                            dict(operator_id="agg", instance=5, last_committed=4, last_opened=4, chain_version=1)])
 
@@ -51,6 +51,7 @@ def test_every_snapshot_field_is_a_sample_with_the_worker_label():
         key("rhino_worker_rejected_frames_total"): 2,
         key("rhino_worker_stale_rejections_total"): 5, key("rhino_worker_peers_dead_total"): 8,
         key("rhino_worker_open_connections"): 3, key("rhino_worker_buffer_pool_cached_bytes"): 1 << 20,
+        key("rhino_worker_reads_paused_total"): 19, key("rhino_worker_outbound_bytes"): 20,
         key("rhino_worker_checkpoints_retired_total"): 11, key("rhino_worker_gc_bytes_removed_total"): 12,
         key("rhino_worker_retention_errors_total"): 13, key("rhino_worker_gc_deferred_total"): 15,
         key("rhino_worker_pool_files"): 16, key("rhino_worker_pool_bytes"): 17, key("rhino_worker_gc_pins"): 18,

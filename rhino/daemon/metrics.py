@@ -79,6 +79,8 @@ _COUNTERS = [
     ("rhino_worker_stale_rejections_total", "Streams or frames fenced off as stale (protocol §5).",
      "stale_rejections"),
     ("rhino_worker_peers_dead_total", "Peers declared dead by timeout (protocol §6).", "peers_dead"),
+    ("rhino_worker_reads_paused_total", "Times a connection stopped reading a peer that let more than "
+     "--max-outbound-bytes of answers queue up (protocol §2).", "reads_paused"),
     ("rhino_worker_checkpoints_retired_total", "Old checkpoints dropped from the replica store by retention.",
      "checkpoints_retired"),
     ("rhino_worker_gc_bytes_removed_total", "Bytes of pooled files no kept checkpoint references, freed.",
@@ -93,6 +95,8 @@ _GAUGES = [
     ("rhino_worker_in_flight_credits", "Chunk buffers held right now (credits lent and not yet returned), all streams.",
      "in_flight_credits"),
     ("rhino_worker_open_connections", "Open data-plane connections.", "open_connections"),
+    ("rhino_worker_outbound_bytes", "Bytes of frames queued for writing to peers, all connections.",
+     "outbound_bytes"),
     ("rhino_worker_buffer_pool_cached_bytes", "Free chunk buffers kept for reuse (at most 32 MiB).",
      "buffer_pool_cached_bytes"),
     ("rhino_worker_pool_bytes", "Bytes in the replica store's pool, as the last garbage collection left it.",

@@ -161,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-streams-per-connection", type=uint32, default=_core.MAX_STREAMS_PER_CONNECTION,
                    help="streams (sessions, replication streams, readers) a peer holds open on one connection; "
                         "one more is refused with ResourceExhausted (default: %(default)s; 0: no bound)")
+    p.add_argument("--max-outbound-bytes", type=_size_or_zero, default=_core.MAX_OUTBOUND_BYTES,
+                   help="bytes of answers queued for one peer on one connection; over it the worker stops reading "
+                        "that peer until half is sent, so a peer that does not read cannot make it buffer without "
+                        "bound (e.g. 64M; default: %(default)s; 0: no bound)")
     p.add_argument("--stream-idle-timeout-ms", type=uint32, default=60000,
                    help="abort a stream that sees no frame from either neighbour for this long (0: never)")
     p.add_argument("--nice", type=int, default=DEFAULT_NICE, choices=range(0, 20), metavar="0..19",
@@ -181,6 +185,11 @@ def _size(text: str) -> int:
         return parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _size_or_zero(text: str) -> int:
+    """A size (`_size`), or 0 where 0 means "no bound"."""
+    return 0 if text.strip() == "0" else _size(text)
 
 
 def service_paths(args: argparse.Namespace) -> tuple[str, str]:
@@ -301,6 +310,7 @@ def _new_worker(args: argparse.Namespace, config: _Configuration) -> Worker:
         max_connections_per_peer=args.max_connections_per_peer,
         max_unauthenticated_per_peer=args.max_unauthenticated_per_peer,
         max_streams_per_connection=args.max_streams_per_connection,
+        max_outbound_bytes=args.max_outbound_bytes,
         max_window=args.max_window,
         stream_idle_timeout_ms=args.stream_idle_timeout_ms,
         state_dir=config.state_dir,

@@ -146,6 +146,8 @@ class CoordServer::Impl {
     m.tls_failures = counters_.tls_failures.load();
     m.peers_dead = counters_.peers_dead.load();
     m.open_connections = counters_.open_connections.load();
+    m.reads_paused = counters_.reads_paused.load();
+    m.outbound_bytes = counters_.outbound_bytes.load();
     m.connections_accepted = connections_accepted_.load();
     m.connections_refused = limiter_.counts().refused;
     m.requests = requests_.load();

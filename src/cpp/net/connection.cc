@@ -33,6 +33,24 @@ void LogStreamRefusal(const Status& why) {
                static_cast<unsigned long long>(n));
 }
 
+// A connection that stopped reading its peer: one log line at most a second,
+// with a count, as a peer that never reads pauses it again and again.
+void LogReadPause(const std::string& worker_id, const std::string& remote, uint64_t queued, uint64_t bound) {
+  static std::atomic<uint64_t> paused{0};
+  static std::mutex mu;
+  static std::chrono::steady_clock::time_point last;
+  const uint64_t n = paused.fetch_add(1) + 1;
+  std::lock_guard<std::mutex> l(mu);
+  const auto now = std::chrono::steady_clock::now();
+  if (n > 1 && now - last < std::chrono::seconds(1)) return;
+  last = now;
+  std::fprintf(stderr,
+               "rhino: %s: peer %s reads its answers slower than they come: %llu bytes are queued for it "
+               "(max_outbound_bytes %llu); reading from it paused until half is sent (%llu pauses so far)\n",
+               worker_id.c_str(), remote.c_str(), static_cast<unsigned long long>(queued),
+               static_cast<unsigned long long>(bound), static_cast<unsigned long long>(n));
+}
+
 // "ip:port" of a TCP peer, "unix" for a Unix-socket peer (it has no name).
 std::string DescribePeer(int fd) {
   sockaddr_storage ss{};
@@ -78,6 +96,7 @@ Connection::Connection(asio::io_context& io, Role role, const ConnectionOptions&
 
 Connection::~Connection() {
   if (counters_ != nullptr && started_ != Clock::time_point()) counters_->open_connections.fetch_sub(1);
+  if (counters_ != nullptr) counters_->outbound_bytes.fetch_sub(static_cast<int64_t>(queued_bytes_));
 }
 
 std::string Connection::peer_id() const {
@@ -391,7 +410,48 @@ void Connection::OnPayload(const asio::error_code& ec) {
   }
   std::shared_ptr<std::string> payload = std::move(payload_);
   Dispatch(cur_, std::move(payload));
+  ReadNextOrPause();
+}
+
+void Connection::ReadNextOrPause() {
+  if (state_.load() != State::kOpen || write_failed_) {
+    ReadHeader();  // the handshake, or a drain before closing: never paused
+    return;
+  }
+  // Server side only: a client's queue holds what its own code chose to send
+  // (credits pace it), and two ends that each stopped reading until the other
+  // read would wait for each other until both timed out.
+  if (!outbound_full_ && role_ == Role::kServer && options_.max_outbound_bytes != 0 &&
+      queued_bytes_ > options_.max_outbound_bytes) {
+    outbound_full_ = true;
+    if (counters_ != nullptr) counters_->reads_paused.fetch_add(1);
+    LogReadPause(options_.worker_id, remote_, queued_bytes_, options_.max_outbound_bytes);
+  }
+  if (outbound_full_ || frames_in_progress_.load() >= kMaxFramesInProgress) {
+    reading_stopped_ = true;
+    return;
+  }
   ReadHeader();
+}
+
+void Connection::MaybeResumeReading() {
+  if (!reading_stopped_ || state_.load() == State::kClosed) return;
+  if (!write_failed_ && (outbound_full_ || frames_in_progress_.load() > kMaxFramesInProgress / 2)) return;
+  reading_stopped_ = false;
+  // The peer's frames (heartbeats included) waited in the socket because we
+  // did not read them: its silence meanwhile was ours, not its own (Tick).
+  last_recv_ = Clock::now();
+  ReadHeader();
+}
+
+void Connection::FrameHandled() {
+  // Frames are handed off only on the strand, when a frame is read, and none
+  // is read once kMaxFramesInProgress are in progress: so after reading
+  // stopped the count only falls, and passes half exactly once, by this
+  // decrement, which posts the resume (after the stop: both on the strand).
+  if (frames_in_progress_.fetch_sub(1) - 1 == kMaxFramesInProgress / 2) {
+    asio::post(strand_, [self = shared_from_this()]() { self->MaybeResumeReading(); });
+  }
 }
 
 Status Connection::ReadFailure(const std::string& what, const asio::error_code& ec) {
@@ -652,6 +712,9 @@ void Connection::SendNow(MessageType type, uint32_t stream_id, std::string paylo
 
 void Connection::Enqueue(Outgoing o) {
   if (state_.load() == State::kClosed || write_failed_) return;
+  const uint64_t bytes = kFrameHeaderBytes + o.payload->size();
+  queued_bytes_ += bytes;
+  if (counters_ != nullptr) counters_->outbound_bytes.fetch_add(static_cast<int64_t>(bytes));
   queue_.push_back(std::move(o));
   if (!writing_) WriteNext();
 }
@@ -692,13 +755,17 @@ void Connection::OnWritten(const asio::error_code& ec) {
     write_failed_status_ = failed;
     write_failed_at_ = Clock::now();
     queue_.clear();
+    Dequeued(queued_bytes_);
     writing_ = false;
     asio::error_code ignored;
     socket_.shutdown(asio::socket_base::shutdown_send, ignored);
+    outbound_full_ = false;
+    MaybeResumeReading();  // the drain above needs the read side, holds or not
     return;
   }
   Outgoing o = std::move(queue_.front());
   queue_.pop_front();
+  Dequeued(kFrameHeaderBytes + o.payload->size());
   if (counters_ != nullptr) {
     counters_->frames_out.fetch_add(1);
     counters_->bytes_out.fetch_add(kFrameHeaderBytes + o.payload->size());
@@ -708,7 +775,18 @@ void Connection::OnWritten(const asio::error_code& ec) {
     DoClose(closing_status_);
     return;
   }
+  // Half the bound, not the bound itself: a peer that reads slowly is paused
+  // once per half-bound of answers it reads, not once per frame.
+  if (outbound_full_ && queued_bytes_ <= options_.max_outbound_bytes / 2) {
+    outbound_full_ = false;
+    MaybeResumeReading();
+  }
   WriteNext();
+}
+
+void Connection::Dequeued(uint64_t n) {
+  queued_bytes_ -= n;
+  if (counters_ != nullptr) counters_->outbound_bytes.fetch_sub(static_cast<int64_t>(n));
 }
 
 // ---- liveness (§6) ----
@@ -722,7 +800,10 @@ void Connection::Tick() {
                             " ms"));
     return;
   }
-  if (MsSince(last_recv_) > timeout) {
+  // While we do not read (reading_stopped_), the peer's frames wait unread:
+  // its silence is ours. The write check below still closes a peer that
+  // accepts nothing at all while a frame waits for it.
+  if (!reading_stopped_ && MsSince(last_recv_) > timeout) {
     if (counters_ != nullptr) counters_->peers_dead.fetch_add(1);
     DoClose(Status::PeerDead("peer " + remote_ + " sent nothing for " + std::to_string(MsSince(last_recv_)) +
                              " ms (peer_timeout_ms " + std::to_string(timeout) + ")"));
@@ -781,6 +862,7 @@ void Connection::DoClose(const Status& why) {
   socket_.shutdown(asio::socket_base::shutdown_both, ec);
   socket_.close(ec);
   queue_.clear();
+  Dequeued(queued_bytes_);
   writing_ = false;
   Status s = why.ok() ? Status::Aborted("connection to " + remote_ + " closed") : why;
   FinishHandshake(s);

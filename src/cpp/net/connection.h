@@ -12,6 +12,12 @@
 //   "unclaimed" handler (the server opens streams there).
 // - Idle connections exchange heartbeats every heartbeat_ms; a peer silent for
 //   peer_timeout_ms, or a write stuck that long, is declared dead (§6).
+// - Server side, the frames queued for writing are bounded in bytes
+//   (max_outbound_bytes): over it the connection stops reading the peer's
+//   next frame until the queue drains to half of it, so a peer that sends
+//   requests and reads no answers cannot make us buffer answers without bound.
+//   So are the frames listeners have taken and not yet handled
+//   (kMaxFramesInProgress), whose answers are still to come.
 //
 // Thread-safety: every public method may be called from any thread. All
 // socket work runs on the connection's strand; handlers (listeners, unclaimed,
@@ -55,6 +61,12 @@ struct ConnectionOptions {
   // frame that would open one more is answered ResourceExhausted on its
   // stream, logged, and the connection serves on. 0 = no bound.
   uint32_t max_streams = kDefaultMaxStreamsPerConnection;
+  // Server side: bytes (headers and payloads) of the frames queued for
+  // writing to the peer. Over it, no further frame is read from the peer
+  // until the queue drains to half of it: frames already queued are all
+  // sent, and answers to requests already read may still be queued, so this
+  // is where reading stops, not a cap on the queue. 0 = no bound.
+  uint64_t max_outbound_bytes = kDefaultMaxOutboundBytes;
   // Client side: bind the local end to this address (e.g. the worker's own
   // 127.0.0.N) so that peers see where traffic comes from. Empty = any.
   std::string local_bind_host;
@@ -75,6 +87,11 @@ struct ConnectionCounters {
   std::atomic<uint64_t> tls_failures{0};     // TLS handshakes that failed, either side
   std::atomic<uint64_t> peers_dead{0};       // §6 timeouts
   std::atomic<int64_t> open_connections{0};
+  // Times a connection stopped reading because its peer let more than
+  // max_outbound_bytes queue up (it reads its answers slower than they come).
+  std::atomic<uint64_t> reads_paused{0};
+  // Bytes queued for writing right now, all connections (headers included).
+  std::atomic<int64_t> outbound_bytes{0};
 };
 
 // Receives the frames of one stream. Called on the connection's strand.
@@ -142,6 +159,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // A fresh stream id for a stream this side initiates (never 0).
   uint32_t NewStreamId() { return next_stream_id_.fetch_add(1); }
 
+  // A listener that hands a frame to threads of its own (a session's request,
+  // answered on its instance's strand) calls FrameHandedOff from OnFrame, and
+  // FrameHandled once that frame is handled, from any thread. While
+  // kMaxFramesInProgress are in progress, no further frame is read from the
+  // peer until half of them are handled: otherwise a peer that pipelines
+  // requests and reads no answers would have them all read before their
+  // answers could fill the outbound queue and pause reading
+  // (max_outbound_bytes), and all their answers queued after.
+  static constexpr uint32_t kMaxFramesInProgress = 16;
+  void FrameHandedOff() { frames_in_progress_.fetch_add(1); }
+  void FrameHandled();
+
   // Closes now; queued frames are dropped. Idempotent.
   void Close(const Status& why);
   // Sends an ErrorRsp on `stream_id`, then closes once it is written.
@@ -185,6 +214,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Enqueue(Outgoing o);
   void WriteNext();
   void OnWritten(const asio::error_code& ec);
+  // After a frame is dispatched: reads the next one, unless the outbound queue
+  // is over max_outbound_bytes (until OnWritten drains it to half) or a
+  // listener's frames in progress reach kMaxFramesInProgress (until half are
+  // handled).
+  void ReadNextOrPause();
+  // Reads on, if reading stopped and nothing holds it stopped any more.
+  void MaybeResumeReading();
+  // Drops `n` bytes from the queued count (written, or cleared by a close).
+  void Dequeued(uint64_t n);
   void Tick();
   void Reject(uint32_t stream_id, const Status& why);
   void DoClose(const Status& why);
@@ -226,6 +264,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::atomic<State> state_{State::kHandshake};
   // Stream ids are handed out from any thread.
   std::atomic<uint32_t> next_stream_id_{1};
+  // Frames listeners handed off and have not handled: raised on the strand,
+  // lowered from any thread.
+  std::atomic<uint32_t> frames_in_progress_{0};
 
   // ---- strand-only state ----
   UnclaimedHandler unclaimed_;
@@ -244,6 +285,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::shared_ptr<std::string> payload_;
   size_t rcvlowat_ = 1;  // the socket's SO_RCVLOWAT, as last set
   std::deque<Outgoing> queue_;
+  uint64_t queued_bytes_ = 0;  // headers and payloads in queue_, the frame being written included
+  bool outbound_full_ = false;  // queued_bytes_ passed max_outbound_bytes, and has not drained to half yet
+  bool reading_stopped_ = false;  // ReadNextOrPause read no next frame; MaybeResumeReading does
   bool writing_ = false;
   bool closing_ = false;  // CloseWithError: stop reading, close when the queue drains
   Status closing_status_;

@@ -125,7 +125,12 @@ ReaderStream::ReaderStream(const ReaderEnv* env, std::shared_ptr<ReaderTable> ta
 
 void ReaderStream::OnFrame(const FrameHeader& h, std::shared_ptr<std::string> payload) {
   auto self = shared_from_this();
-  asio::post(strand_, [self, h, payload]() { self->Handle(h, *payload); });
+  // OnFrame runs on the connection's strand: the connection is alive.
+  if (auto c = conn_.lock()) c->FrameHandedOff();
+  asio::post(strand_, [self, h, payload]() {
+    self->Handle(h, *payload);
+    if (auto c = self->conn_.lock()) c->FrameHandled();
+  });
 }
 
 void ReaderStream::OnConnectionClosed(const Status&) {

@@ -12,7 +12,12 @@ SessionStream::SessionStream(const SessionEnv* env, const std::shared_ptr<net::C
 
 void SessionStream::OnFrame(const FrameHeader& h, std::shared_ptr<std::string> payload) {
   auto self = shared_from_this();
-  asio::post(inst_->strand(), [self, h, payload]() { self->Handle(h, *payload); });
+  // OnFrame runs on the connection's strand: the connection is alive.
+  if (auto c = conn_.lock()) c->FrameHandedOff();
+  asio::post(inst_->strand(), [self, h, payload]() {
+    self->Handle(h, *payload);
+    if (auto c = self->conn_.lock()) c->FrameHandled();
+  });
 }
 
 void SessionStream::OnConnectionClosed(const Status&) {

@@ -147,6 +147,8 @@ class Worker::Impl {
     m.stale_rejections = metrics_.stale_rejections.load();
     m.peers_dead = counters_.peers_dead.load();
     m.open_connections = counters_.open_connections.load();
+    m.reads_paused = counters_.reads_paused.load();
+    m.outbound_bytes = counters_.outbound_bytes.load();
     m.buffer_pool_cached_bytes = BufferPool::Shared().cached_bytes();
     {
       MutexLock l(&retention_mu_);
@@ -210,6 +212,7 @@ class Worker::Impl {
     co.credential = Credential::FromRoot(o.secret, PeerRole::kWorker, o.id);
     co.max_frame_bytes = o.max_frame_bytes;
     co.max_streams = o.max_streams_per_connection;
+    co.max_outbound_bytes = o.max_outbound_bytes;
     co.heartbeat_ms = o.heartbeat_ms;
     co.peer_timeout_ms = o.peer_timeout_ms;
     co.local_bind_host = o.listen_host;

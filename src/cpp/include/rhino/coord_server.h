@@ -88,6 +88,8 @@ struct CoordServerMetrics {
   uint64_t tls_failures = 0;     // §2, "TLS": refused certificates, plaintext peers
   uint64_t peers_dead = 0;       // §6 timeouts
   int64_t open_connections = 0;
+  uint64_t reads_paused = 0;    // connections that stopped reading a peer over max_outbound_bytes (§2)
+  int64_t outbound_bytes = 0;   // now, queued for writing, all connections
   uint64_t connections_accepted = 0;
   uint64_t connections_refused = 0;  // over a connection limit (CoordServerOptions)
   // The requests'.

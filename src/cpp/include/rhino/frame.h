@@ -79,6 +79,13 @@ constexpr uint32_t kDefaultMaxUnauthenticatedPerPeer = 64;       // handshakes p
 // Streams one peer may hold open on one connection it opened (sessions,
 // replication streams, readers, coordinator requests in flight; protocol §1).
 constexpr uint32_t kDefaultMaxStreamsPerConnection = 1024;
+// Bytes of frames one connection a worker or the coordinator accepted may
+// hold queued for a peer that reads them too slowly; over it the connection
+// stops reading that peer's requests until half is sent (protocol §2).
+// 64 MiB: 16 frames of the default max_frame_bytes, so a reader that keeps
+// up never meets it, while 1024 connections that each hit it cost 64 GiB at
+// worst rather than without bound. 0 = no bound.
+constexpr uint64_t kDefaultMaxOutboundBytes = uint64_t{64} << 20;
 // The default bounds on what authenticated peers can make a worker's state
 // service hold (protocol §7.1, "Bounds"). 0 = no bound.
 constexpr uint32_t kDefaultMaxInstances = 4096;         // hosted instances (a RocksDB open each)

@@ -67,6 +67,10 @@ struct WorkerOptions {
   // streams, readers); a frame that would open one more is answered
   // ResourceExhausted on its stream. 0 = no bound.
   uint32_t max_streams_per_connection = kDefaultMaxStreamsPerConnection;
+  // Bytes of frames queued for one peer on one connection this worker
+  // accepted; over it the worker stops reading that peer until half is sent
+  // (a peer that sends requests and reads no answers). 0 = no bound.
+  uint64_t max_outbound_bytes = kDefaultMaxOutboundBytes;
 
   // ---- flow control (protocol §4 step 3) ----
   // Most credits granted per stream, whatever the sender asks: memory per
@@ -114,6 +118,10 @@ struct WorkerMetrics {
   uint64_t stale_rejections = 0;  // frames or streams refused for a stale chain version
   uint64_t peers_dead = 0;
   int64_t open_connections = 0;
+  // outbound bounds: times a connection stopped reading a peer that let more
+  // than max_outbound_bytes queue up, and the bytes queued now, all connections
+  uint64_t reads_paused = 0;
+  int64_t outbound_bytes = 0;
   // memory: free chunk buffers kept for reuse (util/buffer_pool.h; at most 32 MiB)
   uint64_t buffer_pool_cached_bytes = 0;
   // retention: old checkpoints uncommitted, and the pooled files (bytes) freed
