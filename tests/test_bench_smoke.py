@@ -50,6 +50,7 @@ SMOKE_RUNS = {
     "spark output": ("test_bench_spark_output.py", "test_tiny_run_both_systems"),
     "spark initial-state": ("test_bench_smoke.py", '"initial-state"'),
     "spark elastic": ("test_bench_smoke.py", '"elastic"'),
+    "spark glue": ("test_bench_spark_glue.py", "test_glue_bench_runs_and_reports"),
     "demo": ("test_cli.py", "test_demo_runs_and_verifies"),
     "cluster": ("test_spark_cluster.py", "rhino_bench.harness.spark_cluster"),
 }
