@@ -231,13 +231,13 @@ def test_the_failure_detector_retries_a_pending_reconfiguration(tmp_path: Path) 
         coord.rm.recover_from_loss("w4")
         assert coord.meta.pending_reconfiguration("a") is not None
         t = time.monotonic() + 1000  # long after any earlier pass
-        coord._retry_pending(t)  # still failing: stays pending, logged again
+        coord.detector.retry_pending(t)  # still failing: stays pending, logged again
         assert coord.meta.pending_reconfiguration("a") is not None
         assert sum(e == "reconfigure_failed" for e, _ in logged) == 2
         gw.failing = set()
-        coord._retry_pending(t + 1)  # within the heartbeat timeout of the last pass: not yet
+        coord.detector.retry_pending(t + 1)  # within the heartbeat timeout of the last pass: not yet
         assert coord.meta.pending_reconfiguration("a") is not None
-        coord._retry_pending(t + 61)
+        coord.detector.retry_pending(t + 61)
         assert coord.meta.pending_reconfiguration("a") is None
         assert coord.meta.instance("a", 0).chain == ["w2", "w3"]
         # b was done at the loss and is left alone by the retries (no new epoch)

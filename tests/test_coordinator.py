@@ -199,7 +199,7 @@ def test_coordinator_killed_mid_step_resumes_by_abort(cluster, monkeypatch) -> N
     with pytest.raises(SystemExit):
         cc.begin_batch(OP, job.batch)
     monkeypatch.setattr(HandoverManager, "_apply", real)
-    coord._stop.set()  # the dead process's threads
+    coord.detector.stop()  # the dead process's threads
     coord2 = Coordinator(str(tmp / "coord"), secret=SECRET, heartbeat_timeout=3600)  # resume() aborts the step
     cc2 = LocalCoordinatorClient(coord2)
     assert cc2.placement(OP).assignment == before

@@ -24,14 +24,15 @@ The default ``min_copies = 1`` (the primary alone) changes nothing.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, ResourceExhaustedError
 from .metadata import InstanceRow, Metadata
 from .types import ShortOfCopies
 
-__all__ = ["CopiesPolicy", "load_policy", "save_policy", "short_of_copies"]
+__all__ = ["CopiesGuard", "CopiesPolicy", "load_policy", "save_policy", "short_of_copies"]
 
 _KEY = "min_copies:"  # + operator id, in the metadata's key-value table
 
@@ -87,3 +88,57 @@ def short_of_copies(rows: Iterable[InstanceRow], alive: set[str], min_copies: in
         if copies < min_copies:
             out.append(ShortOfCopies(instance=r.instance, copies=copies, min_copies=min_copies))
     return out
+
+
+class CopiesGuard:
+    """``begin_batch``'s check of an operator's copies: a chain repair first, then the batch
+    runs short (the default) or waits for a repair (strict).
+
+    ``repair()`` repairs every short chain it can (the Replication Manager's
+    ``repair_all``: a failure stays pending, logged there); ``lock`` is the coordinator's."""
+
+    def __init__(self, meta: Metadata, alive: Callable[[], set[str]], repair: Callable[[], Any], lock: Any,
+                 log: Callable[..., None]) -> None:
+        self.meta = meta
+        self._alive = alive
+        self._repair = repair
+        self._lock = lock
+        self.log = log
+
+    def short(self, operator_id: str, policy: CopiesPolicy) -> list[ShortOfCopies]:
+        """The instances short of ``policy.min_copies`` after a chain repair was tried for
+        them. REQUIRES: lock."""
+        if policy.min_copies <= 1:
+            return []  # the primary is a copy, and a dead one was failed over already
+        short = short_of_copies(self.meta.instances(operator_id), self._alive(), policy.min_copies)
+        if short:
+            self.log("copies_short_repairing", operator=operator_id, instances={s.instance: s.copies for s in short},
+                     min_copies=policy.min_copies)
+            self._repair()
+            short = short_of_copies(self.meta.instances(operator_id), self._alive(), policy.min_copies)
+        return short
+
+    def wait(self, operator_id: str, batch: int, policy: CopiesPolicy) -> list[ShortOfCopies]:
+        """Strict: waits for a repair that gives every instance its copies, at most
+        ``policy.wait_s``, then ResourceExhaustedError. Called without the lock: a worker
+        must be able to register meanwhile."""
+        deadline = time.monotonic() + policy.wait_s
+        self.log("batch_waits_for_copies", operator=operator_id, batch=batch, min_copies=policy.min_copies,
+                 wait_s=policy.wait_s)
+        while True:
+            time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
+            with self._lock:
+                short = self.short(operator_id, policy)
+            if not short:
+                self.log("copies_restored", operator=operator_id, batch=batch)
+                return []
+            if time.monotonic() >= deadline:
+                which = ", ".join(f"instance {s.instance} has {s.copies}" for s in short)
+                self.log("batch_refused_short_of_copies", operator=operator_id, batch=batch, detail=which)
+                with self._lock, self.meta.tx() as c:
+                    self.meta.event(c, "batch_refused_short_of_copies", operator=operator_id, batch=batch,
+                                    instances=[s.to_wire() for s in short])
+                raise ResourceExhaustedError(
+                    f"batch {batch} of operator {operator_id} needs {policy.min_copies} live copies of every "
+                    f"instance (min_copies, strict): {which}, and no chain repair gave them within "
+                    f"{policy.wait_s:g} s; add a worker, or lower min_copies")

@@ -154,6 +154,23 @@ class HandoverManager:
         return self._insert(operator_id, f"rescale {len(active)}->{parallelism}", strategy, moves,
                             self._next_barrier(operator_id, after_batch), placement)
 
+    def plan_balance_all(self, operator_id: Optional[str], *, strategy: str,
+                         after_batch: Optional[int]) -> tuple[list, list]:
+        """Load plans for ``operator_id``, or for every operator (None): ``(plans,
+        skipped)``, where an operator with an open plan is skipped with that plan named."""
+        ops = [operator_id] if operator_id else [o.operator_id for o in self.meta.operators()]
+        plans, skipped = [], []
+        for o in ops:
+            busy = self.open_plan(o)
+            if busy is not None:
+                skipped.append({"operator_id": o, "open_plan": busy.id,
+                                "why": f"it has an open plan, {describe_plan(busy)}"})
+                continue
+            p = self.plan_balance(o, strategy=strategy, after_batch=after_batch)
+            if p is not None:
+                plans.append(p)
+        return plans, skipped
+
     def plan_balance(self, operator_id: str, *, strategy: str, after_batch: Optional[int]) -> Optional[dict]:
         """A load-balancing plan of ``operator_id`` from its measured per-vnode
         load; None when there is no load measured or nothing to move."""

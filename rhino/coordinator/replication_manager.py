@@ -168,7 +168,7 @@ class ReplicationManager:
                     out["operators"][op.operator_id] = self.reconfigure_operator(op.operator_id,
                                                                                  f"{dead_worker} lost")
                 except RhinoError as e:
-                    out["errors"][op.operator_id] = self._failed(op.operator_id, f"{dead_worker} lost", e)
+                    out["errors"][op.operator_id] = self.failed(op.operator_id, f"{dead_worker} lost", e)
         return out
 
     def repair_all(self) -> dict:
@@ -188,8 +188,21 @@ class ReplicationManager:
                 try:
                     self.reconfigure_operator(op.operator_id, "chain repair", leaving=self._leaving(pending))
                 except RhinoError as e:
-                    errors[op.operator_id] = self._failed(op.operator_id, "chain repair", e)
+                    errors[op.operator_id] = self.failed(op.operator_id, "chain repair", e)
         return errors
+
+    def retry_pending(self, operator_id: str, doc: dict) -> None:
+        """Decides again, under a newer epoch, the reconfiguration ``doc`` left pending for
+        the operator (the failure detector's retry: liveness.py). Only the pending one: a
+        chain merely short (too few workers) is not touched, which would move its operator
+        to a new epoch every time. A failure stays pending, logged."""
+        reason = str(doc.get("reason", "reconfiguration"))
+        if not reason.endswith(" (retried)"):
+            reason += " (retried)"
+        try:
+            self.reconfigure_operator(operator_id, reason, leaving=self._leaving(doc))
+        except RhinoError as e:
+            self.failed(operator_id, "retry of a pending reconfiguration", e)
 
     def _leaving(self, pending: Optional[dict]) -> frozenset[str]:
         """The workers a pending reconfiguration was moving off (a decommission) that are
@@ -199,7 +212,7 @@ class ReplicationManager:
         draining = getattr(self.workers, "draining", None)
         return frozenset(pending["leaving"]) & frozenset(draining() if draining else ())
 
-    def _failed(self, operator_id: str, reason: str, e: RhinoError) -> str:
+    def failed(self, operator_id: str, reason: str, e: RhinoError) -> str:
         """Logs (and records as an event) a reconfiguration that failed; it stays pending."""
         message = f"{type(e).__name__}: {e}"
         self.log("reconfigure_failed", operator=operator_id, reason=reason, error=message)
