@@ -23,7 +23,7 @@ or dict for a struct, a list, tuple or numpy array for an array, a ``Mapping``
 for a map. Values read are what PySpark gives back: a ``Row`` for a struct, a
 list for an array, a dict for a map.
 
-The leaves are the row codec's own fields (``codec._Field``), made by
+The leaves are the row codec's own fields (``field.Field``), made by
 ``codec.py``, which also owns the error for a value that does not fit;
 ``CorruptNested`` here is for bytes that are not a value of the type.
 """
@@ -99,7 +99,7 @@ class _Reader:
 class NestedCodec:
     """Encodes and decodes the values of one nested type.
 
-    ``make_field(name, dt, nullable)`` builds the row codec's field (``codec._Field``) for an
+    ``make_field(name, dt, nullable)`` builds the row codec's field (``field.Field``) for an
     element, key, value or struct field (for a nested one, a field whose ``nested`` is a
     ``NestedCodec`` in turn); ``bad`` is the row codec's exception for a value that does not fit.
     ``path`` names this value in messages (``n``, ``n.element``, ``n.value.x``); ``canonical``
