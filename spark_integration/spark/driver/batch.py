@@ -65,7 +65,8 @@ from rhino.engine import (BUSY_FIELDS, Action, Attempt, AttemptResult, BatchDriv
 from ..errors import FreshCheckpointError, InputLostError, output_lost
 from ..runtime.initial import SIDE, with_initial_state
 from ..runtime.meta import new_meta_accumulator, seen, take
-from ..runtime.task import output_arrow_schema, run_partition
+from ..runtime.convert import output_arrow_schema
+from ..runtime.task import run_partition
 from .attempt import AttemptContext
 from .config import OperatorConfig
 from .control import Control

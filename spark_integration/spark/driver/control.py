@@ -9,7 +9,7 @@ from typing import Any, Optional
 from rhino.errors import BusyError, InvalidArgumentError
 from rhino.tls.config import for_host
 
-from ..runtime.task import this_host
+from ..runtime.connections import this_host
 from .config import OperatorConfig
 
 __all__ = ["Control"]

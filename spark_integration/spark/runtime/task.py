@@ -40,11 +40,8 @@ secret, the processor's own) is raised as itself.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import socket
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -52,8 +49,7 @@ import pyarrow as pa
 import rhino
 from rhino.client.session import CommitResult, Session
 from rhino.coordinator.types import Placement
-from rhino.engine import InstanceRun, WorkerClients, primary_address, vnode_load
-from rhino.tls.config import for_host
+from rhino.engine import InstanceRun, vnode_load
 
 from ..state.encoding import decode_key
 from ..state.handle import RhinoProcessorHandle
@@ -64,136 +60,15 @@ from ..state.writeback import write_back
 from ..driver.attempt import AttemptSpec
 from ..driver.config import PREFETCH_ENTRIES, OperatorConfig
 from .doomed import DoomedAttemptWatch
-from .glue import OutputFrames, concat_frames, group_rows
+from .connections import clients, coordinator, primary_epoch, this_host
+from .convert import (frames_to_arrow, output_arrow_schema, row_groups, rows_of, rows_to_arrow, spark_schema,
+                      to_pandas)
+from .glue import OutputFrames, group_rows
 from .initial import SIDE, Sides
 
-__all__ = ["run_partition", "output_arrow_schema", "this_host"]
-
-# Per Python worker process: Spark reuses the process across tasks, and its clients with it.
-_CLIENTS: dict[tuple, WorkerClients] = {}  # by the cluster's secret and TLS files
-_COORDS: dict[tuple, Any] = {}  # by the coordinator's address and TLS files
-# the doomed-attempt watch's own connections (a short timeout: a worker's instance requests
-# run one at a time, and a look at the epoch must not wait behind a bulk copy)
-_WATCH_CLIENTS: dict[tuple, WorkerClients] = {}
-WATCH_REQUEST_TIMEOUT_S = 1.0
+__all__ = ["run_partition"]
 
 
-# ---- connections --------------------------------------------------------------------------
-
-
-def this_host() -> str:
-    """The host this task runs on: the executor's SPARK_LOCAL_IP (set per host, design §8),
-    else the address of the host name."""
-    ip = os.environ.get("SPARK_LOCAL_IP")
-    if ip:
-        return ip
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
-
-
-def _tls_key(cfg: OperatorConfig) -> tuple:
-    return tuple(sorted(cfg.tls.as_dict().items())) if cfg.tls else ()
-
-
-def _clients(cfg: OperatorConfig) -> WorkerClients:
-    key = (cfg.secret, _tls_key(cfg))
-    c = _CLIENTS.get(key)
-    if c is None:
-        c = WorkerClients(secret=cfg.secret, client_id=f"spark-task-{os.getpid()}",
-                          request_timeout=cfg.request_timeout, tls=for_host(cfg.tls, this_host()))
-        _CLIENTS[key] = c
-    return c
-
-
-def _primary_epoch(cfg: OperatorConfig, spec: AttemptSpec, instance: int, host: str) -> Optional[Callable[[], Optional[int]]]:
-    """The instance's epoch on its primary, as the placement the task runs with names it
-    (None: not hosted there), for the doomed-attempt watch; None if the placement lacks it."""
-    info = spec.placement.instances.get(instance)
-    if info is None or not info.address:
-        return None
-    address, _ = primary_address(info, host)
-    key = (cfg.secret, _tls_key(cfg))
-
-    def epoch() -> Optional[int]:
-        clients = _WATCH_CLIENTS.get(key)
-        if clients is None:
-            clients = _WATCH_CLIENTS[key] = WorkerClients(
-                secret=cfg.secret, client_id=f"spark-task-watch-{os.getpid()}",
-                request_timeout=WATCH_REQUEST_TIMEOUT_S, tls=for_host(cfg.tls, this_host()))
-        st = clients.get(address).status(cfg.operator_id, instance, wait=False)
-        if not st.get("hosted"):
-            return None
-        # the fence, raised before the instance takes a new epoch, is answered even while
-        # the instance is busy in a commit (then "epoch" is left out: protocol.md §7.1)
-        e = st.get("fence_epoch", st.get("epoch"))
-        return int(e) if e is not None else None
-
-    return epoch
-
-
-def _coordinator(cfg: OperatorConfig) -> Any:
-    key = (cfg.coordinator, _tls_key(cfg))
-    c = _COORDS.get(key)
-    if c is None:
-        from rhino.coordinator.client import connect_coordinator
-
-        c = connect_coordinator(cfg.coordinator, secret=cfg.secret, tls=for_host(cfg.tls, this_host()))
-        _COORDS[key] = c
-    return c
-
-
-# ---- Arrow <-> pandas, as Spark converts for transformWithStateInPandas ------------------
-
-
-def _schema(js: str) -> Any:
-    from pyspark.sql.types import StructType
-
-    return StructType.fromJson(json.loads(js))
-
-
-def _to_pandas(table: pa.Table, schema: Any, timezone: str, padded: bool = False) -> Any:
-    """The rows as the pandas frame Spark's ``transformWithStateInPandas`` hands over: Spark
-    converts the Arrow batch, then rebuilds each key's frame from its rows' Python values
-    (PySpark's worker: ``pd.DataFrame(rows)`` of ``itertuples``), so a byte, short or int
-    column arrives as int64 and a float column as float64. ``padded`` (batch 0 with an
-    initial state, ``runtime/initial.py``): an integral column with nulls (the padding of
-    the other side's rows) is kept exact as pandas' Int64; ``Sides`` gives each key's rows
-    as int64 again (float64 where the key's own rows hold a null, as Spark's)."""
-    import pandas as pd
-    from pyspark.sql.conversion import ArrowArrayToPandasConversion
-    from pyspark.sql.types import ByteType, FloatType, IntegerType, LongType, ShortType
-
-    cols = {}
-    for f in schema.fields:
-        col = table.column(f.name)
-        integral = isinstance(f.dataType, (ByteType, ShortType, IntegerType, LongType))
-        if padded and integral and col.null_count:
-            cols[f.name] = col.cast(pa.int64()).to_pandas(types_mapper=lambda t: pd.Int64Dtype())
-            continue
-        v = ArrowArrayToPandasConversion.convert(col, f.dataType, ser_name=f.name, timezone=timezone,
-                                                 struct_in_pandas="dict")
-        if integral and v.dtype.kind == "i" and v.dtype.itemsize < 8:
-            v = v.astype(np.int64)
-        elif isinstance(f.dataType, FloatType) and v.dtype == np.float32:
-            v = v.astype(np.float64)
-        cols[f.name] = v
-    return pd.DataFrame(cols, index=pd.RangeIndex(table.num_rows))
-
-
-def _to_arrow(frames: list, schema: Any, timezone: str) -> Optional[pa.RecordBatch]:
-    from pyspark.sql.conversion import PandasToArrowConversion
-
-    pdf = concat_frames(frames)
-    if not len(pdf):
-        return None
-    missing = [f.name for f in schema.fields if f.name not in pdf.columns]
-    if missing:
-        raise ValueError(f"the processor's output lacks columns {missing} of the output schema "
-                         f"({schema.simpleString()}); it has {list(pdf.columns)}")
-    return PandasToArrowConversion.convert(pdf[[f.name for f in schema.fields]], schema, timezone=timezone,
-                                           assign_cols_by_name=True, safecheck=True)
 
 
 # ---- the task -----------------------------------------------------------------------------
@@ -267,8 +142,8 @@ def run_partition(cfg: OperatorConfig, spec: AttemptSpec,
     # (runtime/doomed.py); without it, the task waits for a failover itself (InstanceRun)
     watch: Any = contextlib.nullcontext()
     if cfg.watch_hosts:
-        watch = DoomedAttemptWatch(lambda: _coordinator(cfg), cfg.operator_id, spec.epoch,
-                                   local_epoch=_primary_epoch(cfg, spec, instance, host),
+        watch = DoomedAttemptWatch(lambda: coordinator(cfg), cfg.operator_id, spec.epoch,
+                                   local_epoch=primary_epoch(cfg, spec, instance, host),
                                    what=f"the task of instance {instance}, batch {spec.batch} (driver attempt "
                                         f"{spec.attempt}, epoch {spec.epoch})")
     with watch:
@@ -280,7 +155,7 @@ def _run_instance(cfg: OperatorConfig, spec: AttemptSpec, instance: int, attempt
     out_arrow = output_arrow_schema(cfg.output_schema)
     # with the driver's watch on, the driver cancels the attempt and runs the batch again at
     # the new epoch, so the task need not wait for a failover itself
-    run = InstanceRun(_clients(cfg), lambda: _coordinator(cfg), cfg.operator_id, instance, batch=spec.batch,
+    run = InstanceRun(clients(cfg), lambda: coordinator(cfg), cfg.operator_id, instance, batch=spec.batch,
                       placement=spec.placement, epoch=spec.epoch, host=host,
                       wait_for_failover=not cfg.watch_hosts, failover_wait_s=cfg.failover_wait_s)
     s = run.open()
@@ -310,7 +185,7 @@ class _InstanceBatch:
         self.cfg, self.spec = cfg, spec
         self.keys = cfg.keys
         self.placement = placement
-        self.in_schema = _schema(spec.input_schema_json)
+        self.in_schema = spark_schema(spec.input_schema_json)
         self.out_schema = cfg.output_schema
         self.part = rhino.Partitioner(**placement.partitioner_args())
         assignment = np.asarray(placement.assignment, dtype=np.int64)
@@ -402,9 +277,9 @@ class _InstanceBatch:
         st = self._state(s)
         t = time.time()
         if cfg.mode == "rows":
-            pdf, groups = _row_groups(table, self.keys)
+            pdf, groups = row_groups(table, self.keys)
         else:
-            pdf, groups = group_rows(table, _to_pandas(table, self.in_schema, spec.timezone,
+            pdf, groups = group_rows(table, to_pandas(table, self.in_schema, spec.timezone,
                                                        padded=spec.initial_columns is not None), self.keys)
         # the key tuples as handleInputRows gets them, for timers fired in this window (only its
         # keys: memory stays bounded; timers of other keys get decode_key's tuples)
@@ -416,20 +291,20 @@ class _InstanceBatch:
         sides = Sides(pdf, self.keys, spec.input_columns or [f.name for f in self.in_schema.fields],
                       spec.initial_columns)
         # row mode: the window's Row objects made in one pass, each key's a slice of them
-        window_rows = _rows_of(sides.data) if cfg.mode == "rows" and spec.initial_columns is None else None
+        window_rows = rows_of(sides.data) if cfg.mode == "rows" and spec.initial_columns is None else None
         for g, kt, a, b in groups:
             st.current = g
             init, a = sides.split(a, b)
             if init is not None:
                 # what it returns is dropped, as Spark drops it (it has no output)
-                for one in (_rows_of(init) if cfg.mode == "rows" else [init]):
+                for one in (rows_of(init) if cfg.mode == "rows" else [init]):
                     cfg.processor.handleInitialState(kt, one, tv)
             if a == b:
                 continue
             if window_rows is not None:
                 it = iter(window_rows[a:b])
             elif cfg.mode == "rows":
-                it = iter(_rows_of(sides.rows(a, b)))
+                it = iter(rows_of(sides.rows(a, b)))
             else:  # in frames of at most maxRecordsPerBatch rows, as Spark hands them over
                 step = spec.max_records_per_batch or (b - a)
                 it = (sides.rows(i, min(i + step, b)) for i in range(a, b, step))
@@ -475,8 +350,8 @@ class _InstanceBatch:
     def _output(self, outputs: Any) -> Optional[pa.RecordBatch]:
         if isinstance(outputs, OutputFrames):
             outputs = outputs.frames()
-        out = (_to_arrow(outputs, self.out_schema, self.spec.timezone) if self.cfg.mode == "pandas"
-               else _rows_to_arrow(outputs, self.out_schema))
+        out = (frames_to_arrow(outputs, self.out_schema, self.spec.timezone) if self.cfg.mode == "pandas"
+               else rows_to_arrow(outputs, self.out_schema))
         if out is not None:
             self.n["output_rows"] += out.num_rows
         return out
@@ -560,43 +435,3 @@ def _collect(result: Any, outputs: Any, mode: str) -> None:
         return
     for item in result:
         outputs.append(item)
-
-
-def _row_groups(table: pa.Table, key_columns: list[str]) -> tuple[Any, list[tuple[bytes, tuple, int, int]]]:
-    """The row form's grouping: the rows sorted by key, as a frame of Python values (Arrow's
-    ``as_py``: None for a null, a datetime in the column's time zone for a timestamp), and
-    the groups (``glue.group_rows``), whose key tuples are Python values too. Spark's row
-    form converts a row the same way (PySpark's worker, ``transformWithStateInPySpark``)."""
-    import pandas as pd
-
-    pdf = pd.DataFrame({c: pd.Series(table.column(c).to_pylist(), dtype=object) for c in table.column_names},
-                       index=pd.RangeIndex(table.num_rows))
-    return group_rows(table, pdf, key_columns)
-
-
-def _rows_of(pdf: Any) -> list:
-    """A frame of Python values (``_row_groups``) as ``Row`` objects, with its columns' names."""
-    from pyspark.sql import Row
-
-    make = Row(*pdf.columns)
-    return [make(*vals) for vals in pdf.itertuples(index=False, name=None)]
-
-
-def _rows_to_arrow(rows: list, schema: Any) -> Optional[pa.RecordBatch]:
-    """The row form's output, converted as Spark converts it (``pa.RecordBatch.from_pylist``
-    of ``row.asDict(True)``, in the output schema's Arrow types with time zone UTC)."""
-    from pyspark.sql.pandas.types import to_arrow_type
-
-    if not rows:
-        return None
-    arrow_type = to_arrow_type(schema, timezone="UTC", prefers_large_types=False)
-    return pa.RecordBatch.from_pylist([r.asDict(True) if hasattr(r, "asDict") else dict(r) for r in rows],
-                                      schema=pa.schema(list(arrow_type)))
-
-
-def output_arrow_schema(out_schema: Any) -> pa.Schema:
-    """The Arrow schema of the task's output: the operator's columns, nullable, timestamps
-    in UTC (Spark's own Python runners send them so)."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    return pa.schema([f.with_nullable(True) for f in to_arrow_schema(out_schema, timezone="UTC")])
