@@ -8,25 +8,6 @@
 namespace rhino::net {
 namespace {
 
-const char* ActionName(InstanceAction a) {
-  switch (a) {
-    case InstanceAction::kOpen: return "open";
-    case InstanceAction::kClose: return "close";
-    case InstanceAction::kTakeover: return "takeover";
-    case InstanceAction::kFence: return "fence";
-    case InstanceAction::kImport: return "import";
-    case InstanceAction::kMoveVnodes: return "move_vnodes";
-    case InstanceAction::kList: return "list";
-    case InstanceAction::kStatus: return "status";
-    case InstanceAction::kDiscardAfter: return "discard_after";
-    case InstanceAction::kReconfigure: return "reconfigure";
-    case InstanceAction::kReplicate: return "replicate";
-    case InstanceAction::kCompact: return "compact";
-    case InstanceAction::kDrop: return "drop";
-  }
-  return "unknown";
-}
-
 Status Denied(std::string_view server, const PeerIdentity& peer, const std::string& what, const std::string& why) {
   return Status::PermissionDenied(std::string(server) + " refused " + what + " from " + peer.Describe() + ": " + why);
 }
@@ -73,13 +54,14 @@ Status PermitRequest(const PeerIdentity& peer, MessageType type, std::string_vie
 Status PermitInstanceAction(const PeerIdentity& peer, InstanceAction action, std::string_view operator_id,
                             std::string_view server) {
   if (peer.role == PeerRole::kAdmin || peer.role == PeerRole::kCoordinator) return Status::OK();
-  const std::string what = std::string("InstanceReq ") + ActionName(action) + " of " +
+  const std::string what = std::string("InstanceReq ") + InstanceActionName(action) + " of " +
                            (operator_id.empty() ? std::string("(no operator)") : std::string(operator_id));
+  const ActionAccess access = InstanceActionAccess(action);
   if (peer.role == PeerRole::kWorker) {
-    if (action == InstanceAction::kDiscardAfter) return Status::OK();  // a primary cleans its chain (§7.3)
+    if (access == ActionAccess::kWorkers) return Status::OK();  // discard_after: a primary cleans its chain (§7.3)
     return Denied(server, peer, what, "a worker may only ask another for discard_after (its chain's clean-up)");
   }
-  if (action == InstanceAction::kStatus) return OwnNamespace(server, peer, what, operator_id);
+  if (access == ActionAccess::kTaskOwnNamespace) return OwnNamespace(server, peer, what, operator_id);
   return Denied(server, peer, what, "a task may only ask for the status of its own operators' instances");
 }
 

@@ -17,32 +17,42 @@ namespace {
 constexpr size_t kMaxItems = 1u << 26;
 
 // The action names of §7.1, in one place.
-constexpr std::pair<const char*, InstanceAction> kInstanceActions[] = {
-    {"open", InstanceAction::kOpen},
-    {"close", InstanceAction::kClose},
-    {"takeover", InstanceAction::kTakeover},
-    {"fence", InstanceAction::kFence},
-    {"import", InstanceAction::kImport},
-    {"move_vnodes", InstanceAction::kMoveVnodes},
-    {"list", InstanceAction::kList},
-    {"status", InstanceAction::kStatus},
-    {"discard_after", InstanceAction::kDiscardAfter},
-    {"reconfigure", InstanceAction::kReconfigure},
-    {"replicate", InstanceAction::kReplicate},
-    {"compact", InstanceAction::kCompact},
-    {"drop", InstanceAction::kDrop},
+struct ActionRow {
+  const char* name;
+  InstanceAction action;
+  ActionAccess access;
+};
+
+constexpr ActionRow kInstanceActions[] = {
+#define RHINO_ACTION_ROW(e, code, name, handler, access) {name, InstanceAction::e, ActionAccess::access},
+    RHINO_INSTANCE_ACTIONS(RHINO_ACTION_ROW)
+#undef RHINO_ACTION_ROW
 };
 
 }  // namespace
 
 Status ParseInstanceAction(std::string_view name, InstanceAction* out) {
-  for (const auto& [n, a] : kInstanceActions) {
-    if (name == n) {
-      *out = a;
+  for (const ActionRow& row : kInstanceActions) {
+    if (name == row.name) {
+      *out = row.action;
       return Status::OK();
     }
   }
   return Status::InvalidArgument("unknown instance action '" + std::string(name) + "'");
+}
+
+const char* InstanceActionName(InstanceAction action) {
+  for (const ActionRow& row : kInstanceActions) {
+    if (row.action == action) return row.name;
+  }
+  return "unknown";
+}
+
+ActionAccess InstanceActionAccess(InstanceAction action) {
+  for (const ActionRow& row : kInstanceActions) {
+    if (row.action == action) return row.access;
+  }
+  return ActionAccess::kInfrastructure;  // an unknown action is refused by the dispatch anyway
 }
 
 // ---- the field lists of §7's messages, in wire order (net/wire_codec.h) ----

@@ -526,5 +526,33 @@ TEST(ServiceMessagesTest, DecodeServiceMessageReencodesOnlyServiceTypes) {
   EXPECT_EQ(again, U8(0));
 }
 
+// The instance actions are one list (RHINO_INSTANCE_ACTIONS): the names are the
+// ones §7.1 documents and the Python client sends, each parses back to its own
+// action, and no name or wire code is used twice.
+TEST(ServiceMessagesTest, InstanceActionsAreOneListOfUniqueNamesAndCodes) {
+  const std::vector<std::string> documented = {"open",   "close",         "takeover",    "fence",     "import",
+                                               "move_vnodes", "list",   "status",      "discard_after",
+                                               "reconfigure", "replicate", "compact", "drop"};
+  std::set<std::string> names;
+  std::set<int> codes;
+  for (const std::string& name : documented) {
+    InstanceAction a{};
+    ASSERT_TRUE(ParseInstanceAction(name, &a).ok()) << name;
+    EXPECT_EQ(InstanceActionName(a), name);
+    EXPECT_TRUE(names.insert(name).second) << name;
+    EXPECT_TRUE(codes.insert(static_cast<int>(a)).second) << name;
+  }
+#define RHINO_COUNT_ACTION(e, code, name, handler, access) +1
+  constexpr int kRows = 0 RHINO_INSTANCE_ACTIONS(RHINO_COUNT_ACTION);
+#undef RHINO_COUNT_ACTION
+  EXPECT_EQ(kRows, static_cast<int>(documented.size())) << "an action is missing from this test or from §7.1";
+  InstanceAction a{};
+  EXPECT_CODE(ParseInstanceAction("Open", &a), kInvalidArgument);
+  EXPECT_STREQ(InstanceActionName(static_cast<InstanceAction>(200)), "unknown");
+  EXPECT_EQ(InstanceActionAccess(InstanceAction::kStatus), ActionAccess::kTaskOwnNamespace);
+  EXPECT_EQ(InstanceActionAccess(InstanceAction::kDiscardAfter), ActionAccess::kWorkers);
+  EXPECT_EQ(InstanceActionAccess(InstanceAction::kDrop), ActionAccess::kInfrastructure);
+}
+
 }  // namespace
 }  // namespace rhino

@@ -369,19 +369,11 @@ Status StateService::DoInstanceReq(const InstanceReq& req, std::string* result) 
     return Status::InvalidArgument("invalid operator id '" + req.operator_id + "' (want [A-Za-z0-9_.-]{1,128})");
   }
   switch (action) {
-    case InstanceAction::kOpen: return OpenInstance(req, result);
-    case InstanceAction::kClose: return CloseInstance(req, result);
-    case InstanceAction::kTakeover: return TakeoverInstance(req, result);
-    case InstanceAction::kFence: return FenceInstance(req, result);
-    case InstanceAction::kImport: return ImportVnodes(req, result);
-    case InstanceAction::kMoveVnodes: return MoveVnodes(req, result);
-    case InstanceAction::kList: return ListInstances(req, result);
-    case InstanceAction::kStatus: return InstanceStatus(req, result);
-    case InstanceAction::kDiscardAfter: return DiscardAfter(req, result);
-    case InstanceAction::kReconfigure: return Reconfigure(req, result);
-    case InstanceAction::kReplicate: return ReplicateTo(req, result);
-    case InstanceAction::kCompact: return CompactInstance(req, result);
-    case InstanceAction::kDrop: return DropInstance(req, result);
+#define RHINO_ACTION_CASE(e, code, name, handler, access) \
+  case InstanceAction::e:                                \
+    return handler(req, result);
+    RHINO_INSTANCE_ACTIONS(RHINO_ACTION_CASE)
+#undef RHINO_ACTION_CASE
   }
   return Status::InvalidArgument("unknown instance action " + std::to_string(req.action));
 }

@@ -93,19 +93,9 @@ class StateService {
   // One handler per InstanceAction (protocol §7.1; service/instance_actions.cc):
   // each decodes its typed arguments (rhino/service_messages.h) and writes
   // its JSON answer to *result.
-  Status OpenInstance(const InstanceReq& req, std::string* result);
-  Status CloseInstance(const InstanceReq& req, std::string* result);
-  Status TakeoverInstance(const InstanceReq& req, std::string* result);
-  Status FenceInstance(const InstanceReq& req, std::string* result);
-  Status ImportVnodes(const InstanceReq& req, std::string* result);
-  Status MoveVnodes(const InstanceReq& req, std::string* result);
-  Status ListInstances(const InstanceReq& req, std::string* result);
-  Status InstanceStatus(const InstanceReq& req, std::string* result);
-  Status DiscardAfter(const InstanceReq& req, std::string* result);
-  Status Reconfigure(const InstanceReq& req, std::string* result);
-  Status ReplicateTo(const InstanceReq& req, std::string* result);
-  Status CompactInstance(const InstanceReq& req, std::string* result);
-  Status DropInstance(const InstanceReq& req, std::string* result);
+#define RHINO_ACTION_HANDLER(e, code, name, handler, access) Status handler(const InstanceReq& req, std::string* result);
+  RHINO_INSTANCE_ACTIONS(RHINO_ACTION_HANDLER)
+#undef RHINO_ACTION_HANDLER
 
   std::shared_ptr<HostedInstance> Find(const std::string& op, uint32_t instance) EXCLUDES(mu_);
   // Find, or UnknownInstance naming this worker.

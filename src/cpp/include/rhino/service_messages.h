@@ -27,25 +27,61 @@ constexpr size_t kMaxOperatorIdBytes = 128;
 // InstanceReq.args and InstanceRsp.result are JSON objects of this size at most.
 constexpr size_t kMaxJsonBytes = 1 << 20;
 
+// Who may ask for an instance action, besides the admin and the coordinator
+// (docs/protocol.md §2, "Roles"; net/permissions.h applies it).
+enum class ActionAccess : uint8_t {
+  kInfrastructure,    // nobody else
+  kWorkers,           // workers too (a primary cleans its chain, §7.3)
+  kTaskOwnNamespace,  // tasks too, for the operators of their own namespace
+};
+
+// The instance actions (§7.1), one row each; adding an action is a row here, its
+// handler (a StateService method of that name, service/instance_actions.cc), and
+// its Python client call (rhino/client/client.py). The rows generate the
+// InstanceAction enum, the names ParseInstanceAction accepts, the role table's
+// entries and the service's dispatch.
+//   X(enumerator, wire code, wire name, StateService handler, ActionAccess)
+#define RHINO_INSTANCE_ACTIONS(X)                                                                                   \
+  /* host (create or open) the instance under `epoch` */                                                            \
+  X(kOpen, 1, "open", OpenInstance, kInfrastructure)                                                                \
+  /* stop hosting it (its files stay) */                                                                            \
+  X(kClose, 2, "close", CloseInstance, kInfrastructure)                                                             \
+  /* host it from a checkpoint of this worker's replica store (failover) */                                         \
+  X(kTakeover, 3, "takeover", TakeoverInstance, kInfrastructure)                                                    \
+  /* raise the instance's epoch here without hosting it */                                                          \
+  X(kFence, 4, "fence", FenceInstance, kInfrastructure)                                                             \
+  /* import vnodes from a checkpoint in the replica store into a hosted instance */                                 \
+  X(kImport, 5, "import", ImportVnodes, kInfrastructure)                                                            \
+  /* export vnodes of one hosted instance and import them into another */                                           \
+  X(kMoveVnodes, 6, "move_vnodes", MoveVnodes, kInfrastructure)                                                     \
+  /* the instances hosted here (operator_id empty) */                                                               \
+  X(kList, 7, "list", ListInstances, kInfrastructure)                                                               \
+  /* one instance: epoch, version, checkpoints, replication of a checkpoint */                                      \
+  X(kStatus, 8, "status", InstanceStatus, kTaskOwnNamespace)                                                        \
+  /* drop this store's checkpoints of the instance newer than `after` (re-execution) */                             \
+  X(kDiscardAfter, 9, "discard_after", DiscardAfter, kWorkers)                                                      \
+  /* a handover's drops and imports at the barrier after batch `version` (design §4) */                             \
+  X(kReconfigure, 10, "reconfigure", Reconfigure, kInfrastructure)                                                  \
+  /* send a checkpoint of this store to other workers (a bulk copy: chain repair, scale-out) */                     \
+  X(kReplicate, 11, "replicate", ReplicateTo, kInfrastructure)                                                      \
+  /* a full compaction of the hosted instance's vnodes, through the TTL filter */                                   \
+  X(kCompact, 12, "compact", CompactInstance, kInfrastructure)                                                      \
+  /* remove every trace of the instance here: live state, checkpoints, standby, fences */                           \
+  X(kDrop, 13, "drop", DropInstance, kInfrastructure)
+
 // What an InstanceReq asks (§7.1).
 enum class InstanceAction : uint8_t {
-  kOpen = 1,         // host (create or open) the instance under `epoch`
-  kClose = 2,        // stop hosting it (its files stay)
-  kTakeover = 3,     // host it from a checkpoint of this worker's replica store (failover)
-  kFence = 4,        // raise the instance's epoch here without hosting it
-  kImport = 5,       // import vnodes from a checkpoint in the replica store into a hosted instance
-  kMoveVnodes = 6,   // export vnodes of one hosted instance and import them into another
-  kList = 7,         // the instances hosted here (operator_id empty)
-  kStatus = 8,       // one instance: epoch, version, checkpoints, replication of a checkpoint
-  kDiscardAfter = 9, // drop this store's checkpoints of the instance newer than `after` (re-execution)
-  kReconfigure = 10, // a handover's drops and imports at the barrier after batch `version` (design §4)
-  kReplicate = 11,   // send a checkpoint of this store to other workers (a bulk copy: chain repair, scale-out)
-  kCompact = 12,     // a full compaction of the hosted instance's vnodes, through the TTL filter
-  kDrop = 13,        // remove every trace of the instance here: live state, checkpoints, standby, fences
+#define RHINO_ACTION_ENUMERATOR(e, code, name, handler, access) e = code,
+  RHINO_INSTANCE_ACTIONS(RHINO_ACTION_ENUMERATOR)
+#undef RHINO_ACTION_ENUMERATOR
 };
 // The action named `name` ("open", "move_vnodes", ...: the names of §7.1,
 // which the Python client uses); InvalidArgument for any other name.
 Status ParseInstanceAction(std::string_view name, InstanceAction* out);
+// The wire name of an action ("unknown" for a code that is none).
+const char* InstanceActionName(InstanceAction action);
+// Who may ask for it besides the admin and the coordinator.
+ActionAccess InstanceActionAccess(InstanceAction action);
 
 struct InstanceReq {
   static constexpr MessageType kType = MessageType::kInstanceReq;
