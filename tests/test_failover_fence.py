@@ -101,7 +101,7 @@ def test_a_failed_request_leaves_the_reconfiguration_pending(rm_and_gateway) -> 
     assert "disk trouble with instance 2" in out["errors"]["q"]
     # nothing committed: the old placement and epoch, the reconfiguration pending for a retry
     assert meta.operator("q").epoch == 1 and meta.instance("q", 1).primary_worker == "w2"
-    assert meta.pending_reconfiguration("q")["epoch"] == 2
+    assert meta.pending_reconfiguration("q").epoch == 2
     gw.failing = set()
     assert rm.repair_all() == {}
     assert meta.operator("q").epoch == 3 and meta.instance("q", 1).primary_worker == "w3"

@@ -29,11 +29,11 @@ def drop_operator(meta: Metadata, workers: WorkerGateway, batches: BatchLedger, 
     rows = meta.instances(operator_id, active_only=False)
     instances = sorted({r.instance for r in rows})
     epoch = op.epoch + 1
-    pending = meta.pending_reconfiguration(operator_id) or {}
+    pending = meta.pending_reconfiguration(operator_id)
     # New operators start above every epoch and chain version this one used: workers may
     # still remember them.
-    floor = max([epoch, int(pending.get("epoch") or 0) + 1] + [r.chain_version + 1 for r in rows]
-                + [int(st.get("chain_version") or 0) + 1 for st in pending.get("steps", [])])
+    floor = max([epoch, (pending.epoch + 1) if pending else 0] + [r.chain_version + 1 for r in rows]
+                + [st.chain_version + 1 for st in (pending.steps if pending else [])])
     out: dict[str, Any] = {"operator_id": operator_id, "instances": instances, "workers": {},
                            "not_reached": sorted(w.id for w in meta.workers() if not w.alive)}
     alive = workers.alive_workers()

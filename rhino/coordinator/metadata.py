@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from ..errors import UnknownInstanceError
+from .reconfiguration import Reconfiguration
 
 __all__ = ["Metadata", "WorkerRow", "OperatorRow", "InstanceRow", "PlanRow", "SCHEMA_VERSION", "OPEN_PLAN_STATES",
            "EPOCH_FLOOR_KEY"]
@@ -244,12 +245,12 @@ class Metadata:
 
     # A reconfiguration decided but not yet committed (the Replication
     # Manager's crash safety): carried out again by a restarted coordinator.
-    def pending_reconfiguration(self, operator_id: str) -> Optional[dict]:
+    def pending_reconfiguration(self, operator_id: str) -> Optional[Reconfiguration]:
         doc = self.get_meta(f"pending:{operator_id}")
-        return None if doc is None else json.loads(doc)
+        return None if doc is None else Reconfiguration.from_doc(json.loads(doc))
 
-    def set_pending_reconfiguration(self, c: sqlite3.Connection, operator_id: str, doc: dict) -> None:
-        self.set_meta(c, f"pending:{operator_id}", json.dumps(doc))
+    def set_pending_reconfiguration(self, c: sqlite3.Connection, operator_id: str, r: Reconfiguration) -> None:
+        self.set_meta(c, f"pending:{operator_id}", json.dumps(r.to_doc()))
 
     def clear_pending_reconfiguration(self, c: sqlite3.Connection, operator_id: str) -> None:
         self.delete_meta(c, f"pending:{operator_id}")

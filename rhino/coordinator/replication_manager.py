@@ -34,6 +34,7 @@ from .naming import check_operator_id
 # The workers' cap on an instance's vnodes (kMaxNumVnodes in rhino/state_backend.h).
 MAX_NUM_VNODES: int = _core.MAX_NUM_VNODES
 from .placement import InstanceInfo, place_chains, rebalance_chains, repair_chains
+from .reconfiguration import Reconfiguration, ReconfigStep
 
 __all__ = ["ReplicationManager"]
 
@@ -191,12 +192,12 @@ class ReplicationManager:
                     errors[op.operator_id] = self.failed(op.operator_id, "chain repair", e)
         return errors
 
-    def retry_pending(self, operator_id: str, doc: dict) -> None:
+    def retry_pending(self, operator_id: str, doc: Reconfiguration) -> None:
         """Decides again, under a newer epoch, the reconfiguration ``doc`` left pending for
         the operator (the failure detector's retry: liveness.py). Only the pending one: a
         chain merely short (too few workers) is not touched, which would move its operator
         to a new epoch every time. A failure stays pending, logged."""
-        reason = str(doc.get("reason", "reconfiguration"))
+        reason = doc.reason
         if not reason.endswith(" (retried)"):
             reason += " (retried)"
         try:
@@ -204,13 +205,13 @@ class ReplicationManager:
         except RhinoError as e:
             self.failed(operator_id, "retry of a pending reconfiguration", e)
 
-    def _leaving(self, pending: Optional[dict]) -> frozenset[str]:
+    def _leaving(self, pending: Optional[Reconfiguration]) -> frozenset[str]:
         """The workers a pending reconfiguration was moving off (a decommission) that are
         still leaving: its retry goes on moving off them."""
-        if not pending or not pending.get("leaving"):
+        if not pending or not pending.leaving:
             return frozenset()
         draining = getattr(self.workers, "draining", None)
-        return frozenset(pending["leaving"]) & frozenset(draining() if draining else ())
+        return frozenset(pending.leaving) & frozenset(draining() if draining else ())
 
     def failed(self, operator_id: str, reason: str, e: RhinoError) -> str:
         """Logs (and records as an event) a reconfiguration that failed; it stays pending."""
@@ -239,40 +240,40 @@ class ReplicationManager:
         workers = self.workers.workers_info()
         rows = self.meta.instances(operator_id)
         pending = self.meta.pending_reconfiguration(operator_id)
-        epoch = max(op.epoch, pending["epoch"] if pending else 0) + 1
-        plan: list[dict] = []
+        epoch = max(op.epoch, pending.epoch if pending else 0) + 1
+        plan: list[ReconfigStep] = []
         infos: list[InstanceInfo] = []
         for r in rows:
-            step: dict[str, Any] = {"instance": r.instance, "old_primary": r.primary_worker}
+            step = ReconfigStep(instance=r.instance, old_primary=r.primary_worker)
             primary = r.primary_worker
             chain = list(r.chain)
             if primary not in alive:
                 new = self._failover_target(r, alive)
                 if new is None:
-                    step["lost"] = True
+                    step.lost = True
                     self.log("instance_unrecoverable", operator=operator_id, instance=r.instance,
                              reason="no live worker holds its last complete checkpoint")
                     plan.append(step)
                     continue
-                step["takeover"] = True
+                step.takeover = True
                 chain = [m for m in chain if m != new]
                 primary = new
-            step.update(primary=primary, chain=chain)
+            step.primary, step.chain = primary, chain
             infos.append(InstanceInfo(key=r.key, primary=primary, bytes=r.bytes, chain=tuple(chain)))
             plan.append(step)
         # One call over every instance, so replacements spread by load.
         fixes = repair_chains(infos, workers, op.replicas, dead={m for i in infos for m in i.chain} - alive)
         by_key = {r.instance: r for r in rows}
         for step in plan:
-            if step.get("lost"):
+            if step.lost:
                 continue
-            r = by_key[step["instance"]]
+            r = by_key[step.instance]
             fix = fixes.get(r.key)
             if fix is not None:
-                step["chain"], step["added"], step["copy_from"] = list(fix.chain), list(fix.added), fix.copy_from
-            changed = step["chain"] != r.chain or step["primary"] != r.primary_worker
-            step["chain_version"] = r.chain_version + (1 if changed else 0)
-        doc = {"epoch": epoch, "reason": reason, "steps": plan, "leaving": sorted(leaving)}
+                step.chain, step.added, step.copy_from = list(fix.chain), list(fix.added), fix.copy_from
+            changed = step.chain != r.chain or step.primary != r.primary_worker
+            step.chain_version = r.chain_version + (1 if changed else 0)
+        doc = Reconfiguration(epoch=epoch, reason=reason, steps=plan, leaving=sorted(leaving))
         t1 = time.monotonic()
         with self.meta.tx() as c:
             self.meta.set_pending_reconfiguration(c, operator_id, doc)
@@ -305,10 +306,10 @@ class ReplicationManager:
                 return wid
         return None
 
-    def carry_out(self, operator_id: str, doc: dict) -> dict:
+    def carry_out(self, operator_id: str, doc: Reconfiguration) -> dict:
         """Executes a pending reconfiguration (idempotent requests), then commits it."""
         op = self.meta.require_operator(operator_id)
-        epoch = doc["epoch"]
+        epoch = doc.epoch
         rows = {r.instance: r for r in self.meta.instances(operator_id)}
         assignment = self.meta.assignment(operator_id)
         t0 = time.monotonic()
@@ -318,74 +319,75 @@ class ReplicationManager:
         #    instances, sent in parallel: a failover's next batch waits for all
         #    of them, and one re-open's fsyncs on a busy disk must not delay
         #    another's takeover. Takeovers go first.
-        steps = sorted(doc["steps"], key=lambda s: not s.get("takeover"))
+        steps = sorted(doc.steps, key=lambda s: not s.takeover)
         with ThreadPoolExecutor(max_workers=max(1, len(steps)), thread_name_prefix="rhino-fence") as pool:
-            futures = [pool.submit(self._place, op, epoch, s, rows[s["instance"]], assignment, report)
+            futures = [pool.submit(self._place, op, epoch, s, rows[s.instance], assignment, report)
                        for s in steps]
-        placed = {s["instance"]: f for s, f in zip(steps, futures)}
+        placed = {s.instance: f for s, f in zip(steps, futures)}
         errors = [f.exception() for f in futures if f.exception() is not None]
         if errors:  # the reconfiguration stays pending; the first error says why
             raise errors[0]
-        new_rows = [placed[s["instance"]].result() for s in doc["steps"]]
+        new_rows = [placed[s.instance].result() for s in doc.steps]
         report["fence_s"] = time.monotonic() - t0
         # 2. Bulk copies of the last complete checkpoint to new chain members,
         #    from the (surviving) primary: never from the dead worker.
         t1 = time.monotonic()
-        for s, r in zip(doc["steps"], new_rows):
-            if s.get("lost") or not s.get("added") or r.last_complete is None:
+        for s, r in zip(doc.steps, new_rows):
+            if s.lost or not s.added or r.last_complete is None:
                 continue
             # What an added member still holds of the instance from an earlier
             # stint is of another history if a batch ran again meanwhile: it
             # would refuse the copy of last_complete. Dropped first.
-            self._drop_earlier_stints(operator_id, r.instance, s["added"], epoch)
+            self._drop_earlier_stints(operator_id, r.instance, s.added, epoch)
             res = self.workers.client(r.primary_worker).replicate(
-                operator_id, r.instance, epoch=epoch, to=self.workers.addresses(s["added"]),
+                operator_id, r.instance, epoch=epoch, to=self.workers.addresses(s.added),
                 chain_version=r.chain_version, checkpoint=r.last_complete, timeout=self.workers.copy_timeout)
-            report["copies"][str(r.instance)] = {"to": s["added"], "bytes": res["bytes_sent"], "seconds": res["seconds"]}
+            report["copies"][str(r.instance)] = {"to": s.added, "bytes": res["bytes_sent"], "seconds": res["seconds"]}
         report["copy_s"] = time.monotonic() - t1
         t2 = time.monotonic()
         with self.meta.tx() as c:
             for r in new_rows:
                 self.meta.put_instance(c, r)
-            self.meta.record_epoch(c, operator_id, epoch, doc["reason"])
+            self.meta.record_epoch(c, operator_id, epoch, doc.reason)
             self.meta.clear_pending_reconfiguration(c, operator_id)
-            self.meta.event(c, "reconfigured", operator=operator_id, epoch=epoch, reason=doc["reason"],
+            self.meta.event(c, "reconfigured", operator=operator_id, epoch=epoch, reason=doc.reason,
                             takeovers=sorted(report["takeovers"]), copies=sorted(report["copies"]),
                             takeover_figures=report["takeovers"], reopen_figures=report["reopens"],
                             fence_s=round(report["fence_s"], 4),
                             copy_s=round(report["copy_s"], 4))
         report["commit_tx_s"] = round(time.monotonic() - t2, 4)
-        self.log("reconfigured", operator=operator_id, epoch=epoch, reason=doc["reason"])
+        self.log("reconfigured", operator=operator_id, epoch=epoch, reason=doc.reason)
         return report
 
-    def _place(self, op: OperatorRow, epoch: int, s: dict, r: InstanceRow, assignment: list[int],
+    def _place(self, op: OperatorRow, epoch: int, s: ReconfigStep, r: InstanceRow, assignment: list[int],
                report: dict) -> InstanceRow:
         """One step of :meth:`carry_out`'s fence: the instance on its (new) primary at
         ``epoch``, taken over from the last complete checkpoint or re-opened. Returns its
         new row; the request's figures go to ``report`` (``takeovers``, ``reopens``)."""
-        if s.get("lost"):
+        if s.lost:
             return r
+        assert s.primary is not None  # every step not lost has a primary
         operator_id = op.operator_id
-        chain_addr = self.workers.addresses(s["chain"])
-        cl = self.workers.client(s["primary"])
+        chain_addr = self.workers.addresses(s.chain)
+        cl = self.workers.client(s.primary)
         t, sent = time.monotonic(), time.time()
-        if s.get("takeover") and r.last_complete is not None:
+        if s.takeover and r.last_complete is not None:
             info = cl.takeover(operator_id, r.instance, epoch=epoch, checkpoint=r.last_complete,
-                               chain=chain_addr, chain_version=s["chain_version"],
+                               chain=chain_addr, chain_version=s.chain_version,
                                redo_version=r.redo_version, redo=r.redo)
-            report["takeovers"][str(r.instance)] = {"worker": s["primary"], "restore_s": info.get("restore_s"),
+            report["takeovers"][str(r.instance)] = {"worker": s.primary, "restore_s": info.get("restore_s"),
                                                     "request_s": time.monotonic() - t,
                                                     "sent_unix": sent, "restore": info.get("restore"),
                                                     "queued_s": info.get("queued_s")}
         else:
             # A takeover of an instance that never completed a checkpoint starts it empty.
-            vn = [v for v, i in enumerate(assignment) if i == r.instance] if s.get("takeover") else None
+            vn = [v for v, i in enumerate(assignment) if i == r.instance] if s.takeover else None
             info = cl.open_instance(operator_id, r.instance, epoch=epoch, vnodes=vn, chain=chain_addr,
-                                    chain_version=s["chain_version"], **op.partitioner_args())
-            report["reopens"][str(r.instance)] = {"worker": s["primary"], "request_s": round(time.monotonic() - t, 4),
+                                    chain_version=s.chain_version, **op.partitioner_args())
+            report["reopens"][str(r.instance)] = {"worker": s.primary, "request_s": round(time.monotonic() - t, 4),
                                                   "sent_unix": sent, "reopen": (info or {}).get("reopen"),
                                                   "queued_s": (info or {}).get("queued_s")}
-        return replace(r, primary_worker=s["primary"], chain=s["chain"], chain_version=s["chain_version"])
+        return replace(r, primary_worker=s.primary, chain=list(s.chain), chain_version=s.chain_version)
 
     def _drop_earlier_stints(self, operator_id: str, instance: int, added: list[str], epoch: int) -> None:
         """Drops what new chain members hold of an instance, before its bulk copy.
@@ -420,7 +422,7 @@ class ReplicationManager:
                 # The workers may have changed since: decide again from the
                 # committed rows under a newer epoch (the same decision when
                 # nothing changed), then carry it out.
-                self.reconfigure_operator(op.operator_id, pending["reason"] + " (resumed)",
+                self.reconfigure_operator(op.operator_id, pending.reason + " (resumed)",
                                           leaving=self._leaving(pending))
             except RhinoError as e:
                 self.log("resume_failed", operator=op.operator_id, error=str(e))
@@ -466,13 +468,12 @@ class ReplicationManager:
             steps = []
             for r in rows:
                 fix = changes.get(r.key)
-                if fix is None:
-                    steps.append({"instance": r.instance, "primary": r.primary_worker, "chain": r.chain,
-                                  "chain_version": r.chain_version})
-                else:
-                    steps.append({"instance": r.instance, "primary": r.primary_worker, "chain": list(fix.chain),
-                                  "added": list(fix.added), "chain_version": r.chain_version + 1})
-            doc = {"epoch": epoch, "reason": "replica rebalance", "steps": steps}
+                step = ReconfigStep(instance=r.instance, old_primary=r.primary_worker, primary=r.primary_worker,
+                                    chain=list(r.chain), chain_version=r.chain_version)
+                if fix is not None:
+                    step.chain, step.added, step.chain_version = list(fix.chain), list(fix.added), r.chain_version + 1
+                steps.append(step)
+            doc = Reconfiguration(epoch=epoch, reason="replica rebalance", steps=steps)
             with self.meta.tx() as c:
                 self.meta.set_pending_reconfiguration(c, op.operator_id, doc)
             out[op.operator_id] = self.carry_out(op.operator_id, doc)
