@@ -241,3 +241,77 @@ def test_a_processing_time_timer_fires_with_no_input_as_in_spark(cluster, spark,
     # and Rhino's batches without input ran the operator (its reports), at the trigger's pace
     quiet = [rep for rep in op.reports if sum(t["rows_in"] for t in rep.tasks) == 0]
     assert quiet and sum(t["timers_fired"] for rep in quiet for t in rep.tasks) >= 1
+
+
+def test_a_query_started_without_ticks_gains_them_at_a_restart_as_spark_does(cluster, spark, tmp_path):
+    """Issue 45: quiet-stream batches a query gains after its first start. Both queries first run
+    without any quiet batch: Spark's own operator, and Rhino's without ticks, read the two files
+    (timers registered) and stop. Both restart from their checkpoints with no new input: Spark's
+    operator asks for no-data batches itself; Rhino's query restarts with
+    ``with_ticks(..., checkpoint_location=...)``, which readies a checkpoint made without
+    ticks. Then every key's timer fires in a batch with no input, with the same output on
+    both. Without the checkpoint step, Spark refuses Rhino's restart ("There are [1] sources
+    in the checkpoint offsets and now there are [2]")."""
+    from rhino.spark import with_ticks
+
+    src = tmp_path / "src"
+    src.mkdir()
+    _write_files(src, [pd.DataFrame({"k": [1, 2, 3, 3]}), pd.DataFrame({"k": [3]})])
+    out_schema = "k long, n long, why string"
+    ck_s, ck_r = str(tmp_path / "ck-spark"), str(tmp_path / "ck-rhino")
+
+    def stream():
+        return spark.readStream.schema("k long").option("maxFilesPerTrigger", 1).parquet(str(src))
+
+    def spark_query(sink):
+        return (stream().groupBy("k").transformWithStateInPandas(IdleProcessor(), outputStructType=out_schema,
+                                                                 outputMode="Update", timeMode="ProcessingTime")
+                .writeStream.foreachBatch(sink).option("checkpointLocation", ck_s)
+                .trigger(processingTime=TRIGGER).start())
+
+    data = lambda sink: len(sink.rows()) and set(sink.rows()["n"][sink.rows()["k"] == 3]) >= {3}  # noqa: E731
+    fired = lambda sink: len(sink.rows()) and (sink.rows()["why"] == "idle").sum() >= 3  # noqa: E731
+    # 1. the first start: Rhino's with no ticks, stopped once both files are read
+    got_s1, got_r1 = _Sink(), _Sink()
+    op = _op(cluster, IdleProcessor(), "quiet-gained", out_schema, time_mode="ProcessingTime")
+    qs = spark_query(got_s1)
+    qr = (stream().writeStream.foreachBatch(op.for_each_batch(got_r1)).option("checkpointLocation", ck_r)
+          .trigger(processingTime=TRIGGER).start())
+    try:
+        _wait(lambda: data(got_s1) and data(got_r1), [qs, qr], 150)
+    finally:
+        qs.stop()
+        qr.stop()
+    # key 3's timer, registered by the last input, can only fire in a batch with no input: none
+    # ran on Rhino's side (keys 1 and 2 may have fired in the second file's batch, on both)
+    r1 = got_r1.rows()
+    assert not ((r1["why"] == "idle") & (r1["k"] == 3)).any()
+    # 2. the restart, no new input
+    got_s2, got_r2 = _Sink(), _Sink()
+    op2 = _op(cluster, IdleProcessor(), "quiet-gained", out_schema, time_mode="ProcessingTime")
+    qs = spark_query(got_s2)
+    qr = (with_ticks(stream(), checkpoint_location=ck_r).writeStream.foreachBatch(op2.for_each_batch(got_r2))
+          .option("checkpointLocation", ck_r).trigger(processingTime=TRIGGER).start())
+    try:
+        _wait(lambda: fired(_both(got_s1, got_s2)) and fired(_both(got_r1, got_r2)), [qs, qr], 150)
+        time.sleep(2.0)  # nothing fires twice
+    finally:
+        qs.stop()
+        qr.stop()
+    s, r = _both(got_s1, got_s2).rows(), _both(got_r1, got_r2).rows()
+    cols = ["k", "n", "why"]
+    norm = lambda df: df[cols].sort_values(cols).reset_index(drop=True).astype({"k": "int64", "n": "int64"})  # noqa
+    pd.testing.assert_frame_equal(norm(r), norm(s))
+    assert norm(r)[norm(r)["why"] == "idle"].values.tolist() == [[1, 1, "idle"], [2, 1, "idle"], [3, 3, "idle"]]
+    # Rhino's key 3 fired after the restart, in a batch that read no rows
+    r2 = got_r2.rows()
+    assert ((r2["why"] == "idle") & (r2["k"] == 3)).sum() == 1
+    quiet = [rep for rep in op2.reports if sum(t["rows_in"] for t in rep.tasks) == 0]
+    assert sum(t["timers_fired"] for rep in quiet for t in rep.tasks) == (r2["why"] == "idle").sum()
+
+
+def _both(a: _Sink, b: _Sink) -> _Sink:
+    """The batches of a query's two runs, as one sink's."""
+    out = _Sink()
+    out.batches = a.batches + b.batches
+    return out
