@@ -25,6 +25,7 @@ from rhino.engine import first_error_line
 from .driver.batch import BatchRunner
 from .driver.config import OperatorConfig, parse_delay_ms
 from .driver.control import Control
+from .driver.progress import state_operator_progress
 from .driver.report import BatchReport
 from .driver.sink import Sink, unpersist_checkpoint
 from .errors import output_lost
@@ -75,6 +76,13 @@ class TransformWithState:
     @property
     def replicas(self) -> int:
         return self.config.replicas
+
+    def progress(self, batch_id: Optional[int] = None) -> Optional[dict]:
+        """Batch ``batch_id``'s figures (the last batch's if None) in the shape of Spark's
+        ``StateOperatorProgress``, for a ``StreamingQueryListener`` to join on
+        ``event.progress.batchId`` (driver/progress.py); None if not among the reports kept."""
+        reps = [r for r in self.reports if batch_id is None or r.batch == int(batch_id)]
+        return state_operator_progress(reps[-1]) if reps else None
 
     @property
     def state_doc(self) -> Optional[dict]:

@@ -71,6 +71,7 @@ from .attempt import AttemptContext
 from .config import OperatorConfig
 from .control import Control
 from .pinning import Pinner
+from .progress import JobDescription, describe_attempt, describe_commit, post_to_spark_ui
 from .report import BatchReport, ReportRing
 from .routing import BatchInput, Router
 from .sink import Sink, SinkRunner, materialize
@@ -148,6 +149,7 @@ class BatchRunner:
             errors=done.errors, job_setup_s=(self._action_at - a.started_at) if self._action_at else None,
             routing=self.router.mode, parallelism=len(a.placement.instances), initial_parallelism=c.parallelism,
             input_copies=copies, short_of_copies=short))
+        post_to_spark_ui(spark.sparkContext, describe_commit(c.operator_id, self.reports[-1]))
         return data
 
     @property
@@ -173,8 +175,10 @@ class BatchRunner:
                              max_records_per_batch=max(chunk, 0),
                              watch=self._watch(spark, a.epoch, placement,
                                                f"rhino-{self.config.operator_id}-{b}-{a.number}"))
+        described = JobDescription(spark.sparkContext, describe_attempt(self.config.operator_id, b, a.number, a.epoch,
+                                                                        len(placement.instances)))
         try:
-            with ctx.watch if ctx.watch is not None else contextlib.nullcontext():
+            with described, ctx.watch if ctx.watch is not None else contextlib.nullcontext():
                 data, tasks = self._job(spark, df, ctx, batch_input, sink)
         except Exception as e:  # a failed Spark job (task retries exhausted, an executor lost...)
             instead = self._instead(e, ctx)
