@@ -3,7 +3,7 @@ run. It holds the write-ahead log since the last flush (bounded by
 ``checkpoint_wal_bytes``, 256 KiB by default), or, once that is larger, the
 flush's new SST files; and the RocksDB MANIFEST, which a checkpoint copies
 whole. RocksDB starts a new MANIFEST past ``max_manifest_file_size``
-(state_backend.cc), so that copy stays small.
+(state/rocksdb_options.cc), so that copy stays small.
 
 With RocksDB's default (1 GiB) the MANIFEST of this workload grew ~5 KiB per
 flush (1.5 MiB by batch 300 when every checkpoint flushed), every batch's

@@ -1,3 +1,9 @@
+// ReplicaStream (replication/replica_stream.h): one checkpoint's stream at
+// a chain member. Here: its creation, the open of §4 step 1 (the local
+// staging, the space it reserves, the downstream member's open), and the
+// routing of frames from either side. Receiving chunks and returning
+// credits (§4 steps 2-3) is replica_stream_receive.cc's; the commit on the
+// ack path (§4 step 4), aborts and cleanup are replica_stream_finish.cc's.
 #include "replication/replica_stream.h"
 
 #include <fcntl.h>
@@ -20,11 +26,14 @@
 #include <set>
 
 #include "replication/manifest_check.h"
+#include "replication/replica_stream_internal.h"
 #include "util/buffer_pool.h"
 #include "util/crash_point.h"
 #include "util/fs.h"
 
 namespace rhino {
+using namespace replica_stream_internal;
+
 namespace {
 
 // A refused stream's log line, at most once a second with a count: a flood of
@@ -40,21 +49,6 @@ void LogNoSpace(const Status& why) {
   last = now;
   std::fprintf(stderr, "rhino: %s (%llu streams refused so far)\n", why.message().c_str(),
                static_cast<unsigned long long>(n));
-}
-
-std::string Hex128(XXH128_hash_t h) {
-  char hex[33];
-  std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(h.high64),
-                static_cast<unsigned long long>(h.low64));
-  return hex;
-}
-
-bool SameFiles(const Manifest& a, const Manifest& b) {
-  if (a.files.size() != b.files.size()) return false;
-  for (size_t i = 0; i < a.files.size(); ++i) {
-    if (a.files[i].name != b.files[i].name || a.files[i].identity != b.files[i].identity) return false;
-  }
-  return true;
 }
 
 }  // namespace
@@ -458,322 +452,6 @@ void ReplicaStream::OnConnectionClosed(Side side, const Status& why) {
   } else {
     Fail(Status::PeerDead(Where() + ": successor " + req_.downstream[0] + " gone: " + why.message()), true, false);
   }
-}
-
-// ---- §4 steps 2-3: chunks and credits ----
-
-Status ReplicaStream::OnChunk(const ChunkReq& c, std::shared_ptr<std::string> payload) {
-  if (up_credits_ == 0) return Status::Corruption("predecessor sent a chunk without a credit (§4 step 3)");
-  --up_credits_;
-  ++held_count_;
-  env_->metrics->in_flight_credits.fetch_add(1);
-  if (recv_pos_ >= recv_order_.size()) {
-    return Status::Corruption("chunk of file index " + std::to_string(c.file_index) +
-                              ", but every needed file has arrived");
-  }
-  const uint32_t want = recv_order_[recv_pos_];
-  const FileEntry& f = manifest_.files[want];
-  if (c.file_index != want) {
-    return Status::Corruption("chunk of file index " + std::to_string(c.file_index) + ", expected " +
-                              std::to_string(want) + " (files come in manifest order)");
-  }
-  if (c.offset != recv_off_) {
-    return Status::Corruption("chunk of " + f.name + " at offset " + std::to_string(c.offset) + ", expected " +
-                              std::to_string(recv_off_));
-  }
-  if (c.data.empty() || c.data.size() > chunk_bytes_ || recv_off_ + c.data.size() > f.size) {
-    return Status::Corruption("chunk of " + f.name + " has a bad size " + std::to_string(c.data.size()));
-  }
-  if (recv_fd_ < 0) {
-    // Staged under its manifest index, never under a name from the network.
-    std::string path = fs::Join(staging_, std::to_string(want));
-    recv_fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (recv_fd_ < 0) return Status::FromErrno(errno, "create staging file for " + f.name);
-    // Reserve the whole file first: a member without room for it fails now,
-    // clearly, instead of after part of it is written, and the file's blocks
-    // are allocated at once instead of page by page. File systems without
-    // fallocate (EOPNOTSUPP) just skip the reservation.
-    if (::fallocate(recv_fd_, 0, 0, static_cast<off_t>(f.size)) != 0 && errno != EOPNOTSUPP && errno != ENOSYS) {
-      return Status::FromErrno(errno, "reserve " + std::to_string(f.size) + " bytes for staging file of " + f.name);
-    }
-    XXH3_128bits_reset(recv_hash_);
-  }
-  size_t done = 0;
-  while (done < c.data.size()) {
-    ssize_t n = ::write(recv_fd_, c.data.data() + done, c.data.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Status::FromErrno(errno, "write staging file for " + f.name);
-    }
-    done += static_cast<size_t>(n);
-  }
-#ifdef SYNC_FILE_RANGE_WRITE
-  // Start writeback now, without waiting for it, so that the fsync at the
-  // end of the file (§4 step 2) finds little left to do and does not stall
-  // the stream's pipeline (RocksDB's bytes_per_sync, for the same reason).
-  ::sync_file_range(recv_fd_, static_cast<off_t>(recv_off_), static_cast<off_t>(c.data.size()),
-                    SYNC_FILE_RANGE_WRITE);
-#endif
-  CrashPoint("replica.after_chunk_write");
-  XXH3_128bits_update(recv_hash_, c.data.data(), c.data.size());
-  env_->metrics->bytes_received.fetch_add(c.data.size());
-  env_->metrics->bytes_written.fetch_add(c.data.size());
-  Unreserve(c.data.size());
-  recv_off_ += c.data.size();
-  if (!down_needs_.empty() && down_needs_[want]) {
-    held_.push_back(HeldChunk{want, c.offset, static_cast<uint32_t>(c.data.size()), std::move(payload)});
-  } else {
-    ReturnCredits(1);  // on disk, nothing to forward: the buffer is free
-  }
-  if (recv_off_ == f.size) RHINO_RETURN_IF_ERROR(FinishFile());
-  return Pump();
-}
-
-Status ReplicaStream::FinishFile() {
-  const uint32_t i = recv_order_[recv_pos_];
-  const FileEntry& f = manifest_.files[i];
-  int fd = recv_fd_;
-  recv_fd_ = -1;
-  std::string got = Hex128(XXH3_128bits_digest(recv_hash_));
-  if (got != f.checksum) {
-    ::close(fd);
-    return Status::Corruption("file " + f.name + " fails its XXH3-128 check: received " + got + ", manifest says " +
-                              f.checksum);
-  }
-  // §4 step 2: durable before the commit, but fsync'ed off this strand, so
-  // that the next file's chunks keep flowing (file_syncer.h). CommitLocal
-  // waits for the batch.
-  if (syncs_ == nullptr) syncs_ = std::make_unique<SyncBatch>();
-  syncs_->Add(fd, "staging file for " + f.name);
-  ++recv_pos_;
-  recv_off_ = 0;
-  return Status::OK();
-}
-
-void ReplicaStream::ReturnCredits(uint32_t n) {
-  up_credits_ += n;
-  held_count_ -= n;
-  env_->metrics->in_flight_credits.fetch_sub(n);
-  CreditRsp c;
-  c.credits = n;
-  up_->Send(MessageType::kCreditRsp, up_sid_, chain_version_, c.Encode());
-}
-
-Status ReplicaStream::Pump() {
-  if (down_ == nullptr || phase_ == Phase::kOpening || phase_ == Phase::kFinished) return Status::OK();
-  const auto& files = manifest_.files;
-  while (down_credits_ > 0 && send_pos_ < send_order_.size()) {
-    const uint32_t i = send_order_[send_pos_];
-    uint32_t sent = 0;
-    if (self_needs_[i]) {
-      if (held_.empty()) break;  // wait for the predecessor
-      HeldChunk& hc = held_.front();
-      if (hc.file_index != i || hc.offset != send_off_) {
-        return Status::Corruption("internal: forwarding out of order");
-      }
-      // The payload bytes go on unchanged under a new header (zero copy).
-      // Its credit returns upstream once the successor's socket has it.
-      down_->Send(MessageType::kChunkReq, down_sid_, chain_version_, hc.payload,
-                  [self = shared_from_this()]() { asio::post(self->strand_, [self]() { self->OnForwarded(); }); });
-      sent = hc.size;
-      held_.pop_front();
-    } else {
-      RHINO_RETURN_IF_ERROR(SendFromPool(i));
-      sent = static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes_, files[i].size - send_off_));
-    }
-    env_->metrics->bytes_sent.fetch_add(sent);
-    --down_credits_;
-    send_off_ += sent;
-    if (send_off_ == files[i].size) {
-      ++send_pos_;
-      send_off_ = 0;
-      if (pool_fd_ >= 0) {
-        ::close(pool_fd_);
-        pool_fd_ = -1;
-      }
-    }
-  }
-  MaybeForwardCommit();
-  return Status::OK();
-}
-
-Status ReplicaStream::SendFromPool(uint32_t i) {
-  const FileEntry& f = manifest_.files[i];
-  if (pool_fd_ < 0) {
-    std::string pooled;
-    RHINO_RETURN_IF_ERROR(env_->store->PoolPath(f.identity, &pooled));
-    pool_fd_ = ::open(pooled.c_str(), O_RDONLY | O_CLOEXEC);
-    if (pool_fd_ < 0) return Status::FromErrno(errno, "open pooled " + f.name + " to send it on");
-  }
-  const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(chunk_bytes_, f.size - send_off_));
-  std::shared_ptr<std::string> payload = BufferPool::Shared().Get(ChunkReq::kPrefixBytes + n);
-  std::string prefix;
-  ChunkReq::AppendPrefix(&prefix, i, send_off_, n);
-  std::memcpy(payload->data(), prefix.data(), ChunkReq::kPrefixBytes);
-  size_t done = 0;
-  while (done < n) {
-    ssize_t r = ::pread(pool_fd_, payload->data() + ChunkReq::kPrefixBytes + done, n - done,
-                        static_cast<off_t>(send_off_ + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return Status::FromErrno(errno, "read pooled " + f.name);
-    if (r == 0) return Status::Corruption("pooled " + f.name + " is shorter than its manifest size");
-    done += static_cast<size_t>(r);
-  }
-  down_->Send(MessageType::kChunkReq, down_sid_, chain_version_, std::shared_ptr<const std::string>(payload));
-  return Status::OK();
-}
-
-void ReplicaStream::OnForwarded() {
-  if (phase_ == Phase::kFinished) return;
-  last_activity_ = std::chrono::steady_clock::now();
-  ReturnCredits(1);
-}
-
-// ---- §4 step 4: commit on the ack path ----
-
-void ReplicaStream::MaybeForwardCommit() {
-  if (!commit_requested_ || commit_forwarded_) return;
-  if (req_.downstream.empty()) {
-    commit_forwarded_ = true;
-    CommitLocal();  // the tail commits first
-    return;
-  }
-  if (down_ == nullptr || send_pos_ < send_order_.size()) return;  // chunks still owed downstream
-  commit_forwarded_ = true;
-  // This member's files are durable before its successor may commit, as when
-  // each file was fsync'ed inline: a successor never holds a checkpoint that
-  // failed to reach this member's disk.
-  if (syncs_ != nullptr) {
-    Status s = syncs_->Wait();
-    if (!s.ok()) return Fail(Here(s), true, true);
-  }
-  // Same connection, after the last chunk: the successor sees it last.
-  down_->Send(MessageType::kCommitReq, down_sid_, chain_version_, CommitReq().Encode());
-}
-
-void ReplicaStream::CommitLocal() {
-  // A chain that moved on while we waited must not gain a commit (§5).
-  Status s = env_->fences->Check(operator_id_, instance_, chain_version_);
-  if (!s.ok()) {
-    env_->metrics->stale_rejections.fetch_add(1);
-    return Fail(Here(s), true, false);
-  }
-  if (syncs_ != nullptr) {
-    s = syncs_->Wait();  // every received file fsync'ed (§4 step 2), usually all but the last already
-    if (!s.ok()) return Fail(Here(s), true, false);
-  }
-  CrashPoint("replica.before_commit");
-  for (uint32_t i : need_self_) {
-    s = env_->store->AdoptVerifiedFile(fs::Join(staging_, std::to_string(i)), manifest_.files[i]);
-    if (!s.ok()) return Fail(Here(s), true, false);
-  }
-  s = env_->store->CommitManifest(manifest_);
-  if (s.IsAlreadyExists()) {
-    // A retry of a checkpoint this member committed before (its ack was lost).
-    Manifest existing;
-    if (env_->store->ReadManifest(operator_id_, instance_, checkpoint_id_, &existing).ok() &&
-        SameFiles(existing, manifest_)) {
-      s = Status::OK();
-    }
-  }
-  if (!s.ok()) return Fail(Here(s), true, false);
-  CrashPoint("replica.after_commit");
-  env_->metrics->checkpoints_complete.fetch_add(1);
-  env_->metrics->NoteCommitted(operator_id_, instance_, checkpoint_id_);
-  up_->Send(MessageType::kCommitRsp, up_sid_, chain_version_, CommitRsp().Encode());
-  RefreshStandbyLater();
-  Finish();
-}
-
-// After the ack, off this strand: the standby directory a takeover renames
-// into place (replica_store.h, RefreshStandby). The disk pool outlives every
-// task posted to it (the worker joins it before the store goes).
-void ReplicaStream::RefreshStandbyLater() {
-  asio::post(*env_->disk, [store = env_->store, worker = env_->worker_id, op = operator_id_, i = instance_]() {
-    Status s = store->RefreshStandby(op, i);
-    if (!s.ok()) {
-      std::fprintf(stderr, "rhino worker %s: standby directory of %s/%u: %s (a takeover builds it instead)\n",
-                   worker.c_str(), op.c_str(), i, s.ToString().c_str());
-    }
-  });
-}
-
-// ---- abort and cleanup ----
-
-void ReplicaStream::Fail(const Status& why, bool tell_upstream, bool tell_downstream) {
-  if (phase_ == Phase::kFinished) return;
-  env_->metrics->checkpoints_aborted.fetch_add(1);
-  if (tell_downstream && down_ != nullptr) {
-    AbortReq a;
-    a.reason = why.message();
-    down_->Send(MessageType::kAbortReq, down_sid_, chain_version_, a.Encode());
-  }
-  if (tell_upstream && up_ != nullptr) {
-    if (phase_ == Phase::kOpening) {
-      OpenStreamRsp rsp;
-      rsp.code = WireCode(why);
-      rsp.message = why.message();
-      up_->Send(MessageType::kOpenStreamRsp, up_sid_, chain_version_, rsp.Encode());
-    } else {
-      up_->Send(MessageType::kErrorRsp, up_sid_, chain_version_, ErrorRsp::From(why).Encode());
-    }
-  }
-  Finish();
-}
-
-void ReplicaStream::Finish() {
-  phase_ = Phase::kFinished;
-  metrics_->active_streams.fetch_sub(1);
-  CloseFiles();
-  syncs_.reset();  // files still waiting for an fsync are just closed
-  // Partial data is discarded; committed files live on under their pool names.
-  if (!staging_.empty()) fs::RemoveAll(staging_);
-  staging_.clear();
-  pin_.reset();
-  Unreserve(UINT64_MAX);
-  held_.clear();
-  env_->metrics->in_flight_credits.fetch_sub(held_count_);
-  held_count_ = 0;
-  if (idle_timer_ != nullptr) idle_timer_->cancel();
-  if (up_ != nullptr) up_->Detach(up_sid_);
-  if (down_ != nullptr) down_->Detach(down_sid_);
-  up_.reset();
-  down_.reset();
-  if (env_->on_finished) env_->on_finished(this);
-}
-
-void ReplicaStream::ArmIdleTimer() {
-  if (env_->io == nullptr || env_->idle_timeout_ms == 0 || phase_ == Phase::kFinished) return;
-  if (idle_timer_ == nullptr) idle_timer_ = std::make_unique<asio::steady_timer>(*env_->io);
-  // Checked a few times per period; the timer holds no reference to the stream.
-  idle_timer_->expires_after(std::chrono::milliseconds(std::max<uint32_t>(10, env_->idle_timeout_ms / 4)));
-  std::weak_ptr<ReplicaStream> weak = shared_from_this();
-  idle_timer_->async_wait([weak](const asio::error_code& ec) {
-    if (ec) return;
-    auto self = weak.lock();
-    if (self == nullptr) return;
-    asio::post(self->strand_, [self]() {
-      if (self->phase_ == Phase::kFinished) return;
-      auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
-                                                                        self->last_activity_);
-      if (idle.count() >= self->env_->idle_timeout_ms) {
-        self->Fail(self->Here(Status::Timeout("no frame from either neighbour for " + std::to_string(idle.count()) +
-                                              " ms")),
-                   true, true);
-        return;
-      }
-      self->ArmIdleTimer();
-    });
-  });
-}
-
-void ReplicaStream::CloseFiles() {
-  if (recv_fd_ >= 0) ::close(recv_fd_);
-  recv_fd_ = -1;
-  if (pool_fd_ >= 0) ::close(pool_fd_);
-  pool_fd_ = -1;
-  if (recv_hash_ != nullptr) XXH3_freeState(recv_hash_);
-  recv_hash_ = nullptr;
 }
 
 }  // namespace rhino

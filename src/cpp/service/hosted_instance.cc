@@ -20,22 +20,6 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-std::string Describe(const InstanceConfig& c) { return c.operator_id + "/" + std::to_string(c.instance); }
-
-std::vector<uint32_t> Present(const StateBackend& db, const std::vector<uint32_t>& vnodes) {
-  const std::vector<uint32_t> held = db.vnodes();
-  std::vector<uint32_t> out;
-  for (uint32_t v : vnodes) {
-    if (std::binary_search(held.begin(), held.end(), v) && std::find(out.begin(), out.end(), v) == out.end()) {
-      out.push_back(v);
-    }
-  }
-  return out;
-}
-
-// Recent checkpoints whose replication state is kept for status queries.
-constexpr size_t kKeptReplications = 256;
-
 }  // namespace
 
 HostedInstance::HostedInstance(const InstanceEnv& env, InstanceConfig config, asio::thread_pool& pool)
@@ -69,18 +53,6 @@ Status HostedInstance::CloseAndMark() {
 
 namespace {
 
-// The restore of a takeover, a rollback or a handover's origin: the
-// checkpoint stays durable in the store, so the directory is built and opened
-// without waiting for the disk (open_without_sync.h says why), and a batch
-// waits on it, so it runs as latency-critical work.
-RestoreOptions UnsyncedRestore() {
-  RestoreOptions r;
-  r.durable = false;
-  r.take_standby = true;  // a replica's ready directory, when it holds that checkpoint
-  r.latency_critical = true;  // the recovered batch waits on it (util/sched.h)
-  return r;
-}
-
 // Makes a directory built by UnsyncedRestore durable, on a thread of its own:
 // the journal commits it waits for are off the failover's critical path (the
 // worker's pool threads run sessions). Until it is done, a crash of the host
@@ -102,6 +74,14 @@ void SyncInBackground(std::string worker_id, std::string db_dir, std::string con
 }
 
 }  // namespace
+
+RestoreOptions HostedInstance::UnsyncedRestore() {
+  RestoreOptions r;
+  r.durable = false;
+  r.take_standby = true;  // a replica's ready directory, when it holds that checkpoint
+  r.latency_critical = true;  // the recovered batch waits on it (util/sched.h)
+  return r;
+}
 
 StateOptions HostedInstance::UnsyncedOptions() const {
   StateOptions o = Options(false);
@@ -170,8 +150,7 @@ Status HostedInstance::Takeover(const InstanceEnv& env, InstanceConfig config, u
   stats->save_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   SyncInBackground(env.worker_id, h->dir_.DbDir(h->config_.db_name), h->dir_.ConfigPath());
   if (!old_db.empty() && old_db != h->config_.db_name) fs::RemoveAll(h->dir_.DbDir(old_db));
-  h->m_.has_complete = true;
-  h->m_.last_complete = checkpoint_id;
+  h->shipper_.StartFrom(checkpoint_id);
   h->dir_.ClearClosed();
   *out = std::move(h);
   return Status::OK();
@@ -281,37 +260,10 @@ Status HostedInstance::Recover() {
   return RollbackTo(newest);
 }
 
-void HostedInstance::CancelReplications(const std::string& why) {
-  ++repl_generation_;  // a discard under way (StartDiscard) is ignored when it ends
-  repl_discarding_ = false;
-  if (repl_active_) {
-    repl_active_->Cancel();
-    repl_active_.reset();  // waits for its runner; its on_done only posts
-  }
-  auto fail = [&](uint64_t id) {
-    auto it = repl_.find(id);
-    if (it == repl_.end()) return;
-    it->second.state = "failed";
-    it->second.message = why;
-    if (it->second.waiter) {
-      SessionCommitRsp rsp = it->second.rsp;
-      rsp.code = WireCode(Status::Aborted(why));
-      rsp.message = "checkpoint " + std::to_string(id) + " of " + Describe(config_) + " was not replicated: " + why;
-      auto w = std::move(it->second.waiter);
-      it->second.waiter = nullptr;
-      w(rsp);
-    }
-  };
-  if (repl_active_id_ != 0) fail(repl_active_id_);
-  for (uint64_t id : repl_queue_) fail(id);
-  repl_queue_.clear();
-  repl_active_id_ = 0;
-}
-
 void HostedInstance::Close() {
   std::unique_ptr<StateBackend> db;
   {
-    CancelReplications("the instance was closed");
+    shipper_.Cancel("the instance was closed");
     session_.reset();
     // A compaction runs off the lock on this DB (BeginCompaction): stop it,
     // and wait (mu_ released meanwhile) until it no longer uses the DB.
@@ -340,7 +292,7 @@ void HostedInstance::EndCompaction() {
 }
 
 Status HostedInstance::RollbackTo(std::optional<uint64_t> version) {
-  CancelReplications("batch " + (version ? std::to_string(*version + 1) : std::string("0")) + " is re-executed");
+  shipper_.Cancel("batch " + (version ? std::to_string(*version + 1) : std::string("0")) + " is re-executed");
   const std::string old_name = config_.db_name;
   const std::string new_name = InstanceDir::NewDbName();
   std::vector<uint32_t> vnodes = db_ ? db_->vnodes() : config_.vnodes;
@@ -384,8 +336,7 @@ Status HostedInstance::RollbackTo(std::optional<uint64_t> version) {
   RHINO_RETURN_IF_ERROR(dir_.SaveConfig(config_));
   fs::RemoveAll(dir_.DbDir(old_name));
   m_.rollbacks++;
-  if (version && m_.has_complete && m_.last_complete > *version) m_.last_complete = *version;
-  if (!version) m_.has_complete = false;
+  shipper_.RolledBackTo(version);
   return Status::OK();
 }
 
@@ -562,9 +513,7 @@ void HostedInstance::Commit(uint64_t token, CommitMode mode, std::optional<int64
              {"files", m.files.size()}};
   if (config_.chain.empty()) {
     stats["replication"] = "none";
-    m_.has_complete = true;
-    m_.last_complete = b;
-    repl_[b].state = "complete";
+    shipper_.CompleteWithoutChain(b);
     MaybeClearRedo(b);
     rsp.stats = stats.dump();
     reply(rsp);
@@ -573,282 +522,30 @@ void HostedInstance::Commit(uint64_t token, CommitMode mode, std::optional<int64
   stats["replication"] = mode == CommitMode::kBarrier ? "complete" : "pending";
   stats["chain"] = config_.chain;
   rsp.stats = stats.dump();
-  Replication& r = repl_[b];
-  r = Replication();
-  r.started = Now();
-  r.rsp = rsp;
-  if (mode == CommitMode::kBarrier) r.waiter = std::move(reply);
-  while (repl_.size() > kKeptReplications) repl_.erase(repl_.begin());
-  repl_queue_.push_back(b);
-  StartNextReplication();
-  if (mode == CommitMode::kAsync) reply(rsp);
+  if (mode == CommitMode::kBarrier) return shipper_.Ship(b, rsp, std::move(reply));
+  shipper_.Ship(b, rsp, nullptr);
+  reply(rsp);
 }
 
-void HostedInstance::StartNextReplication() {
-  while (!repl_active_ && !repl_discarding_ && !repl_queue_.empty()) {
-    const uint64_t id = repl_queue_.front();
-    repl_queue_.erase(repl_queue_.begin());
-    // Set before anything can fail: OnReplicationDone ignores results of any
-    // other id, and a waiter whose failure is ignored waits forever.
-    repl_active_id_ = id;
-    if (config_.discard_pending && env_.discard_on_chain) {
-      // A rollback dropped checkpoints here that the chain may hold: the
-      // re-executed batch's checkpoint replaces them there too (§7.3). That
-      // asks each chain member, so it runs off the lock, and the
-      // replication starts when it is done.
-      return StartDiscard(id);
-    }
-    Status s = StartReplication(id);
-    if (!s.ok()) FailReplication(id, s);
-  }
-}
-
-void HostedInstance::StartDiscard(uint64_t id) {
-  repl_discarding_ = true;
-  const uint64_t generation = repl_generation_;
-  std::weak_ptr<HostedInstance> weak = weak_from_this();
-  // A copy: the configuration may change while the members are asked (a new
-  // chain, a rollback), and OnDiscardDone compares.
-  InstanceConfig asked = config_;
-  // On the instance's strand, in order with its sessions' frames, but
-  // without mu: no peer call is made while the instance's mutex is held, so
-  // status, list, metrics and retention never wait for a peer.
-  asio::post(strand_, [weak, id, generation, asked]() {
-    auto self = weak.lock();
-    if (!self) return;
-    {
-      std::lock_guard<InstanceMutex> l(self->mu_);
-      if (generation != self->repl_generation_) return;  // closed or rolled back meanwhile
-    }
-    Status s = self->env_.discard_on_chain(asked, asked.discard_after);
-    std::lock_guard<InstanceMutex> l(self->mu_);
-    self->OnDiscardDone(id, generation, asked, s);
-  });
-}
-
-void HostedInstance::OnDiscardDone(uint64_t id, uint64_t generation, const InstanceConfig& asked, const Status& s) {
-  // Cancelled meanwhile (a close, a rollback): whoever replicates next
-  // discards again if it must.
-  if (generation != repl_generation_ || !repl_discarding_ || repl_active_id_ != id) return;
-  repl_discarding_ = false;
-  if (asked.chain != config_.chain || asked.chain_version != config_.chain_version || asked.epoch != config_.epoch ||
-      asked.discard_after != config_.discard_after) {
-    // The chain, the epoch or the point to discard after changed while the
-    // members were asked: ask again, as they are now.
-    repl_queue_.insert(repl_queue_.begin(), id);
-    return StartNextReplication();
-  }
-  Status r = s;
-  if (r.ok()) {
-    config_.discard_pending = false;
-    r = dir_.SaveConfig(config_);
-  }
-  if (r.ok()) r = StartReplication(id);
-  if (!r.ok()) return FailReplication(id, r);
-  StartNextReplication();
-}
-
-Status HostedInstance::StartReplication(uint64_t id) {
+Status HostedInstance::Send(uint64_t id, std::function<void(const ReplicationResult&)> done,
+                            std::unique_ptr<ReplicationHandle>* handle) {
   ReplicateOptions o = env_.replicate;
-  std::weak_ptr<HostedInstance> weak = weak_from_this();
-  auto exec = strand_;
-  o.on_done = [weak, exec, id](const ReplicationResult& result) {
-    // On the replication's own thread: hand over to the instance's strand.
-    asio::post(exec, [weak, id, result]() {
-      if (auto self = weak.lock()) {
-        std::lock_guard<InstanceMutex> l(self->mu_);
-        self->OnReplicationDone(id, result);
-      }
-    });
-  };
+  o.on_done = std::move(done);
   // Returns at once: the transfer runs on the replication's own threads.
   return ReplicateCheckpoint(env_.store, config_.operator_id, config_.instance, id, config_.chain,
-                             config_.chain_version, env_.credential, o, &repl_active_);
+                             config_.chain_version, env_.credential, o, handle);
 }
 
-void HostedInstance::FailReplication(uint64_t id, const Status& why) {
-  ReplicationResult r;
-  r.status = why;
-  r.checkpoint_id = id;
-  repl_active_.reset();
-  OnReplicationDone(id, r);
-}
-
-void HostedInstance::OnReplicationDone(uint64_t checkpoint_id, const ReplicationResult& result) {
-  if (repl_active_id_ != checkpoint_id) return;  // cancelled meanwhile
-  repl_active_.reset();
-  repl_active_id_ = 0;
-  auto it = repl_.find(checkpoint_id);
-  if (it != repl_.end()) {
-    Replication& r = it->second;
-    const double secs = Now() - r.started;
-    m_.replicate_seconds += secs;
-    m_.bytes_replicated += result.bytes_sent;
-    r.state = result.status.ok() ? "complete" : "failed";
-    r.message = result.status.message();
-    if (result.status.ok() && (!m_.has_complete || checkpoint_id > m_.last_complete)) {
-      m_.has_complete = true;
-      m_.last_complete = checkpoint_id;
-    }
-    if (result.status.ok()) MaybeClearRedo(checkpoint_id);
-    if (r.waiter) {
-      SessionCommitRsp rsp = r.rsp;
-      if (!result.status.ok()) {
-        rsp.code = WireCode(result.status);
-        rsp.message = "checkpoint " + std::to_string(checkpoint_id) + " of " + Describe(config_) +
-                      " is committed here but not on its chain: " + result.status.message();
-      } else {
-        json stats = json::parse(rsp.stats);
-        stats["replicate_s"] = secs;
-        stats["bytes_replicated"] = result.bytes_sent;
-        rsp.stats = stats.dump();
-      }
-      auto w = std::move(r.waiter);
-      r.waiter = nullptr;
-      w(rsp);
-    }
-  }
-  StartNextReplication();
-}
-
-std::string HostedInstance::ReplicationStateOf(uint64_t checkpoint_id, std::string* message) {
-  auto it = repl_.find(checkpoint_id);
-  if (it == repl_.end()) {
-    if (m_.has_complete && checkpoint_id <= m_.last_complete) return "complete";
-    return "unknown";
-  }
-  *message = it->second.message;
-  return it->second.state;
-}
-
-Status HostedInstance::ImportFromCheckpoint(const std::string& from_operator, uint32_t from_instance,
-                                            uint64_t checkpoint_id, const std::vector<uint32_t>& vnodes,
-                                            std::vector<uint32_t>* imported) {
-  if (!db_) return Status::UnknownInstance(Describe(config_) + " is closed");
-  if (session_) return Status::SessionBusy(Describe(config_) + " has an open session: import between batches");
-  const std::string work = dir_.WorkDir("import");
-  RHINO_RETURN_IF_ERROR(fs::MakeDirs(work));
-  Status s;
-  {
-    // The origin's checkpoint, restored by hard links, exports the vnodes
-    // (design §4 step 4: CreateColumnFamilyWithImport over linked SSTs).
-    Manifest m;
-    s = env_.store->ReadManifest(from_operator, from_instance, checkpoint_id, &m);
-    std::unique_ptr<StateBackend> origin;
-    if (s.ok()) {
-      StateOptions o;
-      o.partitioner = m.partitioner;
-      o.operator_id = from_operator;
-      o.instance = from_instance;
-      o.error_if_missing = true;
-      o.sync_open = false;  // a scratch copy, removed below
-      RestoreStats stats;
-      s = StateBackend::Restore(*env_.store, from_operator, from_instance, checkpoint_id, fs::Join(work, "origin"),
-                                UnsyncedRestore(), o, &origin, &stats);
-    }
-    if (s.ok()) s = origin->ExportVnodes(vnodes, fs::Join(work, "export"));
-  }
-  if (s.ok()) s = db_->ImportVnodes(fs::Join(work, "export"), imported);
-  fs::RemoveAll(work);
-  if (!s.ok()) return s;
-  config_.vnodes = db_->vnodes();
+Status HostedInstance::Discarded() {
+  config_.discard_pending = false;
   return dir_.SaveConfig(config_);
 }
 
-Status HostedInstance::MoveVnodesTo(HostedInstance* target, const std::vector<uint32_t>& vnodes,
-                                    std::vector<uint32_t>* moved) {
-  if (!db_ || !target->db_) return Status::UnknownInstance("an instance of the move is closed");
-  if (session_ || target->session_) return Status::SessionBusy("an instance of the move has an open session");
-  const std::string work = dir_.WorkDir("move");
-  RHINO_RETURN_IF_ERROR(fs::MakeDirs(fs::Parent(work)));
-  RHINO_RETURN_IF_ERROR(db_->ExportVnodes(vnodes, work));
-  Status s = target->db_->ImportVnodes(work, moved);
-  fs::RemoveAll(work);
-  if (!s.ok()) return s;
-  RHINO_RETURN_IF_ERROR(db_->DropVnodes(vnodes));
-  config_.vnodes = db_->vnodes();
-  target->config_.vnodes = target->db_->vnodes();
-  RHINO_RETURN_IF_ERROR(dir_.SaveConfig(config_));
-  return target->dir_.SaveConfig(target->config_);
-}
-
-Status HostedInstance::ApplyOps(const std::vector<ReconfigOp>& ops) {
-  for (const auto& op : ops) {
-    // Idempotent: a vnode already dropped stays dropped, and an import
-    // replaces whatever column family the vnode has here.
-    std::vector<uint32_t> present = Present(*db_, op.vnodes);
-    if (!present.empty()) RHINO_RETURN_IF_ERROR(db_->DropVnodes(present));
-    if (op.kind == ReconfigOp::Kind::kImport) {
-      std::vector<uint32_t> imported;
-      RHINO_RETURN_IF_ERROR(ImportFromCheckpoint(op.from_operator, op.from_instance, op.checkpoint, op.vnodes, &imported));
-    }
-  }
-  config_.vnodes = db_->vnodes();
-  return Status::OK();
-}
-
-void HostedInstance::MaybeClearRedo(uint64_t complete_id) {
-  // Batch b+1 may run again (and roll back to b) until batch b+2 starts: the
-  // driver starts b+2 only once b+1 is done everywhere. So checkpoint b+2
-  // complete here is what retires the redo of version b.
-  if (!config_.redo_version || complete_id < *config_.redo_version + 2) return;
-  config_.redo_version.reset();
-  config_.redo.clear();
-  dir_.SaveConfig(config_);  // best effort: a stale redo is only ever applied at its own version
-}
-
-Status HostedInstance::Reconfigure(uint64_t version, const std::vector<ReconfigOp>& ops, bool* replicating,
-                                   CommitReply reply) {
-  *replicating = false;
-  if (!db_) return Status::UnknownInstance(Describe(config_) + " is closed");
-  if (session_) return Status::SessionBusy(Describe(config_) + " has an open session: reconfigure between batches");
-  std::vector<uint64_t> ids;
-  RHINO_RETURN_IF_ERROR(env_.store->ListCheckpoints(config_.operator_id, config_.instance, &ids));
-  const std::optional<uint64_t> live = db_->version();
-  const bool fresh = !live && ids.empty();
-  if (!fresh && live != version) {
-    return Status::InvalidArgument("reconfiguring " + Describe(config_) + " at the barrier after batch " +
-                                   std::to_string(version) + ", but its state is at " +
-                                   (live ? "version " + std::to_string(*live) : "no version"));
-  }
-  RHINO_RETURN_IF_ERROR(ApplyOps(ops));
-  if (!fresh) {
-    if (config_.redo_version != version) {
-      config_.redo.clear();
-      config_.redo_version = version;
-    }
-    config_.redo.insert(config_.redo.end(), ops.begin(), ops.end());
-    return dir_.SaveConfig(config_);
-  }
-  // A new instance: its first checkpoint is `version`, imports included (a
-  // rollback or takeover at `version` then needs no redo).
-  SessionBatch empty(db_.get());
-  RHINO_RETURN_IF_ERROR(empty.Commit(version));
-  Manifest m;
-  Status s = db_->Checkpoint(env_.store, version, config_.epoch, &m);
-  if (!s.ok()) {
-    Status r = RollbackTo(std::nullopt);
-    return r.ok() ? s : Status::FromCode(WireCode(s), s.message() + "; undoing failed too: " + r.message());
-  }
-  RHINO_RETURN_IF_ERROR(dir_.SaveConfig(config_));
-  SessionCommitRsp rsp;
-  rsp.version = version;
-  rsp.stats = "{}";  // OnReplicationDone adds the replication's figures to it
-  if (config_.chain.empty()) {
-    m_.has_complete = true;
-    m_.last_complete = version;
-    repl_[version].state = "complete";
-    return Status::OK();
-  }
-  Replication& r = repl_[version];
-  r = Replication();
-  r.started = Now();
-  r.rsp = rsp;
-  r.waiter = std::move(reply);
-  *replicating = true;
-  repl_queue_.push_back(version);
-  StartNextReplication();
-  return Status::OK();
+void HostedInstance::Post(std::function<void()> fn) {
+  std::weak_ptr<HostedInstance> weak = weak_from_this();
+  asio::post(strand_, [weak, fn = std::move(fn)]() {
+    if (auto self = weak.lock()) fn();  // the instance, and so its shipper, lives while fn runs
+  });
 }
 
 InstanceMetrics HostedInstance::Metrics() {
@@ -858,8 +555,11 @@ InstanceMetrics HostedInstance::Metrics() {
   m.has_version = v.has_value();
   m.version = v.value_or(0);
   m.session_open = session_ != nullptr;
-  m.replications_pending =
-      static_cast<uint32_t>(repl_queue_.size() + (repl_active_ || repl_discarding_ ? 1 : 0));
+  m.replications_pending = shipper_.pending();
+  m.has_complete = shipper_.last_complete().has_value();
+  m.last_complete = shipper_.last_complete().value_or(0);
+  m.bytes_replicated = shipper_.bytes_shipped();
+  m.replicate_seconds = shipper_.ship_seconds();
   m.vnodes = static_cast<uint32_t>(config_.vnodes.size());
   return m;
 }

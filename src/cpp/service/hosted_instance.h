@@ -10,7 +10,8 @@
 // state service runs them on the instance's strand, so the frames of a session are handled in
 // order, and takes mu() of two instances (in address order) to move vnodes.
 // No call to a peer is made with mu() held (the discard of §7.3 runs on the
-// strand without it); replications run on their own threads.
+// strand without it); replications run on their own threads. Shipping its
+// checkpoints down the chain is its ChainShipper's (chain_shipper.h).
 #pragma once
 
 #include <asio.hpp>
@@ -35,6 +36,7 @@
 #include "rhino/session_batch.h"
 #include "rhino/state_backend.h"
 #include "rhino/status.h"
+#include "service/chain_shipper.h"
 #include "service/instance_dir.h"
 
 namespace rhino {
@@ -79,7 +81,8 @@ class InstanceMutex {
   std::mutex m_;
 };
 
-class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
+// Privately a ChainShipper::Host: the shipper's one way to the instance.
+class HostedInstance : public std::enable_shared_from_this<HostedInstance>, private ChainShipper::Host {
  public:
   using CommitReply = std::function<void(const SessionCommitRsp&)>;
 
@@ -103,7 +106,7 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   // store holds no checkpoint of it.
   static Status Rebuild(const InstanceEnv& env, InstanceConfig config, asio::thread_pool& pool,
                         std::shared_ptr<HostedInstance>* out);
-  ~HostedInstance();
+  ~HostedInstance() override;
 
   InstanceMutex& mu() { return mu_; }
   asio::strand<asio::thread_pool::executor_type>& strand() { return strand_; }
@@ -169,14 +172,14 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   // ---- status ----
   InstanceMetrics Metrics();
   // "complete", "pending", "failed" (with *message) or "unknown".
-  std::string ReplicationStateOf(uint64_t checkpoint_id, std::string* message);
+  std::string ReplicationStateOf(uint64_t checkpoint_id, std::string* message) const {
+    return shipper_.StateOf(checkpoint_id, message);
+  }
   std::optional<uint64_t> version() const;
   // The live state's TTL clock (state_backend.h), if it has one.
   std::optional<int64_t> ttl_clock() const { return db_ ? db_->ttl_clock() : std::nullopt; }
   // The newest checkpoint the whole chain holds, if any (store/retention.h).
-  std::optional<uint64_t> last_complete() const {
-    return m_.has_complete ? std::optional<uint64_t>(m_.last_complete) : std::nullopt;
-  }
+  std::optional<uint64_t> last_complete() const { return shipper_.last_complete(); }
 
  private:
   struct Session {
@@ -187,18 +190,16 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
     std::chrono::steady_clock::time_point last_activity = std::chrono::steady_clock::now();
     std::string expired;  // why the worker ended it, for the client's next request
   };
-  struct Replication {
-    std::string state = "pending";  // pending / complete / failed
-    std::string message;
-    CommitReply waiter;             // a barrier commit waiting for the chain
-    SessionCommitRsp rsp;           // the answer the waiter gets on success
-    double started = 0;
-  };
 
   HostedInstance(const InstanceEnv& env, InstanceConfig config, asio::thread_pool& pool);
   StateOptions Options(bool create) const;
   // Options(false) for a restore whose open does not fsync (open_without_sync.h).
   StateOptions UnsyncedOptions() const;
+  // The restore of a takeover, a rollback or a handover's origin: the
+  // checkpoint stays durable in the store, so the directory is built and
+  // opened without waiting for the disk (open_without_sync.h says why), and a
+  // batch waits on it, so it runs as latency-critical work.
+  static RestoreOptions UnsyncedRestore();
   // Rebuilds the live state at `version` (empty if unset) and drops the
   // store's checkpoints after it (design §5: re-execution).
   Status RollbackTo(std::optional<uint64_t> version);
@@ -206,17 +207,18 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   Status ApplyOps(const std::vector<ReconfigOp>& ops);
   // A checkpoint after the redo's version is complete: the redo is in it.
   void MaybeClearRedo(uint64_t complete_id);
-  void CancelReplications(const std::string& why);
-  // Checkpoints go down the chain one at a time, in order (§7.2 step 3).
-  // REQUIRES: mu held, here and below.
-  void StartNextReplication();
-  // Asks the chain to drop a re-executed batch's checkpoints (§7.3), off the
-  // lock, then replicates `id`.
-  void StartDiscard(uint64_t id);
-  void OnDiscardDone(uint64_t id, uint64_t generation, const InstanceConfig& asked, const Status& s);
-  Status StartReplication(uint64_t id);
-  void FailReplication(uint64_t id, const Status& why);
-  void OnReplicationDone(uint64_t checkpoint_id, const ReplicationResult& result);
+
+  // ---- ChainShipper::Host (REQUIRES: mu held, but Discard and Post) ----
+  const InstanceConfig& placement() const override { return config_; }
+  bool discard_pending() const override { return config_.discard_pending && env_.discard_on_chain != nullptr; }
+  Status Send(uint64_t id, std::function<void(const ReplicationResult&)> done,
+              std::unique_ptr<ReplicationHandle>* handle) override;
+  Status Discard(const InstanceConfig& asked) override { return env_.discard_on_chain(asked, asked.discard_after); }
+  Status Discarded() override;
+  void Complete(uint64_t id) override { MaybeClearRedo(id); }
+  void Post(std::function<void()> fn) override;
+  void Lock() override { mu_.lock(); }
+  void Unlock() override { mu_.unlock(); }
 
   // Applies a deferred placement (InstanceMutex::lock, with mu held).
   friend class InstanceMutex;
@@ -251,13 +253,10 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance> {
   std::optional<uint64_t> max_attempt_;
   std::optional<uint64_t> max_committed_;
   std::map<uint64_t, std::string> expired_;  // token -> why, for sessions the worker ended
-  std::vector<uint64_t> repl_queue_;          // committed checkpoints not yet sent down the chain
-  std::unique_ptr<ReplicationHandle> repl_active_;
-  uint64_t repl_active_id_ = 0;
-  bool repl_discarding_ = false;   // StartDiscard's peer calls are under way for repl_active_id_
-  uint64_t repl_generation_ = 0;   // bumped by CancelReplications
-  std::map<uint64_t, Replication> repl_;      // recent checkpoints' replication states
-  InstanceMetrics m_;
+  InstanceMetrics m_;  // its counters; the shipper keeps the replication's
+  // Declared last: destroyed first, its replication joined while the rest
+  // of the instance still exists.
+  ChainShipper shipper_{this};
 };
 
 }  // namespace rhino

@@ -52,6 +52,9 @@ struct InstanceConfig {
   std::vector<ReconfigOp> redo;
 };
 
+// "operator/instance", as errors and logs name an instance.
+inline std::string Describe(const InstanceConfig& c) { return c.operator_id + "/" + std::to_string(c.instance); }
+
 // Parses instance.json (written by InstanceDir::SaveConfig). Corruption if
 // it is malformed or names an operator or a db that is not a plain name (it
 // would lead out of the state directory).

@@ -22,7 +22,7 @@
 // options; the file system refuses the new one while the open skips, RocksDB
 // logs that and goes on (fail_if_options_file_error = false), and
 // StateBackend writes it right after the open, in the background
-// (StateBackend::WriteDeferredOptionsFile).
+// (StateBackendImpl::WriteDeferredOptionsFile).
 #pragma once
 
 #include <atomic>

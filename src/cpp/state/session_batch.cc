@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "rhino/state_backend.h"
+#include "state/state_backend_impl.h"
 #include "state/state_internal.h"
 #include "state/ttl_filter.h"
 
@@ -54,7 +55,7 @@ struct SessionBatch::Rep {
   std::unordered_map<std::string_view, uint32_t> last;  // key -> its last write
 };
 
-SessionBatch::SessionBatch(StateBackend* db) : db_(db), rep_(std::make_unique<Rep>()) {}
+SessionBatch::SessionBatch(StateBackend* db) : db_(db->impl_.get()), rep_(std::make_unique<Rep>()) {}
 SessionBatch::~SessionBatch() = default;
 
 Status SessionBatch::Add(bool put, const std::vector<std::string_view>& keys,

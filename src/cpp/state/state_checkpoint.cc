@@ -1,4 +1,4 @@
-// StateBackend::Checkpoint: incremental checkpoints into a replica store.
+// StateBackendImpl::Checkpoint: incremental checkpoints into a replica store.
 #include <rocksdb/db.h>
 #include <rocksdb/metadata.h>
 #include <rocksdb/transaction_log.h>
@@ -13,7 +13,7 @@
 #include <set>
 #include <unordered_map>
 
-#include "rhino/state_backend.h"
+#include "state/state_backend_impl.h"
 #include "state/state_internal.h"
 #include "util/crash_point.h"
 #include "util/fs.h"
@@ -60,7 +60,7 @@ std::optional<uint64_t> ParentOf(uint64_t checkpoint_id, std::optional<uint64_t>
 
 }  // namespace
 
-Status StateBackend::Checkpoint(ReplicaStore* store, uint64_t checkpoint_id, uint64_t epoch, Manifest* out) {
+Status StateBackendImpl::Checkpoint(ReplicaStore* store, uint64_t checkpoint_id, uint64_t epoch, Manifest* out) {
   RHINO_RETURN_IF_ERROR(CheckWritable());
   std::lock_guard admin(admin_mu_);
   // Every checkpoint holds an OPTIONS file, also the first after an open that
@@ -111,7 +111,7 @@ Status StateBackend::Checkpoint(ReplicaStore* store, uint64_t checkpoint_id, uin
   return Status::OK();
 }
 
-Status StateBackend::CreateRocksCheckpoint(const std::string& db_dir) {
+Status StateBackendImpl::CreateRocksCheckpoint(const std::string& db_dir) {
   // Rhino §4.2.2 phase 2, step 1: a RocksDB checkpoint (hard-links the
   // immutable SST files, copies the small mutable ones). What is not yet in
   // an SST is in the write-ahead log. While that log is small
@@ -140,7 +140,7 @@ Status StateBackend::CreateRocksCheckpoint(const std::string& db_dir) {
   return Status::OK();
 }
 
-Status StateBackend::LiveWalBytes(uint64_t* bytes) {
+Status StateBackendImpl::LiveWalBytes(uint64_t* bytes) {
   rocksdb::VectorLogPtr wals;
   rocksdb::Status rs = db_->GetSortedWalFiles(wals);
   if (!rs.ok()) return WriteResult(rs, "listing the write-ahead log");
@@ -150,7 +150,7 @@ Status StateBackend::LiveWalBytes(uint64_t* bytes) {
   return Status::OK();
 }
 
-Status StateBackend::PoolCheckpoint(ReplicaStore* store, const std::string& db_dir, uint64_t checkpoint_id,
+Status StateBackendImpl::PoolCheckpoint(ReplicaStore* store, const std::string& db_dir, uint64_t checkpoint_id,
                                     uint64_t epoch, std::optional<uint64_t> parent_id, Manifest* m) {
   Manifest parent;
   const bool has_parent = parent_id && store->ReadManifest(operator_id_, instance_, *parent_id, &parent).ok();

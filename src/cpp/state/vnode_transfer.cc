@@ -1,4 +1,4 @@
-// StateBackend vnode export / import / drop: the state side of a handover.
+// StateBackendImpl vnode export / import / drop: the state side of a handover.
 #include <rocksdb/db.h>
 #include <rocksdb/metadata.h>
 #include <rocksdb/options.h>
@@ -11,7 +11,7 @@
 #include <set>
 #include <unordered_map>
 
-#include "rhino/state_backend.h"
+#include "state/state_backend_impl.h"
 #include "state/state_internal.h"
 #include "util/crash_point.h"
 #include "util/fs.h"
@@ -21,7 +21,7 @@ using namespace state_internal;
 
 // ---------------------------------------------------------------- vnode export / import
 
-Status StateBackend::ExportVnodes(const std::vector<uint32_t>& vnodes, const std::string& export_dir) {
+Status StateBackendImpl::ExportVnodes(const std::vector<uint32_t>& vnodes, const std::string& export_dir) {
   std::lock_guard admin(admin_mu_);
   if (fs::Exists(export_dir)) return Status::AlreadyExists("export directory " + export_dir + " already exists");
   ReaderMutexLock lock(&cf_mu_);
@@ -81,7 +81,7 @@ Status StateBackend::ExportVnodes(const std::vector<uint32_t>& vnodes, const std
   return fs::FsyncParent(export_dir);
 }
 
-Status StateBackend::ImportVnodes(const std::string& export_dir, std::vector<uint32_t>* imported) {
+Status StateBackendImpl::ImportVnodes(const std::string& export_dir, std::vector<uint32_t>* imported) {
   RHINO_RETURN_IF_ERROR(CheckWritable());
   std::lock_guard admin(admin_mu_);
   imported->clear();
@@ -169,7 +169,7 @@ Status StateBackend::ImportVnodes(const std::string& export_dir, std::vector<uin
   return Status::OK();
 }
 
-Status StateBackend::DropVnodes(const std::vector<uint32_t>& vnodes) {
+Status StateBackendImpl::DropVnodes(const std::vector<uint32_t>& vnodes) {
   RHINO_RETURN_IF_ERROR(CheckWritable());
   std::lock_guard admin(admin_mu_);
   WriterMutexLock lock(&cf_mu_);

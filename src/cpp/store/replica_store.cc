@@ -1,3 +1,7 @@
+// ReplicaStore (rhino/replica_store.h): its directory, locks and pins, the
+// pool of checkpoint files by content identity, committing and reading
+// manifests, and verifying them. A restore is store_restore.cc's; dropping
+// checkpoints and collecting the pool, store_gc.cc's.
 #include "rhino/replica_store.h"
 
 #include <fcntl.h>
@@ -17,19 +21,16 @@
 #include <set>
 #include <unordered_map>
 
+#include "store/store_internal.h"
 #include "util/crash_point.h"
 #include "util/fs.h"
 
 namespace rhino {
+using namespace store_internal;
+
 namespace {
 
 constexpr char kManifestSuffix[] = ".manifest";
-
-std::string ManifestName(uint64_t checkpoint_id) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%020llu", static_cast<unsigned long long>(checkpoint_id));
-  return std::string(buf) + kManifestSuffix;
-}
 
 bool ParseManifestName(const std::string& name, uint64_t* id) {
   const size_t suffix = sizeof(kManifestSuffix) - 1;
@@ -43,7 +44,16 @@ bool ParseManifestName(const std::string& name, uint64_t* id) {
   return true;
 }
 
-// "<kind>-<pid>-<nonce>": true if the pid that made it no longer runs.
+}  // namespace
+
+namespace store_internal {
+
+std::string ManifestName(uint64_t checkpoint_id) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%020llu", static_cast<unsigned long long>(checkpoint_id));
+  return std::string(buf) + kManifestSuffix;
+}
+
 bool StagingOwnerDead(const std::string& name, const std::string& prefix) {
   if (name.compare(0, prefix.size(), prefix) != 0) return false;
   auto dash = name.find('-', prefix.size());
@@ -53,23 +63,7 @@ bool StagingOwnerDead(const std::string& name, const std::string& prefix) {
   return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
 }
 
-double Seconds(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
-}
-
-// A file placed by a restore, counted in its stats.
-void CountPlaced(uint64_t size, bool linked, RestoreStats* stats) {
-  ++stats->files;
-  stats->total_bytes += size;
-  if (linked) {
-    ++stats->linked_files;
-  } else {
-    ++stats->copied_files;
-    stats->copied_bytes += size;
-  }
-}
-
-}  // namespace
+}  // namespace store_internal
 
 bool IsImmutableDbFile(const std::string& name) {
   auto ends = [&](const char* s) {
@@ -372,120 +366,6 @@ Status ReplicaStore::ListInstances(std::vector<InstanceRef>* out) const {
   return Status::OK();
 }
 
-Status ReplicaStore::Restore(const std::string& operator_id, uint32_t instance, uint64_t checkpoint_id,
-                             const std::string& target_dir, const RestoreOptions& options,
-                             RestoreStats* stats) const {
-  auto t0 = std::chrono::steady_clock::now();
-  *stats = RestoreStats();
-  if (target_dir.empty()) return Status::InvalidArgument("restore target directory is empty");
-  if (fs::Exists(target_dir)) {
-    return Status::AlreadyExists("restore target " + target_dir + " already exists; refusing to overwrite it");
-  }
-  std::unique_ptr<Lock> lock;
-  const auto locking = std::chrono::steady_clock::now();
-  RHINO_RETURN_IF_ERROR(AcquireLock(false, &lock));  // GC must not reclaim files under us
-  stats->lock_wait_seconds = Seconds(locking);
-  Manifest m;
-  RHINO_RETURN_IF_ERROR(ReadManifest(operator_id, instance, checkpoint_id, &m));
-  if (options.take_standby && options.mode == PlaceMode::kLink && options.verify == VerifyLevel::kSize) {
-    bool taken = false;
-    RHINO_RETURN_IF_ERROR(TakeStandby(m, target_dir, stats, &taken));
-    if (taken) return Status::OK();
-  }
-  std::vector<std::string> sources;
-  RestoreProgress progress;
-  progress.files_total = m.files.size();
-  for (const auto& f : m.files) progress.bytes_total += f.size;
-  for (const auto& f : m.files) {
-    if (!IsPlainFileName(f.name)) {
-      return Status::PathOutsideStore("checkpoint " + std::to_string(checkpoint_id) + " names file '" + f.name +
-                                      "', which is not a plain file name");
-    }
-    std::string pooled;
-    RHINO_RETURN_IF_ERROR(PoolPath(f.identity, &pooled));
-    uint64_t size = 0;
-    if (!fs::FileSize(pooled, &size).ok()) {
-      return Status::Corruption("checkpoint " + std::to_string(checkpoint_id) + ": file " + f.name +
-                                " is missing from the pool");
-    }
-    if (size != f.size) {
-      return Status::Corruption("checkpoint " + std::to_string(checkpoint_id) + ": file " + f.name + " is " +
-                                std::to_string(size) + " bytes, manifest says " + std::to_string(f.size) +
-                                (size < f.size ? " (truncated)" : ""));
-    }
-    if (options.verify == VerifyLevel::kFull) {
-      std::string sum;
-      uint64_t n;
-      RHINO_RETURN_IF_ERROR(HashFile(pooled, &sum, &n));
-      if (sum != f.checksum) {
-        return Status::Corruption("checkpoint " + std::to_string(checkpoint_id) + ": file " + f.name +
-                                  " fails its checksum");
-      }
-    }
-    sources.push_back(std::move(pooled));
-    ++progress.files_done;
-    progress.bytes_done += f.size;
-    if (options.keep_going && !options.keep_going(progress)) {
-      return Status::Aborted("restore of checkpoint " + std::to_string(checkpoint_id) +
-                             " stopped by its caller while verifying");
-    }
-  }
-
-  std::string parent = fs::Parent(target_dir);
-  RHINO_RETURN_IF_ERROR(fs::MakeDirs(parent));
-  // Remove staging of earlier restores to this target whose process died.
-  const std::string prefix = fs::Basename(target_dir) + ".rhino-restore-";
-  std::vector<std::string> siblings;
-  if (fs::ListDir(parent, &siblings).ok()) {
-    for (const auto& n : siblings)
-      if (StagingOwnerDead(n, prefix)) fs::RemoveAll(fs::Join(parent, n));
-  }
-  std::string stage = fs::Join(parent, prefix + std::to_string(::getpid()) + "-" + fs::RandomHex(6));
-  if (::mkdir(stage.c_str(), 0755) != 0) return Status::FromErrno(errno, "mkdir " + stage);
-
-  Status s;
-  progress.stage = RestoreProgress::Stage::kPlace;
-  progress.files_done = progress.bytes_done = 0;
-  for (size_t i = 0; i < m.files.size() && s.ok(); ++i) {
-    const FileEntry& f = m.files[i];
-    std::string dst = fs::Join(stage, f.name);
-    bool linked = false;
-    if (options.mode == PlaceMode::kLink && IsImmutableDbFile(f.name)) {
-      bool cross_device = false;
-      s = fs::Link(sources[i], dst, &cross_device);
-      if (s.ok()) {
-        linked = true;
-      } else if (cross_device) {
-        stats->fell_back_to_copy = true;
-        s = Status::OK();
-      }
-    }
-    if (s.ok() && !linked) {
-      s = fs::CopyFile(sources[i], dst, options.durable);
-      if (s.ok()) ::chmod(dst.c_str(), 0600);  // owner-only; RocksDB may rewrite it
-    }
-    if (s.ok()) CountPlaced(f.size, linked, stats);
-    if (i == m.files.size() / 2) CrashPoint("restore.mid_files");
-    if (s.ok()) {
-      ++progress.files_done;
-      progress.bytes_done += f.size;
-      if (options.keep_going && !options.keep_going(progress)) {
-        s = Status::Aborted("restore of checkpoint " + std::to_string(checkpoint_id) + " stopped by its caller");
-      }
-    }
-  }
-  if (s.ok() && options.durable) s = fs::FsyncPath(stage);
-  if (s.ok()) CrashPoint("restore.before_rename");
-  if (s.ok()) s = fs::Rename(stage, target_dir);
-  if (!s.ok()) {
-    fs::RemoveAll(stage);
-    return s;
-  }
-  if (options.durable) RHINO_RETURN_IF_ERROR(fs::FsyncPath(parent));
-  stats->build_seconds = Seconds(t0);
-  return Status::OK();
-}
-
 Status ReplicaStore::Verify(const std::string& operator_id, uint32_t instance, VerifyLevel level,
                             VerifyReport* report, const VerifyObserver& observer) const {
   *report = VerifyReport();
@@ -559,111 +439,6 @@ Status ReplicaStore::Verify(const std::string& operator_id, uint32_t instance, V
                                  " files");
         }
       }
-    }
-  }
-  return Status::OK();
-}
-
-Status ReplicaStore::Retain(const std::string& operator_id, uint32_t instance, uint32_t keep_last,
-                            std::vector<uint64_t>* removed) {
-  removed->clear();
-  std::vector<uint64_t> ids;
-  RHINO_RETURN_IF_ERROR(ListCheckpoints(operator_id, instance, &ids));
-  if (ids.size() <= keep_last) return Status::OK();
-  const uint64_t floor = keep_last == 0 ? UINT64_MAX : ids[ids.size() - keep_last];
-  return DiscardBefore(operator_id, instance, floor, removed);
-}
-
-Status ReplicaStore::DiscardBefore(const std::string& operator_id, uint32_t instance, uint64_t floor,
-                                   std::vector<uint64_t>* removed) {
-  removed->clear();
-  std::string inst_dir;
-  RHINO_RETURN_IF_ERROR(InstanceDir(operator_id, instance, &inst_dir));
-  std::vector<uint64_t> ids;
-  RHINO_RETURN_IF_ERROR(ListCheckpoints(operator_id, instance, &ids));
-  for (uint64_t id : ids) {
-    if (id >= floor) break;
-    std::string p = fs::Join(inst_dir, ManifestName(id));
-    if (::unlink(p.c_str()) != 0 && errno != ENOENT) return Status::FromErrno(errno, "unlink " + p);
-    removed->push_back(id);
-  }
-  if (removed->empty()) return Status::OK();
-  return fs::FsyncPath(inst_dir);
-}
-
-Status ReplicaStore::DiscardAfter(const std::string& operator_id, uint32_t instance, std::optional<uint64_t> after,
-                                  std::vector<uint64_t>* removed) {
-  removed->clear();
-  std::string inst_dir;
-  RHINO_RETURN_IF_ERROR(InstanceDir(operator_id, instance, &inst_dir));
-  std::vector<uint64_t> ids;
-  RHINO_RETURN_IF_ERROR(ListCheckpoints(operator_id, instance, &ids));
-  // Newest first: a crash part-way leaves a prefix of the history, never a gap.
-  for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
-    if (after && *it <= *after) break;
-    std::string p = fs::Join(inst_dir, ManifestName(*it));
-    if (::unlink(p.c_str()) != 0 && errno != ENOENT) return Status::FromErrno(errno, "unlink " + p);
-    removed->push_back(*it);
-  }
-  if (removed->empty()) return Status::OK();
-  return fs::FsyncPath(inst_dir);
-}
-
-Status ReplicaStore::GarbageCollect(GcStats* stats, bool wait) {
-  *stats = GcStats();
-  std::unique_ptr<Lock> lock;
-  RHINO_RETURN_IF_ERROR(AcquireLock(true, &lock, wait));
-  std::set<std::string> referenced;
-  std::vector<InstanceRef> instances;
-  RHINO_RETURN_IF_ERROR(ListInstances(&instances));
-  for (const auto& inst : instances) {
-    std::vector<uint64_t> ids;
-    RHINO_RETURN_IF_ERROR(ListCheckpoints(inst.operator_id, inst.instance, &ids));
-    for (uint64_t id : ids) {
-      Manifest m;
-      Status s = ReadManifest(inst.operator_id, inst.instance, id, &m);
-      // Never delete on uncertainty: an unreadable manifest stops GC.
-      if (!s.ok()) return Status::Corruption("garbage collection stopped: " + s.message());
-      for (const auto& f : m.files) referenced.insert(f.identity);
-    }
-    // Manifest temporaries of dead committers.
-    std::string inst_dir;
-    RHINO_RETURN_IF_ERROR(InstanceDir(inst.operator_id, inst.instance, &inst_dir));
-    std::vector<std::string> names;
-    RHINO_RETURN_IF_ERROR(fs::ListDir(inst_dir, &names));
-    for (const auto& n : names) {
-      auto pos = n.find(".manifest.tmp-");
-      if (pos != std::string::npos && StagingOwnerDead(n, n.substr(0, pos) + ".manifest.tmp-")) {
-        fs::RemoveAll(fs::Join(inst_dir, n));
-      }
-    }
-  }
-  DropStaleStandbys(stats);
-  RHINO_RETURN_IF_ERROR(PinnedIdentities(&referenced, &stats->pins));
-  std::string pool = fs::Join(dir_, "pool");
-  std::vector<std::string> names;
-  RHINO_RETURN_IF_ERROR(fs::ListDir(pool, &names));
-  for (const auto& n : names) {
-    std::string p = fs::Join(pool, n);
-    uint64_t size = 0;
-    fs::FileSize(p, &size);
-    if (referenced.count(n)) {
-      ++stats->pool_files;
-      stats->pool_bytes += size;
-      continue;
-    }
-    if (::unlink(p.c_str()) != 0 && errno != ENOENT) return Status::FromErrno(errno, "unlink " + p);
-    ++stats->files_removed;
-    stats->bytes_removed += size;
-  }
-  RHINO_RETURN_IF_ERROR(fs::FsyncPath(pool));
-  std::string tmp = fs::Join(dir_, "tmp");
-  RHINO_RETURN_IF_ERROR(fs::ListDir(tmp, &names));
-  for (const auto& n : names) {
-    auto dash = n.find('-');
-    if (dash != std::string::npos && StagingOwnerDead(n, n.substr(0, dash + 1))) {
-      RHINO_RETURN_IF_ERROR(fs::RemoveAll(fs::Join(tmp, n)));
-      ++stats->staging_removed;
     }
   }
   return Status::OK();

@@ -34,6 +34,7 @@
 namespace rhino {
 
 class StateBackend;
+class StateBackendImpl;  // state/state_backend_impl.h
 
 class SessionBatch {
  public:
@@ -77,7 +78,7 @@ class SessionBatch {
  private:
   struct Rep;
   Status Add(bool put, const std::vector<std::string_view>& keys, const std::vector<std::string_view>* values);
-  StateBackend* const db_;
+  StateBackendImpl* const db_;  // the StateBackend's
   std::unique_ptr<Rep> rep_;
   size_t count_ = 0;
   uint64_t bytes_ = 0;

@@ -21,100 +21,30 @@
 // Thread-safety: reads and writes are thread-safe (RocksDB's guarantees);
 // Checkpoint, ExportVnodes, ImportVnodes and DropVnodes serialize on an
 // internal mutex.
+//
+// The API only: what a StateBackend is made of (the RocksDB instance, its
+// options, the locks) is state/state_backend_impl.h's, as LevelDB's DB and
+// DBImpl.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <string_view>
 #include <vector>
 
 #include "rhino/manifest.h"
 #include "rhino/partitioner.h"
 #include "rhino/replica_store.h"
+#include "rhino/state_options.h"
 #include "rhino/status.h"
-#include "rhino/thread_annotations.h"
-
-namespace rocksdb {
-class DB;
-class Env;
-struct DBOptions;
-class ColumnFamilyHandle;
-struct ColumnFamilyOptions;
-class WriteBufferManager;
-class Status;
-}  // namespace rocksdb
 
 namespace rhino {
 
-class TtlCompactionFilter;  // state/ttl_filter.h
-
-enum class CompactionStyle { kLevel, kUniversal };
-
-// "level" / "universal"; false for anything else.
-bool ParseCompactionStyle(const std::string& name, CompactionStyle* out);
-const char* CompactionStyleName(CompactionStyle style);
-
-// The most vnodes an instance's state may have: each is a RocksDB column
-// family (its own memtable, files and options), so an unbounded num_vnodes
-// (the partitioner allows up to 2^30) would let one open request exhaust a
-// worker's memory and file descriptors (issue 46). InvalidArgument above it.
-constexpr uint32_t kMaxNumVnodes = 65536;
-
-struct StateOptions {
-  // For a new DB, the partitioner to create it with. For an existing DB it
-  // must match the stored one if check_partitioner is set.
-  PartitionerOptions partitioner;
-  bool check_partitioner = true;
-  std::string operator_id = "op";
-  uint32_t instance = 0;
-  // Vnodes to create column families for in a new DB; empty means all V.
-  // Ignored when opening an existing DB, which knows its own vnodes.
-  std::vector<uint32_t> vnodes;
-  // Memtable budget of this instance. Each vnode gets budget / vnodes held
-  // (at least 1 MiB), so memtables hold about 2 x max(budget, vnodes x 1 MiB).
-  uint64_t write_buffer_budget = 256ull << 20;
-  // Per-vnode memtable size; 0 = the budget's share, budget / vnodes held,
-  // clamped to [1 MiB, 64 MiB] (set when the DB is opened).
-  uint64_t write_buffer_size = 0;
-  // Block cache shared by all column families of this instance.
-  uint64_t block_cache_bytes = 64ull << 20;
-  // How each vnode's LSM is compacted (bench/README.md, "Compaction style").
-  // Leveled (RocksDB's default) keeps the fewest files and bytes; universal
-  // rewrites less per byte written once vnodes are large, and every byte a
-  // compaction writes is a byte the next checkpoint replicates. A DB may be
-  // reopened or restored with either style.
-  CompactionStyle compaction = CompactionStyle::kLevel;
-  // RocksDB flush threads of this DB (1..16). A checkpoint flushes every
-  // vnode's memtable at once, so with 2 the flushes overlap: faster
-  // checkpoints where a core is free during them, at the cost of that core.
-  uint32_t flush_threads = 1;
-  // A checkpoint whose write-ahead log holds less than this many bytes (since
-  // the memtables were last flushed) does not flush: it copies the WAL into
-  // the checkpoint, and a restore replays it (RocksDB's log_size_for_flush).
-  // A micro-batch that touched a few keys in every vnode then commits one
-  // small WAL file instead of one SST per vnode (one fsync and one MANIFEST
-  // write each: ~1 ms apiece). The delta is the WAL since the last flush, so
-  // it grows batch by batch up to this bound, then a flush resets it.
-  // 0 = flush at every checkpoint.
-  uint64_t checkpoint_wal_bytes = 256ull << 10;
-  // The DB is a restored checkpoint, whose WAL must replay whole: a damaged
-  // record fails the open (set by StateBackend::Restore).
-  bool whole_wal = false;
-  // false: the open itself does not fsync (open_without_sync.h says why and
-  // who makes the directory durable instead); the DB syncs as usual afterwards.
-  bool sync_open = true;
-  // Fail instead of creating a missing DB.
-  bool error_if_missing = false;
-  bool read_only = false;
-};
+class StateBackendImpl;  // state/state_backend_impl.h
 
 // Per-vnode statistics (RocksDB estimates, cheap).
 struct VnodeStats {
@@ -135,7 +65,7 @@ class WriteBatch {
   void Clear();
 
  private:
-  friend class StateBackend;
+  friend class StateBackendImpl;
   struct Rep;
   std::unique_ptr<Rep> rep_;
 };
@@ -162,7 +92,7 @@ class MultiGetResult {
   std::string_view value_at(size_t j) const;  // REQUIRES: found_at(j)
 
  private:
-  friend class StateBackend;
+  friend class StateBackendImpl;
   struct Rep;
   std::unique_ptr<Rep> rep_;
 };
@@ -185,11 +115,11 @@ class StateBackend {
   StateBackend(const StateBackend&) = delete;
   StateBackend& operator=(const StateBackend&) = delete;
 
-  const std::string& dir() const { return dir_; }
-  CompactionStyle compaction() const { return compaction_; }
-  const Partitioner& partitioner() const { return partitioner_; }
-  const std::string& operator_id() const { return operator_id_; }
-  uint32_t instance() const { return instance_; }
+  const std::string& dir() const;
+  CompactionStyle compaction() const;
+  const Partitioner& partitioner() const;
+  const std::string& operator_id() const;
+  uint32_t instance() const;
   std::vector<uint32_t> vnodes() const;
 
   // ---- single keys ----
@@ -281,75 +211,8 @@ class StateBackend {
 
  private:
   friend class SessionBatch;  // a session's writes go through the same routing and column families
-  StateBackend() = default;
-  // The steps of Open: the DB and its column families (created in one call
-  // for a new DB), Rhino's metadata (checked, or written for a new DB), and
-  // the vnode -> column family map.
-  Status OpenDb(const rocksdb::DBOptions& dbo, bool read_only, bool exists, const std::vector<std::string>& cf_names,
-                std::vector<rocksdb::ColumnFamilyHandle*>* handles);
-  Status LoadMetadata(const StateOptions& options, bool exists, rocksdb::ColumnFamilyHandle* meta_cf);
-  Status MapColumnFamilies(const std::vector<std::string>& cf_names,
-                           const std::vector<rocksdb::ColumnFamilyHandle*>& handles) EXCLUDES(cf_mu_);
-  // The steps of Checkpoint (state_checkpoint.cc): a RocksDB checkpoint at
-  // `db_dir`, then its files pooled into `store` and described in *m.
-  Status CreateRocksCheckpoint(const std::string& db_dir);
-  Status PoolCheckpoint(ReplicaStore* store, const std::string& db_dir, uint64_t checkpoint_id, uint64_t epoch,
-                        std::optional<uint64_t> parent_id, Manifest* m);
-  Status Route(std::string_view key, rocksdb::ColumnFamilyHandle** cf) const REQUIRES_SHARED(cf_mu_);
-  // Refuses writes to a read-only DB, and resumes a DB that a write error
-  // stopped (see WriteResult).
-  Status CheckWritable() const;
-  // A write's RocksDB status as a Status. An I/O error (a full disk, most
-  // often) stops RocksDB's writes until DB::Resume; it is remembered so that
-  // the next write first tries to resume, and succeeds once space is free.
-  Status WriteResult(const rocksdb::Status& s, const std::string& context) const;
-  Status AddToBatch(WriteBatch* batch, const std::vector<std::string_view>& keys,
-                    const std::vector<std::string_view>* values) const EXCLUDES(cf_mu_);
-  struct VnodeOrder;  // state_backend.cc
-  // UnknownVnode for the first key not held.
-  Status OrderKeys(const std::vector<std::string_view>& keys, VnodeOrder* out) const REQUIRES_SHARED(cf_mu_);
-  std::optional<uint64_t> ReadU64Meta(const std::string& key) const;
-  // The sum of the vnode column families' live SST bytes.
-  uint64_t LiveVnodeBytes() const REQUIRES_SHARED(cf_mu_);
-  // Flushes every column family's memtable, the flushes running side by side
-  // on the flush threads (state_backend.cc).
-  Status FlushColumnFamilies() EXCLUDES(cf_mu_);
-  // Bytes in the live write-ahead log files: what is not yet in an SST.
-  Status LiveWalBytes(uint64_t* bytes);
-  // Writes the OPTIONS file that an open with sync_open = false left out
-  // (open_without_sync.h), once: a background thread started by Open calls it
-  // right away, and Checkpoint calls it first, so that every checkpoint
-  // holds an OPTIONS file.
-  Status WriteDeferredOptionsFile() EXCLUDES(options_file_mu_);
-
-  std::string dir_;
-  std::string operator_id_;
-  uint32_t instance_ = 0;
-  bool read_only_ = false;
-  uint64_t checkpoint_wal_bytes_ = 0;  // StateOptions::checkpoint_wal_bytes
-  CompactionStyle compaction_ = CompactionStyle::kLevel;
-  mutable std::atomic<bool> write_error_{false};  // a write failed with an I/O error; resume first
-  Partitioner partitioner_;
-  std::shared_ptr<rocksdb::WriteBufferManager> wbm_;
-  // The TTL filter every vnode's options point to (cf_options_ holds a raw
-  // pointer): declared before db_, so it outlives the DB.
-  std::shared_ptr<TtlCompactionFilter> ttl_filter_;
-  std::atomic<bool> compaction_aborted_{false};  // CompactRangeOptions::canceled of CompactVnodes
-  std::shared_ptr<rocksdb::ColumnFamilyOptions> cf_options_;  // every vnode's (shared cache)
-  // The Env of a DB opened with sync_open = false (else null: the default
-  // Env); declared before db_, so it outlives the DB.
-  std::unique_ptr<rocksdb::Env> env_;
-  std::unique_ptr<rocksdb::DB> db_;
-  rocksdb::ColumnFamilyHandle* default_cf_ = nullptr;  // Rhino metadata
-  // Guards the vnode -> column family map. Reads and writes hold it shared for
-  // the whole operation (a handle must not be destroyed under them); import
-  // and drop hold it exclusively.
-  mutable SharedMutex cf_mu_;
-  std::vector<rocksdb::ColumnFamilyHandle*> cf_by_vnode_ GUARDED_BY(cf_mu_);  // null = not held
-  std::mutex admin_mu_;  // serializes Checkpoint / Export / Import / Drop
-  Mutex options_file_mu_;
-  bool options_file_deferred_ GUARDED_BY(options_file_mu_) = false;
-  std::thread options_file_writer_;     // joined before the DB closes
+  explicit StateBackend(std::unique_ptr<StateBackendImpl> impl);
+  std::unique_ptr<StateBackendImpl> impl_;  // state/state_backend_impl.h
 };
 
 std::string VnodeColumnFamilyName(uint32_t vnode);
