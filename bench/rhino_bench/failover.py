@@ -73,9 +73,9 @@ from rhino._sizes import format_bytes, parse_size, parse_sizes
 from rhino.client.client import Client, connect
 from rhino.engine import BatchDriver
 from rhino.errors import RhinoError
-from .harness.workers import SECRET, WorkerProcess, write_secret
+from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret
 from .common import exit_on_sigterm
-from .workload import keys_for, random_values
+from rhino_testing.workload import keys_for, random_values
 
 __all__ = ["run", "main", "FETCH_FLAT_TARGET", "SPEEDUP_TARGET"]
 
@@ -206,7 +206,7 @@ class ProcessControl:
 
     def __init__(self, root: Path, secret_file: Path, args: argparse.Namespace) -> None:
         from rhino.coordinator.client import connect_coordinator
-        from .harness.workers import CoordinatorProcess
+        from rhino_testing.harness.workers import CoordinatorProcess
 
         self.args = args
         self.client: Any = None

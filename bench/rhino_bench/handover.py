@@ -13,7 +13,7 @@ the machine's drift spreads over all of them), on a fresh cluster:
    :class:`~rhino.coordinator.coordinator.Coordinator` reached through
    :class:`~rhino.coordinator.client.LocalCoordinatorClient`; one operator of
    ``--parallelism`` instances (2), ``--num-vnodes`` vnodes (64), r=1;
-2. a writer (:class:`~rhino_bench.harness.engine.MicroBatchEngine`) fills a
+2. a writer (:class:`~rhino_testing.harness.engine.MicroBatchEngine`) fills a
    keyspace of ``--state // --value-bytes`` int64 keys with random values in
    batches of ``--fill-batch-bytes`` (not timed), then commits
    ``--steady-batches`` batches of ``--batch-keys`` puts to random keys of
@@ -60,8 +60,8 @@ from rhino._sizes import format_bytes, parse_size
 from rhino.coordinator.client import LocalCoordinatorClient
 from rhino.coordinator.coordinator import Coordinator
 from rhino.coordinator.strategies import STRATEGIES
-from .harness.workers import SECRET, WorkerProcess, write_secret
-from .harness.engine import MicroBatchEngine
+from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret
+from rhino_testing.harness.engine import MicroBatchEngine
 from .common import exit_on_sigterm
 
 __all__ = ["run", "main", "CorrectnessError"]

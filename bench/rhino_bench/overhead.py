@@ -82,10 +82,10 @@ import rhino
 from rhino._machine import describe_machine, machine_summary
 from rhino._sizes import parse_size
 from rhino.daemon.worker import DEFAULT_NICE, DEFAULT_SCHED
-from .harness.workers import (SECRET, cpu_seconds, pressure_seconds, start_workers, system_cpu_seconds,
+from rhino_testing.harness.workers import (SECRET, cpu_seconds, pressure_seconds, start_workers, system_cpu_seconds,
                               thread_cpu_seconds, thread_schedstat, write_secret)
 from .common import exit_on_sigterm, max_chunk_bytes, raise_if_stopped
-from .workload import keys_for, random_values
+from rhino_testing.workload import keys_for, random_values
 
 OPERATOR = "bench"
 INSTANCE = 0

@@ -757,7 +757,7 @@ def _start(base: Path, args: argparse.Namespace, spark_conf: dict, stack: Any) -
 
     from rhino.coordinator.client import connect_coordinator
 
-    from ..harness.workers import CoordinatorProcess, WorkerProcess, write_secret
+    from rhino_testing.harness.workers import CoordinatorProcess, WorkerProcess, write_secret
 
     root = base / "rhino"
     root.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@ with the RocksDB state store, which cannot rescale its state (issue 29, Build 5)
     rhino-bench spark elastic --json --out bench/results/spark_elastic.jsonl \\
         --report bench/results/spark_elastic.md --plot bench/results/spark_elastic.png
 
-Per system, on a fresh local cluster (:class:`~rhino_bench.harness.spark_cluster.LocalCluster`,
+Per system, on a fresh local cluster (:class:`~rhino_testing.harness.spark_cluster.LocalCluster`,
 hosts 127.0.0.N.. from ``--first-host``, one 1-core executor and one Rhino worker per host):
 3 hosts, and a spare host (the 4th address) that joins the running application
 (``spark_conf(spare_hosts=1)``, ``add_host``; its executor is warmed, as ``make demo`` does):
@@ -94,7 +94,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from ..harness.warm import warm_executor
+from rhino_testing.harness.warm import warm_executor
 from .common import (Emitter, host_number, install_signal_handlers, loadavg, median, non_negative_int, parse_conf,
                      positive_float, positive_int, round_floats, say, spark_time, stdout_for_json_only)
 
@@ -661,8 +661,8 @@ class SystemRun:
 
     # ---- the query
     def _start_query(self) -> Any:
-        from ..nexmark.pipeline import ROCKSDB_PROVIDER
-        from ..nexmark.queries import QUERIES
+        from rhino_testing.nexmark.pipeline import ROCKSDB_PROVIDER
+        from rhino_testing.nexmark.queries import QUERIES
         from .elastic_source import SOURCE_NAME, ElasticNexmarkSource
 
         a = self.args
@@ -1036,7 +1036,7 @@ class SystemRun:
 
 def run_system(system: str, args: argparse.Namespace, em: Emitter, base: Path, spark_conf: dict,
                shared: dict) -> None:
-    from ..harness.spark_cluster import LocalCluster
+    from rhino_testing.harness.spark_cluster import LocalCluster
 
     work = base / system
     if work.exists():  # a --dir used before: its cluster down, its checkpoints gone (a query would resume them)

@@ -378,7 +378,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     args.command = "rhino-bench spark glue " + " ".join(argv if argv is not None else sys.argv[1:])
     args.params = {k: v for k, v in vars(args).items() if k not in ("json", "out", "report", "dir", "command")}
-    from rhino_bench.harness.workers import CoordinatorProcess, WorkerProcess, write_secret
+    from rhino_testing.harness.workers import CoordinatorProcess, WorkerProcess, write_secret
 
     emit = Emitter(args.json, args.out)
     modes = ("pandas", "rows") if args.mode == "both" else (args.mode,)

@@ -1,7 +1,7 @@
 """``rhino-bench spark output``: a stateful operator with a large output (10 rows out per row
 in), Rhino against Spark's own ``transformWithStateInPandas`` with the RocksDB state store
 provider, in the same run, with the same processor class, on one local 3-host cluster
-(:class:`~rhino_bench.harness.spark_cluster.LocalCluster`, hosts 127.0.0.60-62 by default).
+(:class:`~rhino_testing.harness.spark_cluster.LocalCluster`, hosts 127.0.0.60-62 by default).
 
     rhino-bench spark output --json --out bench/results/spark_output.jsonl \\
         --report bench/results/spark_output.md --plot bench/results/spark_output.png
@@ -888,7 +888,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     install_signal_handlers()
     from rhino._machine import describe_machine
 
-    from ..harness.spark_cluster import LocalCluster
+    from rhino_testing.harness.spark_cluster import LocalCluster
     from .state_size import changed_since, source_state
 
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="rhino-spark-output-"))

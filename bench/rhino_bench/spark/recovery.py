@@ -5,7 +5,7 @@ state store provider, per state size (the Rhino paper's Table 1, on Spark).
     rhino-bench spark recovery --sizes 1G,2G,4G --json --out bench/results/spark_recovery.jsonl \\
         --plot bench/results/spark_recovery.png --report bench/results/spark_recovery.md
 
-Per (size, system), on a fresh 3-host :class:`~rhino_bench.harness.spark_cluster.LocalCluster`
+Per (size, system), on a fresh 3-host :class:`~rhino_testing.harness.spark_cluster.LocalCluster`
 (127.0.0.N.., one core per host, heartbeat timeout ``--heartbeat-timeout``):
 
 1. Q8 runs with a huge window (``window_ms`` 10^12: no window closes, nothing is
@@ -214,8 +214,8 @@ def _spark_size(run: Any) -> int:
 
 def run_one(*, system: str, size: int, workdir: Path, args: argparse.Namespace, spark_conf: dict) -> dict:
     """One (size, system): a fresh cluster, grow, kill, measure. Returns the record."""
-    from ..harness.spark_cluster import LocalCluster
-    from ..nexmark.pipeline import run_pipeline
+    from rhino_testing.harness.spark_cluster import LocalCluster
+    from rhino_testing.nexmark.pipeline import run_pipeline
 
     workdir.mkdir(parents=True, exist_ok=True)
     sysname = "rhino" if system == "rhino" else "spark"
