@@ -20,8 +20,8 @@ SUBPACKAGES = ["rhino.daemon", "rhino.cli", "rhino.client", "rhino.coordinator",
                "rhino_testing", "rhino_testing.harness", "rhino_testing.nexmark"]
 MODULES = ["rhino.daemon.worker", "rhino.daemon.metrics", "rhino.cli.main", "rhino.cli.verify", "rhino.cli.restore",
            "rhino.cli.progress", "rhino.cli.state", "rhino_bench.cli", "rhino_bench.restore", "rhino_bench.replicate",
-           "rhino_bench.overhead", "rhino_testing.workload", "rhino_bench.common",
-           "rhino_testing.harness.workers",
+           "rhino_bench.overhead", "rhino_testing.workload", "rhino_bench.common", "rhino_bench.frame",
+           "rhino_bench.procmem", "rhino_testing.harness.workers",
            "rhino_bench.demo.dataplane"]
 
 

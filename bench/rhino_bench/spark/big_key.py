@@ -56,15 +56,11 @@ from /proc), and the bytes in the workers' directories (hard links once).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
-import json
 import os
 import shutil
 import signal
 import sys
-import tempfile
-import threading
 import time
 import traceback
 import zlib
@@ -72,13 +68,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from .common import (Emitter, host_number, install_signal_handlers, loadavg, median, non_negative_int, parse_conf,
-                     positive_float, positive_int, round_floats, say, stdout_for_json_only)
+from ..frame import BenchRun, Scenario, bench_main, source_line, spark_flags, spark_session, start_rhino
+from ..procmem import MemorySampler
+from .common import Emitter, loadavg, median, non_negative_int, positive_float, positive_int, round_floats, say
 
 if TYPE_CHECKING:
     from rhino.coordinator.types import Placement
 
-__all__ = ["main", "RecordStoreProcessor", "Model", "payload", "plan_fill", "build_parser", "STEPS"]
+__all__ = ["main", "RecordStoreProcessor", "Model", "payload", "plan_fill", "BigKey", "STEPS"]
 
 OP_FILL, OP_SCAN = 0, 1
 BIG_KEY = 0
@@ -203,127 +200,7 @@ def plan_fill(size: int, value_bytes: int, batch_bytes: int) -> list[tuple[int, 
     return [(a, min(per, total - a)) for a in range(0, total, per)]
 
 
-# ---- measuring: memory and disk ------------------------------------------------------------------
-
-
-def _rss_kb(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def _children_map() -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                text = f.read()
-        except OSError:
-            continue
-        ppid = int(text[text.rindex(")") + 2:].split()[1])
-        out.setdefault(ppid, []).append(int(name))
-    return out
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-class MemorySampler:
-    """Samples, once a second, the resident memory of the Rhino workers (by pid), and of
-    this process's descendants: Spark's JVM and its Python workers. ``take()`` returns the
-    peaks since the last ``take()`` (KiB) and starts over."""
-
-    def __init__(self, workers: dict[str, int], interval: float = 1.0) -> None:
-        self.workers = dict(workers)
-        self.interval = interval
-        self.lock = threading.Lock()
-        self.peak: dict[str, int] = {}
-        self.min_available_kb: Optional[int] = None
-        self.stop_ev = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="big-key-memory", daemon=True)
-
-    def start(self) -> "MemorySampler":
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.stop_ev.set()
-        self.thread.join(timeout=5)
-
-    def _sample(self) -> dict[str, int]:
-        cur: dict[str, int] = {}
-        for wid, pid in self.workers.items():
-            cur[f"rhino_worker_{wid}"] = _rss_kb(pid)
-        kids = _children_map()
-        todo, desc = [os.getpid()], []
-        while todo:
-            p = todo.pop()
-            for c in kids.get(p, []):
-                desc.append(c)
-                todo.append(c)
-        jvm = py_sum = py_max = 0
-        for p in desc:
-            cmd = _cmdline(p)
-            if "java" in cmd.split(" ", 1)[0]:
-                jvm += _rss_kb(p)
-            elif "pyspark" in cmd:
-                r = _rss_kb(p)
-                py_sum += r
-                py_max = max(py_max, r)
-        cur["spark_jvm"] = jvm
-        cur["spark_python_sum"] = py_sum
-        cur["spark_python_max"] = py_max
-        cur["driver_python"] = _rss_kb(os.getpid())
-        return cur
-
-    def _mem_available_kb(self) -> Optional[int]:
-        try:
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1])
-        except OSError:
-            pass
-        return None
-
-    def _once(self) -> None:
-        try:
-            cur = self._sample()
-            avail = self._mem_available_kb()
-        except Exception:  # noqa: BLE001 - a process gone between listing and reading
-            cur, avail = {}, None
-        with self.lock:
-            for k, v in cur.items():
-                self.peak[k] = max(self.peak.get(k, 0), v)
-            if avail is not None:
-                self.min_available_kb = avail if self.min_available_kb is None else min(self.min_available_kb, avail)
-
-    def _run(self) -> None:
-        while not self.stop_ev.is_set():
-            self._once()
-            self.stop_ev.wait(self.interval)
-
-    def take(self) -> dict[str, Any]:
-        self._once()  # a step shorter than the interval gets one sample, at its end
-        with self.lock:
-            out: dict[str, Any] = {"peak_rss_mib": {k: round(v / 1024, 1) for k, v in sorted(self.peak.items())},
-                                   "min_mem_available_mib": (round(self.min_available_kb / 1024, 1)
-                                                             if self.min_available_kb is not None else None)}
-            self.peak = {}
-            self.min_available_kb = None
-        return out
+# ---- measuring: disk ------------------------------------------------------------------
 
 
 def dir_bytes(root: Path) -> int:
@@ -715,90 +592,122 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rhino-bench spark big-key",
-                                 description="One key whose MapState holds --size of entries: written, read back "
-                                             "through the processor and through the rhino-state reader, and moved "
-                                             "by a handover; each checked against a model of what was written.")
-    ap.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
-    ap.add_argument("--out", help="append the JSON lines to this file")
-    ap.add_argument("--report", help="write a Markdown report here")
-    ap.add_argument("--from", dest="from_file", metavar="JSONL",
-                    help="run nothing: write --report from the last run (setup line to summary) in this file")
-    ap.add_argument("--dir", default=None, help="work directory (default: a new one under /tmp, removed at the end)")
-    ap.add_argument("--size", type=_size, default=1 << 30, help="payload bytes in the big key's map (default 1G)")
-    ap.add_argument("--value-bytes", type=_size, default=1024, help="payload bytes per map entry (default 1024)")
-    ap.add_argument("--batch-bytes", type=_size, default=128 << 20,
-                    help="payload bytes of the big key written per fill batch, at most (default 128M; a worker "
-                         "session holds at most 1 GiB of uncommitted writes)")
-    ap.add_argument("--small-keys", type=non_negative_int, default=4, help="other keys, filled alongside (default 4)")
-    ap.add_argument("--small-entries", type=non_negative_int, default=4,
-                    help="records each small key gets per fill batch and in the handover's batch (default 4)")
-    ap.add_argument("--post-handover-entries", type=non_negative_int, default=1024,
-                    help="records added to the big key by the batch that runs the handover (default 1024)")
-    ap.add_argument("--partitions", type=positive_int, default=3,
-                    help="instances (one rhino worker each; default 3)")
-    ap.add_argument("--replicas", type=non_negative_int, default=2, help="Rhino's r (default 2)")
-    ap.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
-    ap.add_argument("--first-host", type=host_number, default=76,
-                    help="Rhino workers on 127.0.0.N.. (default 76)")
-    ap.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
-                    help="extra Spark conf (repeatable); default: Spark's defaults")
-    ap.add_argument("--request-timeout", type=positive_float, default=120.0,
-                    help="the operator's per-request timeout to the workers, s (transform_with_state's "
-                         "request_timeout; default 120)")
-    ap.add_argument("--timeout", type=positive_float, default=7200.0,
-                    help="the whole run, s: then it stops where it is and says so (default 7200)")
-    return ap
+class BigKey(Scenario):
+    name = "spark big-key"
+    description = ("One key whose MapState holds --size of entries: written, read back through the processor "
+                   "and through the rhino-state reader, and moved by a handover; each checked against a model "
+                   "of what was written.")
+    workdir_prefix = "rhino-big-key-"
+
+    def flags(self, ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--size", type=_size, default=1 << 30, help="payload bytes in the big key's map (default 1G)")
+        ap.add_argument("--value-bytes", type=_size, default=1024, help="payload bytes per map entry (default 1024)")
+        ap.add_argument("--batch-bytes", type=_size, default=128 << 20,
+                        help="payload bytes of the big key written per fill batch, at most (default 128M; a worker "
+                             "session holds at most 1 GiB of uncommitted writes)")
+        ap.add_argument("--small-keys", type=non_negative_int, default=4,
+                        help="other keys, filled alongside (default 4)")
+        ap.add_argument("--small-entries", type=non_negative_int, default=4,
+                        help="records each small key gets per fill batch and in the handover's batch (default 4)")
+        ap.add_argument("--post-handover-entries", type=non_negative_int, default=1024,
+                        help="records added to the big key by the batch that runs the handover (default 1024)")
+        ap.add_argument("--partitions", type=positive_int, default=3,
+                        help="instances (one rhino worker each; default 3)")
+        ap.add_argument("--replicas", type=non_negative_int, default=2, help="Rhino's r (default 2)")
+        spark_flags(ap, first_host=76)
+        ap.add_argument("--request-timeout", type=positive_float, default=120.0,
+                        help="the operator's per-request timeout to the workers, s (transform_with_state's "
+                             "request_timeout; default 120)")
+        ap.add_argument("--timeout", type=positive_float, default=7200.0,
+                        help="the whole run, s: then it stops where it is and says so (default 7200)")
+
+    def check(self, ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+        if args.value_bytes > args.batch_bytes:
+            ap.error("--value-bytes must be at most --batch-bytes")
+        if args.value_bytes > args.size:
+            ap.error("--value-bytes must be at most --size")
+        per = args.batch_bytes // args.value_bytes
+        est = per * (args.value_bytes + ENTRY_OVERHEAD_EST) + args.small_keys * args.small_entries * (
+            args.value_bytes + ENTRY_OVERHEAD_EST)
+        if est > SESSION_LIMIT:
+            ap.error(f"--batch-bytes {args.batch_bytes}: a fill batch would hold about {est} bytes of keys and "
+                     f"values, more than a worker session's {SESSION_LIMIT} bytes of uncommitted writes")
+        if args.partitions < 2:
+            ap.error("--partitions must be at least 2 (the handover moves the key to another instance)")
+        if args.first_host + args.partitions - 1 > 254:
+            ap.error("--first-host: the workers must fit 127.0.0.2..254")
+
+    def parameters(self, args: argparse.Namespace, run_id: str) -> dict:
+        plan = plan_fill(args.size, args.value_bytes, args.batch_bytes)
+        return {"size": args.size, "value_bytes": args.value_bytes, "batch_bytes": args.batch_bytes,
+                "records": sum(n for _, n in plan), "fill_batches": len(plan), "small_keys": args.small_keys,
+                "small_entries": args.small_entries, "post_handover_entries": args.post_handover_entries,
+                "partitions": args.partitions, "replicas": args.replicas, "master": args.master,
+                "request_timeout": args.request_timeout, "operator_id": f"big-key-{run_id}", "run_id": run_id}
+
+    def run(self, br: BenchRun) -> None:
+        args, stack = br.args, br.stack
+        self.run_state: Optional[Run] = None
+
+        def _alarm(_signum: int, _frame: Any) -> None:
+            raise _RunTimeout(f"the run took longer than --timeout {args.timeout:g} s")
+
+        signal.signal(signal.SIGALRM, _alarm)
+        signal.alarm(int(args.timeout))
+        stack.callback(signal.alarm, 0)
+        say(f"starting a coordinator, {args.partitions} Rhino workers at 127.0.0.{args.first_host}.. and Spark "
+            f"({args.master}) in {br.base}")
+        cluster = start_rhino(br.base / "rhino", stack, workers=args.partitions, first_host=args.first_host)
+        spark = spark_session(stack, br.base, app="rhino-bench-big-key", master=args.master,
+                              partitions=args.partitions, conf=br.spark_conf)
+        sampler = MemorySampler({w.id: w.pid for w in cluster.workers}).start()
+        stack.callback(sampler.stop)
+        run = self.run_state = Run(args=args, spark=spark, cluster=cluster, em=br.em, command=br.command,
+                                   parameters=br.parameters, sampler=sampler, model=Model(args.value_bytes))
+        from rhino.spark import transform_with_state
+
+        run.op = transform_with_state(RecordStoreProcessor(args.value_bytes), key="k", output_schema=OUTPUT_SCHEMA,
+                                      operator_id=br.parameters["operator_id"], coordinator=cluster.coordinator,
+                                      secret_file=str(cluster.secret_file), parallelism=args.partitions,
+                                      replicas=args.replicas, locality=False, request_timeout=args.request_timeout)
+        stack.callback(run.op.close)
+        sampler.take()  # the start-up's peaks are not a step's
+        try:
+            _steps(run)
+        except _RunTimeout as e:
+            say(f"TIMEOUT: {e}")
+            run.failed = run.failed or "timeout"
+            run.checks["finished within --timeout"] = False
+
+    def summary(self, br: BenchRun, failed: bool) -> dict:
+        run = getattr(self, "run_state", None)
+        checks = run.checks if run is not None else {}
+        stopped = run.failed if run is not None else "setup"
+        summ = summarize(br.records, br.elapsed(), checks, stopped)
+        say(f"done in {br.elapsed() / 60:.1f} min: "
+            f"{'all checks passed' if summ['all_passed'] else 'NOT all checks passed'}"
+            + (f" (stopped at {stopped})" if stopped else ""))
+        return summ
+
+    def exit_code(self, br: BenchRun, summary: Optional[dict], rc: Optional[int]) -> int:
+        return 0 if summary and summary["all_passed"] else 1
 
 
-def _start(base: Path, args: argparse.Namespace, spark_conf: dict, stack: Any) -> tuple[Any, dict]:
-    from pyspark.sql import SparkSession
 
-    from rhino.coordinator.client import connect_coordinator
-
-    from rhino_testing.harness.workers import CoordinatorProcess, WorkerProcess, write_secret
-
-    root = base / "rhino"
-    root.mkdir(parents=True, exist_ok=True)
-    sf = write_secret(root)
-    coord = CoordinatorProcess(root, secret_file=sf, heartbeat_timeout=5.0)
-    coord.start()
-    stack.callback(coord.stop)
-    workers = []
-    for i in range(args.partitions):
-        w = WorkerProcess(root, f"w{i}", f"127.0.0.{args.first_host + i}", secret_file=sf, metrics=True,
-                          extra_args=["--coordinator", coord.address])
-        w.start()
-        stack.callback(w.stop)
-        workers.append(w)
-    deadline = time.monotonic() + 30
-    with connect_coordinator(coord.address, secret=sf.read_bytes().strip()) as cc:
-        while len([w for w in cc.status()["workers"] if w.get("alive", True)]) < len(workers):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the Rhino workers did not register with the coordinator in 30 s")
-            time.sleep(0.2)
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    local_dir = base / "spark-local"
-    local_dir.mkdir(parents=True, exist_ok=True)
-    b = (SparkSession.builder.master(args.master).appName("rhino-bench-big-key")
-         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-         .config("spark.sql.shuffle.partitions", str(args.partitions))
-         .config("spark.sql.session.timeZone", "UTC").config("spark.local.dir", str(local_dir)))
-    for k, v in spark_conf.items():
-        b = b.config(k, v)
-    spark = b.getOrCreate()
-    stack.callback(spark.stop)
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark, {"coordinator": coord.address, "secret_file": sf, "workers": workers, "root": root,
-                   "coordinator_process": coord}
-
-
-
-def _source_state() -> dict:
-    from .state_size import source_state
-
-    return source_state()
+def _steps(run: "Run") -> None:
+    """The steps in order; a failed step ends the run (later steps need it)."""
+    run.fill()
+    if run.failed is None:
+        origin = run.placement_instance()
+        run.read_processor("read_processor", origin)
+    if run.failed is None:
+        run.read_state_reader("read_state_reader", origin)
+    if run.failed is None:
+        _h, target = run.handover()
+        if run.failed is None and target is not None:
+            run.read_processor("read_processor_after_handover", target)
+            if run.failed is None:
+                run.read_state_reader("read_state_reader_after_handover", target)
 
 
 def summarize(records: list[dict], elapsed_s: Optional[float], checks: dict[str, bool],
@@ -874,7 +783,7 @@ def report(records: list[dict], path: str) -> None:
          f"Run at {setup.get('started')} on {machine_summary(setup.get('machine', {}))}"
          + (f"; the whole run took {el / 60:.1f} min ({el:.0f} s)." if el else "; the run did not finish."), "",
          "Parameters: " + ", ".join(f"{k}={v}" for k, v in p.items()), "",
-         _source_line(setup.get("source") or {}, summ), "",
+         source_line(setup.get("source") or {}, summ), "",
          "What runs (bench/rhino_bench/spark/big_key.py): an ordinary `StatefulProcessor` "
          "(`RecordStoreProcessor`: per key a MapState `records`, `rid long` -> `seq long, payload binary`) on "
          "`rhino.spark.transform_with_state`, one micro-batch at a time through `process_batch` (what "
@@ -934,39 +843,7 @@ def report(records: list[dict], path: str) -> None:
     Path(path).write_text("\n".join(L))
 
 
-def _source_line(src: dict, summ: Optional[dict]) -> str:
-    line = f"Code: commit {str(src.get('commit', '?'))[:12]} of {src.get('repo', '?')}"
-    mod = [m for m in src.get("modified", []) if m.startswith(("rhino/", "spark_integration/", "src/"))]
-    line += (f", with uncommitted changes to {', '.join(mod)} (diff sha256 {src.get('diff_sha256')})" if mod
-             else " (no uncommitted change to the library)")
-    changed = (summ or {}).get("source_changed_during_run")
-    if changed:
-        line += f". Changed while the run ran: {', '.join(changed)}"
-    elif summ is not None and "source_changed_during_run" in summ:
-        line += "; nothing of the library changed while the run ran"
-    return line + "."
-
-
 # ---- the command ---------------------------------------------------------------------------------
-
-
-def _from_file(args: argparse.Namespace) -> int:
-    """--from: the report of the last run recorded in a JSONL file."""
-    try:
-        recs = [json.loads(x) for x in Path(args.from_file).read_text().splitlines() if x.strip()]
-    except (OSError, ValueError) as e:
-        print(f"rhino-bench spark big-key: --from {args.from_file}: {e}", file=sys.stderr)
-        return 2
-    starts = [i for i, r in enumerate(recs) if r.get("record") == "setup"]
-    if not starts:
-        print(f"rhino-bench spark big-key: --from {args.from_file}: no setup record", file=sys.stderr)
-        return 2
-    run = recs[starts[-1]:]
-    if args.report:
-        report(run, args.report)
-    summ = next((r for r in run[::-1] if r.get("record") == "summary"), None)
-    print(json.dumps(summ if summ is not None else {"record": "summary", "missing": True}))
-    return 0
 
 
 class _RunTimeout(Exception):
@@ -974,116 +851,7 @@ class _RunTimeout(Exception):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = ap.parse_args(argv)
-    try:
-        spark_conf = parse_conf(args.spark_conf)
-    except argparse.ArgumentTypeError as e:
-        ap.error(str(e))
-    if args.value_bytes > args.batch_bytes:
-        ap.error("--value-bytes must be at most --batch-bytes")
-    if args.value_bytes > args.size:
-        ap.error("--value-bytes must be at most --size")
-    per = args.batch_bytes // args.value_bytes
-    est = per * (args.value_bytes + ENTRY_OVERHEAD_EST) + args.small_keys * args.small_entries * (
-        args.value_bytes + ENTRY_OVERHEAD_EST)
-    if est > SESSION_LIMIT:
-        ap.error(f"--batch-bytes {args.batch_bytes}: a fill batch would hold about {est} bytes of keys and values, "
-                 f"more than a worker session's {SESSION_LIMIT} bytes of uncommitted writes")
-    if args.partitions < 2:
-        ap.error("--partitions must be at least 2 (the handover moves the key to another instance)")
-    if args.first_host + args.partitions - 1 > 254:
-        ap.error("--first-host: the workers must fit 127.0.0.2..254")
-    if args.from_file:
-        return _from_file(args)
-    install_signal_handlers()
-    from rhino._machine import describe_machine
-
-    from .state_size import changed_since
-
-    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="rhino-big-key-"))
-    base.mkdir(parents=True, exist_ok=True)
-    em = Emitter(args.json, args.out)
-    command = "rhino-bench spark big-key " + " ".join(argv)
-    run_id = time.strftime("%Y%m%dT%H%M%S")
-    plan = plan_fill(args.size, args.value_bytes, args.batch_bytes)
-    parameters = {"size": args.size, "value_bytes": args.value_bytes, "batch_bytes": args.batch_bytes,
-                  "records": sum(n for _, n in plan), "fill_batches": len(plan), "small_keys": args.small_keys,
-                  "small_entries": args.small_entries, "post_handover_entries": args.post_handover_entries,
-                  "partitions": args.partitions, "replicas": args.replicas, "master": args.master,
-                  "request_timeout": args.request_timeout, "operator_id": f"big-key-{run_id}", "run_id": run_id}
-    setup = {"record": "setup", "command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-             "machine": describe_machine(str(base)), "spark_conf": spark_conf, "parameters": parameters,
-             "source": _source_state()}
-    em.emit(setup)
-    t_start = time.monotonic()
-    t_wall = time.time()
-    run: Optional[Run] = None
-    rc = 0
-
-    def _alarm(_signum: int, _frame: Any) -> None:
-        raise _RunTimeout(f"the run took longer than --timeout {args.timeout:g} s")
-
-    signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(int(args.timeout))
-    try:
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(stdout_for_json_only())
-            say(f"starting a coordinator, {args.partitions} Rhino workers at 127.0.0.{args.first_host}.. and Spark "
-                f"({args.master}) in {base}")
-            spark, cluster = _start(base, args, spark_conf, stack)
-            sampler = MemorySampler({w.id: w.pid for w in cluster["workers"]}).start()
-            stack.callback(sampler.stop)
-            run = Run(args=args, spark=spark, cluster=cluster, em=em, command=command, parameters=parameters,
-                      sampler=sampler, model=Model(args.value_bytes))
-            from rhino.spark import transform_with_state
-
-            run.op = transform_with_state(RecordStoreProcessor(args.value_bytes), key="k",
-                                          output_schema=OUTPUT_SCHEMA, operator_id=parameters["operator_id"],
-                                          coordinator=cluster["coordinator"],
-                                          secret_file=str(cluster["secret_file"]), parallelism=args.partitions,
-                                          replicas=args.replicas, locality=False,
-                                          request_timeout=args.request_timeout)
-            stack.callback(run.op.close)
-            sampler.take()  # the start-up's peaks are not a step's
-            try:
-                run.fill()
-                if run.failed is None:
-                    origin = run.placement_instance()
-                    run.read_processor("read_processor", origin)
-                if run.failed is None:
-                    run.read_state_reader("read_state_reader", origin)
-                if run.failed is None:
-                    _h, target = run.handover()
-                    if run.failed is None and target is not None:
-                        run.read_processor("read_processor_after_handover", target)
-                        if run.failed is None:
-                            run.read_state_reader("read_state_reader_after_handover", target)
-            except _RunTimeout as e:
-                say(f"TIMEOUT: {e}")
-                run.failed = run.failed or "timeout"
-                run.checks["finished within --timeout"] = False
-    finally:
-        signal.alarm(0)
-        elapsed = time.monotonic() - t_start
-        checks = run.checks if run is not None else {}
-        failed = run.failed if run is not None else "setup"
-        summ = summarize(em.records, elapsed, checks, failed)
-        summ["source_changed_during_run"] = changed_since(setup["source"]["repo"], t_wall)
-        summ["loadavg_1_5_15"] = loadavg()
-        em.emit(summ)
-        say(f"done in {elapsed / 60:.1f} min: {'all checks passed' if summ['all_passed'] else 'NOT all checks passed'}"
-            + (f" (stopped at {failed})" if failed else ""))
-        rc = 0 if summ["all_passed"] else 1
-        if args.report:
-            try:
-                report(em.records, args.report)
-            except Exception as e:  # noqa: BLE001 - the JSON lines are out already
-                say(f"report failed: {e}")
-        if not args.dir:
-            shutil.rmtree(base, ignore_errors=True)
-    return rc
+    return bench_main(BigKey(report=report), argv)
 
 
 if __name__ == "__main__":

@@ -89,14 +89,15 @@ import contextlib
 import json
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from rhino_testing.harness.warm import warm_executor
-from .common import (Emitter, host_number, install_signal_handlers, loadavg, median, non_negative_int, parse_conf,
-                     positive_float, positive_int, round_floats, say, spark_time, stdout_for_json_only)
+
+from ..frame import BenchRun, Scenario, bench_main, parser
+from .common import (Emitter, host_number, loadavg, median, non_negative_int, positive_float, positive_int,
+                     round_floats, say, spark_time)
 
 __all__ = ["main", "build_parser", "summarize", "summarize_system", "step_recovery", "rescale_windows", "plot",
            "report", "SYSTEMS", "RECOVERED_TARGET", "SPIKE_TARGET"]
@@ -140,20 +141,83 @@ def _base_events(text: str) -> Optional[int]:
     return positive_int(text)
 
 
+class Elastic(Scenario):
+    name = "spark elastic"
+    description = ("NEXMark Q8 while the input rate steps 1x -> 3x -> 1x: Rhino with the autoscaler vs Spark's "
+                   "transformWithStateInPandas with RocksDB (which cannot rescale its state), on a local 3-host "
+                   "cluster with a spare host.")
+    workdir_prefix = "rhino-spark-elastic-"
+    summary_on_failure = False
+    summary_extras = False
+
+    def flags(self, ap: argparse.ArgumentParser) -> None:
+        _flags(ap)
+
+    def check(self, ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+        if args.first_host + HOSTS > 254:
+            ap.error(f"--first-host: the {HOSTS} hosts and the spare one must fit 127.0.0.2..254")
+        if args.min_parallelism > args.max_parallelism:
+            ap.error("--min-parallelism is above --max-parallelism")
+        if args.max_parallelism > HOSTS + 1:
+            ap.error(f"--max-parallelism: at most {HOSTS + 1} (one 1-core executor per host, the spare one included)")
+        if args.replicas > HOSTS - 1:
+            ap.error(f"--replicas: at most {HOSTS - 1} on {HOSTS} hosts")
+        if args.vnodes is not None and args.vnodes < args.max_parallelism:
+            ap.error("--vnodes must be at least --max-parallelism")
+        if "rhino" not in args.systems and args.base_events is None:
+            ap.error("--base-events auto sizes the rate from the Rhino run's warm-up: give --base-events E "
+                     "without rhino")
+
+    def parameters(self, args: argparse.Namespace, run_id: str) -> dict:
+        params = {k: getattr(args, k) for k in (
+            "systems", "rates", "batches_per_step", "trigger_interval", "base_events", "base_load",
+            "warmup_batches", "warmup_events", "drain_batches", "strategy", "parallelism", "min_parallelism",
+            "max_parallelism", "utilization", "cooldown_batches", "replicas", "vnodes", "window_ms",
+            "payload_bytes", "source_partitions", "restart_batches", "first_host")}
+        params["trigger_interval_s"] = params.pop("trigger_interval")
+        return dict(params, hosts=HOSTS, spare_hosts=1)
+
+    def setup_extra(self, args: argparse.Namespace) -> dict:
+        return {"loadavg_1_5_15": loadavg()}
+
+    def run(self, br: BenchRun) -> int:
+        shared: dict[str, Any] = {"base_events": br.args.base_events}
+        failed = 0
+        for system in br.args.systems:
+            try:
+                run_system(system, br.args, br.em, br.base, br.spark_conf, shared)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as e:  # noqa: BLE001 - the other system still runs
+                failed += 1
+                say(f"{system} failed: {type(e).__name__}: {e}")
+                br.emit({"record": "error", "system": system, "error": f"{type(e).__name__}: {e}"[:2000]})
+        return 1 if failed else 0
+
+    def summary(self, br: BenchRun, failed: bool) -> list[dict]:
+        out = summarize(br.records)
+        for s in out:
+            s["elapsed_s"] = round(time.time() - br.t_wall, 1)
+            say(f"{s['system']}: recovered within {s['recovered_within_batches']} batches "
+                f"(all steps: {s['recovered_all_steps']}), rescale spike {s['rescale_spike_x']}x, "
+                f"{s['failed_batches']} failed batches, parallelism {s['parallelism_min']}..{s['parallelism_max']} "
+                f"{s['parallelism_by_step']}; targets met: {s['targets_met']}")
+        return out
+
+    def replay_records(self, records: list[dict], args: argparse.Namespace) -> list[dict]:
+        return records
+
+
+
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rhino-bench spark elastic",
-                                 description="NEXMark Q8 while the input rate steps 1x -> 3x -> 1x: Rhino with the "
-                                             "autoscaler vs Spark's transformWithStateInPandas with RocksDB (which "
-                                             "cannot rescale its state), on a local 3-host cluster with a spare host.")
+    return parser(_scenario())
+
+
+def _flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--systems", type=_systems, default=list(SYSTEMS),
                     help="rhino, spark-rocksdb or both, comma-separated (default both; Rhino runs first)")
-    ap.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
-    ap.add_argument("--out", help="append the JSON lines to this file")
-    ap.add_argument("--report", help="write a Markdown report here")
-    ap.add_argument("--plot", help="write a PNG timeline here")
-    ap.add_argument("--from", dest="from_file", metavar="JSONL",
-                    help="run nothing: the summary, --report and --plot from the lines in this file")
-    ap.add_argument("--dir", default=None, help="work directory (default: a new one under /tmp, removed after)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, checkpoints)")
     g = ap.add_argument_group("the input rate")
     g.add_argument("--rates", type=_rates, default=_rates("1,3,1"),
@@ -205,7 +269,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                    help="extra Spark conf for both systems' sessions (repeatable)")
     g.add_argument("--timeout", type=positive_float, default=1800.0, help="per system, s (default 1800)")
-    return ap
 
 
 # --------------------------------------------------------------------------- the summary (pure)
@@ -498,7 +561,9 @@ def _met(v: Optional[bool]) -> str:
     return "n/a" if v is None else ("**met**" if v else "**not met**")
 
 
-def report(records: list[dict], path: str, *, command: str, setup: dict) -> None:
+def report(records: list[dict], path: str) -> None:
+    setup = next((r for r in records[::-1] if r.get("record") == "setup"), {})
+    command = setup.get("command", "")
     from rhino._machine import machine_summary
 
     summ = {s["system"]: s for s in summarize(records)}
@@ -1091,99 +1156,12 @@ def run_system(system: str, args: argparse.Namespace, em: Emitter, base: Path, s
 # --------------------------------------------------------------------------- main
 
 
-def _from_file(args: argparse.Namespace) -> int:
-    try:
-        recs = [json.loads(x) for x in Path(args.from_file).read_text().splitlines() if x.strip()]
-    except (OSError, ValueError) as e:
-        print(f"rhino-bench spark elastic: --from {args.from_file}: {e}", file=sys.stderr)
-        return 2
-    setups = [r for r in recs if r.get("record") == "setup"]
-    for s in summarize(recs):
-        print(json.dumps(s))
-    if args.plot:
-        plot(recs, args.plot)
-    if args.report:
-        setup = dict(setups[-1]) if setups else {}
-        report(recs, args.report, command=setup.get("command", ""), setup=setup)
-    return 0
+def _scenario() -> Elastic:
+    return Elastic(summarize=summarize, report=report, plot=plot)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = ap.parse_args(argv)
-    try:
-        spark_conf = parse_conf(args.spark_conf)
-    except argparse.ArgumentTypeError as e:
-        ap.error(str(e))
-    if args.from_file:
-        return _from_file(args)
-    if args.first_host + HOSTS > 254:
-        ap.error(f"--first-host: the {HOSTS} hosts and the spare one must fit 127.0.0.2..254")
-    if args.min_parallelism > args.max_parallelism:
-        ap.error("--min-parallelism is above --max-parallelism")
-    if args.max_parallelism > HOSTS + 1:
-        ap.error(f"--max-parallelism: at most {HOSTS + 1} (one 1-core executor per host, the spare one included)")
-    if args.replicas > HOSTS - 1:
-        ap.error(f"--replicas: at most {HOSTS - 1} on {HOSTS} hosts")
-    if args.vnodes is not None and args.vnodes < args.max_parallelism:
-        ap.error("--vnodes must be at least --max-parallelism")
-    if "rhino" not in args.systems and args.base_events is None:
-        ap.error("--base-events auto sizes the rate from the Rhino run's warm-up: give --base-events E without rhino")
-    install_signal_handlers()
-    from rhino._machine import describe_machine
-
-    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="rhino-spark-elastic-"))
-    base.mkdir(parents=True, exist_ok=True)
-    em = Emitter(args.json, args.out)
-    command = "rhino-bench spark elastic " + " ".join(argv)
-    params = {k: getattr(args, k) for k in (
-        "systems", "rates", "batches_per_step", "trigger_interval", "base_events", "base_load", "warmup_batches",
-        "warmup_events", "drain_batches", "strategy", "parallelism", "min_parallelism", "max_parallelism",
-        "utilization", "cooldown_batches", "replicas", "vnodes", "window_ms", "payload_bytes", "source_partitions",
-        "restart_batches", "first_host")}
-    params["trigger_interval_s"] = params.pop("trigger_interval")
-    params["hosts"] = HOSTS
-    params["spare_hosts"] = 1
-    setup = {"record": "setup", "command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-             "machine": describe_machine(str(base)), "spark_conf": spark_conf, "parameters": params,
-             "loadavg_1_5_15": loadavg()}
-    shared: dict[str, Any] = {"base_events": args.base_events}
-    failed = 0
-    t0 = time.time()
-    try:
-        with stdout_for_json_only():
-            em.emit(setup)
-            for system in args.systems:
-                try:
-                    run_system(system, args, em, base, spark_conf, shared)
-                except (KeyboardInterrupt, SystemExit):
-                    raise
-                except Exception as e:  # noqa: BLE001 - the other system still runs
-                    failed += 1
-                    say(f"{system} failed: {type(e).__name__}: {e}")
-                    em.emit({"record": "error", "system": system, "error": f"{type(e).__name__}: {e}"[:2000]})
-            for s in summarize(em.records):
-                s["elapsed_s"] = round(time.time() - t0, 1)
-                em.emit(s)
-                say(f"{s['system']}: recovered within {s['recovered_within_batches']} batches "
-                    f"(all steps: {s['recovered_all_steps']}), rescale spike {s['rescale_spike_x']}x, "
-                    f"{s['failed_batches']} failed batches, parallelism {s['parallelism_min']}..{s['parallelism_max']} "
-                    f"{s['parallelism_by_step']}; targets met: {s['targets_met']}")
-    finally:
-        if args.plot:
-            try:
-                plot(em.records, args.plot)
-            except Exception as e:  # noqa: BLE001 - the measurements are out already
-                say(f"plot failed: {e}")
-        if args.report:
-            try:
-                report(em.records, args.report, command=command, setup=setup)
-            except Exception as e:  # noqa: BLE001
-                say(f"report failed: {e}")
-        if not args.dir and not args.keep:
-            shutil.rmtree(base, ignore_errors=True)
-    return 1 if failed else 0
+    return bench_main(_scenario(), argv)
 
 
 if __name__ == "__main__":

@@ -55,19 +55,17 @@ redraws the report and plot of a recorded run.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import shutil
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .common import (Emitter, host_number, install_signal_handlers, loadavg, median, non_negative_int, parse_conf,
-                     positive_float, positive_int, round_floats, say, stdout_for_json_only)
+from ..frame import BenchRun, Scenario, bench_main
+from ..procmem import RssSampler, _mb, cmdline, driver_jvm_pid, rss_bytes
+from .common import (host_number, loadavg, median, non_negative_int, positive_float, positive_int, round_floats,
+                     say)
 
 __all__ = ["main", "FanOutProcessor", "write_inputs", "summarize", "SYSTEMS", "RHINO_VS_SPARK_TARGET",
            "FLAT_TOLERANCE_MB", "window_bytes"]
@@ -155,173 +153,6 @@ def write_inputs(directory: Path, *, batches: int, rows: int, keys: int, seed: i
 def window_bytes(window_rows: int, fanout: int) -> int:
     """The bytes of one task window's data: its input rows and their output, as columns."""
     return window_rows * (IN_ROW_BYTES + fanout * OUT_ROW_BYTES)
-
-
-# ---- processes and their RSS, from /proc ------------------------------------------------------
-
-
-def _proc_table() -> dict[int, tuple[int, int, str, int]]:
-    """pid -> (ppid, RSS bytes, comm, CPU ticks used: utime + stime) of every process."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    out: dict[int, tuple[int, int, str, int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                text = f.read()
-        except OSError:
-            continue
-        lp, rp = text.find("("), text.rfind(")")
-        rest = text[rp + 2:].split()
-        # rest[0] is stat(5) field 3 (state): ppid is field 4, utime 14, stime 15, rss (pages) 24
-        if rest[0] in ("Z", "X"):
-            continue
-        out[int(name)] = (int(rest[1]), int(rest[21]) * page, text[lp + 1:rp], int(rest[11]) + int(rest[12]))
-    return out
-
-
-def _descendants(table: dict[int, tuple[int, int, str, int]], roots: Sequence[int]) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, *_) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    out, todo = [], list(roots)
-    while todo:
-        p = todo.pop()
-        for c in children.get(p, []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def _rss(pid: int) -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _hwm(pid: int) -> Optional[int]:
-    """VmHWM (the process's peak RSS since it started), bytes."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def driver_jvm_pid(spark: Any) -> Optional[int]:
-    """The driver's JVM (PySpark's py4j gateway), as it tells its own pid; checked to be a
-    descendant of this process (the cluster's master and workers are too, so the JVM's own
-    answer decides which one)."""
-    try:
-        pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
-    except Exception:  # noqa: BLE001 - not a local gateway
-        return None
-    return pid if pid in _descendants(_proc_table(), [os.getpid()]) else None
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return []
-
-
-class RssSampler:
-    """A thread that samples, every ``interval`` s, the RSS of the driver JVM, the executors'
-    JVMs and the executors' Python workers (their ``python`` descendants: PySpark's daemon and
-    the workers it forks); :meth:`begin` / :meth:`end` bracket one batch and return its peaks.
-
-    A batch's figures count only the workers that ran during it (their CPU time grew, or they
-    started meanwhile): an idle worker left over from another query (Spark keeps Python workers
-    for reuse) is not the batch's."""
-
-    def __init__(self, driver_pid: Optional[int], executor_pids: Sequence[int], interval: float) -> None:
-        self.driver_pid = driver_pid
-        self.executor_pids = list(executor_pids)
-        self.interval = interval
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._win: Optional[dict] = None
-        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
-
-    def start(self) -> "RssSampler":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def sample(self) -> dict:
-        table = _proc_table()
-        workers = {p: (table[p][1], table[p][3]) for p in _descendants(table, self.executor_pids)
-                   if table[p][2].startswith("python")}
-        return {"workers": workers, "driver": table[self.driver_pid][1] if self.driver_pid in table else None,
-                "executors": sum(table[p][1] for p in self.executor_pids if p in table)}
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                s = self.sample()
-            except Exception:  # noqa: BLE001 - a process that ended mid-read: the next sample
-                continue
-            with self._lock:
-                if self._win is not None:
-                    self._fold(self._win, s)
-
-    @staticmethod
-    def _fold(win: dict, s: dict) -> None:
-        win["samples"] += 1
-        w = win["w"]  # pid -> [first rss, first cpu, peak rss, last cpu]
-        for pid, (rss, cpu) in s["workers"].items():
-            if pid not in w:
-                w[pid] = [rss, cpu if win["samples"] == 1 else None, rss, cpu]
-            else:
-                w[pid][2] = max(w[pid][2], rss)
-                w[pid][3] = cpu
-        total = sum(rss for rss, _ in s["workers"].values())
-        win["worker_sum"] = max(win["worker_sum"], total)
-        win["executors"] = max(win["executors"], s["executors"])
-        if s["driver"] is not None:
-            win["driver"] = max(win["driver"] or 0, s["driver"])
-
-    def begin(self) -> None:
-        s = self.sample()
-        with self._lock:
-            self._win = {"samples": 0, "w": {}, "worker_sum": 0, "executors": 0, "driver": None}
-            self._fold(self._win, s)
-
-    def end(self) -> dict:
-        s = self.sample()
-        with self._lock:
-            win, self._win = self._win or {}, None
-        if win:
-            self._fold(win, s)
-        w = win.get("w", {})
-        # first cpu None: the worker started during the batch; else it ran if its CPU time grew
-        active = {p: v for p, v in w.items() if v[1] is None or v[3] > v[1]}
-        peak = max(active, key=lambda p: active[p][2], default=None)
-        hwm = [h for h in (_hwm(p) for p in active if p in s["workers"]) if h is not None]
-        return {"driver_rss_mb": _mb(s["driver"]), "driver_rss_max_mb": _mb(win.get("driver")),
-                "python_driver_rss_mb": _mb(_rss(os.getpid())),
-                "python_worker_peak_rss_mb": _mb(active[peak][2]) if peak is not None else None,
-                "python_worker_start_rss_mb": _mb(active[peak][0]) if peak is not None else None,
-                "python_worker_growth_mb": _mb(max((v[2] - v[0] for v in active.values()), default=0)),
-                "python_worker_peak_sum_mb": _mb(sum(v[2] for v in active.values())),
-                "python_worker_hwm_mb": _mb(max(hwm, default=0)),
-                "python_workers": len(active), "python_workers_idle": len(w) - len(active),
-                "executor_jvms_peak_rss_mb": _mb(win.get("executors")), "rss_samples": win.get("samples")}
-
-
-def _mb(x: Optional[float]) -> Optional[float]:
-    return None if x is None else round(x / _MB, 1)
 
 
 # ---- one system's run -------------------------------------------------------------------------
@@ -798,21 +629,95 @@ def _systems(text: str) -> list[str]:
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rhino-bench spark output",
-                                 description="A stateful operator with 10 rows out per row in: output rows/s, the "
-                                             "driver's RSS (spark.driver.memory=1g) and the Python workers' peak "
-                                             "RSS, Rhino vs Spark's transformWithStateInPandas with RocksDB, on one "
-                                             "local 3-host cluster (--hosts).")
-    ap.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
-    ap.add_argument("--out", help="append the JSON lines to this file")
-    ap.add_argument("--plot", help="write a PNG here")
-    ap.add_argument("--report", help="write a Markdown report here")
-    ap.add_argument("--from", dest="from_file", metavar="FILE",
-                    help="no run: the report and plot of the newest run recorded in this JSONL")
+class Output(Scenario):
+    name = "spark output"
+    description = ("A stateful operator with 10 rows out per row in: output rows/s, the driver's RSS "
+                   "(spark.driver.memory=1g) and the Python workers' peak RSS, Rhino vs Spark's "
+                   "transformWithStateInPandas with RocksDB, on one local 3-host cluster (--hosts).")
+    workdir_prefix = "rhino-spark-output-"
+    summary_on_failure = False
+    setup_late = True  # with the driver JVM's pid and -Xmx, once the cluster is up
+
+    def flags(self, ap: argparse.ArgumentParser) -> None:
+        _flags(ap)
+
+    def check(self, ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+        if args.first_host + args.hosts - 1 > 254:
+            ap.error(f"--first-host: the cluster's {args.hosts} hosts must fit 127.0.0.2..254")
+        if args.replicas > args.hosts - 1:
+            ap.error(f"--replicas {args.replicas}: an instance's replicas live on other hosts, so at most "
+                     f"--hosts - 1 = {args.hosts - 1}")
+
+    def parameters(self, args: argparse.Namespace, run_id: str) -> dict:
+        return {"systems": args.systems, "input_rows": args.input_rows, "fanout": args.fanout, "keys": args.keys,
+                "batches": args.batches, "warmup": args.warmup, "window_rows": args.window_rows,
+                "parallelism": args.parallelism, "replicas": args.replicas, "hosts": args.hosts,
+                "first_host": args.first_host, "sample_interval": args.sample_interval, "seed": args.seed,
+                "run_id": run_id, "rhino_output": args.rhino_output}
+
+    def setup_extra(self, args: argparse.Namespace) -> dict:
+        conf = dict(DRIVER_CONF, **{"spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+                                    "spark.sql.session.timeZone": "UTC"})
+        conf.update(args.spark_conf_dict)
+        return {"spark_conf": conf, "loadavg_1_5_15": loadavg()}
+
+    def run(self, br: BenchRun) -> None:
+        from rhino_testing.harness.spark_cluster import LocalCluster
+
+        args, base, stack = br.args, br.base, br.stack
+        n = args.warmup + args.batches
+        input_dir = base / "input"
+        say(f"writing {n} Parquet files of {args.input_rows:,} rows ({args.keys:,} keys) to {input_dir}")
+        expected_in = write_inputs(input_dir, batches=n, rows=args.input_rows, keys=args.keys, seed=args.seed)
+        say(f"starting a {args.hosts}-host cluster at 127.0.0.{args.first_host}")
+        cl = stack.enter_context(LocalCluster.up(base / "cluster", hosts=args.hosts, first_host=args.first_host))
+        spark = cl.spark_session("rhino-bench-output", **br.setup["spark_conf"])
+        stack.callback(spark.stop)
+        spark.sparkContext.setLogLevel("ERROR")
+        jvm = driver_jvm_pid(spark)
+        br.setup.update(driver_jvm_pid=jvm, driver_jvm_xmx=_xmx(jvm),
+                        driver_rss_start_mb=_mb(rss_bytes(jvm) if jvm else None), executor_pids=cl.executor_pids())
+        br.setup = round_floats(br.setup)
+        br.emit(br.setup)
+        sampler = RssSampler(jvm, cl.executor_pids(), args.sample_interval).start()
+        stack.callback(sampler.stop)
+        for system in args.systems:
+            say(f"{system}: {n} batches of {args.input_rows:,} rows in, {args.fanout * args.input_rows:,} out")
+            work = base / f"work-{system}"
+            t1 = time.monotonic()
+            recs = run_system(spark, cl, system=system, args=args, input_dir=input_dir, work=work,
+                              sampler=sampler, operator_id=f"output-{br.run_id}")
+            bl = batch_records(system, recs, warmup=args.warmup, fanout=args.fanout, expected_in=expected_in)
+            for b in bl:
+                br.emit(b)
+                say(f"  {system} batch {b['batch']}: {b['output_rows']:,} rows out in {b['trigger_s']} s "
+                    f"({(b['rows_per_s'] or 0) / 1e6:.2f}M rows/s), driver JVM {b['driver_rss_mb']} MiB, "
+                    f"largest Python worker {b['python_worker_peak_rss_mb']} MiB")
+            sr = system_record(system, bl)
+            sr["wall_s"] = round(time.monotonic() - t1, 1)
+            br.emit(sr)
+            shutil.rmtree(work, ignore_errors=True)
+
+    def replay_records(self, records: list[dict], args: argparse.Namespace) -> list[dict]:
+        """The newest run, or run ``--run-id``: from its setup record to the next run's."""
+        starts = [i for i, r in enumerate(records) if r.get("record") == "setup"
+                  and (args.run_id is None or (r.get("parameters") or {}).get("run_id") == args.run_id)]
+        if not starts:
+            return []
+        run = [records[starts[-1]]]
+        for r in records[starts[-1] + 1:]:
+            if r.get("record") == "setup":
+                break
+            run.append(r)
+        return run
+
+
+
+
+
+def _flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--run-id", default=None,
                     help="with --from: this run (its setup's parameters.run_id) instead of the newest")
-    ap.add_argument("--dir", default=None, help="work directory (default: a new one under /tmp)")
     ap.add_argument("--systems", type=_systems, default=list(SYSTEMS),
                     help=f"comma-separated, run in this order, from {', '.join(SYSTEMS)} (default all)")
     ap.add_argument("--input-rows", type=positive_int, default=2_000_000, help="input rows per batch (default 2M)")
@@ -836,136 +741,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                     help="extra Spark conf for both systems (repeatable)")
     ap.add_argument("--timeout", type=positive_float, default=3600.0, help="per system, s (default 3600)")
-    return ap
-
-
-def _from_file(args: argparse.Namespace) -> int:
-    try:
-        recs = [json.loads(x) for x in Path(args.from_file).read_text().splitlines() if x.strip()]
-    except (OSError, ValueError) as e:
-        print(f"rhino-bench spark output: --from {args.from_file}: {e}", file=sys.stderr)
-        return 2
-    starts = [i for i, r in enumerate(recs) if r.get("record") == "setup"
-              and (args.run_id is None or (r.get("parameters") or {}).get("run_id") == args.run_id)]
-    if not starts:
-        print(f"rhino-bench spark output: --from {args.from_file}: no setup record"
-              + (f" of run {args.run_id}" if args.run_id else ""), file=sys.stderr)
-        return 2
-    run = [recs[starts[-1]]]
-    for r in recs[starts[-1] + 1:]:  # up to the next run's setup
-        if r.get("record") == "setup":
-            break
-        run.append(r)
-    if args.plot:
-        plot(run, args.plot)
-    if args.report:
-        report(run, args.report)
-    print(json.dumps(summarize(run)))
-    return 0
 
 
 def _xmx(pid: Optional[int]) -> Optional[str]:
     if pid is None:
         return None
-    return next((a for a in _cmdline(pid) if a.startswith("-Xmx")), None)
+    return next((a for a in cmdline(pid) if a.startswith("-Xmx")), None)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = ap.parse_args(argv)
-    try:
-        spark_conf = parse_conf(args.spark_conf)
-    except argparse.ArgumentTypeError as e:
-        ap.error(str(e))
-    if args.first_host + args.hosts - 1 > 254:
-        ap.error(f"--first-host: the cluster's {args.hosts} hosts must fit 127.0.0.2..254")
-    if args.replicas > args.hosts - 1:
-        ap.error(f"--replicas {args.replicas}: an instance's replicas live on other hosts, so at most "
-                 f"--hosts - 1 = {args.hosts - 1}")
-    if args.from_file:
-        return _from_file(args)
-    install_signal_handlers()
-    from rhino._machine import describe_machine
-
-    from rhino_testing.harness.spark_cluster import LocalCluster
-    from .state_size import changed_since, source_state
-
-    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="rhino-spark-output-"))
-    base.mkdir(parents=True, exist_ok=True)
-    em = Emitter(args.json, args.out)
-    command = "rhino-bench spark output " + " ".join(argv)
-    run_id = time.strftime("%Y%m%dT%H%M%S")
-    conf = dict(DRIVER_CONF, **{"spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
-                                "spark.sql.session.timeZone": "UTC"})
-    conf.update(spark_conf)
-    n = args.warmup + args.batches
-    params = {"systems": args.systems, "input_rows": args.input_rows, "fanout": args.fanout, "keys": args.keys,
-              "batches": args.batches, "warmup": args.warmup, "window_rows": args.window_rows,
-              "parallelism": args.parallelism, "replicas": args.replicas, "hosts": args.hosts, "first_host": args.first_host,
-              "sample_interval": args.sample_interval, "seed": args.seed, "run_id": run_id,
-              "rhino_output": args.rhino_output}
-    setup: dict[str, Any] = {"record": "setup", "command": command,
-                             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                             "machine": describe_machine(str(base)), "spark_conf": conf, "parameters": params,
-                             "loadavg_1_5_15": loadavg(), "source": source_state()}
-    t_wall = time.time()
-    t0 = time.monotonic()
-    elapsed: Optional[float] = None
-    try:
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(stdout_for_json_only())
-            input_dir = base / "input"
-            say(f"writing {n} Parquet files of {args.input_rows:,} rows ({args.keys:,} keys) to {input_dir}")
-            expected_in = write_inputs(input_dir, batches=n, rows=args.input_rows, keys=args.keys, seed=args.seed)
-            say(f"starting a {args.hosts}-host cluster at 127.0.0.{args.first_host}")
-            cl = stack.enter_context(LocalCluster.up(base / "cluster", hosts=args.hosts,
-                                                     first_host=args.first_host))
-            spark = cl.spark_session("rhino-bench-output", **conf)
-            stack.callback(spark.stop)
-            spark.sparkContext.setLogLevel("ERROR")
-            jvm = driver_jvm_pid(spark)
-            setup.update(driver_jvm_pid=jvm, driver_jvm_xmx=_xmx(jvm), driver_rss_start_mb=_mb(_rss(jvm) if jvm else None),
-                         executor_pids=cl.executor_pids())
-            em.emit(round_floats(setup))
-            sampler = RssSampler(jvm, cl.executor_pids(), args.sample_interval).start()
-            stack.callback(sampler.stop)
-            for system in args.systems:
-                say(f"{system}: {n} batches of {args.input_rows:,} rows in, {args.fanout * args.input_rows:,} out")
-                work = base / f"work-{system}"
-                t1 = time.monotonic()
-                recs = run_system(spark, cl, system=system, args=args, input_dir=input_dir, work=work,
-                                  sampler=sampler, operator_id=f"output-{run_id}")
-                bl = batch_records(system, recs, warmup=args.warmup, fanout=args.fanout, expected_in=expected_in)
-                for b in bl:
-                    em.emit(b)
-                    say(f"  {system} batch {b['batch']}: {b['output_rows']:,} rows out in {b['trigger_s']} s "
-                        f"({(b['rows_per_s'] or 0) / 1e6:.2f}M rows/s), driver JVM {b['driver_rss_mb']} MiB, "
-                        f"largest Python worker {b['python_worker_peak_rss_mb']} MiB")
-                sr = system_record(system, bl)
-                sr["wall_s"] = round(time.monotonic() - t1, 1)
-                em.emit(sr)
-                shutil.rmtree(work, ignore_errors=True)
-        elapsed = time.monotonic() - t0
-        summ = summarize(em.records)
-        summ["elapsed_s"] = round(elapsed, 1)
-        summ["loadavg_1_5_15"] = loadavg()
-        summ["source_changed_during_run"] = changed_since(setup["source"]["repo"], t_wall)
-        em.emit(summ)
-    finally:
-        if args.plot:
-            try:
-                plot(em.records, args.plot)
-            except Exception as e:  # noqa: BLE001 - the measurements are out already
-                say(f"plot failed: {e}")
-        if args.report:
-            try:
-                report(em.records, args.report)
-            except Exception as e:  # noqa: BLE001
-                say(f"report failed: {e}")
-        if not args.dir:
-            shutil.rmtree(base, ignore_errors=True)
-    return 0
+    return bench_main(Output(summarize=summarize, report=report, plot=plot), argv)
 
 
 if __name__ == "__main__":

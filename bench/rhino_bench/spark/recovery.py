@@ -88,7 +88,6 @@ disk here: its "fetch" is a local file copy, which favours the baseline.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import threading
@@ -96,8 +95,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .common import (Emitter, fraction, host_number, install_signal_handlers, median, parse_conf, positive_float,
-               positive_int, say, spark_rest, spark_time)
+from ..frame import BenchRun, Scenario, bench_main, spark_flags
+from .common import fraction, median, positive_float, positive_int, say, spark_rest, spark_time
 
 __all__ = ["main", "run_one", "SPEEDUP_TARGET", "FLAT_TARGET", "LOCALITY_TARGET"]
 
@@ -142,46 +141,100 @@ def _systems(text: str) -> list[str]:
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rhino-bench spark recovery",
-                                 description="Recovery of NEXMark Q8 after a host is SIGKILLed mid-batch: Rhino "
-                                             "vs Spark's transformWithStateInPandas with the RocksDB state store.")
-    ap.add_argument("--sizes", type=_sizes, default=_sizes("1G,2G,4G"),
-                    help="state sizes at which a host is killed (default 1G,2G,4G)")
-    ap.add_argument("--systems", type=_systems, default=["rhino", "spark-rocksdb", "spark-rocksdb-changelog"],
-                    help="comma-separated, from rhino, spark-rocksdb (Spark's default: a snapshot per commit), "
-                         "spark-rocksdb-changelog (changelog checkpointing on) (default all three)")
-    ap.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
-    ap.add_argument("--out", help="append the JSON lines to this file")
-    ap.add_argument("--plot", help="write a PNG of the breakdown here")
-    ap.add_argument("--report", help="write a Markdown report here")
-    ap.add_argument("--dir", default=None, help="work directory (default: a new one under /tmp)")
-    ap.add_argument("--keep", action="store_true", help="keep each run's directory (state, logs)")
-    ap.add_argument("--events-per-batch", type=positive_int, default=100_000)
-    ap.add_argument("--payload-bytes", type=positive_int, default=8192,
-                    help="Person and Auction payload bytes (default 8192)")
-    ap.add_argument("--parallelism", type=positive_int, default=3, help="Rhino instances (default 3)")
-    ap.add_argument("--replicas", type=positive_int, default=2, help="Rhino's r (default 2)")
-    ap.add_argument("--input-copies", type=positive_int, default=2, choices=(1, 2, 3),
-                    help="Rhino's input_copies: each batch's routed input cached on this many executors, so "
-                         "a lost host's map output is rebuilt from a copy, not the source (default 2; 1 = off)")
-    ap.add_argument("--heartbeat-timeout", type=positive_float, default=2.0,
-                    help="Rhino coordinator's heartbeat timeout, s (default 2.0)")
-    ap.add_argument("--first-host", type=host_number, default=60, help="hosts are 127.0.0.N.. (default 60)")
-    ap.add_argument("--kill-host", type=positive_int, default=2, help="host number (1..3) to kill (default 2)")
-    ap.add_argument("--kill-at", type=fraction, default=0.5,
-                    help="the kill lands this fraction of the way through the killed host's stateful task (by "
-                         "its duration in the last batch) (default 0.5)")
-    ap.add_argument("--after-batches", type=positive_int, default=2,
-                    help="batches to complete after the kill before stopping (default 2)")
-    ap.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
-                    help="extra Spark conf for both systems' sessions (repeatable); default: Spark's defaults")
-    ap.add_argument("--trials", type=positive_int, default=1,
-                    help="runs per size and system, interleaved; the summary compares medians (default 1)")
-    ap.add_argument("--timeout", type=positive_float, default=3600.0, help="per run, s (default 3600)")
-    ap.add_argument("--from", dest="from_file", metavar="JSONL",
-                    help="run nothing: write --report/--plot (and print the summary) from the records in this file")
-    return ap
+class Recovery(Scenario):
+    name = "spark recovery"
+    description = ("Recovery of NEXMark Q8 after a host is SIGKILLed mid-batch: Rhino vs Spark's "
+                   "transformWithStateInPandas with the RocksDB state store.")
+    workdir_prefix = "rhino-spark-recovery-"
+    spark = False  # each run's cluster has a session of its own
+    summary_on_failure = False
+    summary_extras = False
+
+    def flags(self, ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--sizes", type=_sizes, default=_sizes("1G,2G,4G"),
+                        help="state sizes at which a host is killed (default 1G,2G,4G)")
+        ap.add_argument("--systems", type=_systems, default=["rhino", "spark-rocksdb", "spark-rocksdb-changelog"],
+                        help="comma-separated, from rhino, spark-rocksdb (Spark's default: a snapshot per commit), "
+                             "spark-rocksdb-changelog (changelog checkpointing on) (default all three)")
+        ap.add_argument("--keep", action="store_true", help="keep each run's directory (state, logs)")
+        ap.add_argument("--events-per-batch", type=positive_int, default=100_000)
+        ap.add_argument("--payload-bytes", type=positive_int, default=8192,
+                        help="Person and Auction payload bytes (default 8192)")
+        ap.add_argument("--parallelism", type=positive_int, default=3, help="Rhino instances (default 3)")
+        ap.add_argument("--replicas", type=positive_int, default=2, help="Rhino's r (default 2)")
+        ap.add_argument("--input-copies", type=positive_int, default=2, choices=(1, 2, 3),
+                        help="Rhino's input_copies: each batch's routed input cached on this many executors, so "
+                             "a lost host's map output is rebuilt from a copy, not the source (default 2; 1 = off)")
+        ap.add_argument("--heartbeat-timeout", type=positive_float, default=2.0,
+                        help="Rhino coordinator's heartbeat timeout, s (default 2.0)")
+        spark_flags(ap, first_host=60, master=None,
+                    conf_help="extra Spark conf for both systems' sessions (repeatable); default: Spark's defaults")
+        ap.add_argument("--kill-host", type=positive_int, default=2, help="host number (1..3) to kill (default 2)")
+        ap.add_argument("--kill-at", type=fraction, default=0.5,
+                        help="the kill lands this fraction of the way through the killed host's stateful task (by "
+                             "its duration in the last batch) (default 0.5)")
+        ap.add_argument("--after-batches", type=positive_int, default=2,
+                        help="batches to complete after the kill before stopping (default 2)")
+        ap.add_argument("--trials", type=positive_int, default=1,
+                        help="runs per size and system, interleaved; the summary compares medians (default 1)")
+        ap.add_argument("--timeout", type=positive_float, default=3600.0, help="per run, s (default 3600)")
+
+    def check(self, ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+        if CHANGELOG_CONF in args.spark_conf_dict:
+            ap.error(f"--spark-conf {CHANGELOG_CONF}: each Spark system sets it (spark-rocksdb: false, "
+                     "spark-rocksdb-changelog: true); choose them with --systems")
+        if not 1 <= args.kill_host <= 3:
+            ap.error(f"--kill-host {args.kill_host}: the cluster has hosts 1..3")
+        if args.first_host + 2 > 254:
+            ap.error("--first-host: the cluster's 3 hosts must fit 127.0.0.2..254")
+        if args.replicas > 2:
+            ap.error(f"--replicas {args.replicas}: at most 2 on 3 hosts")
+
+    def parameters(self, args: argparse.Namespace, run_id: str) -> dict:
+        return {"sizes": args.sizes, "systems": args.systems, "events_per_batch": args.events_per_batch,
+                "payload_bytes": args.payload_bytes, "window_ms": HUGE_WINDOW_MS, "parallelism": args.parallelism,
+                "replicas": args.replicas, "input_copies": args.input_copies,
+                "heartbeat_timeout": args.heartbeat_timeout, "kill_host": args.kill_host, "kill_at": args.kill_at,
+                "after_batches": args.after_batches, "trials": args.trials, "hosts": 3,
+                "first_host": args.first_host}
+
+    def run(self, br: BenchRun) -> int:
+        args = br.args
+        failed = 0
+        for size, trial, system in [(size, trial, system) for size in args.sizes for trial in range(args.trials)
+                                    for system in args.systems]:
+            d = br.base / (f"{system}-{size}" + (f"-t{trial}" if args.trials > 1 else ""))
+            t0 = time.time()
+            try:
+                rec = run_one(system=system, size=size, workdir=d, args=args, spark_conf=br.spark_conf)
+                rec["wall_s"] = round(time.time() - t0, 1)
+                rec["trial"] = trial
+                br.emit(rec)
+                say(f"{system} {size / 2**30:g} GiB: recovery {rec['recovery_s']:.2f} s, state restore "
+                    f"{rec.get('state_restore_s')} s, detection {rec.get('detection_s')} s")
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as e:
+                failed += 1
+                say(f"{system} {size} failed: {type(e).__name__}: {e}")
+                br.emit({"record": "error", "system": system, "size_bytes": size,
+                         "error": f"{type(e).__name__}: {e}"[:2000]})
+            finally:
+                if not args.keep:
+                    shutil.rmtree(d, ignore_errors=True)
+        return 1 if failed else 0
+
+    def replay_records(self, records: list[dict], args: argparse.Namespace) -> list[dict]:
+        """All the file's runs, combined (the medians over their trials); one setup record whose
+        command names them all."""
+        setups = [r for r in records if r.get("record") == "setup"]
+        setup = dict(setups[-1]) if setups else {}
+        if len(setups) > 1:
+            setup["command"] = " ; ".join(s.get("command", "") for s in setups)
+        return [setup] + [r for r in records if r.get("record") in ("recovery", "error")] if setups else []
+
+
+
 
 
 # --------------------------------------------------------------------------- one run
@@ -787,9 +840,11 @@ def plot(records: list[dict], path: str) -> None:
     plt.close(fig)
 
 
-def report(records: list[dict], path: str, *, command: str, setup: dict) -> None:
+def report(records: list[dict], path: str) -> None:
     from rhino._machine import machine_summary
 
+    setup = next((r for r in records if r.get("record") == "setup"), {})
+    command = setup.get("command", "")
     rr = sorted((r for r in records if _valid(r)), key=lambda r: (r["size_bytes"], r["system"]))
     summ = summarize(records)
     L = ["# Spark recovery: NEXMark Q8 after a host loss, Rhino vs Spark's RocksDB state store", "",
@@ -883,104 +938,8 @@ def report(records: list[dict], path: str, *, command: str, setup: dict) -> None
 # --------------------------------------------------------------------------- main
 
 
-def _from_file(args: argparse.Namespace) -> int:
-    try:
-        recs = [json.loads(x) for x in Path(args.from_file).read_text().splitlines() if x.strip()]
-    except (OSError, ValueError) as e:
-        print(f"rhino-bench spark recovery: --from {args.from_file}: {e}", file=sys.stderr)
-        return 2
-    setups = [r for r in recs if r.get("record") == "setup"]
-    rows = [r for r in recs if r.get("record") in ("recovery", "error")]
-    summ = summarize(rows)
-    print(json.dumps(summ))
-    if args.plot:
-        plot(rows, args.plot)
-    if args.report:
-        setup = dict(setups[-1]) if setups else {}
-        if len(setups) > 1:
-            setup["command"] = " ; ".join(s.get("command", "") for s in setups)
-        report(rows, args.report, command=setup.get("command", ""), setup=setup)
-    return 0
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = build_parser()
-    args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
-    try:
-        spark_conf = parse_conf(args.spark_conf)
-    except argparse.ArgumentTypeError as e:
-        ap.error(str(e))
-    if CHANGELOG_CONF in spark_conf:
-        ap.error(f"--spark-conf {CHANGELOG_CONF}: each Spark system sets it (spark-rocksdb: false, "
-                 "spark-rocksdb-changelog: true); choose them with --systems")
-    if not 1 <= args.kill_host <= 3:
-        ap.error(f"--kill-host {args.kill_host}: the cluster has hosts 1..3")
-    if args.first_host + 2 > 254:
-        ap.error("--first-host: the cluster's 3 hosts must fit 127.0.0.2..254")
-    if args.replicas > 2:
-        ap.error(f"--replicas {args.replicas}: at most 2 on 3 hosts")
-    if args.from_file:
-        return _from_file(args)
-    install_signal_handlers()
-    from rhino._machine import describe_machine
-
-    import tempfile
-
-    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="rhino-spark-recovery-"))
-    base.mkdir(parents=True, exist_ok=True)
-    em = Emitter(args.json, args.out)
-    command = "rhino-bench spark recovery " + " ".join(list(sys.argv[1:] if argv is None else argv))
-    setup = {"record": "setup", "command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-             "machine": describe_machine(str(base)), "spark_conf": spark_conf,
-             "parameters": {"sizes": args.sizes, "systems": args.systems, "events_per_batch": args.events_per_batch,
-                            "payload_bytes": args.payload_bytes, "window_ms": HUGE_WINDOW_MS,
-                            "parallelism": args.parallelism, "replicas": args.replicas,
-                            "input_copies": args.input_copies,
-                            "heartbeat_timeout": args.heartbeat_timeout, "kill_host": args.kill_host,
-                            "kill_at": args.kill_at, "after_batches": args.after_batches, "trials": args.trials,
-                            "hosts": 3,
-                            "first_host": args.first_host}}
-    em.emit(setup)
-    failed = 0
-    try:
-        runs = [(size, trial, system) for size in args.sizes for trial in range(args.trials)
-                for system in args.systems]
-        for size, trial, system in runs:
-            d = base / (f"{system}-{size}" + (f"-t{trial}" if args.trials > 1 else ""))
-            t0 = time.time()
-            try:
-                rec = run_one(system=system, size=size, workdir=d, args=args, spark_conf=spark_conf)
-                rec["wall_s"] = round(time.time() - t0, 1)
-                rec["trial"] = trial
-                em.emit(rec)
-                say(f"{system} {size / 2**30:g} GiB: recovery {rec['recovery_s']:.2f} s, state restore "
-                    f"{rec.get('state_restore_s')} s, detection {rec.get('detection_s')} s")
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except Exception as e:
-                failed += 1
-                say(f"{system} {size} failed: {type(e).__name__}: {e}")
-                em.emit({"record": "error", "system": system, "size_bytes": size,
-                         "error": f"{type(e).__name__}: {e}"[:2000]})
-            finally:
-                if not args.keep:
-                    shutil.rmtree(d, ignore_errors=True)
-        summ = summarize(em.records)
-        em.emit(summ)
-    finally:
-        if args.plot:
-            try:
-                plot(em.records, args.plot)
-            except Exception as e:
-                say(f"plot failed: {e}")
-        if args.report:
-            try:
-                report(em.records, args.report, command=command, setup=setup)
-            except Exception as e:
-                say(f"report failed: {e}")
-        if not args.dir and not args.keep:
-            shutil.rmtree(base, ignore_errors=True)
-    return 1 if failed else 0
+    return bench_main(Recovery(summarize=summarize, report=report, plot=plot), argv)
 
 
 if __name__ == "__main__":

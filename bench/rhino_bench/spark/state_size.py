@@ -63,21 +63,20 @@ checkpointing) unless ``--spark-conf``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
 import random
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .common import (Emitter, host_number, install_signal_handlers, loadavg, median, non_negative_int, parse_conf,
-                     percentile, positive_float, positive_int, round_floats, say, stdout_for_json_only)
+from ..frame import (BenchRun, RhinoCluster, Scenario, bench_main, source_line, spark_flags, spark_session,
+                     start_rhino)
+from .common import loadavg, median, non_negative_int, percentile, positive_float, positive_int, round_floats, say
 
 __all__ = ["main", "BigKeyProcessor", "plan_batches", "summarize", "SYSTEMS", "KINDS", "TARGET_FLAT",
            "DirBytes", "parse_entries"]
@@ -526,46 +525,6 @@ def measurement(res: RunResult, plan: list[Batch], *, command: str, parameters: 
     return round_floats(rec)
 
 
-def source_state() -> dict:
-    """The code this run imports: the repository of the ``rhino`` package, its commit, and the
-    files that differ from it (an editable install runs the working tree as it is)."""
-    import subprocess
-
-    import rhino
-
-    repo = Path(rhino.__file__).resolve().parents[1]
-    out: dict[str, Any] = {"repo": str(repo)}
-    try:
-        git = ["git", "-C", str(repo)]
-        out["commit"] = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True,
-                                       check=True).stdout.strip()
-        st = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                            text=True, check=True).stdout
-        out["modified"] = sorted(line[3:] for line in st.splitlines() if line.strip())
-        diff = subprocess.run(git + ["diff", "HEAD"], capture_output=True, check=True).stdout
-        out["diff_sha256"] = hashlib.sha256(diff).hexdigest()[:16] if diff else None
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return out
-
-
-def changed_since(repo: str, t0: float) -> list[str]:
-    """Python files of the library (rhino/, spark_integration/) modified after ``t0``: code that
-    changed under a running benchmark (its Spark workers may have imported either version)."""
-    from rhino import _core
-
-    out = []
-    files = [p for sub in ("rhino", "spark_integration") for p in Path(repo, sub).rglob("*.py")]
-    for p in files + [Path(_core.__file__)]:  # and the extension (a rebuild replaces it)
-        try:
-            if p.stat().st_mtime > t0:
-                out.append(str(p.relative_to(repo)) if p.is_relative_to(repo) else str(p))
-        except OSError:
-            continue
-    return sorted(out)
-
-
-
 def summarize(records: list[dict]) -> dict:
     """The targets, from the measurement lines of one run."""
     ms = [r for r in records if r.get("record") == "measurement"]
@@ -669,23 +628,13 @@ def _fmt_bytes(x: Any) -> str:
     return str(x)
 
 
-def _source_line(src: dict, summ: Optional[dict]) -> str:
-    line = f"Code: commit {src.get('commit', '?')[:12]} of {src.get('repo', '?')}"
-    mod = [m for m in src.get("modified", []) if m.startswith(("rhino/", "spark_integration/"))]
-    line += (f", with uncommitted changes to {', '.join(mod)} (diff sha256 {src.get('diff_sha256')})" if mod
-             else " (no uncommitted change to the library)")
-    changed = (summ or {}).get("source_changed_during_run")
-    if changed:
-        line += f". Changed while the run ran: {', '.join(changed)}"
-    elif summ is not None and "source_changed_during_run" in summ:
-        line += "; nothing of the library changed while the run ran"
-    return line + "."
-
-
-def report(records: list[dict], path: str, *, command: str, setup: dict, elapsed_s: Optional[float]) -> None:
+def report(records: list[dict], path: str) -> None:
     from rhino._machine import machine_summary
 
+    setup = next((r for r in records if r.get("record") == "setup"), {})
+    command = setup.get("command", "")
     summ_rec = next((r for r in records[::-1] if r.get("record") == "summary"), None)
+    elapsed_s = (summ_rec or {}).get("elapsed_s")
 
     ms = sorted((r for r in records if r.get("record") == "measurement"),
                 key=lambda r: (r["kind"], r["entries"], r["system"]))
@@ -699,7 +648,7 @@ def report(records: list[dict], path: str, *, command: str, setup: dict, elapsed
          f"Run at {setup.get('started')} on {machine_summary(setup.get('machine', {}))}"
          + (f"; the whole run took {elapsed_s / 60:.1f} min." if elapsed_s else "."), "",
          "Parameters: " + ", ".join(f"{k}={v}" for k, v in setup.get("parameters", {}).items()), "",
-         _source_line(setup.get("source") or {}, summ_rec), "",
+         source_line(setup.get("source") or {}, summ_rec), "",
          "Spark settings: " + (", ".join(f"`{k}={v}`" for k, v in setup.get("spark_conf", {}).items())
                                or "Spark's defaults") + " (besides the RocksDB provider, the session's "
          "`spark.sql.shuffle.partitions` = Rhino's instances, UTC).", "",
@@ -805,99 +754,98 @@ def _choices(allowed: Sequence[str], what: str) -> Any:
     return parse
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rhino-bench spark state-size",
-                                 description="Per-batch time and bytes written when each micro-batch touches one "
-                                             "key holding N MapState or ListState entries: Rhino vs Spark's "
-                                             "transformWithStateInPandas with RocksDB, same processor, same run.")
-    ap.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
-    ap.add_argument("--out", help="append the JSON lines to this file")
-    ap.add_argument("--plot", help="write a PNG here (batch_s and bytes_written vs N)")
-    ap.add_argument("--report", help="write a Markdown report here")
-    ap.add_argument("--dir", default=None, help="work directory (default: a new one under /tmp, removed at the end)")
-    ap.add_argument("--entries", type=parse_entries, default=[1_000, 100_000, 1_000_000],
-                    help="entries in the big key, comma-separated (default 1k,100k,1M)")
-    ap.add_argument("--kinds", type=_choices(KINDS, "kind"), default=list(KINDS), help="map,list (default both)")
-    ap.add_argument("--systems", type=_choices(SYSTEMS, "system"), default=list(SYSTEMS),
-                    help="rhino,spark-rocksdb (default both)")
-    ap.add_argument("--batches", type=positive_int, default=10, help="measured batches per run (default 10)")
-    ap.add_argument("--warmup", type=non_negative_int, default=2,
-                    help="touch batches run before the measured ones, not counted (default 2)")
-    ap.add_argument("--fill-chunk", type=positive_int, default=100_000,
-                    help="entries added per fill batch (default 100000)")
-    ap.add_argument("--small-keys", type=non_negative_int, default=100,
-                    help="other keys touched in every measured batch (default 100)")
-    ap.add_argument("--partitions", type=positive_int, default=2,
-                    help="Spark's shuffle partitions = Rhino's instances (default 2)")
-    ap.add_argument("--replicas", type=non_negative_int, default=2, help="Rhino's r (default 2)")
-    ap.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
-    ap.add_argument("--first-host", type=host_number, default=70, help="Rhino workers on 127.0.0.N.. (default 70)")
-    ap.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
-                    help="extra Spark conf (repeatable); default: Spark's defaults")
-    ap.add_argument("--seed", type=int, default=7, help="which entries the touches pick (default 7)")
-    ap.add_argument("--from", dest="from_file", metavar="JSONL",
-                    help="run nothing: write --report/--plot (and print the summary) from the newest run in this "
-                         "file (by run_id)")
-    ap.add_argument("--no-warmup-run", dest="warmup_run", action="store_false",
-                    help="skip the discarded first run of each system and kind (N=100) that warms up the JVM, "
-                         "Spark's Python workers and the workers' connections")
-    ap.add_argument("--timeout", type=positive_float, default=3600.0, help="per run, s (default 3600)")
-    return ap
+class StateSize(Scenario):
+    name = "spark state-size"
+    description = ("Per-batch time and bytes written when each micro-batch touches one key holding N MapState or "
+                   "ListState entries: Rhino vs Spark's transformWithStateInPandas with RocksDB, same processor, "
+                   "same run.")
+    workdir_prefix = "rhino-state-size-"
+    summary_on_failure = False
+
+    def flags(self, ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--entries", type=parse_entries, default=[1_000, 100_000, 1_000_000],
+                        help="entries in the big key, comma-separated (default 1k,100k,1M)")
+        ap.add_argument("--kinds", type=_choices(KINDS, "kind"), default=list(KINDS), help="map,list (default both)")
+        ap.add_argument("--systems", type=_choices(SYSTEMS, "system"), default=list(SYSTEMS),
+                        help="rhino,spark-rocksdb (default both)")
+        ap.add_argument("--batches", type=positive_int, default=10, help="measured batches per run (default 10)")
+        ap.add_argument("--warmup", type=non_negative_int, default=2,
+                        help="touch batches run before the measured ones, not counted (default 2)")
+        ap.add_argument("--fill-chunk", type=positive_int, default=100_000,
+                        help="entries added per fill batch (default 100000)")
+        ap.add_argument("--small-keys", type=non_negative_int, default=100,
+                        help="other keys touched in every measured batch (default 100)")
+        ap.add_argument("--partitions", type=positive_int, default=2,
+                        help="Spark's shuffle partitions = Rhino's instances (default 2)")
+        ap.add_argument("--replicas", type=non_negative_int, default=2, help="Rhino's r (default 2)")
+        spark_flags(ap, first_host=70)
+        ap.add_argument("--seed", type=int, default=7, help="which entries the touches pick (default 7)")
+        ap.add_argument("--no-warmup-run", dest="warmup_run", action="store_false",
+                        help="skip the discarded first run of each system and kind (N=100) that warms up the JVM, "
+                             "Spark's Python workers and the workers' connections")
+        ap.add_argument("--timeout", type=positive_float, default=3600.0, help="per run, s (default 3600)")
+
+    def check(self, ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+        if args.first_host + args.replicas > 254:
+            ap.error("--first-host: the workers must fit 127.0.0.2..254")
+
+    def parameters(self, args: argparse.Namespace, run_id: str) -> dict:
+        return {"entries": args.entries, "kinds": args.kinds, "systems": args.systems, "batches": args.batches,
+                "warmup": args.warmup, "fill_chunk": args.fill_chunk, "small_keys": args.small_keys,
+                "partitions": args.partitions, "replicas": args.replicas, "master": args.master,
+                "seed": args.seed, "warmup_run": args.warmup_run, "run_id": run_id}
+
+    def run(self, br: BenchRun) -> None:
+        args, base = br.args, br.base
+        say(f"starting Spark ({args.master})" + (f", a coordinator and {args.replicas + 1} Rhino workers at "
+                                                  f"127.0.0.{args.first_host}.." if "rhino" in args.systems else ""))
+        env = _start(br)
+        if args.warmup_run:
+            _warm_up(env, args, base, br.run_id)
+        for n in args.entries:
+            plan = plan_batches(n, fill_chunk=args.fill_chunk, warmup=args.warmup, batches=args.batches,
+                                small_keys=args.small_keys, seed=args.seed)
+            input_dir = base / f"input-{n}"
+            write_inputs(input_dir, plan)
+            for kind in args.kinds:
+                for system in args.systems:
+                    say(f"{system}, {kind}, N={n:,}: {len(plan)} batches ({sum(b.phase == 'fill' for b in plan)} fill)")
+                    work = base / f"{system}-{kind}-{n}"
+                    res = run_once(env.spark, system=system, kind=kind, n=n, input_dir=input_dir, work=work,
+                                   cluster=env.cluster, parallelism=args.partitions, replicas=args.replicas,
+                                   timeout_s=args.timeout, operator_id=f"ss-{kind}-{n}-{br.run_id}",
+                                   spark_local_dir=env.local_dir)
+                    rec = br.emit(measurement(res, plan, command=br.command, parameters=br.parameters))
+                    say(f"  {system}, {kind}, N={n:,}: batch_s {rec['batch_s']}, bytes_written "
+                        f"{rec.get('bytes_written')}, fill {rec['fill_s']:.1f} s")
+                    shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(input_dir, ignore_errors=True)
+
+
+
+
 
 
 @dataclass
 class _Env:
     spark: Any
-    cluster: Optional[dict]
+    cluster: Optional[RhinoCluster]
     local_dir: Path
 
 
-def _start(base: Path, args: argparse.Namespace, spark_conf: dict, stack: Any) -> _Env:
-    """The coordinator and workers (if Rhino runs) and the SparkSession; their stops go on ``stack``."""
-    from pyspark.sql import SparkSession
-
+def _start(br: BenchRun) -> _Env:
+    """The coordinator and workers (if Rhino runs) and the SparkSession; their stops go on the run's stack."""
+    args = br.args
     cluster = None
     if "rhino" in args.systems:
-        from rhino.coordinator.client import connect_coordinator
-
-        from rhino_testing.harness.workers import CoordinatorProcess, WorkerProcess, write_secret
-
-        root = base / "rhino"
-        root.mkdir(parents=True, exist_ok=True)
-        sf = write_secret(root)
-        coord = CoordinatorProcess(root, secret_file=sf, heartbeat_timeout=2.0)
-        coord.start()
-        stack.callback(coord.stop)
-        workers = []
-        for i in range(args.replicas + 1):
-            w = WorkerProcess(root, f"w{i}", f"127.0.0.{args.first_host + i}", secret_file=sf, metrics=True,
-                              extra_args=["--coordinator", coord.address])
-            w.start()
-            stack.callback(w.stop)
-            workers.append(w)
-        deadline = time.monotonic() + 30
-        with connect_coordinator(coord.address, secret=sf.read_bytes().strip()) as cc:
-            while len([w for w in cc.status()["workers"] if w.get("alive", True)]) < len(workers):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the Rhino workers did not register with the coordinator in 30 s")
-                time.sleep(0.2)
-        cluster = {"coordinator": coord.address, "secret_file": sf, "workers": workers}
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    local_dir = base / "spark-local"
-    local_dir.mkdir(parents=True, exist_ok=True)
-    b = (SparkSession.builder.master(args.master).appName("rhino-bench-state-size")
-         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", str(args.partitions))
-         .config("spark.sql.session.timeZone", "UTC").config("spark.local.dir", str(local_dir))
-         .config("spark.sql.streaming.numRecentProgressUpdates", "1000")
-         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER))
-    for k, v in spark_conf.items():
-        b = b.config(k, v)
-    spark = b.getOrCreate()
-    stack.callback(spark.stop)
-    # Spark's state server warns at every getValue of an absent map key (the small keys' first touch)
-    spark.sparkContext.setLogLevel("ERROR")
-    return _Env(spark=spark, cluster=cluster, local_dir=local_dir)
-
+        cluster = start_rhino(br.base / "rhino", br.stack, workers=args.replicas + 1, first_host=args.first_host,
+                              heartbeat_timeout=2.0)
+    # Spark's state server warns at every getValue of an absent map key (the small keys' first touch): errors only
+    conf = {"spark.sql.streaming.numRecentProgressUpdates": "1000",
+            "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER, **br.spark_conf}
+    spark = spark_session(br.stack, br.base, app="rhino-bench-state-size", master=args.master,
+                          partitions=args.partitions, conf=conf)
+    return _Env(spark=spark, cluster=cluster, local_dir=br.base / "spark-local")
 
 
 def _warm_up(env: _Env, args: argparse.Namespace, base: Path, run_id: str) -> None:
@@ -919,112 +867,8 @@ def _warm_up(env: _Env, args: argparse.Namespace, base: Path, run_id: str) -> No
     shutil.rmtree(input_dir, ignore_errors=True)
 
 
-def _from_file(args: argparse.Namespace) -> int:
-    """--from: the report and plot of the newest run recorded in a JSONL file."""
-    try:
-        recs = [json.loads(x) for x in Path(args.from_file).read_text().splitlines() if x.strip()]
-    except (OSError, ValueError) as e:
-        print(f"rhino-bench spark state-size: --from {args.from_file}: {e}", file=sys.stderr)
-        return 2
-    setups = [r for r in recs if r.get("record") == "setup"]
-    if not setups:
-        print(f"rhino-bench spark state-size: --from {args.from_file}: no setup record", file=sys.stderr)
-        return 2
-    setup = setups[-1]
-    run_id = setup["parameters"].get("run_id")
-    run = [r for r in recs if r.get("record") == "measurement" and r["parameters"].get("run_id") == run_id]
-    summ = next((r for r in recs[::-1] if r.get("record") == "summary"), None)
-    elapsed = summ.get("elapsed_s") if summ and recs.index(summ) > recs.index(setup) else None
-    records = [setup] + run + ([summ] if summ is not None and elapsed is not None else [])
-    if args.plot:
-        plot(records, args.plot)
-    if args.report:
-        report(records, args.report, command=setup["command"], setup=setup, elapsed_s=elapsed)
-    print(json.dumps(summarize(records)))
-    return 0
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
-
-    ap = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = ap.parse_args(argv)
-    try:
-        spark_conf = parse_conf(args.spark_conf)
-    except argparse.ArgumentTypeError as e:
-        ap.error(str(e))
-    if args.first_host + args.replicas > 254:
-        ap.error("--first-host: the workers must fit 127.0.0.2..254")
-    if args.from_file:
-        return _from_file(args)
-    install_signal_handlers()
-    from rhino._machine import describe_machine
-
-    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="rhino-state-size-"))
-    base.mkdir(parents=True, exist_ok=True)
-    em = Emitter(args.json, args.out)
-    command = "rhino-bench spark state-size " + " ".join(argv)
-    run_id = time.strftime("%Y%m%dT%H%M%S")
-    parameters = {"entries": args.entries, "kinds": args.kinds, "systems": args.systems, "batches": args.batches,
-                  "warmup": args.warmup, "fill_chunk": args.fill_chunk, "small_keys": args.small_keys,
-                  "partitions": args.partitions, "replicas": args.replicas, "master": args.master,
-                  "seed": args.seed, "warmup_run": args.warmup_run, "run_id": run_id}
-    setup = {"record": "setup", "command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-             "machine": describe_machine(str(base)), "spark_conf": spark_conf, "parameters": parameters,
-             "source": source_state()}
-    em.emit(setup)
-    t_start = time.monotonic()
-    t_wall = time.time()
-    elapsed: Optional[float] = None
-    try:
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(stdout_for_json_only())
-            say(f"starting Spark ({args.master})" + (f", a coordinator and {args.replicas + 1} Rhino workers at "
-                                                      f"127.0.0.{args.first_host}.." if "rhino" in args.systems
-                                                      else ""))
-            env = _start(base, args, spark_conf, stack)
-            if args.warmup_run:
-                _warm_up(env, args, base, run_id)
-            for n in args.entries:
-                plan = plan_batches(n, fill_chunk=args.fill_chunk, warmup=args.warmup, batches=args.batches,
-                                    small_keys=args.small_keys, seed=args.seed)
-                input_dir = base / f"input-{n}"
-                write_inputs(input_dir, plan)
-                for kind in args.kinds:
-                    for system in args.systems:
-                        say(f"{system}, {kind}, N={n:,}: {len(plan)} batches "
-                            f"({sum(b.phase == 'fill' for b in plan)} fill)")
-                        work = base / f"{system}-{kind}-{n}"
-                        res = run_once(env.spark, system=system, kind=kind, n=n, input_dir=input_dir, work=work,
-                                       cluster=env.cluster, parallelism=args.partitions, replicas=args.replicas,
-                                       timeout_s=args.timeout, operator_id=f"ss-{kind}-{n}-{run_id}",
-                                       spark_local_dir=env.local_dir)
-                        rec = measurement(res, plan, command=command, parameters=parameters)
-                        em.emit(rec)
-                        say(f"  {system}, {kind}, N={n:,}: batch_s {rec['batch_s']}, bytes_written "
-                            f"{rec.get('bytes_written')}, fill {rec['fill_s']:.1f} s")
-                        shutil.rmtree(work, ignore_errors=True)
-                shutil.rmtree(input_dir, ignore_errors=True)
-        elapsed = time.monotonic() - t_start
-        summ = summarize(em.records)
-        summ["elapsed_s"] = round(elapsed, 1)
-        summ["source_changed_during_run"] = changed_since(setup["source"]["repo"], t_wall)
-        summ["loadavg_1_5_15"] = loadavg()
-        em.emit(summ)
-    finally:
-        if args.plot:
-            try:
-                plot(em.records, args.plot)
-            except Exception as e:  # noqa: BLE001 - the measurements are out already
-                say(f"plot failed: {e}")
-        if args.report:
-            try:
-                report(em.records, args.report, command=command, setup=setup, elapsed_s=elapsed)
-            except Exception as e:  # noqa: BLE001
-                say(f"report failed: {e}")
-        if not args.dir:
-            shutil.rmtree(base, ignore_errors=True)
-    return 0
+    return bench_main(StateSize(summarize=summarize, report=report, plot=plot), argv)
 
 
 if __name__ == "__main__":
