@@ -26,6 +26,7 @@ Usage::
     python3 tools/function_lengths.py                 # check: exit 1 and list what exceeds
     python3 tools/function_lengths.py --top 15        # also list the 15 longest of each language
     python3 tools/function_lengths.py --max-py 100 --max-cpp 120 --lang py
+    python3 tools/function_lengths.py --lang dev --top 10      # the benchmarks' and testing package's
 
 Standard library only: it runs with any Python 3.10+, without the extension built.
 """
