@@ -27,7 +27,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip --disable-pip-version-check
 # libgtest-dev: the C++ unit tests; clang (with libclang-rt): libFuzzer for the fuzz targets `make test` runs;
-# fuse3 (libfuse 3): the power-loss filesystem of the crash tests (rhino_bench/harness/power_loss_fs.py).
+# fuse3 (libfuse 3): the power-loss filesystem of the crash tests (rhino_testing/harness/power_loss_fs.py).
 APT_PACKAGES := librocksdb-dev libasio-dev libxxhash-dev libssl-dev nlohmann-json3-dev patchelf \
   libsnappy-dev liblz4-dev libzstd-dev zlib1g-dev libgtest-dev clang ccache fuse3
 # PySpark needs Java 17, and the Spark layer's locality helper (spark_integration/java) is compiled
@@ -87,10 +87,12 @@ $(VENV)/.built: $(VENV)/.deps $(ROCKSDB_PREFIX)/.complete $(CPP_SOURCES)
 	CMAKE_BUILD_PARALLEL_LEVEL=2 flock $(VENV)/.build.lock $(PIP) install -q --no-build-isolation --no-deps -e .
 	@touch $@
 
-# The repository's benchmarks, demo and local-cluster harness (bench/rhino_bench, the rhino-bench
-# command): development tooling, installed editable here, never part of the wheel.
-$(VENV)/.bench: $(VENV)/.built bench/pyproject.toml
-	$(PIP) install -q --no-build-isolation --no-deps -e bench
+# The repository's testing package (testing/rhino_testing: the local-cluster harness, NEXMark and
+# the keyed-state workload, imported by tests/ and bench/) and its benchmarks and demo
+# (bench/rhino_bench, the rhino-bench command): development tooling, installed editable here,
+# never part of the wheel.
+$(VENV)/.bench: $(VENV)/.built bench/pyproject.toml testing/pyproject.toml
+	$(PIP) install -q --no-build-isolation --no-deps -e testing -e bench
 	@touch $@
 
 setup: apt $(VENV)/.built $(VENV)/.bench

@@ -25,7 +25,7 @@ import numpy as np
 
 import rhino
 from rhino._machine import describe_machine
-from rhino_bench.workload import keys_for, random_values
+from rhino_testing.workload import keys_for, random_values
 
 
 def one(flush_threads: int, rounds: int, interval: float, base: str) -> dict:

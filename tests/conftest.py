@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import rhino
-from rhino_bench.harness.workers import read_rocksdb as _read_rocksdb
+from rhino_testing.harness.workers import read_rocksdb as _read_rocksdb
 
 
 @pytest.fixture

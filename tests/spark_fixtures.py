@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from rhino_bench.harness.workers import CoordinatorProcess, WorkerProcess, write_secret
+from rhino_testing.harness.workers import CoordinatorProcess, WorkerProcess, write_secret
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 

@@ -56,7 +56,7 @@ from rhino import _core
 from rhino.coordinator.client import connect_coordinator
 from rhino.credential import Credential
 from rhino.replication import read_secret_file
-from rhino_bench.harness.workers import SECRET, CoordinatorProcess, WorkerProcess, read_rocksdb, write_secret
+from rhino_testing.harness.workers import SECRET, CoordinatorProcess, WorkerProcess, read_rocksdb, write_secret
 
 FIRST_HOST = 200  # 127.0.0.200-202: w1, w2, the coordinator (tests/test_test_hosts.py)
 W1_HOST, W2_HOST, COORD_HOST = (f"127.0.0.{FIRST_HOST + i}" for i in range(3))

@@ -16,8 +16,8 @@ import pytest
 from rhino_bench import handover
 from rhino.coordinator.client import LocalCoordinatorClient
 from rhino.coordinator.coordinator import Coordinator
-from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret
-from rhino_bench.harness.engine import MicroBatchEngine
+from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret
+from rhino_testing.harness.engine import MicroBatchEngine
 
 
 def rhino(*args: str, cwd: Path) -> subprocess.CompletedProcess:

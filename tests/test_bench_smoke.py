@@ -52,7 +52,7 @@ SMOKE_RUNS = {
     "spark elastic": ("test_bench_smoke.py", '"elastic"'),
     "spark glue": ("test_bench_spark_glue.py", "test_glue_bench_runs_and_reports"),
     "demo": ("test_cli.py", "test_demo_runs_and_verifies"),
-    "cluster": ("test_spark_cluster.py", "rhino_bench.harness.spark_cluster"),
+    "cluster": ("test_spark_cluster.py", "rhino_testing.harness.spark_cluster"),
 }
 
 

@@ -28,7 +28,7 @@ import rhino
 from rhino.coordinator.metadata import InstanceRow, Metadata, OperatorRow, WorkerRow
 from rhino.coordinator.replication_manager import ReplicationManager
 from rhino.errors import RhinoIOError
-from rhino_bench.harness.workers import SECRET
+from rhino_testing.harness.workers import SECRET
 from helpers import StubWorkerGateway
 import test_coordinator
 from test_coordinator import OP, V, Job, make

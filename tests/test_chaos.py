@@ -36,7 +36,7 @@ import pytest
 
 import rhino
 
-from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret
+from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret
 
 OP = "chaos"
 TRIALS = int(os.environ.get("RHINO_CHAOS_TRIALS", "50"))
@@ -79,9 +79,9 @@ def test_chaos_with_tls(tmp_path):
 
 def test_chaos_with_power_loss(tmp_path):
     """The same trials, each worker's store on its own power-loss filesystem
-    (rhino_bench.harness.power_loss_fs): the killed member's machine also loses every
+    (rhino_testing.harness.power_loss_fs): the killed member's machine also loses every
     write it had not fsynced before it restarts. A checkpoint it acked must survive."""
-    from rhino_bench.harness.power_loss_fs import PowerLossMount, available
+    from rhino_testing.harness.power_loss_fs import PowerLossMount, available
 
     if available() and os.environ.get("CI") != "true":
         pytest.skip(f"the power-loss filesystem cannot run here: {available()}")

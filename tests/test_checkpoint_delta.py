@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import rhino
-from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret
+from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret
 
 
 def test_checkpoint_deltas_stay_flat_over_many_batches(tmp_path: Path) -> None:

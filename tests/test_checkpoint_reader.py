@@ -24,7 +24,7 @@ import pytest
 
 import rhino
 from helpers import flip_byte, split_by_vnode, truncate_file
-from rhino_bench.harness.workers import SECRET, WorkerProcess, read_rocksdb, write_secret
+from rhino_testing.harness.workers import SECRET, WorkerProcess, read_rocksdb, write_secret
 
 import dataplane_wire as wire
 from dataplane_wire import CORRUPTION, OK, Dec, Enc, RawClient

@@ -13,7 +13,7 @@ import time
 import pytest
 
 import rhino
-from rhino_bench.workload import build_state
+from rhino_testing.workload import build_state
 
 from helpers import live_sst_files
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import rhino
-from rhino_bench.workload import build_state
+from rhino_testing.workload import build_state
 
 from helpers import key_bytes, live_sst_files
 

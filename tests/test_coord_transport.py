@@ -30,7 +30,7 @@ import pytest
 import rhino
 from rhino import _core
 from dataplane_wire import AUTH_FAILED, CORRUPTION, Enc, RawClient, coord_req, decode_coord_rsp, decode_status, frame
-from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret
+from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret
 
 REPO = Path(__file__).resolve().parent.parent
 

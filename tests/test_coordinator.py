@@ -18,8 +18,8 @@ from rhino.coordinator.client import LocalCoordinatorClient
 from rhino.coordinator.coordinator import Coordinator
 from rhino.coordinator.handover_manager import HandoverManager
 from rhino.coordinator.rebuild import rebuild_from_workers
-from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret
-from rhino_bench.harness.engine import MicroBatchEngine
+from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret
+from rhino_testing.harness.engine import MicroBatchEngine
 
 OP = "op"
 V = 16

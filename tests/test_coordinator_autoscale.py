@@ -26,8 +26,8 @@ import test_coordinator as tc
 from placements import placement
 from rhino.coordinator.types import CommitAnswer
 from rhino.engine import AttemptResult, BatchDriver
-from rhino_bench.harness.engine import MicroBatchEngine
-from rhino_bench.harness.workers import SECRET
+from rhino_testing.harness.engine import MicroBatchEngine
+from rhino_testing.harness.workers import SECRET
 from test_coordinator_cli import rhino_cli
 
 cluster = tc.cluster  # four workers on 127.0.0.2-5
@@ -258,7 +258,7 @@ def test_rhino_autoscale_cli(tmp_path) -> None:
     import time
 
     from rhino.coordinator.client import connect_coordinator
-    from rhino_bench.harness.workers import CoordinatorProcess, WorkerProcess, write_secret
+    from rhino_testing.harness.workers import CoordinatorProcess, WorkerProcess, write_secret
 
     sf = write_secret(tmp_path, SECRET)
     co = CoordinatorProcess(tmp_path, secret_file=sf, heartbeat_timeout=2.0).start()

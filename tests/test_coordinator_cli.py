@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from rhino.coordinator.client import connect_coordinator
-from rhino_bench.harness.workers import SECRET, CoordinatorProcess, WorkerProcess, write_secret
-from rhino_bench.harness.engine import MicroBatchEngine
+from rhino_testing.harness.workers import SECRET, CoordinatorProcess, WorkerProcess, write_secret
+from rhino_testing.harness.engine import MicroBatchEngine
 
 
 def rhino_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

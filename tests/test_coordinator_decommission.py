@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import rhino
-from rhino_bench.harness.workers import SECRET
+from rhino_testing.harness.workers import SECRET
 import test_coordinator
 from test_coordinator import OP, V, Job, make
 
@@ -134,8 +134,8 @@ def test_decommission_of_an_idle_operator_is_at_once_and_bad_input_is_refused(cl
 
 def test_decommission_cli(tmp_path: Path) -> None:
     from rhino.coordinator.client import connect_coordinator
-    from rhino_bench.harness.engine import MicroBatchEngine
-    from rhino_bench.harness.workers import CoordinatorProcess, WorkerProcess, write_secret
+    from rhino_testing.harness.engine import MicroBatchEngine
+    from rhino_testing.harness.workers import CoordinatorProcess, WorkerProcess, write_secret
 
     sf = write_secret(tmp_path, SECRET)
     co = CoordinatorProcess(tmp_path, secret_file=sf, heartbeat_timeout=2.0).start()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import rhino
 from rhino.coordinator.client import connect_coordinator
-from rhino_bench.harness.workers import CoordinatorProcess, WorkerProcess, write_secret
+from rhino_testing.harness.workers import CoordinatorProcess, WorkerProcess, write_secret
 
 CALLS = 64
 HOSTS = (100, 101, 102, 103)  # 127.0.0.100..103: no other test module's workers

@@ -3,7 +3,7 @@ processes: five ``rhino worker`` processes on 127.0.0.2..6 and one
 ``rhino coordinator`` on 127.0.0.1, the workers registered with it and sending
 heartbeats (a silent worker is declared dead after 1 s).
 
-A micro-batch engine (:mod:`rhino_bench.harness.engine`) drives them as Spark's
+A micro-batch engine (:mod:`rhino_testing.harness.engine`) drives them as Spark's
 operator will: before every batch it asks the coordinator for the routing
 table (the barrier where handover steps run), routes each key by its vnode,
 commits one session per instance on its primary in barrier mode, and reports
@@ -52,8 +52,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import rhino
 from rhino.coordinator.client import connect_coordinator
-from rhino_bench.harness.workers import SECRET, CoordinatorProcess, WorkerProcess, read_rocksdb, write_secret
-from rhino_bench.harness.engine import MicroBatchEngine
+from rhino_testing.harness.workers import SECRET, CoordinatorProcess, WorkerProcess, read_rocksdb, write_secret
+from rhino_testing.harness.engine import MicroBatchEngine
 
 V = 16
 R = 2

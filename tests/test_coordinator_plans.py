@@ -25,8 +25,8 @@ import test_coordinator as tc
 from rhino.coordinator.handover_manager import HandoverManager
 from rhino.coordinator.metadata import SCHEMA_VERSION, Metadata
 from rhino.coordinator.server import CoordinatorServer
-from rhino_bench.harness.engine import MicroBatchEngine
-from rhino_bench.harness.workers import SECRET
+from rhino_testing.harness.engine import MicroBatchEngine
+from rhino_testing.harness.workers import SECRET
 from test_coordinator_cli import rhino_cli
 
 cluster = tc.cluster  # four workers on 127.0.0.2-5

@@ -25,7 +25,7 @@ from rhino.coordinator.client import LocalCoordinatorClient
 from rhino.coordinator.coordinator import Coordinator
 from rhino.coordinator.types import BatchTime, CommitAnswer, InstancePlacement, Placement
 from rhino.errors import CorruptionError
-from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret
+from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret
 
 OP = "op"
 V = 8

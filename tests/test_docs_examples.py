@@ -17,7 +17,7 @@ import pytest
 
 import rhino
 from rhino.coordinator import connect_coordinator
-from rhino_bench.harness.workers import SECRET, CoordinatorProcess, WorkerProcess, write_secret
+from rhino_testing.harness.workers import SECRET, CoordinatorProcess, WorkerProcess, write_secret
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "python-api.md"
 

@@ -259,7 +259,7 @@ def test_an_unreachable_primary_with_no_failover_times_out():
 
 
 def test_a_real_error_inside_the_session_is_raised_as_itself_and_not_reported(tmp_path):
-    from rhino_bench.harness.workers import WorkerProcess, write_secret
+    from rhino_testing.harness.workers import WorkerProcess, write_secret
 
     sf = write_secret(tmp_path)
     w = WorkerProcess(tmp_path, "w2", "127.0.0.2", secret_file=sf, metrics=False).start()

@@ -34,7 +34,7 @@ import pandas as pd  # noqa: E402
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor  # noqa: E402
 
 from rhino.engine import Action, classify_failure, failure_class_name  # noqa: E402
-from rhino_bench.harness.workers import CoordinatorProcess, WorkerProcess, write_secret  # noqa: E402
+from rhino_testing.harness.workers import CoordinatorProcess, WorkerProcess, write_secret  # noqa: E402
 
 from pyspark import cloudpickle  # noqa: E402
 

@@ -179,3 +179,14 @@ def test_exits_1_and_lists_what_exceeds(fl, tmp_path, capsys):
     assert "3 function(s) exceed the limit" in err
     assert "lib.plug.run:f  (plugin/plug/run.py:1)" in err and "lib.core:f" in err
     assert "lib.skipped" not in out + err
+
+
+def test_the_development_packages_are_measured_and_their_list_of_debts_is_current(fl):
+    """bench/ and testing/ are measured too; DEV_OVER_LIMIT names only functions that exist and
+    still exceed the limit (an entry that fits is removed, so it cannot grow back unnoticed)."""
+    functions = {f.name: f for path, mod in fl.dev_modules() for f in fl.python_functions(path, mod)}
+    assert any(n.startswith("rhino_bench.") for n in functions) and any(n.startswith("rhino_testing.")
+                                                                         for n in functions)
+    stale = [n for n in fl.DEV_OVER_LIMIT if n not in functions or functions[n].length <= 100]
+    assert not stale, f"remove from DEV_OVER_LIMIT: {stale}"
+    assert not fl.dev_over_limit(list(functions.values()), 100)

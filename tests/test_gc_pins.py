@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 import rhino
-from rhino_bench.harness.workers import SECRET, WorkerProcess, read_rocksdb, write_secret
+from rhino_testing.harness.workers import SECRET, WorkerProcess, read_rocksdb, write_secret
 import dataplane_wire as wire
 
 FIRST_HOST = 230  # 127.0.0.230-231 (tests/test_test_hosts.py)

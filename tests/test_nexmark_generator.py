@@ -1,4 +1,4 @@
-"""The NEXMark generator (rhino_bench.nexmark.generator) and the "nexmark" Spark source.
+"""The NEXMark generator (rhino_testing.nexmark.generator) and the "nexmark" Spark source.
 
 Expected values come from NEXMARK.md's rules written out again here in plain Python (one
 event at a time), from NumPy's own Philox, and from statistics; the streaming source is read
@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from rhino_bench.nexmark.generator import (
+from rhino_testing.nexmark.generator import (
     ARROW_SCHEMA,
     NexmarkConfig,
     generate,
@@ -237,7 +237,7 @@ def spark():
     pytest.importorskip("pyspark")
     from pyspark.sql import SparkSession
 
-    from rhino_bench.nexmark.source import NexmarkDataSource
+    from rhino_testing.nexmark.source import NexmarkDataSource
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     session = (SparkSession.builder.master("local[2]").appName("rhino-test-nexmark-source")
@@ -302,7 +302,7 @@ def test_batch_read_is_generate(spark):
 
 
 def test_source_options_are_checked():
-    from rhino_bench.nexmark.source import config_from_options
+    from rhino_testing.nexmark.source import config_from_options
 
     assert config_from_options({"SEED": "3", "payloadBytes": 10, "bidPayloadBytes": 1}) == NexmarkConfig(
         seed=3, person_payload_bytes=10, auction_payload_bytes=10, bid_payload_bytes=1)
@@ -313,8 +313,8 @@ def test_source_options_are_checked():
 def test_stream_reader_offsets_without_spark(monkeypatch):
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-    from rhino_bench.nexmark import source
-    from rhino_bench.nexmark.source import OFFSET_KEY, NexmarkDataSource
+    from rhino_testing.nexmark import source
+    from rhino_testing.nexmark.source import OFFSET_KEY, NexmarkDataSource
 
     def reader(**options):
         return NexmarkDataSource({k: str(v) for k, v in options.items()}).streamReader(None)

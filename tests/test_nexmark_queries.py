@@ -1,4 +1,4 @@
-"""NEXMark Q5, Q8, Q11 (rhino_bench.nexmark.queries) and their pandas oracles.
+"""NEXMark Q5, Q8, Q11 (rhino_testing.nexmark.queries) and their pandas oracles.
 
 * Beam's known Q5 answer (NEXMARK.md, SqlQuery5Test) through PySpark's own ``TwsTester``, with
   the windows of each bid written out by hand; hand-computed Q8 and Q11 cases the same way.
@@ -21,9 +21,9 @@ pytest.importorskip("pyspark")
 
 from pyspark.sql.streaming.tws_tester import TwsTester  # noqa: E402
 
-from rhino_bench.nexmark import oracle  # noqa: E402
-from rhino_bench.nexmark.generator import NexmarkConfig, generate  # noqa: E402
-from rhino_bench.nexmark.queries import QUERIES  # noqa: E402
+from rhino_testing.nexmark import oracle  # noqa: E402
+from rhino_testing.nexmark.generator import NexmarkConfig, generate  # noqa: E402
+from rhino_testing.nexmark.queries import QUERIES  # noqa: E402
 
 # Beam's SqlQuery5Test: window 10 s, slide 5 s.
 Q5_BIDS = [(1, 437342), (1, 447342), (1, 452342), (2, 452342)]
@@ -183,7 +183,7 @@ def test_query_registry_api():
 def spark():
     from pyspark.sql import SparkSession
 
-    from rhino_bench.nexmark.source import NexmarkDataSource
+    from rhino_testing.nexmark.source import NexmarkDataSource
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     session = (SparkSession.builder.master("local[2]").appName("rhino-test-nexmark-queries")

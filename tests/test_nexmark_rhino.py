@@ -1,8 +1,8 @@
 """Golden tests of NEXMark Q5, Q8 and Q11 on rhino.spark: the processors of
-rhino_bench.nexmark.queries, unmodified, run from foreachBatch on Rhino state
+rhino_testing.nexmark.queries, unmodified, run from foreachBatch on Rhino state
 (real `rhino worker` processes on 127.0.0.2..4, a real coordinator, local Spark),
 against two oracles over the same events: an independent pandas computation
-(rhino_bench.nexmark.oracle) and Spark's own transformWithStateInPandas with the
+(rhino_testing.nexmark.oracle) and Spark's own transformWithStateInPandas with the
 RocksDB state store provider running the same processor class."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 pyspark = pytest.importorskip("pyspark")
 import pandas as pd  # noqa: E402
 
-from rhino_bench.nexmark import oracle  # noqa: E402
-from rhino_bench.nexmark.generator import generate  # noqa: E402
-from rhino_bench.nexmark.pipeline import run_pipeline  # noqa: E402
-from rhino_bench.nexmark.source import config_from_options  # noqa: E402
+from rhino_testing.nexmark import oracle  # noqa: E402
+from rhino_testing.nexmark.generator import generate  # noqa: E402
+from rhino_testing.nexmark.pipeline import run_pipeline  # noqa: E402
+from rhino_testing.nexmark.source import config_from_options  # noqa: E402
 from spark_fixtures import local_spark, rhino_cluster  # noqa: E402
 
 EVENTS_PER_BATCH = 2500

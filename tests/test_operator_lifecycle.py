@@ -28,8 +28,8 @@ import pytest
 import rhino
 from rhino.coordinator.client import connect_coordinator
 from rhino.coordinator.naming import operator_id, split_operator_id
-from rhino_bench.harness.engine import MicroBatchEngine
-from rhino_bench.harness.workers import SECRET, CoordinatorProcess, WorkerProcess, write_secret
+from rhino_testing.harness.engine import MicroBatchEngine
+from rhino_testing.harness.workers import SECRET, CoordinatorProcess, WorkerProcess, write_secret
 
 FIRST_HOST = 190  # 127.0.0.190-192 (tests/test_test_hosts.py)
 V = 16

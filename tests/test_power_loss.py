@@ -4,7 +4,7 @@ A SIGKILL keeps the page cache: what the killed process wrote without fsync is s
 read back, so a crash test with SIGKILL alone cannot find a missing fsync. These trials
 run the crash-safety workload of tests/test_crash_safety.py on a filesystem that loses
 every write not fsynced when its "machine" loses power
-(``rhino_bench.harness.power_loss_fs``: FUSE over a backing directory, the daemon plays
+(``rhino_testing.harness.power_loss_fs``: FUSE over a backing directory, the daemon plays
 the page cache and is SIGKILLed with it). After every kill the machine loses power, and
 then, against the NumPy model (read back through Rhino and through rocksdict):
 
@@ -36,7 +36,7 @@ import pytest
 import rhino
 from crash_workload import (CHILD, INSTANCE, OP, PART, Model, apply_batch, check_restores, kill_loop_child,
                             make_base, pool_files, read_log, referenced, run_child)
-from rhino_bench.harness.power_loss_fs import PowerLossMount, available
+from rhino_testing.harness.power_loss_fs import PowerLossMount, available
 from test_service_takeover import OP as SVC_OP
 from test_service_takeover import kb as _kb
 from test_service_takeover import run_batch as _run_batch  # a batch committed on the chain; the model follows
@@ -361,7 +361,7 @@ def hosts(tmp_path):
     """Three workers, each on its own machine: its store on its own power-loss mount."""
     import contextlib
 
-    from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret
+    from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret
 
     secret_file = write_secret(tmp_path, SECRET)
     with contextlib.ExitStack() as stack:
@@ -382,7 +382,7 @@ def test_committed_batches_survive_every_machine_losing_power(hosts):
     and a replica takes the instance over from its own copy with the same state."""
     import numpy as np
 
-    from rhino_bench.harness.workers import SECRET
+    from rhino_testing.harness.workers import SECRET
 
     (a, ma), (b, mb), (c, mc) = hosts
     rng = np.random.default_rng(46)
@@ -425,7 +425,7 @@ def test_a_primary_killed_inside_a_commit_then_without_power(hosts, point):
     again and commits, and the replicas end with the model's state."""
     import numpy as np
 
-    from rhino_bench.harness.workers import SECRET
+    from rhino_testing.harness.workers import SECRET
 
     (a, ma), (b, _), (c, _) = hosts
     ca = rhino.connect(a.unix_socket, secret=SECRET)
@@ -459,7 +459,7 @@ def test_a_primary_killed_inside_a_commit_then_without_power(hosts, point):
         assert s.commit().replication == "complete"
     ca.close()
     model = {_kb(k): (b"again" if k < 100 else b"zero") for k in keys}
-    from rhino_bench.harness.workers import read_rocksdb
+    from rhino_testing.harness.workers import read_rocksdb
 
     for w in (b, c):
         store = rhino.ReplicaStore(str(w.dir))
@@ -477,7 +477,7 @@ def test_a_takeover_then_the_new_primary_loses_power(hosts):
     live directory did not survive, and goes on."""
     import numpy as np
 
-    from rhino_bench.harness.workers import SECRET
+    from rhino_testing.harness.workers import SECRET
 
     (a, _), (b, mb), (c, _) = hosts
     rng = np.random.default_rng(48)

@@ -16,7 +16,7 @@ import pytest
 pyspark = pytest.importorskip("pyspark")
 import pandas as pd  # noqa: E402
 
-from rhino_bench.harness.workers import CoordinatorProcess, WorkerProcess, write_secret  # noqa: E402
+from rhino_testing.harness.workers import CoordinatorProcess, WorkerProcess, write_secret  # noqa: E402
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

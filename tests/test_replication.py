@@ -21,7 +21,7 @@ import xxhash
 
 import rhino
 from rhino import _core
-from rhino_bench.harness.workers import SECRET, WorkerProcess, read_rocksdb, write_secret
+from rhino_testing.harness.workers import SECRET, WorkerProcess, read_rocksdb, write_secret
 
 import dataplane_wire as wire
 

@@ -57,7 +57,7 @@ from dataplane_wire import CORRUPTION, HEADER, Dec, Enc, RawClient, checksum, de
 from rhino import _core
 from rhino.coordinator.client import LocalCoordinatorClient
 from rhino.coordinator.coordinator import Coordinator
-from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret
+from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret
 
 OP = "preauth"
 FLOOD = 2000

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import rhino
-from rhino_bench.workload import build_state
+from rhino_testing.workload import build_state
 
 OP = "interrupt"
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import rhino
 from helpers import oracle_routing_part, oracle_vnode
-from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret
+from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret
 
 K, V, SEED = 1 << 15, 64, 7
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rhino.replication import read_secret_file
-from rhino_bench.harness.workers import WorkerProcess, new_secret, write_secret
+from rhino_testing.harness.workers import WorkerProcess, new_secret, write_secret
 
 
 def test_a_new_secret_reads_back_unchanged(tmp_path: Path):

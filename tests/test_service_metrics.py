@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 import rhino
-from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret
+from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret
 
 
 def test_hosted_instance_metrics(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import rhino
-from rhino_bench.harness.workers import SECRET, WorkerProcess, read_rocksdb, write_secret
+from rhino_testing.harness.workers import SECRET, WorkerProcess, read_rocksdb, write_secret
 
 NUM_VNODES = 16
 KEYS = st.lists(st.integers(0, 47), min_size=1, max_size=12)

@@ -24,7 +24,7 @@ import pytest
 
 import rhino
 from dataplane_wire import ABORTED, CORRUPTION, INVALID_ARGUMENT, UNKNOWN_INSTANCE, Enc, RawClient, decode_status, frame
-from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret
+from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret
 
 OP = "sec"
 MAX_SESSION = 64 << 10

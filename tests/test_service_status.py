@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import rhino
-from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret
+from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret
 
 
 @pytest.fixture

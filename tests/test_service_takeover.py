@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import rhino
-from rhino_bench.harness.workers import SECRET, WorkerProcess, read_rocksdb, write_secret
+from rhino_testing.harness.workers import SECRET, WorkerProcess, read_rocksdb, write_secret
 
 OP = "q8"
 N = 2000

@@ -15,7 +15,7 @@ import pytest
 
 import rhino
 from helpers import oracle_vnode
-from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret
+from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret
 
 K, V = 1 << 12, 16
 HELD = list(range(12))  # vnodes 12..15 are not this instance's

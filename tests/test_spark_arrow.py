@@ -19,7 +19,7 @@ import pytest
 
 pyspark = pytest.importorskip("pyspark")
 
-from rhino_bench.harness.workers import read_rocksdb  # noqa: E402
+from rhino_testing.harness.workers import read_rocksdb  # noqa: E402
 
 
 @pytest.fixture(scope="module")

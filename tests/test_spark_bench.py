@@ -14,7 +14,7 @@ from helpers import run_bench
 
 pyspark = pytest.importorskip("pyspark")
 
-from rhino_bench.spark import recovery, throughput  # noqa: E402
+from rhino_bench.spark import recovery, recovery_report, throughput  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -165,9 +165,9 @@ def test_the_rerun_timeline_from_a_record():
                {"stage": "9.0", "status": "FAILED", "submitted_s": -3.0, "stateful": True},
                {"stage": "10.0", "status": "COMPLETE", "submitted_s": 0.8, "tasks": 3, "stateful": True},
                {"stage": "11.0", "status": "COMPLETE", "submitted_s": 5.0, "tasks": 1, "stateful": False}]}
-    steps = recovery._rerun_steps(rec)
+    steps = recovery_report._rerun_steps(rec)
     assert [t for _, t in steps] == [0.3, 0.4, 0.6, 0.65, 0.7, 0.75, 0.8, 0.95]
     assert "stateful stage" in steps[6][0] and "rerun task" in steps[7][0]
     # a record of before the watch's answer and the setup time: those steps are left out
     old = {k: v for k, v in rec.items() if k not in ("watch", "rerun_job_setup_s")}
-    assert [t for _, t in recovery._rerun_steps(old)] == [0.3, 0.4, 0.7, 0.8, 0.95]
+    assert [t for _, t in recovery_report._rerun_steps(old)] == [0.3, 0.4, 0.7, 0.8, 0.95]

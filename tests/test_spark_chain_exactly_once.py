@@ -41,7 +41,7 @@ from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor  # noqa: E402
 
 import rhino.spark  # noqa: E402
-from rhino_bench.harness.spark_cluster import LocalCluster  # noqa: E402
+from rhino_testing.harness.spark_cluster import LocalCluster  # noqa: E402
 
 # the processors below travel to the executors by value (the workers cannot import tests/)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

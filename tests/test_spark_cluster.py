@@ -1,4 +1,4 @@
-"""The local multi-host cluster harness, `python -m rhino_bench.harness.spark_cluster`, end to end through its
+"""The local multi-host cluster harness, `python -m rhino_testing.harness.spark_cluster`, end to end through its
 command line: `up --hosts 3` starts a Spark master, a Rhino coordinator, and per host
 (127.0.0.40-42) a Spark worker and a Rhino worker; a real SparkSession runs on it with an
 executor per host; `kill-host 2` leaves nothing of that host alive and the coordinator
@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from rhino_bench.harness.spark_cluster import LocalCluster  # noqa: E402
+from rhino_testing.harness.spark_cluster import LocalCluster  # noqa: E402
 from rhino.spark.scheduling import task_location, with_preferred_locations  # noqa: E402
 
 FIRST = 40  # 127.0.0.40..42: apart from the other Spark tests' hosts, should they run at the same time
@@ -27,7 +27,7 @@ IDS = [f"w{FIRST + i}" for i in range(3)]
 
 
 def cli(*args: object, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rhino_bench.harness.spark_cluster", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "rhino_testing.harness.spark_cluster", *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 

@@ -83,7 +83,7 @@ def steps_for(rng: random.Random, trial: int) -> list[str]:
 
 @pytest.mark.parametrize("trial", range(TRIALS))
 def test_random_reconfigurations_of_a_running_query_stay_exactly_once(tmp_path, trial):
-    from rhino_bench.harness.spark_cluster import LocalCluster
+    from rhino_testing.harness.spark_cluster import LocalCluster
 
     rng = random.Random(1000 + trial)
     kinds = steps_for(rng, trial)

@@ -20,11 +20,11 @@ import pytest
 pyspark = pytest.importorskip("pyspark")
 import pandas as pd  # noqa: E402
 
-from rhino_bench.harness.spark_cluster import LocalCluster  # noqa: E402
-from rhino_bench.nexmark import oracle  # noqa: E402
-from rhino_bench.nexmark.generator import generate  # noqa: E402
-from rhino_bench.nexmark.source import config_from_options  # noqa: E402
-from rhino_bench.nexmark.pipeline import run_pipeline  # noqa: E402
+from rhino_testing.harness.spark_cluster import LocalCluster  # noqa: E402
+from rhino_testing.nexmark import oracle  # noqa: E402
+from rhino_testing.nexmark.generator import generate  # noqa: E402
+from rhino_testing.nexmark.source import config_from_options  # noqa: E402
+from rhino_testing.nexmark.pipeline import run_pipeline  # noqa: E402
 
 TRIALS = int(os.environ.get("RHINO_EXACTLY_ONCE_TRIALS", "1"))
 EVENTS_PER_BATCH = 3000

@@ -253,11 +253,11 @@ def _cached_inputs(ui: str, app: str, sc) -> list[dict]:
 def test_the_driver_reports_a_killed_host_before_any_heartbeat_timeout(tmp_path, monkeypatch):
     from rhino.spark.driver.routing import BatchInput
     from rhino.spark.operator import TransformWithState
-    from rhino_bench.harness.spark_cluster import LocalCluster
-    from rhino_bench.nexmark import oracle
-    from rhino_bench.nexmark.generator import generate
-    from rhino_bench.nexmark.pipeline import run_pipeline
-    from rhino_bench.nexmark.source import config_from_options
+    from rhino_testing.harness.spark_cluster import LocalCluster
+    from rhino_testing.nexmark import oracle
+    from rhino_testing.nexmark.generator import generate
+    from rhino_testing.nexmark.pipeline import run_pipeline
+    from rhino_testing.nexmark.source import config_from_options
 
     host = 2
     # a heartbeat timeout longer than the whole test: only a report can declare the worker dead

@@ -39,7 +39,7 @@ KEYS = 60
 
 
 def test_a_host_joins_the_query_rescales_onto_it_and_another_host_is_decommissioned(tmp_path):
-    from rhino_bench.harness.spark_cluster import LocalCluster
+    from rhino_testing.harness.spark_cluster import LocalCluster
 
     rng = np.random.default_rng(11)
     batches = [pd.DataFrame({"k": rng.integers(0, KEYS, ROWS), "v": rng.integers(0, 1000, ROWS)})

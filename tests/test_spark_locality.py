@@ -1,5 +1,5 @@
 """Placement-aware scheduling (rhino.spark.scheduling) on a real 3-host standalone cluster
-(127.0.0.44-46, one core each, rhino_bench.harness.spark_cluster): partitions pinned to hosts run there,
+(127.0.0.44-46, one core each, rhino_testing.harness.spark_cluster): partitions pinned to hosts run there,
 seen from inside the task (SPARK_LOCAL_IP) and from the driver's REST API, for a plain RDD,
 for a Python-pipelined parent, and for a mapPartitions over the wrapper; the jar is found or
 compiled (and a missing javac says how to get one); a bad host list fails in Python, clearly."""
@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from rhino_bench.harness.spark_cluster import LocalCluster  # noqa: E402
+from rhino_testing.harness.spark_cluster import LocalCluster  # noqa: E402
 from rhino.spark.scheduling import (JAVA_CLASS, job_task_locations, locality_report,  # noqa: E402
                                     spark_conf_for_locality, task_location, with_preferred_locations)
 from rhino.spark.scheduling import jar as jarmod  # noqa: E402

@@ -51,7 +51,7 @@ class SlowFanout(Fanout):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from rhino_bench.harness.spark_cluster import LocalCluster
+    from rhino_testing.harness.spark_cluster import LocalCluster
 
     # heartbeats never time out here: only the batch watch can tell the coordinator of the loss
     with LocalCluster.up(tmp_path_factory.mktemp("cluster"), hosts=3, first_host=60, heartbeat_timeout=600.0) as cl:

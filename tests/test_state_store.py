@@ -25,7 +25,7 @@ from rhino.spark.state.schema import StateValueError  # noqa: E402
 from rhino.spark.state.store import BatchState  # noqa: E402
 from rhino.spark.state.variables import DeclaringHandle, resolve_schema_doc, variables_of  # noqa: E402
 from rhino.spark.state.writeback import write_back  # noqa: E402
-from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret  # noqa: E402
+from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret  # noqa: E402
 
 V = 8
 TTL = 1500

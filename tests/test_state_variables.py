@@ -21,7 +21,7 @@ from rhino.coordinator.types import BatchTime  # noqa: E402
 from rhino.errors import BusyError, InvalidArgumentError  # noqa: E402
 from rhino.spark.state.schema import StateSchemaError  # noqa: E402
 from rhino.spark.state.variables import declared_variables, resolve_schema_doc, variables_of  # noqa: E402
-from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret  # noqa: E402
+from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret  # noqa: E402
 
 
 class P(StatefulProcessor):

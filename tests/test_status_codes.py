@@ -25,7 +25,7 @@ import pytest
 import dataplane_wire
 import rhino
 from rhino import _core, errors
-from rhino_bench.harness.workers import SECRET
+from rhino_testing.harness.workers import SECRET
 
 REPO = Path(__file__).resolve().parent.parent
 CODES = _core.status_codes()  # [(number, name, python_class)], OK excluded

@@ -24,7 +24,7 @@ pytest.importorskip("cryptography")
 
 import rhino  # noqa: E402
 from rhino.tls.certs import init, issue, load_ca  # noqa: E402
-from rhino_bench.harness.workers import SECRET, WorkerProcess, write_secret  # noqa: E402
+from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret  # noqa: E402
 
 OP = "tls"
 H2, H3 = "127.0.0.2", "127.0.0.3"
@@ -205,8 +205,8 @@ def test_a_tls_cluster_runs_batches_and_fails_over_a_killed_worker(pki, tmp_path
     from test_coordinator_cli import rhino_cli
 
     from rhino.coordinator.client import connect_coordinator
-    from rhino_bench.harness.engine import MicroBatchEngine
-    from rhino_bench.harness.workers import CoordinatorProcess
+    from rhino_testing.harness.engine import MicroBatchEngine
+    from rhino_testing.harness.workers import CoordinatorProcess
 
     good = pki / "good"
     secret_file = write_secret(tmp_path, SECRET)

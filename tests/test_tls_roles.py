@@ -36,7 +36,7 @@ import rhino  # noqa: E402
 from rhino.coordinator.client import connect_coordinator  # noqa: E402
 from rhino.credential import Credential  # noqa: E402
 from rhino.tls.certs import init, issue, load_ca  # noqa: E402
-from rhino_bench.harness.workers import SECRET, CoordinatorProcess, WorkerProcess, write_secret  # noqa: E402
+from rhino_testing.harness.workers import SECRET, CoordinatorProcess, WorkerProcess, write_secret  # noqa: E402
 
 FIRST_HOST = 210  # 127.0.0.210-211: the worker, the coordinator (tests/test_test_hosts.py)
 W_HOST, COORD_HOST = (f"127.0.0.{FIRST_HOST + i}" for i in range(2))

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import rhino
-from rhino_bench.harness.workers import SECRET, WorkerProcess, read_rocksdb, write_secret
+from rhino_testing.harness.workers import SECRET, WorkerProcess, read_rocksdb, write_secret
 
 V = 8
 

@@ -59,7 +59,7 @@ def test_an_empty_secret_file_is_refused(tmp_path):
 def test_no_unix_socket(tmp_path):
     """--unix-socket none: no socket file, and the state service still serves over TCP."""
     import rhino
-    from rhino_bench.harness.workers import SECRET as CLUSTER_SECRET, WorkerProcess, write_secret
+    from rhino_testing.harness.workers import SECRET as CLUSTER_SECRET, WorkerProcess, write_secret
 
     w = WorkerProcess(tmp_path, "w2", "127.0.0.2", secret_file=write_secret(tmp_path, CLUSTER_SECRET),
                       metrics=False, extra_args=["--unix-socket", "none"]).start()

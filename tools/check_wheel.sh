@@ -4,7 +4,8 @@
 # library's compression libraries, never the system ones; that every subpackage
 # (rhino.daemon, rhino.cli, rhino.client, rhino.coordinator, and rhino.spark, which
 # comes from spark_integration/) imports; that the wheel holds the library only (no
-# benchmark, demo, NEXMark or harness module: those are bench/rhino_bench's, and no
+# benchmark, demo, NEXMark or harness module: those are bench/rhino_bench's and
+# testing/rhino_testing's, and no
 # test-only binding in rhino._core); and that
 # the console scripts run.
 set -euo pipefail
@@ -17,7 +18,7 @@ python3 -m venv "$venv"
 python3 - "$wheel" <<'PY'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-bad = [n for n in names if n.startswith(("rhino_bench", "rhino/bench/", "rhino/testing/", "rhino/spark/bench/",
+bad = [n for n in names if n.startswith(("rhino_bench", "rhino_testing", "rhino/bench/", "rhino/testing/", "rhino/spark/bench/",
                                          "rhino/spark/nexmark/"))
        or n.endswith(("/demo.py", "/cluster.py", "spark_glue.py"))]
 if bad:

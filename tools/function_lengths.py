@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Function lengths of the library: Python counted with ``ast``, C++ with a brace count.
+"""Function lengths of the library and of the development packages: Python counted with ``ast``,
+C++ with a brace count.
 
 The house rule (issue 26, ../shared/STYLE.md) is that no function of the library's Python exceeds
 100 lines and no C++ function exceeds 120. This script measures that and exits 1 with the list
@@ -9,6 +10,10 @@ of offenders, so ``make test`` (tests/test_function_lengths.py) keeps it true.
   as ``end_lineno - lineno + 1`` (the ``def`` line to the last line of its body; decorators are
   not counted). The scope is the wheel's packages as ``pyproject.toml`` maps them
   (``[tool.scikit-build.wheel.packages]``) minus ``wheel.exclude``, so it follows the packaging.
+- The development packages' Python (``bench/rhino_bench``, the benchmarks; ``testing/rhino_testing``,
+  the harness and workloads the tests and benchmarks share), measured the same way against the same
+  limit. The functions that exceeded it when the check first covered them are listed in
+  ``DEV_OVER_LIMIT`` with their length then: each may shrink but not grow, and no other may exceed.
 - C++: every function definition in ``src/cpp/`` and ``bindings/`` (``*.cc``, ``*.h``): a
   ``{ ... }`` block at namespace or class scope whose opening text looks like a function signature
   (not a namespace, class, struct, union, enum or initializer), measured from the first line of its
@@ -21,6 +26,7 @@ Usage::
     python3 tools/function_lengths.py                 # check: exit 1 and list what exceeds
     python3 tools/function_lengths.py --top 15        # also list the 15 longest of each language
     python3 tools/function_lengths.py --max-py 100 --max-cpp 120 --lang py
+    python3 tools/function_lengths.py --lang dev --top 10      # the benchmarks' and testing package's
 
 Standard library only: it runs with any Python 3.10+, without the extension built.
 """
@@ -38,6 +44,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 CPP_DIRS = ("src/cpp", "bindings")
 CPP_SUFFIXES = (".cc", ".h")
+# The development packages: source directory -> package name.
+DEV_PACKAGES = {"bench/rhino_bench": "rhino_bench", "testing/rhino_testing": "rhino_testing"}
+# Development functions over the Python limit when this check first covered them (issue 44), with
+# their length then: debts to pay down, which may not grow. Remove an entry once it fits the limit.
+DEV_OVER_LIMIT = {
+    "rhino_bench.demo.spark:main": 315,
+    "rhino_testing.harness.power_loss_fs:_make_operations": 285,  # the FUSE operations, closures over one state
+    "rhino_bench.handover:run_one": 140,
+    "rhino_bench.demo.dataplane:run_demo": 134,
+    "rhino_bench.restore:measure_size": 131,
+    "rhino_bench.spark.output_report:report": 122,
+    "rhino_bench.service:run": 115,
+    "rhino_bench.spark.elastic_report:report": 113,
+    "rhino_bench.overhead:run_phase": 103,
+}
 
 @dataclass(frozen=True)
 class Function:
@@ -113,6 +134,23 @@ def wheel_modules(repo: Path = REPO) -> list[tuple[Path, str]]:
                 parts.pop()
             found[path] = ".".join(parts)  # a longer (more specific) source directory wins
     return sorted(found.items())
+
+
+def dev_modules(repo: Path = REPO) -> list[tuple[Path, str]]:
+    """(file, dotted module name) of every Python module of the development packages."""
+    found = []
+    for src, package in DEV_PACKAGES.items():
+        for path in sorted((repo / src).rglob("*.py")):
+            parts = [package, *path.relative_to(repo / src).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            found.append((path, ".".join(parts)))
+    return found
+
+
+def dev_over_limit(functions: list[Function], limit: int) -> list[Function]:
+    """The development functions over ``limit`` that ``DEV_OVER_LIMIT`` does not allow (or that grew)."""
+    return [f for f in functions if f.length > max(limit, DEV_OVER_LIMIT.get(f.name, 0))]
 
 
 def python_functions(path: Path, module: str, repo: Path = REPO) -> list[Function]:
@@ -402,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-py", type=int, default=100, help="most lines of a Python function (default: %(default)s)")
     p.add_argument("--max-cpp", type=int, default=120, help="most lines of a C++ function (default: %(default)s)")
     p.add_argument("--top", type=int, default=0, metavar="N", help="also list the N longest functions of each language")
-    p.add_argument("--lang", choices=["py", "cpp", "all"], default="all", help="which language to measure")
+    p.add_argument("--lang", choices=["py", "cpp", "dev", "all"], default="all",
+                   help="what to measure: the wheel's Python, the C++, the development packages' Python, or all")
     p.add_argument("--repo", type=Path, default=REPO, help="repository root (default: this script's)")
     args = p.parse_args(argv)
     repo = args.repo.resolve()
@@ -412,8 +451,12 @@ def main(argv: list[str] | None = None) -> int:
         measured["py"] = [f for path, mod in wheel_modules(repo) for f in python_functions(path, mod, repo)]
     if args.lang in ("cpp", "all"):
         measured["cpp"] = cpp_functions(repo)
-    limits = {"py": args.max_py, "cpp": args.max_cpp}
-    titles = {"py": "Python (the wheel's modules)", "cpp": "C++ (src/cpp, bindings)"}
+    if args.lang in ("dev", "all"):
+        measured["dev"] = [f for path, mod in dev_modules(repo) for f in python_functions(path, mod, repo)]
+    limits = {"py": args.max_py, "cpp": args.max_cpp, "dev": args.max_py}
+    titles = {"py": "Python (the wheel's modules)", "cpp": "C++ (src/cpp, bindings)",
+              "dev": f"Python (the development packages: {', '.join(DEV_PACKAGES)}; "
+                     f"{len(DEV_OVER_LIMIT)} listed in DEV_OVER_LIMIT)"}
 
     over: list[Function] = []
     for lang, functions in measured.items():
@@ -422,7 +465,8 @@ def main(argv: list[str] | None = None) -> int:
               f"longest {longest[0].length if longest else 0}")
         if args.top > 0:
             print(_table(longest[: args.top]))
-        over.extend(f for f in longest if f.length > limits[lang])
+        over.extend(dev_over_limit(longest, limits[lang]) if lang == "dev"
+                    else [f for f in longest if f.length > limits[lang]])
     if over:
         print(f"\n{len(over)} function(s) exceed the limit:", file=sys.stderr)
         print(_table(over), file=sys.stderr)

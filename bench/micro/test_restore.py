@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 import rhino
-from rhino_bench.workload import build_state
+from rhino_testing.workload import build_state
 
 from benchutil import record
 

@@ -65,7 +65,7 @@ _DELEGATED = {
                                          "query is rescaled 3->4, a host is decommissioned and one killed "
                                          "(--kill-only: the kill alone; --data-plane: the single-host data-plane "
                                          "demonstration)"),
-    ("cluster",): ("rhino_bench.harness.spark_cluster", "the local multi-host Spark + Rhino cluster"),
+    ("cluster",): ("rhino_testing.harness.spark_cluster", "the local multi-host Spark + Rhino cluster"),
 }
 
 _SPARK = {"spark", "demo", "cluster"}

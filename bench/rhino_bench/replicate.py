@@ -53,7 +53,7 @@ import rhino
 
 from rhino._sizes import format_bytes, parse_size
 from rhino.cli.progress import Progress
-from .harness.workers import SECRET, rss_kb, start_workers, write_secret
+from rhino_testing.harness.workers import SECRET, rss_kb, start_workers, write_secret
 from .common import exit_on_sigterm, max_chunk_bytes, raise_if_stopped
 
 

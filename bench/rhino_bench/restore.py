@@ -43,7 +43,7 @@ from rhino import Partitioner, ReplicaStore, StateBackend
 from rhino._machine import describe_machine
 from rhino._sizes import format_bytes
 from rhino.errors import NoSpaceError
-from .workload import build_state
+from rhino_testing.workload import build_state
 
 __all__ = ["drop_caches", "measure_size", "run"]
 

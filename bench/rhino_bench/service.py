@@ -41,7 +41,7 @@ import numpy as np
 
 import rhino
 
-from .harness.workers import SECRET, start_workers, write_secret
+from rhino_testing.harness.workers import SECRET, start_workers, write_secret
 from .common import exit_on_sigterm
 
 THROUGHPUT_TARGET = 0.70  # Unix-socket keys/s over in-process keys/s

@@ -48,7 +48,7 @@ from rhino._machine import describe_machine
 from rhino._sizes import format_bytes, parse_size
 
 from .restore import drop_caches
-from .workload import build_state
+from rhino_testing.workload import build_state
 
 OP = "takeover"
 

@@ -27,9 +27,9 @@ import numpy as np
 from rhino import Partitioner, ReplicaStore, StateBackend, __version__
 from rhino._machine import describe_machine, machine_summary
 from rhino._sizes import format_bytes
-from ..workload import build_state, keys_for, random_values
+from rhino_testing.workload import build_state, keys_for, random_values
 from rhino.replication import read_secret_file, replicate
-from ..harness.workers import WorkerProcess, new_secret, start_workers, write_secret
+from rhino_testing.harness.workers import WorkerProcess, new_secret, start_workers, write_secret
 
 __all__ = ["run_demo"]
 

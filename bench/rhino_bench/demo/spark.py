@@ -2,10 +2,10 @@
 changes under a running query: a host joins, the query is rescaled 3 -> 4 live, a host is
 decommissioned, and a host is SIGKILLed; the output stays exactly-once.
 
-1. Start the cluster (``rhino_bench.harness.spark_cluster``): a Spark standalone master and a
+1. Start the cluster (``rhino_testing.harness.spark_cluster``): a Spark standalone master and a
    Rhino coordinator on 127.0.0.1; on each of 127.0.0.2..4 a Spark worker and a
    Rhino worker.
-2. Run Q8 (``rhino_bench.nexmark``) from ``foreachBatch`` on Rhino state (r=2), with a
+2. Run Q8 (``rhino_testing.nexmark``) from ``foreachBatch`` on Rhino state (r=2), with a
    payload sized so the live state reaches about ``--state`` bytes at the kill.
 3. While it runs, one after the other, each once the one before has taken effect and
    ``--gap`` batches more have committed:
@@ -156,12 +156,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = parse_args(list(sys.argv[1:] if argv is None else argv))
     import numpy as np
 
-    from ..harness.spark_cluster import LocalCluster
-    from ..harness.warm import warm_executor
-    from ..nexmark import oracle
-    from ..nexmark.generator import generate
-    from ..nexmark.pipeline import run_pipeline
-    from ..nexmark.source import config_from_options
+    from rhino_testing.harness.spark_cluster import LocalCluster
+    from rhino_testing.harness.warm import warm_executor
+    from rhino_testing.nexmark import oracle
+    from rhino_testing.nexmark.generator import generate
+    from rhino_testing.nexmark.pipeline import run_pipeline
+    from rhino_testing.nexmark.source import config_from_options
 
     elastic = not a.kill_only
     t_start = time.time()
@@ -471,7 +471,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def _end_offset(progress: Optional[dict]) -> Optional[int]:
     """The end offset (events) of a batch's source, from its progress report; None if absent."""
-    from ..nexmark.source import OFFSET_KEY
+    from rhino_testing.nexmark.source import OFFSET_KEY
 
     try:
         v = progress["sources"][0]["endOffset"]

@@ -1,6 +1,6 @@
 """``rhino-bench spark recovery|throughput``: NEXMark Q8 on Rhino against Spark's own
 ``transformWithStateInPandas`` with the RocksDB state store, on a local 3-host
-Spark standalone + Rhino cluster (:class:`rhino_bench.harness.spark_cluster.LocalCluster`).
+Spark standalone + Rhino cluster (:class:`rhino_testing.harness.spark_cluster.LocalCluster`).
 
 This module holds what both benchmarks share: progress lines on stderr, JSON lines
 on stdout (and appended to ``--out``), SIGTERM unwinding, the Spark REST API, and

@@ -1,7 +1,7 @@
 """The input of ``rhino-bench spark elastic``: the ``"nexmark"`` source with an arrival rate
 that changes while the query runs.
 
-``nexmark_elastic`` is :class:`~rhino_bench.nexmark.source.NexmarkDataSource` (the same events,
+``nexmark_elastic`` is :class:`~rhino_testing.nexmark.source.NexmarkDataSource` (the same events,
 offsets, replay and generator options) whose events *arrive* on a schedule read from a JSON
 file (the ``scheduleFile`` option) at every ``latestOffset``; the benchmark's driver writes
 the file, and may rewrite it while the query runs (atomically: it only ever appends
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..nexmark.source import OFFSET_KEY, NexmarkDataSource, _BatchReader, _Settings, _StreamReader
+from rhino_testing.nexmark.source import OFFSET_KEY, NexmarkDataSource, _BatchReader, _Settings, _StreamReader
 
 __all__ = ["ElasticNexmarkSource", "SOURCE_NAME", "offset_at", "arrival_time", "write_schedule", "read_schedule",
            "offset_of", "segments_for"]

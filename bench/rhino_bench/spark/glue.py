@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from ..frame import start_rhino
 from .common import Emitter, host_number, loadavg, median, positive_int, round_floats, say, stdout_for_json_only
 
 __all__ = ["main", "CountPerKey", "floor_per_key"]
@@ -378,27 +379,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     args.command = "rhino-bench spark glue " + " ".join(argv if argv is not None else sys.argv[1:])
     args.params = {k: v for k, v in vars(args).items() if k not in ("json", "out", "report", "dir", "command")}
-    from rhino_bench.harness.workers import CoordinatorProcess, WorkerProcess, write_secret
-
     emit = Emitter(args.json, args.out)
     modes = ("pandas", "rows") if args.mode == "both" else (args.mode,)
     with contextlib.ExitStack() as stack:
         root = Path(args.dir) if args.dir else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="glue-")))
-        root.mkdir(parents=True, exist_ok=True)
-        sf = write_secret(root)
-        coord = CoordinatorProcess(root, secret_file=sf, heartbeat_timeout=30.0).start()
-        stack.callback(coord.stop)
-        w = WorkerProcess(root, "w1", f"127.0.0.{args.first_host}", secret_file=sf, metrics=False,
-                          extra_args=["--coordinator", coord.address]).start()
-        stack.callback(w.stop)
-        from rhino.coordinator.client import connect_coordinator
-
-        with connect_coordinator(coord.address, secret=sf.read_bytes().strip()) as cc:
-            deadline = time.monotonic() + 30
-            while not cc.status()["workers"]:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the worker did not register")
-                time.sleep(0.1)
+        cluster = start_rhino(root, stack, workers=1, first_host=args.first_host, heartbeat_timeout=30.0,
+                              metrics=False)
+        coord, sf = cluster.coordinator_process, cluster.secret_file
         records: list[dict] = []
         with stdout_for_json_only() if args.json else contextlib.nullcontext():
             for mode in modes:

@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from ..frame import RhinoCluster, spark_session, start_rhino
 from .common import Emitter, install_signal_handlers, positive_int, say
 
 __all__ = ["main"]
@@ -226,42 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _start(base: Path, args: argparse.Namespace, stack: Any) -> tuple[Any, Optional[dict]]:
-    from pyspark.sql import SparkSession
-
+def _start(base: Path, args: argparse.Namespace, stack: Any) -> tuple[Any, Optional[RhinoCluster]]:
     cluster = None
     if "rhino" in args.systems:
-        from rhino.coordinator.client import connect_coordinator
-
-        from ..harness.workers import CoordinatorProcess, WorkerProcess, write_secret
-
-        root = base / "rhino"
-        root.mkdir(parents=True, exist_ok=True)
-        sf = write_secret(root)
-        coord = CoordinatorProcess(root, secret_file=sf, heartbeat_timeout=5.0).start()
-        stack.callback(coord.stop)
-        workers = []
-        for i in range(args.replicas + 1):
-            w = WorkerProcess(root, f"w{i}", f"127.0.0.{args.first_host + i}", secret_file=sf, metrics=False,
-                              extra_args=["--coordinator", coord.address]).start()
-            stack.callback(w.stop)
-            workers.append(w)
-        deadline = time.monotonic() + 30
-        with connect_coordinator(coord.address, secret=sf.read_bytes().strip()) as cc:
-            while len([w for w in cc.status()["workers"] if w.get("alive", True)]) < len(workers):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the Rhino workers did not register with the coordinator in 30 s")
-                time.sleep(0.2)
-        cluster = {"coordinator": coord.address, "secret_file": sf}
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    spark = (SparkSession.builder.master("local[2]").appName("rhino-bench-initial-state")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", str(args.partitions))
-             .config("spark.sql.session.timeZone", "UTC").config("spark.local.dir", str(base / "spark-local"))
-             .config("spark.driver.memory", "4g")
-             .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER).getOrCreate())
-    stack.callback(spark.stop)
-    spark.sparkContext.setLogLevel("ERROR")
+        cluster = start_rhino(base / "rhino", stack, workers=args.replicas + 1, first_host=args.first_host,
+                              metrics=False)
+    spark = spark_session(stack, base, app="rhino-bench-initial-state", master="local[2]", partitions=args.partitions,
+                          conf={"spark.driver.memory": "4g",
+                                "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER})
     return spark, cluster
 
 

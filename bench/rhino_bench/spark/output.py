@@ -1,7 +1,7 @@
 """``rhino-bench spark output``: a stateful operator with a large output (10 rows out per row
 in), Rhino against Spark's own ``transformWithStateInPandas`` with the RocksDB state store
 provider, in the same run, with the same processor class, on one local 3-host cluster
-(:class:`~rhino_bench.harness.spark_cluster.LocalCluster`, hosts 127.0.0.60-62 by default).
+(:class:`~rhino_testing.harness.spark_cluster.LocalCluster`, hosts 127.0.0.60-62 by default).
 
     rhino-bench spark output --json --out bench/results/spark_output.jsonl \\
         --report bench/results/spark_output.md --plot bench/results/spark_output.png
@@ -55,34 +55,28 @@ redraws the report and plot of a recorded run.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import shutil
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .common import (Emitter, host_number, install_signal_handlers, loadavg, median, non_negative_int, parse_conf,
-                     positive_float, positive_int, round_floats, say, stdout_for_json_only)
+from ..frame import BenchRun, Scenario, bench_main
+from ..procmem import RssSampler, _mb, cmdline, driver_jvm_pid, rss_bytes
+from .common import (host_number, loadavg, median, non_negative_int, positive_float, positive_int, round_floats,
+                     say)
+from .output_report import (FLAT_TOLERANCE_MB, RHINO_VS_SPARK_TARGET, SYSTEMS, _MB, _mean, plot, report,
+                            summarize, window_bytes)
 
 __all__ = ["main", "FanOutProcessor", "write_inputs", "summarize", "SYSTEMS", "RHINO_VS_SPARK_TARGET",
            "FLAT_TOLERANCE_MB", "window_bytes"]
 
-SYSTEMS = ("rhino", "spark-rocksdb")
-RHINO_VS_SPARK_TARGET = 1.0
-FLAT_TOLERANCE_MB = 64.0  # the driver's RSS, last batch minus first: "flat" if at most this
 INPUT_SCHEMA = "k long, v long"
 OUTPUT_SCHEMA = "k long, v long, j int, seen long"
-IN_ROW_BYTES = 16  # k, v
-OUT_ROW_BYTES = 28  # k, v, j (int32), seen
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 DRIVER_CONF = {"spark.driver.memory": "1g", "spark.driver.maxResultSize": "64m"}
 _TASK_FIELDS = ("read_s", "open_s", "group_s", "fetch_s", "process_s", "write_s", "commit_s", "replicate_s")
-_MB = 1 << 20
 
 
 # ---- the processor (the same class on both systems) -----------------------------------------
@@ -150,178 +144,6 @@ def write_inputs(directory: Path, *, batches: int, rows: int, keys: int, seed: i
         pq.write_table(pa.table({"k": k, "v": v}), path)
         os.utime(path, (base + 10 * b, base + 10 * b))
     return [rows] * batches
-
-
-def window_bytes(window_rows: int, fanout: int) -> int:
-    """The bytes of one task window's data: its input rows and their output, as columns."""
-    return window_rows * (IN_ROW_BYTES + fanout * OUT_ROW_BYTES)
-
-
-# ---- processes and their RSS, from /proc ------------------------------------------------------
-
-
-def _proc_table() -> dict[int, tuple[int, int, str, int]]:
-    """pid -> (ppid, RSS bytes, comm, CPU ticks used: utime + stime) of every process."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    out: dict[int, tuple[int, int, str, int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                text = f.read()
-        except OSError:
-            continue
-        lp, rp = text.find("("), text.rfind(")")
-        rest = text[rp + 2:].split()
-        # rest[0] is stat(5) field 3 (state): ppid is field 4, utime 14, stime 15, rss (pages) 24
-        if rest[0] in ("Z", "X"):
-            continue
-        out[int(name)] = (int(rest[1]), int(rest[21]) * page, text[lp + 1:rp], int(rest[11]) + int(rest[12]))
-    return out
-
-
-def _descendants(table: dict[int, tuple[int, int, str, int]], roots: Sequence[int]) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, *_) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    out, todo = [], list(roots)
-    while todo:
-        p = todo.pop()
-        for c in children.get(p, []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def _rss(pid: int) -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _hwm(pid: int) -> Optional[int]:
-    """VmHWM (the process's peak RSS since it started), bytes."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return None
-
-
-def driver_jvm_pid(spark: Any) -> Optional[int]:
-    """The driver's JVM (PySpark's py4j gateway), as it tells its own pid; checked to be a
-    descendant of this process (the cluster's master and workers are too, so the JVM's own
-    answer decides which one)."""
-    try:
-        pid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
-    except Exception:  # noqa: BLE001 - not a local gateway
-        return None
-    return pid if pid in _descendants(_proc_table(), [os.getpid()]) else None
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return []
-
-
-class RssSampler:
-    """A thread that samples, every ``interval`` s, the RSS of the driver JVM, the executors'
-    JVMs and the executors' Python workers (their ``python`` descendants: PySpark's daemon and
-    the workers it forks); :meth:`begin` / :meth:`end` bracket one batch and return its peaks.
-
-    A batch's figures count only the workers that ran during it (their CPU time grew, or they
-    started meanwhile): an idle worker left over from another query (Spark keeps Python workers
-    for reuse) is not the batch's."""
-
-    def __init__(self, driver_pid: Optional[int], executor_pids: Sequence[int], interval: float) -> None:
-        self.driver_pid = driver_pid
-        self.executor_pids = list(executor_pids)
-        self.interval = interval
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._win: Optional[dict] = None
-        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
-
-    def start(self) -> "RssSampler":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def sample(self) -> dict:
-        table = _proc_table()
-        workers = {p: (table[p][1], table[p][3]) for p in _descendants(table, self.executor_pids)
-                   if table[p][2].startswith("python")}
-        return {"workers": workers, "driver": table[self.driver_pid][1] if self.driver_pid in table else None,
-                "executors": sum(table[p][1] for p in self.executor_pids if p in table)}
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                s = self.sample()
-            except Exception:  # noqa: BLE001 - a process that ended mid-read: the next sample
-                continue
-            with self._lock:
-                if self._win is not None:
-                    self._fold(self._win, s)
-
-    @staticmethod
-    def _fold(win: dict, s: dict) -> None:
-        win["samples"] += 1
-        w = win["w"]  # pid -> [first rss, first cpu, peak rss, last cpu]
-        for pid, (rss, cpu) in s["workers"].items():
-            if pid not in w:
-                w[pid] = [rss, cpu if win["samples"] == 1 else None, rss, cpu]
-            else:
-                w[pid][2] = max(w[pid][2], rss)
-                w[pid][3] = cpu
-        total = sum(rss for rss, _ in s["workers"].values())
-        win["worker_sum"] = max(win["worker_sum"], total)
-        win["executors"] = max(win["executors"], s["executors"])
-        if s["driver"] is not None:
-            win["driver"] = max(win["driver"] or 0, s["driver"])
-
-    def begin(self) -> None:
-        s = self.sample()
-        with self._lock:
-            self._win = {"samples": 0, "w": {}, "worker_sum": 0, "executors": 0, "driver": None}
-            self._fold(self._win, s)
-
-    def end(self) -> dict:
-        s = self.sample()
-        with self._lock:
-            win, self._win = self._win or {}, None
-        if win:
-            self._fold(win, s)
-        w = win.get("w", {})
-        # first cpu None: the worker started during the batch; else it ran if its CPU time grew
-        active = {p: v for p, v in w.items() if v[1] is None or v[3] > v[1]}
-        peak = max(active, key=lambda p: active[p][2], default=None)
-        hwm = [h for h in (_hwm(p) for p in active if p in s["workers"]) if h is not None]
-        return {"driver_rss_mb": _mb(s["driver"]), "driver_rss_max_mb": _mb(win.get("driver")),
-                "python_driver_rss_mb": _mb(_rss(os.getpid())),
-                "python_worker_peak_rss_mb": _mb(active[peak][2]) if peak is not None else None,
-                "python_worker_start_rss_mb": _mb(active[peak][0]) if peak is not None else None,
-                "python_worker_growth_mb": _mb(max((v[2] - v[0] for v in active.values()), default=0)),
-                "python_worker_peak_sum_mb": _mb(sum(v[2] for v in active.values())),
-                "python_worker_hwm_mb": _mb(max(hwm, default=0)),
-                "python_workers": len(active), "python_workers_idle": len(w) - len(active),
-                "executor_jvms_peak_rss_mb": _mb(win.get("executors")), "rss_samples": win.get("samples")}
-
-
-def _mb(x: Optional[float]) -> Optional[float]:
-    return None if x is None else round(x / _MB, 1)
 
 
 # ---- one system's run -------------------------------------------------------------------------
@@ -568,225 +390,6 @@ def system_record(system: str, batches: list[dict]) -> dict:
     return round_floats(rec)
 
 
-def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
-    v = [x for x in xs if x is not None]
-    return sum(v) / len(v) if v else None
-
-
-def summarize(records: list[dict]) -> dict:
-    by = {r["system"]: r for r in records if r.get("record") == "system"}
-    setup = next((r for r in records if r.get("record") == "setup"), {})
-    params = setup.get("parameters", {})
-    out: dict[str, Any] = {"record": "summary"}
-    rh, sp = by.get("rhino"), by.get("spark-rocksdb")
-    if rh and sp and sp.get("rows_per_s") and rh.get("rows_per_s"):
-        out["rhino_vs_spark"] = round(rh["rows_per_s"] / sp["rows_per_s"], 3)
-        out["rhino_vs_spark_target_met"] = out["rhino_vs_spark"] >= RHINO_VS_SPARK_TARGET
-    out["rows_per_s"] = {s: r.get("rows_per_s") for s, r in by.items()}
-    out["driver_rss"] = {s: {"first_mb": r.get("driver_rss_first_mb"), "last_mb": r.get("driver_rss_last_mb"),
-                             "max_mb": r.get("driver_rss_max_mb"), "growth_mb": r.get("driver_rss_growth_mb"),
-                             "flat": r.get("driver_rss_flat")} for s, r in by.items()}
-    out["driver_rss_flat"] = bool(by) and all(r.get("driver_rss_flat") for r in by.values())
-    out["python_worker_peak_rss_mb"] = {s: r.get("python_worker_peak_rss_mb") for s, r in by.items()}
-    if params.get("window_rows") and params.get("fanout"):
-        wb = window_bytes(params["window_rows"], params["fanout"])
-        out["window_mb"] = round(wb / _MB, 1)
-        out["python_worker_growth_mb"] = {s: r.get("python_worker_growth_mb") for s, r in by.items()}
-        if rh and rh.get("python_worker_growth_mb") is not None:
-            out["rhino_worker_growth_mb"] = rh["python_worker_growth_mb"]
-            out["rhino_worker_growth_per_window"] = round(out["rhino_worker_growth_mb"] / (wb / _MB), 2)
-    out["outputs_expected"] = bool(by) and all(r.get("outputs_expected") for r in by.values())
-    return out
-
-
-# ---- plot and report --------------------------------------------------------------------------
-
-_COLORS = {"rhino": "#d04040", "spark-rocksdb": "#404040"}
-
-
-def plot(records: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    bs = [r for r in records if r.get("record") == "batch"]
-    if not bs:
-        return
-    setup = next((r for r in records if r.get("record") == "setup"), {})
-    params = setup.get("parameters", {})
-    systems = [s for s in SYSTEMS if any(b["system"] == s for b in bs)]
-    fig, axs = plt.subplots(1, 3, figsize=(16, 4.8))
-    width = 0.8 / max(1, len(systems))
-    for i, s in enumerate(systems):
-        sb = [b for b in bs if b["system"] == s]
-        xs = list(range(len(sb)))
-        axs[0].bar([x + (i - (len(systems) - 1) / 2) * width for x in xs], [(b["rows_per_s"] or 0) / 1e6 for b in sb],
-                   width=width, color=_COLORS[s], label=s)
-        for x, b in zip(xs, sb):
-            if b["warmup"]:
-                axs[0].text(x + (i - (len(systems) - 1) / 2) * width, (b["rows_per_s"] or 0) / 1e6, "warm-up",
-                            ha="center", va="bottom", fontsize=7, rotation=90)
-        axs[1].plot(xs, [b.get("driver_rss_mb") for b in sb], "o-", color=_COLORS[s], label=f"{s}: driver JVM")
-        axs[1].plot(xs, [b.get("python_driver_rss_mb") for b in sb], "s--", color=_COLORS[s], alpha=0.6,
-                    label=f"{s}: Python driver")
-        axs[2].plot(xs, [b.get("python_worker_peak_rss_mb") for b in sb], "o-", color=_COLORS[s],
-                    label=f"{s}: largest worker")
-        axs[2].plot(xs, [b.get("python_worker_start_rss_mb") for b in sb], "x:", color=_COLORS[s], alpha=0.6,
-                    label=f"{s}: at the batch's start")
-    for ax in axs:
-        ax.xaxis.get_major_locator().set_params(integer=True)
-    axs[0].set_xlabel("batch")
-    axs[0].set_ylabel("output rows/s (millions; triggerExecution)")
-    axs[0].set_title(f"{params.get('fanout', '?')} rows out per row in, "
-                     f"{(params.get('input_rows') or 0) * (params.get('fanout') or 0) / 1e6:g}M per batch")
-    axs[0].legend(fontsize=8)
-    axs[1].set_xlabel("batch")
-    axs[1].set_ylabel("RSS after the batch (MiB)")
-    axs[1].set_title("driver (spark.driver.memory=1g)")
-    axs[1].set_ylim(bottom=0)
-    axs[1].legend(fontsize=7)
-    if params.get("window_rows") and params.get("fanout"):
-        wb = window_bytes(params["window_rows"], params["fanout"]) / _MB
-        starts = [b.get("python_worker_start_rss_mb") or 0 for b in bs if b["system"] == "rhino" and not b["warmup"]]
-        if starts:
-            axs[2].axhline(min(starts) + wb, color=_COLORS["rhino"], lw=0.8, ls="-.",
-                           label=f"rhino: lowest start (steady) + one window's columns ({wb:.0f} MiB)")
-    axs[2].set_xlabel("batch")
-    axs[2].set_ylabel("peak RSS of one Python worker (MiB)")
-    axs[2].set_title("executors' Python workers")
-    axs[2].set_ylim(bottom=0)
-    axs[2].legend(fontsize=7)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def report(records: list[dict], path: str) -> None:
-    from rhino._machine import machine_summary
-
-    setup = next((r for r in records if r.get("record") == "setup"), {})
-    params = setup.get("parameters", {})
-    src = setup.get("source") or {}
-    bs = [r for r in records if r.get("record") == "batch"]
-    ss = {r["system"]: r for r in records if r.get("record") == "system"}
-    summ = next((r for r in records[::-1] if r.get("record") == "summary"), None) or summarize(records)
-
-    def f(x: Any, d: int = 1) -> str:
-        return "-" if x is None else (f"{x:,.{d}f}" if isinstance(x, float) else f"{x:,}" if isinstance(x, int)
-                                      else str(x))
-
-    L = ["# Spark output: a stateful operator emitting 10 rows per input row, Rhino vs Spark's RocksDB state store",
-         "", f"Command: `{setup.get('command')}`", "",
-         f"Run at {setup.get('started')} on {machine_summary(setup.get('machine', {}))}; load average at the start "
-         f"{setup.get('loadavg_1_5_15')}, at the end {summ.get('loadavg_1_5_15')}; {summ.get('elapsed_s')} s in all.",
-         "", "Parameters: " + ", ".join(f"{k}={v}" for k, v in params.items()), "",
-         f"Code: commit {src.get('commit')}; files differing from it in the working tree: "
-         f"{', '.join(src.get('modified') or []) or 'none'}; library files modified during the run: "
-         f"{', '.join(summ.get('source_changed_during_run') or []) or 'none'}.", "",
-         "Spark settings: " + ", ".join(f"`{k}={v}`" for k, v in setup.get("spark_conf", {}).items())
-         + f" (besides the cluster's: {params.get('hosts')} hosts, one 1-core executor with 1g per host, "
-         f"`spark.sql.shuffle.partitions={max(2, params.get('hosts') or 3)}`). "
-         f"Driver JVM: pid {setup.get('driver_jvm_pid')}, `{setup.get('driver_jvm_xmx')}`; its RSS after the session "
-         f"started: {f(setup.get('driver_rss_start_mb'))} MiB.", "",
-         f"Input: one Parquet file per batch, {f(params.get('input_rows'))} rows over {f(params.get('keys'))} keys "
-         f"(`k long, v long`), read with `maxFilesPerTrigger=1`. The processor (the same class on both) counts "
-         f"each key's rows in a ValueState and emits {params.get('fanout')} rows (`k, v, j, seen`) per input row; "
-         "the output is written with `df.write.format(\"noop\")` inside `foreachBatch` and counted with "
-         "`Dataset.observe` (nothing but that count reaches the driver).", "",
-         "## Per batch", "",
-         "| system | batch | input rows | output rows | batch s (triggerExecution) | output rows/s | driver JVM RSS "
-         "(MiB) | max during | Python driver RSS | worker peak RSS (MiB) | its RSS at start | largest growth | "
-         "active workers |",
-         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for b in bs:
-        L.append(f"| {b['system']} | {b['batch']}{' (warm-up)' if b['warmup'] else ''} | {f(b.get('input_rows'))} | "
-                 f"{f(b['output_rows'])} | {f(b.get('trigger_s'), 2)} | {f(b.get('rows_per_s'), 0)} | "
-                 f"{f(b.get('driver_rss_mb'))} | {f(b.get('driver_rss_max_mb'))} | {f(b.get('python_driver_rss_mb'))} "
-                 f"| {f(b.get('python_worker_peak_rss_mb'))} | {f(b.get('python_worker_start_rss_mb'))} | "
-                 f"{f(b.get('python_worker_growth_mb'))} | {b.get('python_workers')} |")
-    if any(b.get("driver_heap_used_mb") is not None for b in bs):
-        L += ["", "The driver JVM's memory after each batch (MiB; its MemoryMXBean, no GC forced):", "",
-              "| system | RSS by batch | heap used | heap committed | non-heap used (metaspace, code cache) |",
-              "|---|---|---|---|---|"]
-        for s in [x for x in SYSTEMS if any(b["system"] == x for b in bs)]:
-            sb = [b for b in bs if b["system"] == s]
-
-            def row(k: str) -> str:
-                return ", ".join(f(b.get(k), 0) for b in sb)
-
-            L.append(f"| {s} | {row('driver_rss_mb')} | {row('driver_heap_used_mb')} | "
-                     f"{row('driver_heap_committed_mb')} | {row('driver_nonheap_used_mb')} |")
-    L += ["", "## Per system (steady batches)", "",
-          "| system | output rows/s | median batch s | driver RSS first / last / max (MiB) | flat (growth <= "
-          f"{FLAT_TOLERANCE_MB:g} MiB) | worker peak RSS (MiB) | worker growth (MiB) | executors' GC per batch (s) | "
-          f"outputs = {params.get('fanout')} x input |",
-          "|---|---:|---:|---|---|---:|---:|---:|---|"]
-    for s, r in ss.items():
-        L.append(f"| {s} | {f(r.get('rows_per_s'), 0)} | {f(r.get('trigger_s_median'), 2)} | "
-                 f"{f(r.get('driver_rss_first_mb'))} / {f(r.get('driver_rss_last_mb'))} / "
-                 f"{f(r.get('driver_rss_max_mb'))} | {r.get('driver_rss_flat')} ({f(r.get('driver_rss_growth_mb'))}) | "
-                 f"{f(r.get('python_worker_peak_rss_mb'))} | {f(r.get('python_worker_growth_mb'))} | "
-                 f"{f(r.get('executor_gc_s_mean'), 2)} | {r.get('outputs_expected')} |")
-    rh = ss.get("rhino")
-    if rh and rh.get("task_slowest_s"):
-        keys = list(rh["task_slowest_s"])
-        L += ["", "Rhino, per task (mean of the steady batches, seconds; `replicate_s` is inside `commit_s`; "
-              "`output_s` is the task's time outside its own parts, while Spark consumed its output: Arrow to the "
-              "JVM, then the noop write (fused) or into the block manager (`localCheckpoint`)):", "",
-              "| | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys),
-              "| slowest task | " + " | ".join(f(rh["task_slowest_s"][k], 3) for k in keys) + " |",
-              "| mean task | " + " | ".join(f(rh["task_mean_s"][k], 3) for k in keys) + " |", "",
-              (f"Driver, per batch: `op.transform` {f(rh.get('transform_s'), 2)} s (begin "
-               f"{f(rh['rhino_driver_s']['begin_s'], 3)}, job {f(rh['rhino_driver_s']['job_s'], 2)}, commit "
-               f"{f(rh['rhino_driver_s']['commit_s'], 3)}), then the noop write of its output "
-               f"{f(rh.get('noop_write_s'), 2)} s." if params.get("rhino_output", "checkpoint") == "checkpoint" else
-               f"Driver, per batch: `op.for_each_batch(sink)` {f(rh.get('transform_s'), 2)} s (begin "
-               f"{f(rh['rhino_driver_s']['begin_s'], 3)}, the sink's noop write, which ran the stateful tasks, "
-               f"{f(rh['rhino_driver_s']['job_s'], 2)}, commit {f(rh['rhino_driver_s']['commit_s'], 3)}).")
-              + f" Largest task window: {f(rh.get('max_window_rows'))} rows; locality {f(rh.get('locality'), 2)}."]
-    last = {}
-    for b in bs:
-        if not b["warmup"] and b.get("stages"):
-            last[b["system"]] = b
-    if last:
-        L += ["", "## Spark stages of each system's last batch", "",
-              "(submitted while its `foreachBatch` function ran; seconds; the REST API's figures)", "",
-              "| system | stage | name | tasks | duration | executor run | executor CPU | GC | input rows | "
-              "shuffle write rows | output rows | spill disk MiB |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for sys_, b in last.items():
-            for st in b["stages"]:
-                L.append(f"| {sys_} (batch {b['batch']}) | {st['stage']} | {st['name']} | {st['tasks']} | "
-                         f"{f(st['duration_s'], 2)} | {f(st['executor_run_s'], 2)} | {f(st['executor_cpu_s'], 2)} | "
-                         f"{f(st['gc_s'], 2)} | {f(st['input_rows'])} | {f(st['shuffle_write_rows'])} | "
-                         f"{f(st['output_rows'])} | {f(st['spill_disk_mb'])} |")
-    L += ["", "## Targets", ""]
-    if "rhino_vs_spark" in summ:
-        L.append(f"- Rhino at least as fast as Spark's own operator (output rows/s over the steady batches): "
-                 f"{summ['rhino_vs_spark']}x: **{'met' if summ['rhino_vs_spark_target_met'] else 'not met'}**.")
-    for s, d in (summ.get("driver_rss") or {}).items():
-        L.append(f"- {s}: driver JVM RSS flat across batches: first {f(d['first_mb'])}, last {f(d['last_mb'])}, "
-                 f"max {f(d['max_mb'])} MiB (growth {f(d['growth_mb'])} MiB): **{'met' if d['flat'] else 'not met'}**.")
-    if summ.get("window_mb") is not None:
-        part = (params.get("input_rows") or 0) // max(1, params.get("parallelism") or 1)
-        L.append(f"- Python workers: one task window is {f(params.get('window_rows'))} input rows = "
-                 f"{f(summ['window_mb'])} MiB of input and output columns (a task's whole partition, "
-                 f"{f(part)} rows, would be {f(window_bytes(part, params.get('fanout') or 0) / _MB)} MiB); "
-                 f"the largest growth of one Rhino worker within a batch was "
-                 f"{f(summ.get('rhino_worker_growth_mb'))} MiB ({summ.get('rhino_worker_growth_per_window')} "
-                 "windows); peak RSS "
-                 + ", ".join(f"{s} {f(v)} MiB" for s, v in (summ.get("python_worker_peak_rss_mb") or {}).items())
-                 + "; growth "
-                 + ", ".join(f"{s} {f(v)} MiB" for s, v in (summ.get("python_worker_growth_mb") or {}).items())
-                 + ".")
-    L.append(f"- Every batch's output = {params.get('fanout')} x its input rows (counted on the executors): "
-             f"**{'yes' if summ.get('outputs_expected') else 'NO'}**.")
-    L.append("")
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text("\n".join(L))
-
-
 # ---- command line -------------------------------------------------------------------------------
 
 
@@ -798,21 +401,92 @@ def _systems(text: str) -> list[str]:
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rhino-bench spark output",
-                                 description="A stateful operator with 10 rows out per row in: output rows/s, the "
-                                             "driver's RSS (spark.driver.memory=1g) and the Python workers' peak "
-                                             "RSS, Rhino vs Spark's transformWithStateInPandas with RocksDB, on one "
-                                             "local 3-host cluster (--hosts).")
-    ap.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
-    ap.add_argument("--out", help="append the JSON lines to this file")
-    ap.add_argument("--plot", help="write a PNG here")
-    ap.add_argument("--report", help="write a Markdown report here")
-    ap.add_argument("--from", dest="from_file", metavar="FILE",
-                    help="no run: the report and plot of the newest run recorded in this JSONL")
+class Output(Scenario):
+    name = "spark output"
+    description = ("A stateful operator with 10 rows out per row in: output rows/s, the driver's RSS "
+                   "(spark.driver.memory=1g) and the Python workers' peak RSS, Rhino vs Spark's "
+                   "transformWithStateInPandas with RocksDB, on one local 3-host cluster (--hosts).")
+    workdir_prefix = "rhino-spark-output-"
+    summary_on_failure = False
+    setup_late = True  # with the driver JVM's pid and -Xmx, once the cluster is up
+
+    def flags(self, ap: argparse.ArgumentParser) -> None:
+        _flags(ap)
+
+    def check(self, ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+        if args.first_host + args.hosts - 1 > 254:
+            ap.error(f"--first-host: the cluster's {args.hosts} hosts must fit 127.0.0.2..254")
+        if args.replicas > args.hosts - 1:
+            ap.error(f"--replicas {args.replicas}: an instance's replicas live on other hosts, so at most "
+                     f"--hosts - 1 = {args.hosts - 1}")
+
+    def parameters(self, args: argparse.Namespace, run_id: str) -> dict:
+        return {"systems": args.systems, "input_rows": args.input_rows, "fanout": args.fanout, "keys": args.keys,
+                "batches": args.batches, "warmup": args.warmup, "window_rows": args.window_rows,
+                "parallelism": args.parallelism, "replicas": args.replicas, "hosts": args.hosts,
+                "first_host": args.first_host, "sample_interval": args.sample_interval, "seed": args.seed,
+                "run_id": run_id, "rhino_output": args.rhino_output}
+
+    def setup_extra(self, args: argparse.Namespace) -> dict:
+        conf = dict(DRIVER_CONF, **{"spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+                                    "spark.sql.session.timeZone": "UTC"})
+        conf.update(args.spark_conf_dict)
+        return {"spark_conf": conf, "loadavg_1_5_15": loadavg()}
+
+    def run(self, br: BenchRun) -> None:
+        from rhino_testing.harness.spark_cluster import LocalCluster
+
+        args, base, stack = br.args, br.base, br.stack
+        n = args.warmup + args.batches
+        input_dir = base / "input"
+        say(f"writing {n} Parquet files of {args.input_rows:,} rows ({args.keys:,} keys) to {input_dir}")
+        expected_in = write_inputs(input_dir, batches=n, rows=args.input_rows, keys=args.keys, seed=args.seed)
+        say(f"starting a {args.hosts}-host cluster at 127.0.0.{args.first_host}")
+        cl = stack.enter_context(LocalCluster.up(base / "cluster", hosts=args.hosts, first_host=args.first_host))
+        spark = cl.spark_session("rhino-bench-output", **br.setup["spark_conf"])
+        stack.callback(spark.stop)
+        spark.sparkContext.setLogLevel("ERROR")
+        jvm = driver_jvm_pid(spark)
+        br.setup.update(driver_jvm_pid=jvm, driver_jvm_xmx=_xmx(jvm),
+                        driver_rss_start_mb=_mb(rss_bytes(jvm) if jvm else None), executor_pids=cl.executor_pids())
+        br.setup = round_floats(br.setup)
+        br.emit(br.setup)
+        sampler = RssSampler(jvm, cl.executor_pids(), args.sample_interval).start()
+        stack.callback(sampler.stop)
+        for system in args.systems:
+            say(f"{system}: {n} batches of {args.input_rows:,} rows in, {args.fanout * args.input_rows:,} out")
+            work = base / f"work-{system}"
+            t1 = time.monotonic()
+            recs = run_system(spark, cl, system=system, args=args, input_dir=input_dir, work=work,
+                              sampler=sampler, operator_id=f"output-{br.run_id}")
+            bl = batch_records(system, recs, warmup=args.warmup, fanout=args.fanout, expected_in=expected_in)
+            for b in bl:
+                br.emit(b)
+                say(f"  {system} batch {b['batch']}: {b['output_rows']:,} rows out in {b['trigger_s']} s "
+                    f"({(b['rows_per_s'] or 0) / 1e6:.2f}M rows/s), driver JVM {b['driver_rss_mb']} MiB, "
+                    f"largest Python worker {b['python_worker_peak_rss_mb']} MiB")
+            sr = system_record(system, bl)
+            sr["wall_s"] = round(time.monotonic() - t1, 1)
+            br.emit(sr)
+            shutil.rmtree(work, ignore_errors=True)
+
+    def replay_records(self, records: list[dict], args: argparse.Namespace) -> list[dict]:
+        """The newest run, or run ``--run-id``: from its setup record to the next run's."""
+        starts = [i for i, r in enumerate(records) if r.get("record") == "setup"
+                  and (args.run_id is None or (r.get("parameters") or {}).get("run_id") == args.run_id)]
+        if not starts:
+            return []
+        run = [records[starts[-1]]]
+        for r in records[starts[-1] + 1:]:
+            if r.get("record") == "setup":
+                break
+            run.append(r)
+        return run
+
+
+def _flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--run-id", default=None,
                     help="with --from: this run (its setup's parameters.run_id) instead of the newest")
-    ap.add_argument("--dir", default=None, help="work directory (default: a new one under /tmp)")
     ap.add_argument("--systems", type=_systems, default=list(SYSTEMS),
                     help=f"comma-separated, run in this order, from {', '.join(SYSTEMS)} (default all)")
     ap.add_argument("--input-rows", type=positive_int, default=2_000_000, help="input rows per batch (default 2M)")
@@ -836,136 +510,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                     help="extra Spark conf for both systems (repeatable)")
     ap.add_argument("--timeout", type=positive_float, default=3600.0, help="per system, s (default 3600)")
-    return ap
-
-
-def _from_file(args: argparse.Namespace) -> int:
-    try:
-        recs = [json.loads(x) for x in Path(args.from_file).read_text().splitlines() if x.strip()]
-    except (OSError, ValueError) as e:
-        print(f"rhino-bench spark output: --from {args.from_file}: {e}", file=sys.stderr)
-        return 2
-    starts = [i for i, r in enumerate(recs) if r.get("record") == "setup"
-              and (args.run_id is None or (r.get("parameters") or {}).get("run_id") == args.run_id)]
-    if not starts:
-        print(f"rhino-bench spark output: --from {args.from_file}: no setup record"
-              + (f" of run {args.run_id}" if args.run_id else ""), file=sys.stderr)
-        return 2
-    run = [recs[starts[-1]]]
-    for r in recs[starts[-1] + 1:]:  # up to the next run's setup
-        if r.get("record") == "setup":
-            break
-        run.append(r)
-    if args.plot:
-        plot(run, args.plot)
-    if args.report:
-        report(run, args.report)
-    print(json.dumps(summarize(run)))
-    return 0
 
 
 def _xmx(pid: Optional[int]) -> Optional[str]:
     if pid is None:
         return None
-    return next((a for a in _cmdline(pid) if a.startswith("-Xmx")), None)
+    return next((a for a in cmdline(pid) if a.startswith("-Xmx")), None)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = ap.parse_args(argv)
-    try:
-        spark_conf = parse_conf(args.spark_conf)
-    except argparse.ArgumentTypeError as e:
-        ap.error(str(e))
-    if args.first_host + args.hosts - 1 > 254:
-        ap.error(f"--first-host: the cluster's {args.hosts} hosts must fit 127.0.0.2..254")
-    if args.replicas > args.hosts - 1:
-        ap.error(f"--replicas {args.replicas}: an instance's replicas live on other hosts, so at most "
-                 f"--hosts - 1 = {args.hosts - 1}")
-    if args.from_file:
-        return _from_file(args)
-    install_signal_handlers()
-    from rhino._machine import describe_machine
-
-    from ..harness.spark_cluster import LocalCluster
-    from .state_size import changed_since, source_state
-
-    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="rhino-spark-output-"))
-    base.mkdir(parents=True, exist_ok=True)
-    em = Emitter(args.json, args.out)
-    command = "rhino-bench spark output " + " ".join(argv)
-    run_id = time.strftime("%Y%m%dT%H%M%S")
-    conf = dict(DRIVER_CONF, **{"spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
-                                "spark.sql.session.timeZone": "UTC"})
-    conf.update(spark_conf)
-    n = args.warmup + args.batches
-    params = {"systems": args.systems, "input_rows": args.input_rows, "fanout": args.fanout, "keys": args.keys,
-              "batches": args.batches, "warmup": args.warmup, "window_rows": args.window_rows,
-              "parallelism": args.parallelism, "replicas": args.replicas, "hosts": args.hosts, "first_host": args.first_host,
-              "sample_interval": args.sample_interval, "seed": args.seed, "run_id": run_id,
-              "rhino_output": args.rhino_output}
-    setup: dict[str, Any] = {"record": "setup", "command": command,
-                             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                             "machine": describe_machine(str(base)), "spark_conf": conf, "parameters": params,
-                             "loadavg_1_5_15": loadavg(), "source": source_state()}
-    t_wall = time.time()
-    t0 = time.monotonic()
-    elapsed: Optional[float] = None
-    try:
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(stdout_for_json_only())
-            input_dir = base / "input"
-            say(f"writing {n} Parquet files of {args.input_rows:,} rows ({args.keys:,} keys) to {input_dir}")
-            expected_in = write_inputs(input_dir, batches=n, rows=args.input_rows, keys=args.keys, seed=args.seed)
-            say(f"starting a {args.hosts}-host cluster at 127.0.0.{args.first_host}")
-            cl = stack.enter_context(LocalCluster.up(base / "cluster", hosts=args.hosts,
-                                                     first_host=args.first_host))
-            spark = cl.spark_session("rhino-bench-output", **conf)
-            stack.callback(spark.stop)
-            spark.sparkContext.setLogLevel("ERROR")
-            jvm = driver_jvm_pid(spark)
-            setup.update(driver_jvm_pid=jvm, driver_jvm_xmx=_xmx(jvm), driver_rss_start_mb=_mb(_rss(jvm) if jvm else None),
-                         executor_pids=cl.executor_pids())
-            em.emit(round_floats(setup))
-            sampler = RssSampler(jvm, cl.executor_pids(), args.sample_interval).start()
-            stack.callback(sampler.stop)
-            for system in args.systems:
-                say(f"{system}: {n} batches of {args.input_rows:,} rows in, {args.fanout * args.input_rows:,} out")
-                work = base / f"work-{system}"
-                t1 = time.monotonic()
-                recs = run_system(spark, cl, system=system, args=args, input_dir=input_dir, work=work,
-                                  sampler=sampler, operator_id=f"output-{run_id}")
-                bl = batch_records(system, recs, warmup=args.warmup, fanout=args.fanout, expected_in=expected_in)
-                for b in bl:
-                    em.emit(b)
-                    say(f"  {system} batch {b['batch']}: {b['output_rows']:,} rows out in {b['trigger_s']} s "
-                        f"({(b['rows_per_s'] or 0) / 1e6:.2f}M rows/s), driver JVM {b['driver_rss_mb']} MiB, "
-                        f"largest Python worker {b['python_worker_peak_rss_mb']} MiB")
-                sr = system_record(system, bl)
-                sr["wall_s"] = round(time.monotonic() - t1, 1)
-                em.emit(sr)
-                shutil.rmtree(work, ignore_errors=True)
-        elapsed = time.monotonic() - t0
-        summ = summarize(em.records)
-        summ["elapsed_s"] = round(elapsed, 1)
-        summ["loadavg_1_5_15"] = loadavg()
-        summ["source_changed_during_run"] = changed_since(setup["source"]["repo"], t_wall)
-        em.emit(summ)
-    finally:
-        if args.plot:
-            try:
-                plot(em.records, args.plot)
-            except Exception as e:  # noqa: BLE001 - the measurements are out already
-                say(f"plot failed: {e}")
-        if args.report:
-            try:
-                report(em.records, args.report)
-            except Exception as e:  # noqa: BLE001
-                say(f"report failed: {e}")
-        if not args.dir:
-            shutil.rmtree(base, ignore_errors=True)
-    return 0
+    return bench_main(Output(summarize=summarize, report=report, plot=plot), argv)
 
 
 if __name__ == "__main__":

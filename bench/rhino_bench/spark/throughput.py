@@ -1,5 +1,5 @@
 """``rhino-bench spark throughput``: steady-state events/s and per-batch latency of
-NEXMark Q8 on one 3-host :class:`~rhino_bench.harness.spark_cluster.LocalCluster`, for three
+NEXMark Q8 on one 3-host :class:`~rhino_testing.harness.spark_cluster.LocalCluster`, for three
 configurations in the same run: Rhino with r=0, Rhino with r=2, and Spark's own
 ``transformWithStateInPandas`` with the RocksDB state store provider.
 
@@ -320,8 +320,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error("--first-host: the cluster's 3 hosts must fit 127.0.0.2..254")
     install_signal_handlers()
     from rhino._machine import describe_machine
-    from ..harness.spark_cluster import LocalCluster
-    from ..nexmark.pipeline import run_pipeline
+    from rhino_testing.harness.spark_cluster import LocalCluster
+    from rhino_testing.nexmark.pipeline import run_pipeline
 
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="rhino-spark-throughput-"))
     base.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,7 @@ numeric or timestamp field, strings' UTF-8 bytes, the payload): Person ~206 B, A
 Bid 32 B.
 
 Throughput (``generate``, 1M events, default config, one core of this 2-core machine,
-measured by ``python -m rhino_bench.nexmark.generator``, best of 3): 2.3-3.0M events/s
+measured by ``python -m rhino_testing.nexmark.generator``, best of 3): 2.3-3.0M events/s
 (0.33-0.44 s per 1M events, depending on the machine's other load; Person/Auction payloads of
 147/213 B included).
 """

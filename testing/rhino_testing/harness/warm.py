@@ -22,7 +22,7 @@ def warm_executor(spark: Any, ip: str, say: Callable[[str], None]) -> bool:
         import importlib
         import os
 
-        for m in ("numpy", "pandas", "pyarrow", "rhino.spark.runtime.task", "rhino_bench.nexmark.source"):
+        for m in ("numpy", "pandas", "pyarrow", "rhino.spark.runtime.task", "rhino_testing.nexmark.source"):
             importlib.import_module(m)
         for _ in batches:
             pass

@@ -29,7 +29,7 @@ this is a test layer, sized for crash trials of a few MB, not a fast filesystem.
 
 Run as a program (the daemon, in the foreground)::
 
-    python -m rhino_bench.harness.power_loss_fs BACKING MOUNTPOINT
+    python -m rhino_testing.harness.power_loss_fs BACKING MOUNTPOINT
 
 or from a test through :class:`PowerLossMount`, whose ``power_loss()`` does the above.
 Needs ``/dev/fuse``, libfuse 3 (Debian's ``fuse3``) and ``mfusepy``.
@@ -496,7 +496,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     liar = "--ignore-fsync" in args
     args = [a for a in args if a != "--ignore-fsync"]
     if len(args) != 2:
-        print("usage: python -m rhino_bench.harness.power_loss_fs [--ignore-fsync] BACKING MOUNTPOINT",
+        print("usage: python -m rhino_testing.harness.power_loss_fs [--ignore-fsync] BACKING MOUNTPOINT",
               file=sys.stderr)
         return 2
     ops, mfusepy = _make_operations(os.path.abspath(args[0]), honour_fsync=not liar)
@@ -533,7 +533,7 @@ class PowerLossMount:
 
     def mount(self, timeout: float = 20.0) -> None:
         with open(self.log, "ab") as logf:
-            self.proc = subprocess.Popen([sys.executable, "-m", "rhino_bench.harness.power_loss_fs"]
+            self.proc = subprocess.Popen([sys.executable, "-m", "rhino_testing.harness.power_loss_fs"]
                                          + ([] if self.honour_fsync else ["--ignore-fsync"])
                                          + [str(self.backing), str(self.mountpoint)],
                                          stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)

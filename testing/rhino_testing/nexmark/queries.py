@@ -9,7 +9,7 @@ Each query is a :class:`Query` in :data:`QUERIES` (``"q5"``, ``"q8"``, ``"q11"``
     # or simply: out = q.transform(events)
 
 ``prepare(df, **params)`` is the stateless step from the flat event stream
-(:data:`~rhino_bench.nexmark.generator.SPARK_SCHEMA_DDL`) to the processor's input; it keeps
+(:data:`~rhino_testing.nexmark.generator.SPARK_SCHEMA_DDL`) to the processor's input; it keeps
 the event-time column ``ts`` (so a watermark set before or after it applies) and adds ``ts_ms``
 (epoch milliseconds, what the processors read). ``params`` are the window sizes, the same for
 ``prepare`` and ``processor_factory`` (defaults Beam's): Q5 ``window_ms=10000, slide_ms=5000``,

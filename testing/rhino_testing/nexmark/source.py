@@ -2,16 +2,16 @@
 
 Register once per session, then read::
 
-    from rhino_bench.nexmark.source import NexmarkDataSource
+    from rhino_testing.nexmark.source import NexmarkDataSource
     spark.dataSource.register(NexmarkDataSource)
     events = (spark.readStream.format("nexmark")
               .option("eventsPerBatch", 10_000).option("maxEvents", 100_000).load())
 
 Offsets are event-id ranges: an offset is ``{"next_event_id": n}``, the first id not yet read,
 and a micro-batch ``(start, end]`` holds exactly the events ``[start, end)`` of
-:func:`rhino_bench.nexmark.generator.generate`, whenever and however often it is read: replay
+:func:`rhino_testing.nexmark.generator.generate`, whenever and however often it is read: replay
 after a failure regenerates the same rows (the "upstream backup" of exactly-once replay).
-The schema is :data:`~rhino_bench.nexmark.generator.SPARK_SCHEMA_DDL`; ``read`` yields Arrow
+The schema is :data:`~rhino_testing.nexmark.generator.SPARK_SCHEMA_DDL`; ``read`` yields Arrow
 RecordBatches.
 
 Options (case-insensitive; numbers as strings or ints):
@@ -29,7 +29,7 @@ Options (case-insensitive; numbers as strings or ints):
 * generator config: ``seed``, ``baseTimeMs``, ``interEventDelayUs``, ``payloadBytes`` (Person
   and Auction payload), ``personPayloadBytes``, ``auctionPayloadBytes``, ``bidPayloadBytes``,
   ``numActivePeople``, ``numInFlightAuctions``, ``hotSellersRatio``, ``hotAuctionRatio``,
-  ``hotBiddersRatio`` (defaults of :class:`~rhino_bench.nexmark.generator.NexmarkConfig`).
+  ``hotBiddersRatio`` (defaults of :class:`~rhino_testing.nexmark.generator.NexmarkConfig`).
 
 Trigger.AvailableNow is supported: the target is the end of what is available when the query
 starts (``maxEvents``, or the rate's current position).

@@ -1,0 +1,239 @@
+"""``rhino-bench spark output``: the summary, the plot and the report of its records (pure: they read the
+JSON lines alone, in a run or with ``--from``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+
+SYSTEMS = ("rhino", "spark-rocksdb")
+RHINO_VS_SPARK_TARGET = 1.0
+FLAT_TOLERANCE_MB = 64.0  # the driver's RSS, last batch minus first: "flat" if at most this
+IN_ROW_BYTES = 16  # k, v
+OUT_ROW_BYTES = 28  # k, v, j (int32), seen
+_MB = 1 << 20
+
+
+def window_bytes(window_rows: int, fanout: int) -> int:
+    """The bytes of one task window's data: its input rows and their output, as columns."""
+    return window_rows * (IN_ROW_BYTES + fanout * OUT_ROW_BYTES)
+
+
+def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
+    v = [x for x in xs if x is not None]
+    return sum(v) / len(v) if v else None
+
+
+def summarize(records: list[dict]) -> dict:
+    by = {r["system"]: r for r in records if r.get("record") == "system"}
+    setup = next((r for r in records if r.get("record") == "setup"), {})
+    params = setup.get("parameters", {})
+    out: dict[str, Any] = {"record": "summary"}
+    rh, sp = by.get("rhino"), by.get("spark-rocksdb")
+    if rh and sp and sp.get("rows_per_s") and rh.get("rows_per_s"):
+        out["rhino_vs_spark"] = round(rh["rows_per_s"] / sp["rows_per_s"], 3)
+        out["rhino_vs_spark_target_met"] = out["rhino_vs_spark"] >= RHINO_VS_SPARK_TARGET
+    out["rows_per_s"] = {s: r.get("rows_per_s") for s, r in by.items()}
+    out["driver_rss"] = {s: {"first_mb": r.get("driver_rss_first_mb"), "last_mb": r.get("driver_rss_last_mb"),
+                             "max_mb": r.get("driver_rss_max_mb"), "growth_mb": r.get("driver_rss_growth_mb"),
+                             "flat": r.get("driver_rss_flat")} for s, r in by.items()}
+    out["driver_rss_flat"] = bool(by) and all(r.get("driver_rss_flat") for r in by.values())
+    out["python_worker_peak_rss_mb"] = {s: r.get("python_worker_peak_rss_mb") for s, r in by.items()}
+    if params.get("window_rows") and params.get("fanout"):
+        wb = window_bytes(params["window_rows"], params["fanout"])
+        out["window_mb"] = round(wb / _MB, 1)
+        out["python_worker_growth_mb"] = {s: r.get("python_worker_growth_mb") for s, r in by.items()}
+        if rh and rh.get("python_worker_growth_mb") is not None:
+            out["rhino_worker_growth_mb"] = rh["python_worker_growth_mb"]
+            out["rhino_worker_growth_per_window"] = round(out["rhino_worker_growth_mb"] / (wb / _MB), 2)
+    out["outputs_expected"] = bool(by) and all(r.get("outputs_expected") for r in by.values())
+    return out
+
+
+# ---- plot and report --------------------------------------------------------------------------
+
+_COLORS = {"rhino": "#d04040", "spark-rocksdb": "#404040"}
+
+
+def plot(records: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bs = [r for r in records if r.get("record") == "batch"]
+    if not bs:
+        return
+    setup = next((r for r in records if r.get("record") == "setup"), {})
+    params = setup.get("parameters", {})
+    systems = [s for s in SYSTEMS if any(b["system"] == s for b in bs)]
+    fig, axs = plt.subplots(1, 3, figsize=(16, 4.8))
+    width = 0.8 / max(1, len(systems))
+    for i, s in enumerate(systems):
+        sb = [b for b in bs if b["system"] == s]
+        xs = list(range(len(sb)))
+        axs[0].bar([x + (i - (len(systems) - 1) / 2) * width for x in xs], [(b["rows_per_s"] or 0) / 1e6 for b in sb],
+                   width=width, color=_COLORS[s], label=s)
+        for x, b in zip(xs, sb):
+            if b["warmup"]:
+                axs[0].text(x + (i - (len(systems) - 1) / 2) * width, (b["rows_per_s"] or 0) / 1e6, "warm-up",
+                            ha="center", va="bottom", fontsize=7, rotation=90)
+        axs[1].plot(xs, [b.get("driver_rss_mb") for b in sb], "o-", color=_COLORS[s], label=f"{s}: driver JVM")
+        axs[1].plot(xs, [b.get("python_driver_rss_mb") for b in sb], "s--", color=_COLORS[s], alpha=0.6,
+                    label=f"{s}: Python driver")
+        axs[2].plot(xs, [b.get("python_worker_peak_rss_mb") for b in sb], "o-", color=_COLORS[s],
+                    label=f"{s}: largest worker")
+        axs[2].plot(xs, [b.get("python_worker_start_rss_mb") for b in sb], "x:", color=_COLORS[s], alpha=0.6,
+                    label=f"{s}: at the batch's start")
+    for ax in axs:
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    axs[0].set_xlabel("batch")
+    axs[0].set_ylabel("output rows/s (millions; triggerExecution)")
+    axs[0].set_title(f"{params.get('fanout', '?')} rows out per row in, "
+                     f"{(params.get('input_rows') or 0) * (params.get('fanout') or 0) / 1e6:g}M per batch")
+    axs[0].legend(fontsize=8)
+    axs[1].set_xlabel("batch")
+    axs[1].set_ylabel("RSS after the batch (MiB)")
+    axs[1].set_title("driver (spark.driver.memory=1g)")
+    axs[1].set_ylim(bottom=0)
+    axs[1].legend(fontsize=7)
+    if params.get("window_rows") and params.get("fanout"):
+        wb = window_bytes(params["window_rows"], params["fanout"]) / _MB
+        starts = [b.get("python_worker_start_rss_mb") or 0 for b in bs if b["system"] == "rhino" and not b["warmup"]]
+        if starts:
+            axs[2].axhline(min(starts) + wb, color=_COLORS["rhino"], lw=0.8, ls="-.",
+                           label=f"rhino: lowest start (steady) + one window's columns ({wb:.0f} MiB)")
+    axs[2].set_xlabel("batch")
+    axs[2].set_ylabel("peak RSS of one Python worker (MiB)")
+    axs[2].set_title("executors' Python workers")
+    axs[2].set_ylim(bottom=0)
+    axs[2].legend(fontsize=7)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(records: list[dict], path: str) -> None:
+    from rhino._machine import machine_summary
+
+    setup = next((r for r in records if r.get("record") == "setup"), {})
+    params = setup.get("parameters", {})
+    src = setup.get("source") or {}
+    bs = [r for r in records if r.get("record") == "batch"]
+    ss = {r["system"]: r for r in records if r.get("record") == "system"}
+    summ = next((r for r in records[::-1] if r.get("record") == "summary"), None) or summarize(records)
+
+    def f(x: Any, d: int = 1) -> str:
+        return "-" if x is None else (f"{x:,.{d}f}" if isinstance(x, float) else f"{x:,}" if isinstance(x, int)
+                                      else str(x))
+
+    L = ["# Spark output: a stateful operator emitting 10 rows per input row, Rhino vs Spark's RocksDB state store",
+         "", f"Command: `{setup.get('command')}`", "",
+         f"Run at {setup.get('started')} on {machine_summary(setup.get('machine', {}))}; load average at the start "
+         f"{setup.get('loadavg_1_5_15')}, at the end {summ.get('loadavg_1_5_15')}; {summ.get('elapsed_s')} s in all.",
+         "", "Parameters: " + ", ".join(f"{k}={v}" for k, v in params.items()), "",
+         f"Code: commit {src.get('commit')}; files differing from it in the working tree: "
+         f"{', '.join(src.get('modified') or []) or 'none'}; library files modified during the run: "
+         f"{', '.join(summ.get('source_changed_during_run') or []) or 'none'}.", "",
+         "Spark settings: " + ", ".join(f"`{k}={v}`" for k, v in setup.get("spark_conf", {}).items())
+         + f" (besides the cluster's: {params.get('hosts')} hosts, one 1-core executor with 1g per host, "
+         f"`spark.sql.shuffle.partitions={max(2, params.get('hosts') or 3)}`). "
+         f"Driver JVM: pid {setup.get('driver_jvm_pid')}, `{setup.get('driver_jvm_xmx')}`; its RSS after the session "
+         f"started: {f(setup.get('driver_rss_start_mb'))} MiB.", "",
+         f"Input: one Parquet file per batch, {f(params.get('input_rows'))} rows over {f(params.get('keys'))} keys "
+         f"(`k long, v long`), read with `maxFilesPerTrigger=1`. The processor (the same class on both) counts "
+         f"each key's rows in a ValueState and emits {params.get('fanout')} rows (`k, v, j, seen`) per input row; "
+         "the output is written with `df.write.format(\"noop\")` inside `foreachBatch` and counted with "
+         "`Dataset.observe` (nothing but that count reaches the driver).", "",
+         "## Per batch", "",
+         "| system | batch | input rows | output rows | batch s (triggerExecution) | output rows/s | driver JVM RSS "
+         "(MiB) | max during | Python driver RSS | worker peak RSS (MiB) | its RSS at start | largest growth | "
+         "active workers |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for b in bs:
+        L.append(f"| {b['system']} | {b['batch']}{' (warm-up)' if b['warmup'] else ''} | {f(b.get('input_rows'))} | "
+                 f"{f(b['output_rows'])} | {f(b.get('trigger_s'), 2)} | {f(b.get('rows_per_s'), 0)} | "
+                 f"{f(b.get('driver_rss_mb'))} | {f(b.get('driver_rss_max_mb'))} | {f(b.get('python_driver_rss_mb'))} "
+                 f"| {f(b.get('python_worker_peak_rss_mb'))} | {f(b.get('python_worker_start_rss_mb'))} | "
+                 f"{f(b.get('python_worker_growth_mb'))} | {b.get('python_workers')} |")
+    if any(b.get("driver_heap_used_mb") is not None for b in bs):
+        L += ["", "The driver JVM's memory after each batch (MiB; its MemoryMXBean, no GC forced):", "",
+              "| system | RSS by batch | heap used | heap committed | non-heap used (metaspace, code cache) |",
+              "|---|---|---|---|---|"]
+        for s in [x for x in SYSTEMS if any(b["system"] == x for b in bs)]:
+            sb = [b for b in bs if b["system"] == s]
+
+            def row(k: str) -> str:
+                return ", ".join(f(b.get(k), 0) for b in sb)
+
+            L.append(f"| {s} | {row('driver_rss_mb')} | {row('driver_heap_used_mb')} | "
+                     f"{row('driver_heap_committed_mb')} | {row('driver_nonheap_used_mb')} |")
+    L += ["", "## Per system (steady batches)", "",
+          "| system | output rows/s | median batch s | driver RSS first / last / max (MiB) | flat (growth <= "
+          f"{FLAT_TOLERANCE_MB:g} MiB) | worker peak RSS (MiB) | worker growth (MiB) | executors' GC per batch (s) | "
+          f"outputs = {params.get('fanout')} x input |",
+          "|---|---:|---:|---|---|---:|---:|---:|---|"]
+    for s, r in ss.items():
+        L.append(f"| {s} | {f(r.get('rows_per_s'), 0)} | {f(r.get('trigger_s_median'), 2)} | "
+                 f"{f(r.get('driver_rss_first_mb'))} / {f(r.get('driver_rss_last_mb'))} / "
+                 f"{f(r.get('driver_rss_max_mb'))} | {r.get('driver_rss_flat')} ({f(r.get('driver_rss_growth_mb'))}) | "
+                 f"{f(r.get('python_worker_peak_rss_mb'))} | {f(r.get('python_worker_growth_mb'))} | "
+                 f"{f(r.get('executor_gc_s_mean'), 2)} | {r.get('outputs_expected')} |")
+    rh = ss.get("rhino")
+    if rh and rh.get("task_slowest_s"):
+        keys = list(rh["task_slowest_s"])
+        L += ["", "Rhino, per task (mean of the steady batches, seconds; `replicate_s` is inside `commit_s`; "
+              "`output_s` is the task's time outside its own parts, while Spark consumed its output: Arrow to the "
+              "JVM, then the noop write (fused) or into the block manager (`localCheckpoint`)):", "",
+              "| | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys),
+              "| slowest task | " + " | ".join(f(rh["task_slowest_s"][k], 3) for k in keys) + " |",
+              "| mean task | " + " | ".join(f(rh["task_mean_s"][k], 3) for k in keys) + " |", "",
+              (f"Driver, per batch: `op.transform` {f(rh.get('transform_s'), 2)} s (begin "
+               f"{f(rh['rhino_driver_s']['begin_s'], 3)}, job {f(rh['rhino_driver_s']['job_s'], 2)}, commit "
+               f"{f(rh['rhino_driver_s']['commit_s'], 3)}), then the noop write of its output "
+               f"{f(rh.get('noop_write_s'), 2)} s." if params.get("rhino_output", "checkpoint") == "checkpoint" else
+               f"Driver, per batch: `op.for_each_batch(sink)` {f(rh.get('transform_s'), 2)} s (begin "
+               f"{f(rh['rhino_driver_s']['begin_s'], 3)}, the sink's noop write, which ran the stateful tasks, "
+               f"{f(rh['rhino_driver_s']['job_s'], 2)}, commit {f(rh['rhino_driver_s']['commit_s'], 3)}).")
+              + f" Largest task window: {f(rh.get('max_window_rows'))} rows; locality {f(rh.get('locality'), 2)}."]
+    last = {}
+    for b in bs:
+        if not b["warmup"] and b.get("stages"):
+            last[b["system"]] = b
+    if last:
+        L += ["", "## Spark stages of each system's last batch", "",
+              "(submitted while its `foreachBatch` function ran; seconds; the REST API's figures)", "",
+              "| system | stage | name | tasks | duration | executor run | executor CPU | GC | input rows | "
+              "shuffle write rows | output rows | spill disk MiB |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for sys_, b in last.items():
+            for st in b["stages"]:
+                L.append(f"| {sys_} (batch {b['batch']}) | {st['stage']} | {st['name']} | {st['tasks']} | "
+                         f"{f(st['duration_s'], 2)} | {f(st['executor_run_s'], 2)} | {f(st['executor_cpu_s'], 2)} | "
+                         f"{f(st['gc_s'], 2)} | {f(st['input_rows'])} | {f(st['shuffle_write_rows'])} | "
+                         f"{f(st['output_rows'])} | {f(st['spill_disk_mb'])} |")
+    L += ["", "## Targets", ""]
+    if "rhino_vs_spark" in summ:
+        L.append(f"- Rhino at least as fast as Spark's own operator (output rows/s over the steady batches): "
+                 f"{summ['rhino_vs_spark']}x: **{'met' if summ['rhino_vs_spark_target_met'] else 'not met'}**.")
+    for s, d in (summ.get("driver_rss") or {}).items():
+        L.append(f"- {s}: driver JVM RSS flat across batches: first {f(d['first_mb'])}, last {f(d['last_mb'])}, "
+                 f"max {f(d['max_mb'])} MiB (growth {f(d['growth_mb'])} MiB): **{'met' if d['flat'] else 'not met'}**.")
+    if summ.get("window_mb") is not None:
+        part = (params.get("input_rows") or 0) // max(1, params.get("parallelism") or 1)
+        L.append(f"- Python workers: one task window is {f(params.get('window_rows'))} input rows = "
+                 f"{f(summ['window_mb'])} MiB of input and output columns (a task's whole partition, "
+                 f"{f(part)} rows, would be {f(window_bytes(part, params.get('fanout') or 0) / _MB)} MiB); "
+                 f"the largest growth of one Rhino worker within a batch was "
+                 f"{f(summ.get('rhino_worker_growth_mb'))} MiB ({summ.get('rhino_worker_growth_per_window')} "
+                 "windows); peak RSS "
+                 + ", ".join(f"{s} {f(v)} MiB" for s, v in (summ.get("python_worker_peak_rss_mb") or {}).items())
+                 + "; growth "
+                 + ", ".join(f"{s} {f(v)} MiB" for s, v in (summ.get("python_worker_growth_mb") or {}).items())
+                 + ".")
+    L.append(f"- Every batch's output = {params.get('fanout')} x its input rows (counted on the executors): "
+             f"**{'yes' if summ.get('outputs_expected') else 'NO'}**.")
+    L.append("")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("\n".join(L))
