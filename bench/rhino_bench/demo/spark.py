@@ -67,6 +67,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--state", type=_size, default=_size("256M"),
                    help="live Q8 state to build by the kill (default: 256M)")
     p.add_argument("--hosts", type=int, default=3, help="hosts at the start (default: %(default)s)")
+    p.add_argument("--cores", type=int, default=2,
+                   help="task slots of each host's Spark executor (default: %(default)s: after the kill, the two "
+                        "hosts left run the four instances' tasks at once, as a real host's cores would)")
     p.add_argument("--replicas", type=int, default=2, help="replicas per instance, r (default: %(default)s)")
     p.add_argument("--kill-only", action="store_true",
                    help="no join, rescale or decommission: only the SIGKILL of a host (the older, shorter demo)")
@@ -202,7 +205,7 @@ def main(argv: Optional[list[str]] = None) -> int:
              f"batch, {payload:,} B payload per person/auction: ~{a.state / 2**20:.0f} MiB of state after "
              f"{build_batches} batches; host {a.kill_host} is killed then, {a.batches_after} batches follow")
     t_up = time.time()
-    cl = LocalCluster.up(work / "cluster", hosts=a.hosts, first_host=a.first_host, heartbeat_timeout=2.0,
+    cl = LocalCluster.up(work / "cluster", hosts=a.hosts, first_host=a.first_host, heartbeat_timeout=2.0, cores=a.cores,
                          progress=lambda s: _say(f"[cluster] {s}"), tls=a.tls)
     kill: dict[str, Any] = {}
     events: list[dict] = []  # the elastic events, in order, as they happened
