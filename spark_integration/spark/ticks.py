@@ -25,7 +25,7 @@ first ran without ticks gains them with ``checkpoint_location``: its checkpoint'
 offset log gets the rate source's starting offset appended to each batch's entry,
 through Spark's own Hadoop filesystem (any filesystem Spark checkpoints to), before
 the query restarts. Spark's own operator needs no such step: it asks for its
-no-data batches itself, from its first start or a later one (issue 45).
+no-data batches itself once it has run a batch since its (re)start (issue 45).
 """
 
 from __future__ import annotations
