@@ -89,6 +89,25 @@ class IdleProcessor(StatefulProcessor):
         pass
 
 
+class IdleProcessorRows(IdleProcessor):
+    """The same in the Row form (``transformWithState``): the same counts, timers and rows."""
+
+    def handleInputRows(self, key, rows, timerValues):
+        from pyspark.sql import Row
+
+        n = (self.n.get() or (0,))[0] + sum(1 for _ in rows)
+        self.n.update((n,))
+        for t in list(self.handle.listTimers()):
+            self.handle.deleteTimer(t)
+        self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs() + self.DELAY)
+        yield Row(k=key[0], n=n, why="data")
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        from pyspark.sql import Row
+
+        yield Row(k=key[0], n=self.n.get()[0], why="idle")
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     with rhino_cluster(tmp_path_factory.mktemp("quiet")) as c:
@@ -243,7 +262,8 @@ def test_a_processing_time_timer_fires_with_no_input_as_in_spark(cluster, spark,
     assert quiet and sum(t["timers_fired"] for rep in quiet for t in rep.tasks) >= 1
 
 
-def test_a_query_started_without_ticks_gains_them_at_a_restart_as_spark_does(cluster, spark, tmp_path):
+@pytest.mark.parametrize("mode", ["pandas", "rows"])
+def test_a_query_started_without_ticks_gains_them_at_a_restart_as_spark_does(cluster, spark, tmp_path, mode):
     """Issue 45: quiet-stream batches a query gains after its first start. Both queries first run:
     Spark's own operator, and Rhino's without ticks, read two files (timers registered) and
     stop. Both restart from their checkpoints, Rhino's with ``with_ticks(...,
@@ -265,9 +285,12 @@ def test_a_query_started_without_ticks_gains_them_at_a_restart_as_spark_does(clu
     def stream():
         return spark.readStream.schema("k long").option("maxFilesPerTrigger", 1).parquet(str(src))
 
+    proc = IdleProcessor if mode == "pandas" else IdleProcessorRows
+
     def spark_query(sink):
-        return (stream().groupBy("k").transformWithStateInPandas(IdleProcessor(), outputStructType=out_schema,
-                                                                 outputMode="Update", timeMode="ProcessingTime")
+        g = stream().groupBy("k")
+        tws = g.transformWithStateInPandas if mode == "pandas" else g.transformWithState
+        return (tws(proc(), outputStructType=out_schema, outputMode="Update", timeMode="ProcessingTime")
                 .writeStream.foreachBatch(sink).option("checkpointLocation", ck_s)
                 .trigger(processingTime=TRIGGER).start())
 
@@ -278,7 +301,7 @@ def test_a_query_started_without_ticks_gains_them_at_a_restart_as_spark_does(clu
 
     # 1. the first start: Rhino's with no ticks, stopped once both files are read
     got_s1, got_r1 = _Sink(), _Sink()
-    op = _op(cluster, IdleProcessor(), "quiet-gained", out_schema, time_mode="ProcessingTime")
+    op = _op(cluster, proc(), f"quiet-gained-{mode}", out_schema, time_mode="ProcessingTime", mode=mode)
     qs = spark_query(got_s1)
     qr = (stream().writeStream.foreachBatch(op.for_each_batch(got_r1)).option("checkpointLocation", ck_r)
           .trigger(processingTime=TRIGGER).start())
@@ -292,7 +315,7 @@ def test_a_query_started_without_ticks_gains_them_at_a_restart_as_spark_does(clu
     assert not has(got_r1, 3, "idle")
     # 2. the restart, then a third file
     got_s2, got_r2 = _Sink(), _Sink()
-    op2 = _op(cluster, IdleProcessor(), "quiet-gained", out_schema, time_mode="ProcessingTime")
+    op2 = _op(cluster, proc(), f"quiet-gained-{mode}", out_schema, time_mode="ProcessingTime", mode=mode)
     qs = spark_query(got_s2)
     qr = (with_ticks(stream(), checkpoint_location=ck_r).writeStream.foreachBatch(op2.for_each_batch(got_r2))
           .option("checkpointLocation", ck_r).trigger(processingTime=TRIGGER).start())
