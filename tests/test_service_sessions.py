@@ -370,3 +370,54 @@ def test_the_attempt_fence_refuses_superseded_attempts_and_committed_batches(tmp
     finally:
         w2.stop()
         w3.stop()
+
+
+def test_an_explicit_start_sees_the_committed_batch_the_fence_names(tmp_path: Path, secret_file: Path) -> None:
+    """An operator started at batch b > 0, and one resumed after a gap (issue 47: a stage
+    inserted into a running chain; ``begin_batch(first=True)`` at the coordinator): a fenced
+    session sees the committed batch its fence names (none, or the batch before the gap),
+    and a rerun of that batch rolls back to it, over the gap; an unfenced session still
+    needs b-1, and a session whose fence names a batch the live state is past, other than
+    its own batch, is refused. Checked against a model on the primary and the chain member,
+    read with rocksdict from a restore of each checkpoint."""
+    w3 = WorkerProcess(tmp_path, "w3", "127.0.0.3", secret_file=secret_file, metrics=False).start()
+    w2 = WorkerProcess(tmp_path, "w2", "127.0.0.2", secret_file=secret_file, metrics=False).start()
+    try:
+        c = rhino.connect(w2.unix_socket, secret=SECRET)
+        c.open_instance("start", 0, epoch=1, num_vnodes=8, chain=[w3.address], chain_version=1)
+        keys = np.arange(300, dtype=np.int64)
+        models: dict[int, dict[bytes, bytes]] = {}
+
+        def run(b: int, attempt: int, committed, *, sees, rolled_back: bool) -> None:
+            with c.session("start", 0, batch=b, epoch=1, attempt=attempt, committed=committed) as s:
+                assert (s.version, s.rolled_back) == (sees, rolled_back)
+                base = dict(models[sees]) if sees is not None else {}
+                # the state it sees: the model of that batch, nothing of the batch run before
+                assert s.get_batch(keys[:1]) == [base.get(kb(0))]
+                i = b % 3
+                vals = [f"b{b}".encode()] * 100
+                s.put_batch(keys[100 * i:100 * (i + 1)], vals)
+                assert s.commit().replication == "complete"
+            base.update({kb(k): v for k, v in zip(keys[100 * i:100 * (i + 1)], vals)})
+            models[b] = base
+
+        run(5, 20, None, sees=None, rolled_back=False)  # a new operator's first batch, 5
+        run(5, 21, None, sees=None, rolled_back=True)  # it runs again: back to no version
+        run(6, 22, 5, sees=5, rolled_back=False)
+        run(10, 23, 6, sees=6, rolled_back=False)  # resumed after a gap: sees 6
+        run(10, 24, 6, sees=6, rolled_back=True)  # it runs again: back over the gap
+        with pytest.raises(rhino.InvalidArgumentError, match="needs the state at version 11, but it is at version 10"):
+            c.session("start", 0, batch=12, epoch=1)  # no fence: b-1, as before
+        with pytest.raises(rhino.StaleEpochError, match="only the last committed batch runs again"):
+            c.session("start", 0, batch=12, epoch=1, attempt=25, committed=9)
+        for d in (w2.dir, w3.dir):
+            store = rhino.ReplicaStore(str(d))
+            assert store.checkpoints("start", 0)[-2:] == [6, 10]
+            for b in (6, 10):
+                out = tmp_path / f"r-{d.name}-{b}"
+                store.restore("start", 0, b, str(out)).close()
+                assert vnode_state(out) == models[b]
+        c.close()
+    finally:
+        w2.stop()
+        w3.stop()

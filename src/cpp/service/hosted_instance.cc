@@ -373,9 +373,17 @@ Status HostedInstance::OpenSession(uint64_t token, const SessionOpenReq& req, Se
   // Only a session that passed the fence raises it.
   if (req.has_attempt) max_attempt_ = req.attempt;
   max_committed_ = committed;
-  // Design §5: the session for batch b sees exactly version b-1.
+  // Design §5: the session for batch b sees exactly version b-1. A fenced
+  // session sees the operator's last committed batch as its attempt began,
+  // which the coordinator's begin_batch makes b-1 too, except where it was
+  // asked to start the operator at b (issue 47: an operator inserted into a
+  // running chain starts from no version at b > 0; one re-added after a removal
+  // resumes at b from the batch it last committed, across the gap).
   std::optional<uint64_t> want;
   if (batch > 0) want = batch - 1;
+  if (req.has_attempt && (!req.has_committed || req.committed < batch)) {
+    want = req.has_committed ? std::optional<uint64_t>(req.committed) : std::nullopt;
+  }
   std::optional<uint64_t> live = db_->version();
   bool rolled_back = false;
   if (live != want) {
@@ -386,13 +394,14 @@ Status HostedInstance::OpenSession(uint64_t token, const SessionOpenReq& req, Se
                                      ", but it is at " + (live ? "version " + std::to_string(*live) : "no version") +
                                      ": earlier batches were not committed here");
     }
-    // Batch b runs again (a retried, speculative or re-run task): back to b-1
-    // by a local hard-link restore. Only the last batch can run again: Spark
-    // runs b+1 only after b's commit, so a session for an older batch at this
-    // epoch is stale work (a zombie task of a superseded attempt), and
-    // honouring it would erase committed batches (issue 46).
-    const uint64_t rolled_back_batches = want ? *live - *want : *live + 1;
-    if (rolled_back_batches > 1) {
+    // Batch b runs again (a retried, speculative or re-run task): back to the
+    // version it sees by a local hard-link restore. Only the last batch can run
+    // again, so the live state must be at b itself: Spark runs b+1 only after
+    // b's commit, so a session for an older batch at this epoch is stale work
+    // (a zombie task of a superseded attempt), and honouring it would erase
+    // committed batches (issue 46). (Where want is b-1 this is the one-version
+    // rule; after a gap, b's own rollback goes back over the gap.)
+    if (*live != batch) {
       return Status::StaleEpoch("a session for batch " + std::to_string(batch) + " of " + Describe(config_) +
                                 " at epoch " + std::to_string(epoch) + ", whose state is at version " +
                                 std::to_string(*live) + ": only the last committed batch runs again"
