@@ -284,3 +284,39 @@ def test_horizontal_scaling_onto_a_new_worker(cluster) -> None:
     assert row.state == "done" and row.bytes_moved > 0  # the bulk copy
     assert job.state() == job.model
     coord.close()
+
+
+def test_an_explicit_start_begins_after_the_last_committed_batch(cluster) -> None:
+    """``begin_batch(first=True)`` (issue 47: a stage inserted into a running chain): a new
+    operator's first batch may be 5, and after batch 5 it may resume at 9, across the gap,
+    with a handover planned after batch 5 run at that barrier (the barrier after the last
+    committed batch, not after 8); without ``first``, or at a batch not after the last
+    committed one, it is refused. The state read back at the end equals the model."""
+    tmp, ws = cluster
+    coord, cc = make(tmp, ws)
+    cc.create_operator(OP, parallelism=2, num_vnodes=V, replicas=1)
+    job = Job(cc)
+    with pytest.raises(rhino.InvalidArgumentError, match="the next batch is 0, not 5"):
+        cc.begin_batch(OP, 5)
+    job.batch = 5
+    job.engine.run_batch(5, {k: b"five" for k in range(100)}, first=True)
+    job.model.update({k: b"five" for k in range(100)})
+    assert cc.placement(OP).last_batch == 5
+    with pytest.raises(rhino.InvalidArgumentError, match="the next batch is 6, not 9"):
+        cc.begin_batch(OP, 9)
+    for b in (5, 3):
+        with pytest.raises(rhino.InvalidArgumentError, match=r"the next batch is 6 or later \(first=true"):
+            cc.begin_batch(OP, b, first=True)
+    pl = cc.placement(OP)
+    v = pl.assignment.index(0)
+    cc.handover(OP, [v], 1, after_batch=5)
+    job.engine.run_batch(9, {k: b"nine" for k in range(50, 150)}, deletes=[0, 1], first=True)
+    job.model.update({k: b"nine" for k in range(50, 150)})
+    for k in (0, 1):
+        job.model.pop(k)
+    pl = cc.placement(OP)
+    assert pl.last_batch == 9 and pl.assignment[v] == 1 and pl.epoch > 1
+    job.batch = 10
+    assert job.state() == job.model
+    job.engine.close()
+    coord.close()

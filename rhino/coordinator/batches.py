@@ -60,6 +60,10 @@ class BatchLedger:
     def in_flight(self, operator_id: str) -> bool:
         return operator_id in self._in_flight
 
+    def in_flight_batch(self, operator_id: str) -> Optional[int]:
+        """The batch of the operator begun and not yet committed, if any."""
+        return self._in_flight.get(operator_id)
+
     def forget(self, operator_id: str) -> None:
         """The operator is dropped."""
         for d in (self._in_flight, self._in_flight_at, self._active):

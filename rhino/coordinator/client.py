@@ -50,10 +50,14 @@ class _Methods:
     def placement(self, operator_id: str) -> Placement:
         return self._ask("placement", operator_id=operator_id)
 
-    def begin_batch(self, operator_id: str, batch: int, *, batch_time_ms: Optional[int] = None) -> Placement:
-        if batch_time_ms is None:
-            return self._ask("begin_batch", operator_id=operator_id, batch=batch)
-        return self._ask("begin_batch", operator_id=operator_id, batch=batch, batch_time_ms=int(batch_time_ms))
+    def begin_batch(self, operator_id: str, batch: int, *, batch_time_ms: Optional[int] = None,
+                    first: bool = False) -> Placement:
+        """``first``: an explicit start of the operator at ``batch`` (``Coordinator.begin_batch``);
+        sent only when true, so a coordinator of before it is still answered."""
+        args: dict[str, Any] = {} if batch_time_ms is None else {"batch_time_ms": int(batch_time_ms)}
+        if first:
+            args["first"] = True
+        return self._ask("begin_batch", operator_id=operator_id, batch=batch, **args)
 
     def state_schema(self, operator_id: str) -> dict:
         return self._ask("state_schema", operator_id=operator_id)

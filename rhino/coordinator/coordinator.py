@@ -196,11 +196,22 @@ class Coordinator:
                          last_batch=op.last_batch, assignment=tuple(self.meta.assignment(operator_id)),
                          instances=insts, batch_time=self.batches.stored_batch_time(operator_id))
 
-    def begin_batch(self, operator_id: str, batch: int, *, batch_time_ms: Optional[int] = None) -> dict:
-        """The barrier before ``batch``: runs the handover steps due after
-        ``batch - 1`` (docs/design.md §4), then returns the placement to route
-        the batch with. ``batch`` is the next batch, or the same one again (a
-        re-execution).
+    def begin_batch(self, operator_id: str, batch: int, *, batch_time_ms: Optional[int] = None,
+                    first: bool = False) -> dict:
+        """The barrier before ``batch``: runs the handover steps due after the
+        last committed batch (docs/design.md §4), then returns the placement to
+        route the batch with. ``batch`` is the next batch, or the same one again
+        (a re-execution).
+
+        ``first``: the driver starts the operator at ``batch`` (issue 47: an
+        operator inserted into a running chain, or re-added after a removal).
+        ``batch`` may then be any batch after the last committed one: a new
+        operator's first batch b > 0, whose sessions see no version, or a gap
+        after the batch it last committed, whose state its sessions see (the
+        placement's ``last_batch``, which the attempt fence carries to the
+        workers: docs/protocol.md §7.2). Only an explicit start may skip
+        batches, so a driver's mistake (a fresh Spark checkpoint) is still
+        refused.
 
         ``batch_time_ms``: the caller's clock at the batch's first begin. The
         first value given for a batch is kept, and every begin of that batch
@@ -210,15 +221,20 @@ class Coordinator:
         _uint("batch", batch)
         if batch_time_ms is not None and (not isinstance(batch_time_ms, int) or isinstance(batch_time_ms, bool)):
             raise InvalidArgumentError(f"batch_time_ms must be an integer (ms), not {batch_time_ms!r}")
+        if not isinstance(first, bool):
+            raise InvalidArgumentError(f"first must be a boolean, not {first!r}")
         self.batches.touch(operator_id)
         with self.lock:
             op = self.meta.require_operator(operator_id)
             nxt = 0 if op.last_batch is None else op.last_batch + 1
-            if batch != nxt:
+            if not _begins(batch, op.last_batch, first):
+                start = " or later (first=true: an explicit start)" if first else ""
                 raise InvalidArgumentError(f"operator {operator_id} completed batch {op.last_batch}: "
-                                           f"the next batch is {nxt}, not {batch}")
-            if batch > 0:
-                self.hm.run_due(operator_id, batch - 1)
+                                           f"the next batch is {nxt}{start}, not {batch}")
+            if op.last_batch is not None:
+                # the barrier after the last committed batch: batch - 1, but across a gap
+                # the instances are at the batch before it (issue 47)
+                self.hm.run_due(operator_id, op.last_batch)
             # the barrier before `batch`: off the workers being decommissioned, onto those that joined
             self.decommissions.drain(operator_id, f"decommission (barrier before batch {batch})")
             if operator_id in self.batches.rebalance_at_barrier:
@@ -233,7 +249,7 @@ class Coordinator:
             short = self.copies.wait(operator_id, batch, policy)  # [] or ResourceExhaustedError
         with self.lock:
             op = self.meta.require_operator(operator_id)
-            if (0 if op.last_batch is None else op.last_batch + 1) != batch:  # committed meanwhile (a second driver)
+            if not _begins(batch, op.last_batch, first):  # committed meanwhile (a second driver)
                 raise InvalidArgumentError(f"operator {operator_id} completed batch {op.last_batch} while batch "
                                            f"{batch} waited for its copies")
             if short:
@@ -291,7 +307,9 @@ class Coordinator:
         with self.lock:
             op = self.meta.require_operator(operator_id)
             nxt = 0 if op.last_batch is None else op.last_batch + 1
-            if batch != nxt:
+            # after the next batch only the batch begun at an explicit start (begin_batch's
+            # first: issue 47), which this coordinator began
+            if batch != nxt and not (batch > nxt and self.batches.in_flight_batch(operator_id) == batch):
                 raise InvalidArgumentError(f"operator {operator_id}: commit of batch {batch}, expected {nxt}")
             rep, report_error = None, None
             if report is not None:
@@ -464,3 +482,12 @@ class Coordinator:
 def _uint(name: str, v: Any) -> None:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise InvalidArgumentError(f"{name} must be a non-negative int, got {v!r}")
+
+
+def _begins(batch: int, last_batch: Optional[int], first: bool) -> bool:
+    """Whether ``begin_batch`` may begin ``batch`` of an operator whose last committed
+    batch is ``last_batch``: the next one, or, at an explicit start (``first``), any
+    later one (issue 47). The last committed batch itself is not begun again: the
+    engine replays it (rhino/engine/driver.py)."""
+    nxt = 0 if last_batch is None else last_batch + 1
+    return batch == nxt or (first and batch >= nxt)

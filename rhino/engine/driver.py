@@ -96,16 +96,18 @@ class BatchDriver:
         self.name = name or operator_id
         self._no_reports = False  # the coordinator takes no autoscaler reports (an older one)
 
-    def begin(self, batch: int) -> Placement:
-        """``begin_batch``: the placement to route batch ``batch`` with."""
-        if self.clock is None:
-            return self.coordinator.begin_batch(self.operator_id, batch)
-        return self.coordinator.begin_batch(self.operator_id, batch, batch_time_ms=int(self.clock()))
+    def begin(self, batch: int, *, first: bool = False) -> Placement:
+        """``begin_batch``: the placement to route batch ``batch`` with. ``first``: the
+        operator is started at ``batch`` (``Coordinator.begin_batch``), passed only when true."""
+        kw: dict[str, Any] = {} if self.clock is None else {"batch_time_ms": int(self.clock())}
+        if first:
+            kw["first"] = True
+        return self.coordinator.begin_batch(self.operator_id, batch, **kw)
 
-    def begin_or_replay(self, batch: int) -> tuple[Placement, bool]:
+    def begin_or_replay(self, batch: int, *, first: bool = False) -> tuple[Placement, bool]:
         """The batch's placement, and whether b is a replay of the last committed batch."""
         try:
-            return self.begin(batch), False
+            return self.begin(batch, first=first), False
         except InvalidArgumentError:
             if not self.replay:
                 raise
@@ -136,8 +138,11 @@ class BatchDriver:
             self._no_reports = True
             return self.commit(batch, epoch=epoch, instances=instances, load=load)
 
-    def run(self, batch: int, attempt: Callable[[Attempt], AttemptResult[T]]) -> BatchOutcome[T]:
-        """Runs ``attempt`` until the coordinator accepts the batch's commit.
+    def run(self, batch: int, attempt: Callable[[Attempt], AttemptResult[T]], *,
+            first: bool = False) -> BatchOutcome[T]:
+        """Runs ``attempt`` until the coordinator accepts the batch's commit. ``first``: the
+        operator is started at ``batch`` (each attempt's ``begin_batch`` says so: an
+        operator inserted into a running chain, or re-added after a gap; issue 47).
 
         An attempt that raises :class:`RerunBatch`, or an error that :func:`classify`
         does not call RAISE, is followed by another (a fresh ``begin_batch``: the
@@ -150,7 +155,7 @@ class BatchDriver:
         for n in range(1, self.max_attempts + 1):
             begun_at = time.time()
             try:
-                placement, replay = self.begin_or_replay(batch)
+                placement, replay = self.begin_or_replay(batch, first=first)
             except RhinoError as e:
                 self._failed(e, f"attempt {n}: begin_batch: {type(e).__name__}: {e}", errors)
                 continue

@@ -67,14 +67,16 @@ class MicroBatchEngine:
         vn = self.partitioner(placement).vnodes(keys)
         return np.asarray(placement.assignment, dtype=np.int64)[vn]
 
-    def run_batch(self, batch: int, puts: dict[int, bytes], deletes: Sequence[int] = ()) -> BatchResult:
+    def run_batch(self, batch: int, puts: dict[int, bytes], deletes: Sequence[int] = (), *,
+                  first: bool = False) -> BatchResult:
+        """``first``: the operator is explicitly started at ``batch`` (``begin_batch(first=True)``)."""
         keys = np.fromiter(puts.keys(), dtype=np.int64, count=len(puts))
         values = [puts[int(k)] for k in keys]
         dels = np.asarray(list(deletes), dtype=np.int64)
         t0 = time.monotonic()
         driver = BatchDriver(self.coord, self.op, max_attempts=self.max_attempts, retry_sleep=self.retry_sleep,
                              name=self.op)
-        done = driver.run(batch, lambda a: self._attempt(a, keys, values, dels))
+        done = driver.run(batch, lambda a: self._attempt(a, keys, values, dels), first=first)
         return BatchResult(batch=batch, epoch=done.result.epoch, attempts=done.attempt.number,
                            seconds=time.monotonic() - t0, per_instance=done.result.value, errors=done.errors)
 
