@@ -363,3 +363,23 @@ def test_a_first_batch_that_does_not_follow_the_operators_is_refused_naming_rhin
         check_start(c, 5, 9)
     with pytest.raises(InvalidArgumentError, match="no committed batch, but this query starts at batch 3"):
         check_start(config(), None, 3)
+
+
+def test_only_an_explicit_start_may_begin_after_a_gap_or_at_b_above_0():
+    """Issue 47: an operator explicitly started at b (a stage inserted into a running
+    Pipeline: ``start_at``) may begin there with no committed batch, or after a gap; not at
+    a batch its state is past, and no other batch than the one it was started at."""
+    from rhino.spark.driver.batch import check_start
+    from rhino.spark.errors import FreshCheckpointError
+
+    c = config(operator_id="sums")
+    for last, b in ((None, 3), (1, 4), (1, 2), (4, 4)):
+        check_start(c, last, b, start=b)
+    for last, b, start, msg in ((None, 3, None, "no committed batch, but this query starts at batch 3"),
+                                (1, 4, None, "state through batch 1, but this query starts at batch 4"),
+                                (1, 4, 5, "state through batch 1, but this query starts at batch 4"),
+                                (6, 4, 4, "state through batch 6, but this query starts at batch 4")):
+        with pytest.raises(FreshCheckpointError, match=msg) as e:
+            check_start(c, last, b, start=start)
+        if b > (last or 0):
+            assert f"explicitly started at batch {b}" in str(e.value) and "Pipeline" in str(e.value)

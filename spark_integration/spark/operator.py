@@ -121,6 +121,15 @@ class TransformWithState:
             self.last_output = self.runner.run(df, int(batch_id))
             return self.last_output
 
+    def start_at(self, batch_id: int) -> None:
+        """Starts the operator at Spark batch ``batch_id``, its next batch (issue 47; what
+        ``rhino.spark.Pipeline.insert`` calls): a new operator starts there from empty state
+        (its ``initial_state`` applied in that batch), one whose state was kept resumes it
+        there, across a gap after its last committed batch. Without it, only batch 0 or
+        the batch after the last committed one may come first (``FreshCheckpointError``)."""
+        with self._lock:
+            self.runner.start_at(int(batch_id))
+
     def process_batch(self, df: Any, batch_id: int) -> pa.Table:
         """:meth:`transform`, with the output collected to the driver as an Arrow table: for
         tests and small outputs (it goes through the driver's memory)."""

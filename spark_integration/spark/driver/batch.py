@@ -91,7 +91,11 @@ class BatchRunner:
     def __init__(self, config: OperatorConfig, control: Control, clock: Callable[[], float],
                  initial_state: Any = None) -> None:
         self.config, self.control, self.clock = config, control, clock
-        self.initial_state = initial_state  # applied in batch 0 only (runtime/initial.py)
+        # applied in the operator's first batch only (runtime/initial.py): batch 0, or the
+        # batch it was explicitly started at from empty state (start_at)
+        self.initial_state = initial_state
+        # the batch this driver explicitly starts the operator at (start_at; issue 47), or None
+        self.start_batch: Optional[int] = None
         # in the checkpoint location, through the session's Hadoop filesystem: made at the
         # first batch, which brings the SparkSession (watermark.py)
         self._watermarks: Optional[Watermarks] = None
@@ -116,7 +120,7 @@ class BatchRunner:
                 raise InvalidArgumentError(f"column {col!r} is not in the input ({df.schema.simpleString()})")
         self.control.ensure_created(df.schema)
         if not self._start_checked:
-            check_start(c, self.control.last_batch, b)
+            check_start(c, self.control.last_batch, b, start=self.start_batch)
             self._start_checked = True
         if self._watermarks is None:
             # only event time has a watermark to keep: other queries write no files
@@ -130,7 +134,8 @@ class BatchRunner:
                              retry_sleep=RETRY_SLEEP_S, replay=True, name=f"rhino.spark {c.operator_id}",
                              clock=lambda: int(self.clock()))
         try:
-            done = driver.run(b, lambda a: self._attempt(spark, df, a, wm, tz, batch_input, sink))
+            done = driver.run(b, lambda a: self._attempt(spark, df, a, wm, tz, batch_input, sink),
+                              first=b == self.start_batch)
         finally:
             batch_input.release()
         copies = batch_input.copies
@@ -151,6 +156,27 @@ class BatchRunner:
             input_copies=copies, short_of_copies=short))
         post_to_spark_ui(spark.sparkContext, describe_commit(c.operator_id, self.reports[-1]))
         return data
+
+    def start_at(self, b: int) -> None:
+        """Starts the operator at batch ``b`` (issue 47: a stage inserted into a running
+        chain, ``rhino.spark.Pipeline``): its next batch is ``b``, the first of this driver
+        even if the operator ran before. A new operator (or one dropped) starts from empty
+        state, with its initial state, at ``b > 0``; one whose state was kept resumes it at
+        ``b``, across the gap after the batch it last committed. The operator's creation,
+        its state's registration and the start check run again at ``b``, against the
+        coordinator as it is then."""
+        self.start_batch = int(b)
+        self._start_checked = False
+        self._watermarks = None
+        self.control.state_doc = None  # ensure_created runs again: the operator may have been dropped
+
+    def _first_batch(self, b: int) -> bool:
+        """Whether ``b`` is the operator's first batch from empty state, the one its
+        initial state rides in: batch 0, or the batch it was explicitly started at with no
+        committed batch. Also when that batch runs again (from empty state again)."""
+        if b == 0:
+            return True
+        return b == self.start_batch and self.control.last_batch is None
 
     @property
     def watermarks(self) -> Watermarks:
@@ -255,7 +281,7 @@ class BatchRunner:
         instances = ctx.placement.instance_order()
         input_columns = initial_columns = None
         sort = c.keys
-        if b == 0 and self.initial_state is not None:
+        if self.initial_state is not None and self._first_batch(b):
             # the first batch carries the initial state: one DataFrame, a key's initial rows first
             input_columns = list(df.columns)
             df, initial_columns = with_initial_state(df, self.initial_state, c.keys)
@@ -280,21 +306,29 @@ class BatchRunner:
         return None, take(self._meta_acc, b, ctx.attempt)
 
 
-def check_start(c: OperatorConfig, last_batch: Optional[int], b: int) -> None:
+def check_start(c: OperatorConfig, last_batch: Optional[int], b: int, *, start: Optional[int] = None) -> None:
     """Refuses a query whose first batch in this driver does not follow the operator's
     committed batches (issue 45): the next batch, or the last one again (a Spark replay).
     A query started from a fresh (or an older) Spark checkpoint on an operator that has
-    state would otherwise run its batches against state they never made."""
+    state would otherwise run its batches against state they never made.
+
+    An operator explicitly started at ``start`` (``BatchRunner.start_at``: a stage inserted
+    into a running chain, issue 47) may also begin there when that is after its last
+    committed batch: a new operator's first batch b > 0, or a resume after a gap."""
     if last_batch is None and b == 0:
         return
     if last_batch is not None and b in (last_batch, last_batch + 1):
         return
+    if start is not None and b == start and (last_batch is None or b > last_batch):
+        return
     name = f"rhino drop {c.name}" + (f" --namespace {c.namespace}" if c.namespace else "")
+    explicit = (f" Only an operator explicitly started at batch {b} (a stage inserted into a running "
+                "rhino.spark.Pipeline) may begin after a gap")
     if last_batch is None:
         raise FreshCheckpointError(
             f"operator {c.operator_id} has no committed batch, but this query starts at batch {b}: its Spark "
             "checkpoint is older than the operator (was the operator dropped?). Start the query from a fresh "
-            "checkpoint location")
+            "checkpoint location." + explicit + " or after none")
     if b < last_batch:
         raise FreshCheckpointError(
             f"operator {c.operator_id} exists with state through batch {last_batch}, but this query starts at "
@@ -305,7 +339,8 @@ def check_start(c: OperatorConfig, last_batch: Optional[int], b: int) -> None:
     raise FreshCheckpointError(
         f"operator {c.operator_id} has state through batch {last_batch}, but this query starts at batch {b}: "
         "its Spark checkpoint is ahead of the operator's state (another operator of the same name?). Use the "
-        f"query's own operator, or {name} and start from a fresh checkpoint")
+        f"query's own operator, or {name} and start from a fresh checkpoint." + explicit
+        + " (Pipeline.insert of a stage removed with keep_state=True resumes its state)")
 
 
 def _commit_stats(task: dict) -> dict:
