@@ -2,7 +2,8 @@
 
 The operator API (``transform_with_state``: an unmodified PySpark
 ``StatefulProcessor`` per micro-batch from ``foreachBatch``, each task pinned to
-the host of its instance's primary; ``apply_in_pandas_with_state``), its state
+the host of its instance's primary; ``apply_in_pandas_with_state``; ``Pipeline``, a
+chain of them that stages can be inserted into and removed from while it runs), its state
 (``state/``), and the ``rhino-state`` data source that reads a committed
 checkpoint's state as a DataFrame (``register_state_source``). This package is installed as ``rhino.spark`` from ``spark_integration/spark``
 (pyproject.toml, ``[tool.scikit-build.wheel.packages]``); it uses the ``rhino`` API,
@@ -17,11 +18,11 @@ from __future__ import annotations
 from types import ModuleType
 
 __all__ = ["require_pyspark", "transform_with_state", "TransformWithState", "apply_in_pandas_with_state",
-           "register_state_source", "with_ticks", "InputLostError", "FreshCheckpointError"]
+           "register_state_source", "with_ticks", "InputLostError", "FreshCheckpointError", "Pipeline"]
 
 _LAZY = {"transform_with_state": ".operator", "TransformWithState": ".operator",
          "apply_in_pandas_with_state": ".grouped", "register_state_source": ".state_source", "with_ticks": ".ticks",
-         "InputLostError": ".errors", "FreshCheckpointError": ".errors"}
+         "InputLostError": ".errors", "FreshCheckpointError": ".errors", "Pipeline": ".pipeline"}
 
 
 def __getattr__(name: str):  # PEP 562: the operator API imports PySpark only when used
