@@ -379,7 +379,9 @@ def test_an_explicit_start_sees_the_committed_batch_the_fence_names(tmp_path: Pa
     and a rerun of that batch rolls back to it, over the gap; an unfenced session still
     needs b-1, and a session whose fence names a batch the live state is past, other than
     its own batch, is refused. Checked against a model on the primary and the chain member,
-    read with rocksdict from a restore of each checkpoint."""
+    read with rocksdict from a restore of each checkpoint. A replay of such a batch (no
+    fence) rolls back to what the batch was built on, as its commit recorded, on the
+    primary and on the chain member after a takeover."""
     w3 = WorkerProcess(tmp_path, "w3", "127.0.0.3", secret_file=secret_file, metrics=False).start()
     w2 = WorkerProcess(tmp_path, "w2", "127.0.0.2", secret_file=secret_file, metrics=False).start()
     try:
@@ -417,6 +419,28 @@ def test_an_explicit_start_sees_the_committed_batch_the_fence_names(tmp_path: Pa
                 out = tmp_path / f"r-{d.name}-{b}"
                 store.restore("start", 0, b, str(out)).close()
                 assert vnode_state(out) == models[b]
+        # A replay of batch 10 (no fence: Spark's replay after a driver restart) goes back to
+        # what 10 was built on, which its commit recorded with it: on the primary, and on the
+        # chain member after a takeover of checkpoint 10 (the record is in the checkpoint).
+        with c.session("start", 0, batch=10, epoch=1) as s:
+            assert (s.version, s.rolled_back) == (6, True)
+            assert s.get_batch(keys[:1]) == [models[6].get(kb(0))]
+            s.abort()
+        c3 = rhino.connect(w3.unix_socket, secret=SECRET)
+        c.fence("start", 0, epoch=2)
+        c3.takeover("start", 0, epoch=2, checkpoint=10)
+        with c3.session("start", 0, batch=10, epoch=2) as s:
+            assert (s.version, s.rolled_back) == (6, True)
+            s.abort()
+        # and a new operator's first batch replayed rolls back to no version
+        c3.open_instance("first", 0, epoch=1, num_vnodes=8)
+        with c3.session("first", 0, batch=7, epoch=1, attempt=30) as s:
+            s.put_batch(keys[:5], [b"x"] * 5)
+            s.commit()
+        with c3.session("first", 0, batch=7, epoch=1) as s:
+            assert (s.version, s.rolled_back) == (None, True) and s.get_batch(keys[:1]) == [None]
+            s.abort()
+        c3.close()
         c.close()
     finally:
         w2.stop()

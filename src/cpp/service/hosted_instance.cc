@@ -381,10 +381,14 @@ Status HostedInstance::OpenSession(uint64_t token, const SessionOpenReq& req, Se
   // resumes at b from the batch it last committed, across the gap).
   std::optional<uint64_t> want;
   if (batch > 0) want = batch - 1;
-  if (req.has_attempt && (!req.has_committed || req.committed < batch)) {
-    want = req.has_committed ? std::optional<uint64_t>(req.committed) : std::nullopt;
-  }
+  const bool named = req.has_attempt && (!req.has_committed || req.committed < batch);
+  if (named) want = req.has_committed ? std::optional<uint64_t>(req.committed) : std::nullopt;
   std::optional<uint64_t> live = db_->version();
+  // A batch run again without its fence naming the base (a replay) goes back
+  // to what its first run was built on, which its commit recorded.
+  if (!named && live && *live == batch) {
+    if (std::optional<VersionBase> recorded = db_->BaseOf(batch)) want = recorded->version;
+  }
   bool rolled_back = false;
   if (live != want) {
     const bool ahead = live && (!want || *live > *want);
@@ -423,6 +427,7 @@ Status HostedInstance::OpenSession(uint64_t token, const SessionOpenReq& req, Se
   session_->token = token;
   session_->batch_id = batch;
   session_->epoch = epoch;
+  if (want != (batch > 0 ? std::optional<uint64_t>(batch - 1) : std::nullopt)) session_->base = VersionBase{want};
   session_->writes = std::make_unique<SessionBatch>(db_.get());
   m_.sessions_opened++;
   rsp->has_version = want.has_value();
@@ -490,7 +495,7 @@ void HostedInstance::Commit(uint64_t token, CommitMode mode, std::optional<int64
   const std::optional<uint64_t> before = db_->version();
   const uint64_t keys = sess->writes->count(), bytes = sess->writes->bytes();
   const double t0 = Now();
-  s = sess->writes->Commit(b, batch_time_ms);
+  s = sess->writes->Commit(b, batch_time_ms, sess->base);
   const double t1 = Now();
   if (!s.ok()) return fail(s);
   // A worker killed here has version b written but no checkpoint b: its

@@ -186,6 +186,9 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance>, priv
     uint64_t token = 0;
     uint64_t batch_id = 0;
     uint64_t epoch = 0;
+    // What the session sees, where that is not batch_id - 1 (issue 47: an
+    // explicit start); its commit records it with the version.
+    std::optional<VersionBase> base;
     std::unique_ptr<SessionBatch> writes;
     std::chrono::steady_clock::time_point last_activity = std::chrono::steady_clock::now();
     std::string expired;  // why the worker ended it, for the client's next request

@@ -223,7 +223,7 @@ Status SessionBatch::Scan(std::optional<uint32_t> vnode, std::string_view prefix
   return Status::OK();
 }
 
-Status SessionBatch::Commit(uint64_t version, std::optional<int64_t> batch_time_ms) {
+Status SessionBatch::Commit(uint64_t version, std::optional<int64_t> batch_time_ms, std::optional<VersionBase> base) {
   RHINO_RETURN_IF_ERROR(db_->CheckWritable());
   if (batch_time_ms && *batch_time_ms == std::numeric_limits<int64_t>::min()) {
     return Status::InvalidArgument("a batch time of INT64_MIN is not a TTL clock");
@@ -234,6 +234,13 @@ Status SessionBatch::Commit(uint64_t version, std::optional<int64_t> batch_time_
   // restore of it, has the clock its compactions must use.
   if (s.ok() && batch_time_ms) {
     s = rep_->batch.Put(db_->default_cf_, kTtlClockKey, EncodeU64(static_cast<uint64_t>(*batch_time_ms)));
+  }
+  // The base goes with the version too: a rerun of this batch from a restore
+  // of its checkpoint rolls back to what it was built on (issue 47).
+  if (s.ok() && base) {
+    const std::string rec = EncodeU64(version) + std::string(1, base->version ? '\x01' : '\x00') +
+                            EncodeU64(base->version.value_or(0));
+    s = rep_->batch.Put(db_->default_cf_, kBaseKey, rec);
   }
   if (!s.ok()) return FromRocks(s, "session version");
   RHINO_RETURN_IF_ERROR(db_->WriteResult(db_->db_->Write(rocksdb::WriteOptions(), &rep_->batch), "session commit"));

@@ -166,6 +166,30 @@ TEST_F(SessionBatchTest, ACommitWithABadClockIsRefusedAndKeepsTheWrites) {
   EXPECT_EQ(db_->ttl_clock(), std::optional<int64_t>(1700000000123));
 }
 
+TEST_F(SessionBatchTest, ACommitRecordsWhatItsVersionWasBuiltOnWhereThatIsNotTheVersionBefore) {
+  SessionBatch s(db_.get());
+  ASSERT_OK(s.Commit(5, std::nullopt, VersionBase{std::nullopt}));  // a first batch 5, on no version
+  ASSERT_TRUE(db_->BaseOf(5).has_value());
+  EXPECT_EQ(db_->BaseOf(5)->version, std::nullopt);
+  EXPECT_FALSE(db_->BaseOf(4).has_value());  // not the state's version
+  ASSERT_OK(s.Commit(6));  // the version before it: nothing recorded, the old record is stale
+  EXPECT_FALSE(db_->BaseOf(6).has_value());
+  EXPECT_FALSE(db_->BaseOf(5).has_value());
+  ASSERT_OK(s.Commit(10, std::nullopt, VersionBase{6}));  // after a gap, on 6
+  EXPECT_EQ(db_->BaseOf(10)->version, std::optional<uint64_t>(6));
+  // a checkpoint and its restore keep it
+  testing::TempDir store_dir;
+  std::unique_ptr<ReplicaStore> store;
+  ASSERT_OK(ReplicaStore::Open(store_dir.Sub("store"), &store));
+  Manifest m;
+  ASSERT_OK(db_->Checkpoint(store.get(), 10, 1, &m));
+  std::unique_ptr<StateBackend> back;
+  RestoreStats st;
+  ASSERT_OK(StateBackend::Restore(*store, "op", 0, 10, store_dir.Sub("back"), RestoreOptions(), SmallOptions(1),
+                                  &back, &st));
+  EXPECT_EQ(back->BaseOf(10)->version, std::optional<uint64_t>(6));
+}
+
 // Four vnodes, of which the instance holds 0 and 2.
 class SessionBatchVnodesTest : public SessionBatchTest {
  protected:

@@ -127,6 +127,7 @@ Status StateBackend::Scan(uint32_t vnode, const std::function<bool(std::string_v
 }
 
 std::optional<uint64_t> StateBackend::version() const { return impl_->version(); }
+std::optional<VersionBase> StateBackend::BaseOf(uint64_t version) const { return impl_->BaseOf(version); }
 std::optional<uint64_t> StateBackend::last_checkpoint() const { return impl_->last_checkpoint(); }
 
 std::optional<int64_t> StateBackend::ttl_clock() const { return impl_->ttl_clock(); }

@@ -87,6 +87,7 @@ class StateBackendImpl {
   Status Scan(uint32_t vnode, const std::function<bool(std::string_view, std::string_view)>& fn) const;
 
   std::optional<uint64_t> version() const;
+  std::optional<VersionBase> BaseOf(uint64_t version) const;
   std::optional<uint64_t> last_checkpoint() const;
 
   std::optional<int64_t> ttl_clock() const;

@@ -19,6 +19,10 @@ constexpr char kMetaKey[] = "rhino:meta";
 constexpr char kVersionKey[] = "rhino:version";
 constexpr char kCheckpointKey[] = "rhino:checkpoint";
 constexpr char kTtlClockKey[] = "rhino:ttl_clock";  // int64 as EncodeU64 (two's complement)
+// What the version of that commit was built on (VersionBase), written only
+// where that is not version - 1: EncodeU64(version), a byte 1 if it was built
+// on a version (else 0), EncodeU64(that version, else 0).
+constexpr char kBaseKey[] = "rhino:base";
 constexpr char kExportManifest[] = "RHINO_EXPORT.json";
 
 inline Status FromRocks(const rocksdb::Status& s, const std::string& context) {

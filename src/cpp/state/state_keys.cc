@@ -334,6 +334,17 @@ std::optional<uint64_t> StateBackendImpl::ReadU64Meta(const std::string& key) co
 }
 
 std::optional<uint64_t> StateBackendImpl::version() const { return ReadU64Meta(kVersionKey); }
+
+std::optional<VersionBase> StateBackendImpl::BaseOf(uint64_t version) const {
+  std::string v;
+  uint64_t of = 0, base = 0;
+  if (!db_->Get(rocksdb::ReadOptions(), default_cf_, kBaseKey, &v).ok() || v.size() != 17) return std::nullopt;
+  if (!DecodeU64(v.substr(0, 8), &of) || !DecodeU64(v.substr(9, 8), &base) || (v[8] != 0 && v[8] != 1)) {
+    return std::nullopt;
+  }
+  if (of != version || this->version() != version) return std::nullopt;  // a record of an older version
+  return VersionBase{v[8] == 1 ? std::optional<uint64_t>(base) : std::nullopt};
+}
 std::optional<uint64_t> StateBackendImpl::last_checkpoint() const { return ReadU64Meta(kCheckpointKey); }
 
 }  // namespace rhino

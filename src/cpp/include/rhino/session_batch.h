@@ -29,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "rhino/state_backend.h"
 #include "rhino/status.h"
 
 namespace rhino {
@@ -68,9 +69,11 @@ class SessionBatch {
               const std::function<bool(uint32_t, std::string_view, std::string_view)>& fn) const;
 
   // Applies every write and the state version `version` in one atomic write,
-  // with `batch_time_ms` as the new TTL clock if set (else the clock stays).
-  // The batch is empty afterwards.
-  Status Commit(uint64_t version, std::optional<int64_t> batch_time_ms = std::nullopt);
+  // with `batch_time_ms` as the new TTL clock if set (else the clock stays),
+  // and `base`, what the version was built on, if set (only where that is not
+  // version - 1: StateBackend::BaseOf). The batch is empty afterwards.
+  Status Commit(uint64_t version, std::optional<int64_t> batch_time_ms = std::nullopt,
+                std::optional<VersionBase> base = std::nullopt);
 
   size_t count() const { return count_; }     // puts and deletes so far
   uint64_t bytes() const { return bytes_; }   // key and value bytes so far

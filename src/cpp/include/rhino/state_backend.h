@@ -44,6 +44,16 @@
 
 namespace rhino {
 
+// What a committed version was built on, where that is not the version before
+// it (issue 47: an operator started at batch b > 0 builds b on no version;
+// one resumed after a gap builds b on the batch before the gap). A commit
+// records it with the version (SessionBatch::Commit), so a checkpoint, and
+// every restore and takeover of it, knows what a rerun of that batch rolls
+// back to, without being told (StateBackend::BaseOf).
+struct VersionBase {
+  std::optional<uint64_t> version;  // nullopt: built on no version
+};
+
 class StateBackendImpl;  // state/state_backend_impl.h
 
 // Per-vnode statistics (RocksDB estimates, cheap).
@@ -156,6 +166,10 @@ class StateBackend {
 
   // The last version written with Write(..., version); nullopt if none.
   std::optional<uint64_t> version() const;
+  // What version `version` was built on, if its commit recorded a base (one
+  // other than version - 1); nullopt if it did not, or if the state is not at
+  // `version` (a record of an older version is stale).
+  std::optional<VersionBase> BaseOf(uint64_t version) const;
   // The checkpoint this DB was last checkpointed as or restored from.
   std::optional<uint64_t> last_checkpoint() const;
 
