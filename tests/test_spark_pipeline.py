@@ -13,7 +13,8 @@ removal). Nothing expected comes from Rhino.
 
 - An operator with an initial state inserted into a running two-stage chain at batch 2,
   whose first commit of that batch is refused (as after a failover): the batch runs again,
-  and its initial state and inputs count once; the chain's first stage removed at batch 4.
+  and its initial state and inputs count once; then the chain replays batch 2 (as after a
+  lost output), and they still count once; the chain's first stage removed at batch 4.
 - A stage removed with its state kept at batch 2 and inserted again at batch 4 resumes its
   state across the gap; the other stage, removed at batch 5 with ``keep_state=False``, is
   gone at the coordinator.
@@ -164,12 +165,12 @@ def make_op(cluster, processor: Any, name: str, **kw: Any) -> Any:
 
 
 class Run:
-    """A streaming query whose ``foreachBatch`` runs ``pipe``, reads every stage's output of
-    the batch, and then, if ``requests`` has one for the next batch, asks for it from a
-    thread of its own (the batch still running)."""
+    """A streaming query whose ``foreachBatch`` runs ``pipe`` (twice for the batches in
+    ``rerun``), reads every stage's output of the batch, and then, if ``requests`` has one
+    for the next batch, asks for it from a thread of its own (the batch still running)."""
 
     def __init__(self, spark, pipe: Any, src, ck, requests: dict[int, Callable[[], Any]],
-                 use_for_each_batch: bool = False) -> None:
+                 use_for_each_batch: bool = False, rerun: tuple[int, ...] = ()) -> None:
         self.pipe, self.requests = pipe, requests
         self.got: dict[tuple[str, int], pd.DataFrame] = {}
         self.chains: dict[int, list[str]] = {}
@@ -189,7 +190,13 @@ class Run:
             fn = pipe.for_each_batch(after)
         else:
             def fn(df, b):
-                after(pipe.transform(df, b), b)
+                out = pipe.transform(df, b)
+                if b in rerun:
+                    # the chain runs the batch again, as for_each_batch does when its output
+                    # was lost: every stage replays b (its sessions roll back to what b was
+                    # built on), the output read is the replay's
+                    out = pipe.transform(df, b)
+                after(out, b)
 
         stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(src))
         q = (stream.writeStream.foreachBatch(fn).option("checkpointLocation", str(ck))
@@ -210,8 +217,9 @@ def check(run: Run, want: dict[tuple[str, int], pd.DataFrame]) -> None:
 def test_an_operator_inserted_with_its_initial_state_and_one_removed_equal_the_oracle(cluster, spark, tmp_path):
     """Chain sum1 -> count; at batch 2 sum2 (initial state: keys 0, 1 and 9) is inserted after
     sum1, and its first commit of batch 2 is refused (the batch runs again from empty state:
-    its initial state and its rows count once); at batch 4 sum1 is removed, so sum2 reads
-    the raw input. Batches 0..5."""
+    its initial state and its rows count once); then the whole chain runs batch 2 again
+    (a replay: sum2's first batch rolls back to no version); at batch 4 sum1 is removed, so
+    sum2 reads the raw input. Batches 0..5."""
     from rhino.spark import Pipeline
 
     inputs = make_inputs(tmp_path / "src", 6, seed=47)
@@ -221,7 +229,7 @@ def test_an_operator_inserted_with_its_initial_state_and_one_removed_equal_the_o
     sum2.control.client = RefuseFirstCommit(sum2.coordinator(), 2)
     pipe = Pipeline([sum1, count])
     run = Run(spark, pipe, tmp_path / "src", tmp_path / "ck",
-              {2: lambda: pipe.insert(sum2, after="p1-sum1"), 4: lambda: pipe.remove("p1-sum1")})
+              {2: lambda: pipe.insert(sum2, after="p1-sum1"), 4: lambda: pipe.remove("p1-sum1")}, rerun=(2,))
 
     ins, rem = run.asked[2], run.asked[4]
     assert (ins.wait(0), rem.wait(0)) == (2, 4) and pipe.modifications == [ins, rem]
@@ -230,7 +238,7 @@ def test_an_operator_inserted_with_its_initial_state_and_one_removed_equal_the_o
                           4: ["p1-sum2", "p1-count"], 5: ["p1-sum2", "p1-count"]}
     # the inserted stage's first batch ran twice (its first commit refused), from empty state
     assert sum2.control.client.refused == 1
-    assert [(r.batch, r.attempts) for r in sum2.reports][:2] == [(2, 2), (3, 1)]
+    assert [(r.batch, r.attempts) for r in sum2.reports][:3] == [(2, 2), (2, 1), (3, 1)]
     chains = {b: [(n, "Count" if n.endswith("count") else "Sum") for n in names]
               for b, names in run.chains.items()}
     initial = {"p1-sum2": {k: int(g["init"].sum()) for k, g in init.groupby("k")}}

@@ -21,7 +21,9 @@ started with). From that batch b on, the chain is the new one:
   batches it did not run. The coordinator begins b as an explicit start
   (``begin_batch(first=True)``), and the attempt fence tells each worker which committed
   version b's sessions see (none, or the batch before the gap: docs/protocol.md §7.2), so
-  a rerun of b rolls back to it, exactly once as any batch;
+  a rerun of b rolls back to it, exactly once as any batch; b's commit records that base
+  with its version, so a replay of b (no fence: Spark's after a driver restart, or the
+  chain run again after a lost output) rolls back to it too;
 - a removed stage's last batch is b-1. With ``keep_state=False`` its operator is dropped
   at the coordinator (``CoordinatorClient.drop_operator``, as ``rhino drop``) at the
   barrier, before b runs: its last batch has committed, and the pipeline, its only
