@@ -60,6 +60,7 @@ from typing import Any, Callable, Optional, Sequence
 from rhino.engine import first_error_line
 from rhino.errors import InvalidArgumentError, OperatorRunningError
 
+from .driver.sink import unpersist_checkpoint
 from .errors import output_lost
 from .operator import TransformWithState
 
@@ -73,7 +74,7 @@ log = logging.getLogger("rhino.spark")
 DROP_WAIT_S = 10.0
 
 
-@dataclass
+@dataclass(eq=False)  # a request is itself, not its fields
 class Modification:
     """One request to change the chain, and, once applied, the batch it took effect at.
 
@@ -264,6 +265,11 @@ class Pipeline:
             else:
                 gone = next(s for s in stages if _stage_name(s) == m.stage)
                 stages.remove(gone)
+                # its last output (batch b-1's, which the sink has read) is not read again:
+                # free its blocks on the executors, as its own next batch would have
+                out, gone.last_output = gone.last_output, None
+                if out is not None:
+                    unpersist_checkpoint(out, gone.operator_id)
                 if not m.keep_state:
                     m.error = _drop(self._admin, gone)
             with self._lock:
