@@ -55,7 +55,7 @@ from ..state.encoding import decode_key
 from ..state.handle import RhinoProcessorHandle
 from ..state.layout import vnodes_of
 from ..state.store import BatchState
-from ..state.variables import variables_of
+from ..state.variables import heads_dropped_in, variables_of
 from ..state.writeback import write_back
 from ..driver.attempt import AttemptSpec
 from ..driver.config import PREFETCH_ENTRIES, OperatorConfig
@@ -255,7 +255,8 @@ class _InstanceBatch:
         instance's vnodes is deleted in the session, before the batch's rows. One paged scan
         per variable (a round trip when it is already empty)."""
         n = 0
-        for head in self.handle.heads_dropped():
+        # and those a code change removed in this batch (a swap's, issue 47)
+        for head in self.handle.heads_dropped() + heads_dropped_in(self.spec.state_doc, self.spec.batch):
             keys: list[bytes] = []
             for k, _ in s.scan(prefix=head, page_size=page):
                 keys.append(k)

@@ -1,0 +1,237 @@
+"""Issue 47: a running operator's processor swapped at a batch barrier, its state kept,
+against Spark's own path for the same change on the same processors and micro-batches.
+
+The oracle is Spark's ``transformWithStateInPandas`` (RocksDB state store, Avro state
+encoding: Spark evolves a state schema only with it) run with the old processor up to the
+cut, stopped, and restarted from its checkpoint with the new processor: the restart Spark
+supports for compatible state. Each run of Spark's query reads the files there are, one
+per batch (``availableNow``, ``maxFilesPerTrigger=1``). Rhino's query is one query that
+runs through every cut: its sink asks for the swap after the batch before the cut, and the
+swap takes effect at the cut's barrier.
+
+Real `rhino worker` processes on 127.0.0.2..4 and a real `rhino coordinator`, as in
+test_spark_operator."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark")
+import pandas as pd  # noqa: E402
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor  # noqa: E402
+
+from spark_fixtures import local_spark, rhino_cluster  # noqa: E402
+
+from pyspark import cloudpickle  # noqa: E402
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+OUT = "k long, n long, note string"
+OUT_WIDE = "k long, n long, last long, note string"
+
+
+class P1(StatefulProcessor):
+    """A count per key."""
+
+    def init(self, handle):
+        self.n = handle.getValueState("n", "n long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        pdf = pd.concat(list(rows))
+        n = (self.n.get() or (0,))[0] + len(pdf)
+        self.n.update((n,))
+        yield pd.DataFrame({"k": [key[0]], "n": [n], "note": ["p1"]})
+
+    def close(self):
+        pass
+
+
+class P2(P1):
+    """A logic change, the same variables: each row counts twice."""
+
+    def handleInputRows(self, key, rows, timerValues):
+        pdf = pd.concat(list(rows))
+        n = (self.n.get() or (0,))[0] + 2 * len(pdf)
+        self.n.update((n,))
+        yield pd.DataFrame({"k": [key[0]], "n": [n], "note": ["p2"]})
+
+
+class P3(P1):
+    """A variable added: the sum of v, which starts empty."""
+
+    def init(self, handle):
+        self.n = handle.getValueState("n", "n long")
+        self.total = handle.getValueState("total", "t long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        pdf = pd.concat(list(rows))
+        n = (self.n.get() or (0,))[0] + 2 * len(pdf)
+        t = (self.total.get() or (0,))[0] + int(pdf["v"].sum())
+        self.n.update((n,))
+        self.total.update((t,))
+        yield pd.DataFrame({"k": [key[0]], "n": [n], "note": [f"p3 t={t}"]})
+
+
+class P4(P1):
+    """A nullable field added to a variable's schema: the last v, None in values written before."""
+
+    def init(self, handle):
+        self.n = handle.getValueState("n", "n long, last long")
+        self.total = handle.getValueState("total", "t long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        pdf = pd.concat(list(rows))
+        old = self.n.get()
+        seen = "none" if old is None else ("null" if old[1] is None else str(old[1]))
+        n = (old[0] if old else 0) + 2 * len(pdf)
+        t = (self.total.get() or (0,))[0] + int(pdf["v"].sum())
+        self.n.update((n, int(pdf["v"].iloc[-1])))
+        self.total.update((t,))
+        yield pd.DataFrame({"k": [key[0]], "n": [n], "note": [f"p4 t={t} last_before={seen}"]})
+
+
+class P5(P1):
+    """A variable removed (total)."""
+
+    def init(self, handle):
+        self.n = handle.getValueState("n", "n long, last long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        pdf = pd.concat(list(rows))
+        old = self.n.get()
+        n = (old[0] if old else 0) + 2 * len(pdf)
+        self.n.update((n, int(pdf["v"].iloc[-1])))
+        yield pd.DataFrame({"k": [key[0]], "n": [n], "note": [f"p5 last_before={old[1] if old else None}"]})
+
+
+class P6(P5):
+    """The output schema changed: a column added."""
+
+    def handleInputRows(self, key, rows, timerValues):
+        pdf = pd.concat(list(rows))
+        old = self.n.get()
+        n = (old[0] if old else 0) + 2 * len(pdf)
+        self.n.update((n, int(pdf["v"].iloc[-1])))
+        yield pd.DataFrame({"k": [key[0]], "n": [n], "last": [old[1] if old else None], "note": ["p6"]})
+
+
+# (the cut, the processor from it, its output schema): each kind of change of issue 47
+STEPS = [(0, P1, OUT), (2, P2, OUT), (4, P3, OUT), (6, P4, OUT), (8, P5, OUT), (10, P6, OUT_WIDE)]
+BATCHES = 12
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with rhino_cluster(tmp_path_factory.mktemp("swap")) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def spark():
+    s = local_spark("rhino-test-swap", rocksdb=True, **{"spark.sql.streaming.stateStore.encodingFormat": "avro"})
+    yield s
+    s.stop()
+
+
+def _files(src, batches: int, seed: int = 47) -> None:
+    import os
+    import random
+    import time
+
+    rng = random.Random(seed)
+    base = time.time() - 1000
+    for b in range(batches):
+        f = src / f"part-{b:03d}.parquet"
+        pd.DataFrame({"k": [rng.randrange(4) for _ in range(6)], "v": [rng.randrange(100) for _ in range(6)]}
+                     ).to_parquet(f)
+        # Spark's file source takes files by modification time: one file per batch, in order
+        os.utime(f, (base + b, base + b))
+
+
+class _Sink:
+    """Each batch's output (its last delivery: foreachBatch is at-least-once), with its columns."""
+
+    def __init__(self) -> None:
+        self.batches: dict[int, pd.DataFrame] = {}
+        self.after: dict[int, callable] = {}  # batch -> what to do once its output is in
+
+    def __call__(self, df, b) -> None:
+        self.batches[int(b)] = df.toPandas()
+        if int(b) in self.after:
+            self.after.pop(int(b))()
+
+    def frame(self) -> pd.DataFrame:
+        frames = [f.assign(batch=b) for b, f in sorted(self.batches.items()) if len(f)]
+        out = pd.concat(frames, ignore_index=True)
+        out["last"] = out["last"].astype("Int64") if "last" in out else pd.NA
+        return out.sort_values(["batch", "k"]).reset_index(drop=True)[["batch", "k", "n", "last", "note"]]
+
+
+def _stream(spark, src):
+    return spark.readStream.schema("k long, v long").option("maxFilesPerTrigger", 1).parquet(str(src))
+
+
+def _spark_oracle(spark, src, ck) -> _Sink:
+    """Spark's path: each processor runs from its cut in a restart of the query from its
+    checkpoint, the files up to the next cut there."""
+    import shutil
+
+    sink = _Sink()
+    all_files = sorted(src.iterdir())
+    live = src.parent / "spark-src"
+    live.mkdir()
+    ends = [cut for cut, _, _ in STEPS[1:]] + [BATCHES]
+    for (cut, proc, schema), end in zip(STEPS, ends):
+        for f in all_files[cut:end]:
+            shutil.copy2(f, live / f.name)  # and its modification time
+        q = (_stream(spark, live).groupBy("k")
+             .transformWithStateInPandas(proc(), outputStructType=schema, outputMode="Update", timeMode="None")
+             .writeStream.foreachBatch(sink).option("checkpointLocation", str(ck)).trigger(availableNow=True).start())
+        q.awaitTermination(300)
+        assert q.exception() is None, q.exception()
+        assert max(sink.batches) == end - 1, (cut, sorted(sink.batches))
+    return sink
+
+
+def test_swaps_of_each_kind_equal_sparks_restart_with_the_new_processor(cluster, spark, tmp_path):
+    """A logic change, a variable added, a field added to a variable, a variable removed, an
+    output-schema change: each swapped live on Rhino at its cut equals Spark's restart
+    with the new processor at the same cut, batch by batch."""
+    from rhino.spark import transform_with_state
+
+    src = tmp_path / "src"
+    src.mkdir()
+    _files(src, BATCHES)
+    want = _spark_oracle(spark, src, tmp_path / "ck-spark").frame()
+
+    op = transform_with_state(P1(), key="k", output_schema=OUT, operator_id="swap-kinds",
+                              coordinator=cluster["coordinator"], secret_file=str(cluster["secret_file"]),
+                              parallelism=2, replicas=1, locality=False)
+    sink = _Sink()
+    swaps = []
+    for cut, proc, schema in STEPS[1:]:
+        sink.after[cut - 1] = lambda proc=proc, schema=schema: swaps.append(op.swap(proc(), output_schema=schema))
+    q = (_stream(spark, src).writeStream.foreachBatch(op.for_each_batch(sink))
+         .option("checkpointLocation", str(tmp_path / "ck-rhino")).trigger(availableNow=True).start())
+    q.awaitTermination(300)
+    assert q.exception() is None, q.exception()
+    try:
+        got = sink.frame()
+        pd.testing.assert_frame_equal(got, want)
+        # each swap took effect at the first barrier after it was asked for: its cut
+        assert [s.wait(0) for s in swaps] == [cut for cut, _, _ in STEPS[1:]]
+        versions = [r.code_version for r in op.reports]
+        assert len(set(versions)) == len(STEPS)
+        assert {r.batch for r in op.reports if r.swapped_from} == {cut for cut, _, _ in STEPS[1:]}
+        # the coordinator's record: which code runs from which batch
+        doc = op.control.read_doc()
+        assert [(e["from_batch"], e["processor"].split(":")[1]) for e in doc["code"]] == [
+            (cut, proc.__qualname__) for cut, proc, _ in STEPS]
+        # the removed variable's entries went in the cut's batch (p5's), on every instance
+        dropped = {d["name"]: d["batch"] for d in doc["dropped"]}
+        assert dropped == {"total": 8}
+        assert sum(t.get("dropped_entries", 0) for r in op.reports if r.batch == 8 for t in r.tasks) == 4
+    finally:
+        op.close()
