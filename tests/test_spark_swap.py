@@ -14,6 +14,7 @@ test_spark_operator."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -173,7 +174,7 @@ def _stream(spark, src):
     return spark.readStream.schema("k long, v long").option("maxFilesPerTrigger", 1).parquet(str(src))
 
 
-def _spark_oracle(spark, src, ck) -> _Sink:
+def _spark_oracle(spark, src, ck, steps=STEPS, batches=BATCHES) -> _Sink:
     """Spark's path: each processor runs from its cut in a restart of the query from its
     checkpoint, the files up to the next cut there."""
     import shutil
@@ -182,8 +183,8 @@ def _spark_oracle(spark, src, ck) -> _Sink:
     all_files = sorted(src.iterdir())
     live = src.parent / "spark-src"
     live.mkdir()
-    ends = [cut for cut, _, _ in STEPS[1:]] + [BATCHES]
-    for (cut, proc, schema), end in zip(STEPS, ends):
+    ends = [cut for cut, _, _ in steps[1:]] + [batches]
+    for (cut, proc, schema), end in zip(steps, ends):
         for f in all_files[cut:end]:
             shutil.copy2(f, live / f.name)  # and its modification time
         q = (_stream(spark, live).groupBy("k")
@@ -235,3 +236,94 @@ def test_swaps_of_each_kind_equal_sparks_restart_with_the_new_processor(cluster,
         assert sum(t.get("dropped_entries", 0) for r in op.reports if r.batch == 8 for t in r.tasks) == 4
     finally:
         op.close()
+
+
+class Incompatible(P1):
+    """The count's field becomes a string: not an evolution Spark or Rhino allows."""
+
+    def init(self, handle):
+        self.n = handle.getValueState("n", "n string")
+
+
+def _rhino_query(spark, src, op, sink, ck):
+    q = (_stream(spark, src).writeStream.foreachBatch(op.for_each_batch(sink))
+         .option("checkpointLocation", str(ck)).trigger(availableNow=True).start())
+    q.awaitTermination(300)
+    assert q.exception() is None, q.exception()
+
+
+def test_an_incompatible_swap_is_refused_rhino_swap_swaps_and_a_restart_with_old_code_is_refused(
+        cluster, spark, tmp_path):
+    """While P1 runs: ``op.swap`` to an incompatible processor is refused when asked, naming
+    the variable and field, and P1 goes on with no batch lost; ``rhino swap`` (the external
+    trigger, a real CLI process) names P2, which the driver loads and puts in force at the
+    next barrier. Then the driver restarts: with P1's code it is refused, naming both
+    versions; with P2's it goes on, exactly once. The whole output equals Spark's restart
+    with P2 at the same cut."""
+    import shutil
+    import subprocess
+
+    from rhino.spark import transform_with_state
+    from rhino.spark.driver.code_version import CodeVersionError
+    from rhino.spark.state.schema import StateSchemaError
+
+    src, live = tmp_path / "src", tmp_path / "live"
+    src.mkdir()
+    live.mkdir()
+    _files(src, 6, seed=7)
+    want = _spark_oracle(spark, src, tmp_path / "ck-spark", steps=[(0, P1, OUT), (2, P2, OUT)], batches=6).frame()
+    files = sorted(src.iterdir())
+
+    def op_of(proc):
+        return transform_with_state(proc, key="k", output_schema=OUT, operator_id="swap-cli",
+                                    coordinator=cluster["coordinator"], secret_file=str(cluster["secret_file"]),
+                                    parallelism=2, replicas=1, locality=False)
+
+    op = op_of(P1())
+    sink = _Sink()
+    refused = []
+    cli = []
+
+    def after_batch_1():
+        with pytest.raises(StateSchemaError, match="'n'.*'n'") as e:
+            op.swap(Incompatible())
+        refused.append(str(e.value))
+        cmd = [sys.executable, "-m", "rhino.cli.main", "swap", "swap-cli", f"{__name__}:P2",
+               "--coordinator", cluster["coordinator"], "--secret-file", str(cluster["secret_file"]), "--json"]
+        cli.append(subprocess.run(cmd, capture_output=True, text=True, timeout=60))
+
+    sink.after[1] = after_batch_1
+    for f in files[:4]:
+        shutil.copy2(f, live / f.name)
+    ck = tmp_path / "ck-rhino"
+    try:
+        _rhino_query(spark, live, op, sink, ck)
+        assert refused and cli[0].returncode == 0, (refused, cli[0].stderr)
+        req = json.loads(cli[0].stdout)["request"]
+        assert [r.batch for r in op.reports] == [0, 1, 2, 3]  # none lost to the refusal
+        doc = op.control.read_doc()
+        assert [(e["from_batch"], e["processor"], e["request"]) for e in doc["code"]] == [
+            (0, f"{__name__}:P1", None), (2, f"{__name__}:P2", req)]
+        assert "swap_request" not in doc
+        v1, v2 = doc["code"][0]["version"], doc["code"][1]["version"]
+        status = subprocess.run([sys.executable, "-m", "rhino.cli.main", "status", "--coordinator",
+                                 cluster["coordinator"], "--secret-file", str(cluster["secret_file"])],
+                                capture_output=True, text=True, timeout=60)
+        assert f"code: {v2} ({__name__}:P2) from batch 2, 2 versions" in status.stdout, status.stdout
+    finally:
+        op.close()
+    # the driver restarts with the old code: refused, both versions named
+    for f in files[4:]:
+        shutil.copy2(f, live / f.name)
+    old = op_of(P1())
+    with pytest.raises(Exception, match=f"(?s)CodeVersionError.*{v1}.*{v2}.*since batch 2") as e:
+        _rhino_query(spark, live, old, _Sink(), ck)
+    assert isinstance(e.value, CodeVersionError) or "CodeVersionError" in str(e.value)
+    old.close()
+    new = op_of(P2())
+    try:
+        _rhino_query(spark, live, new, sink, ck)
+        assert new.code_version == v2
+        pd.testing.assert_frame_equal(sink.frame(), want)
+    finally:
+        new.close()

@@ -26,13 +26,12 @@ import importlib
 import logging
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from rhino.errors import InvalidArgumentError
 
-__all__ = ["Swap", "load_processor", "new_request", "request_from_doc"]
+__all__ = ["Swap", "load_processor", "request_from_doc"]
 
 log = logging.getLogger("rhino.spark")
 
@@ -105,17 +104,8 @@ def load_processor(code: str, args: Optional[dict] = None) -> Any:
         raise InvalidArgumentError(f"{code}(**{args!r}) failed: {type(e).__name__}: {e}") from None
 
 
-def new_request(code: str, args: Optional[dict] = None, *, output_schema: Optional[str] = None,
-                code_version: Optional[str] = None) -> dict:
-    """An external swap request, as ``rhino swap`` puts it in the operator's state schema
-    document (``"swap_request"``) for its driver's next barrier."""
-    if not isinstance(code, str) or code.count(":") != 1:
-        raise InvalidArgumentError(f"code must be 'package.module:Class', not {code!r}")
-    return {"id": uuid.uuid4().hex, "code": code, "args": dict(args or {}), "output_schema": output_schema,
-            "code_version": code_version, "at": round(time.time(), 3)}
-
-
 def request_from_doc(doc: Optional[dict]) -> Optional[dict]:
-    """The external swap request waiting in the document, if any."""
+    """The external swap request waiting in the document, if any (``rhino swap`` puts it
+    there: ``rhino/cli/swap.py``)."""
     req = (doc or {}).get("swap_request")
     return req if isinstance(req, dict) and isinstance(req.get("id"), str) else None
