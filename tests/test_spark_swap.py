@@ -327,3 +327,125 @@ def test_an_incompatible_swap_is_refused_rhino_swap_swaps_and_a_restart_with_old
         pd.testing.assert_frame_equal(sink.frame(), want)
     finally:
         new.close()
+
+
+class Sessions1(StatefulProcessor):
+    """Event time: per key, the span and count of its events; a timer at last + GAP emits them."""
+
+    GAP = 3000
+    TAG = "t1"
+
+    def init(self, handle):
+        self.handle = handle
+        self.st = handle.getValueState("s", "first long, last long, n long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        pdf = pd.concat(list(rows))
+        ts = sorted(int(t.value // 1_000_000) for t in pdf["ts"])
+        cur = self.st.get()
+        first, last, n = cur if cur else (ts[0], ts[0], 0)
+        for t in ts:
+            first, last, n = min(first, t), max(last, t), n + 1
+        if cur:
+            self.handle.deleteTimer(cur[1] + self.GAP)
+        self.st.update((first, last, n))
+        self.handle.registerTimer(last + self.GAP)
+        return iter([])
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
+        first, last, n = self.st.get()
+        self.st.clear()
+        yield pd.DataFrame({"k": [key[0]], "first": [first], "last": [last], "n": [n], "why": [self.TAG]})
+
+    def close(self):
+        pass
+
+
+class Sessions2(Sessions1):
+    """The same sessions, told apart by who emitted them: timers registered by Sessions1 fire here."""
+
+    TAG = "t2"
+
+
+def test_timers_registered_before_a_swap_fire_in_the_new_processor_as_on_sparks_restart(cluster, spark, tmp_path):
+    """Event-time timers belong to the key, not to the code: those Sessions1 registered
+    before the cut fire in Sessions2 after it, on Rhino (a live swap) as on Spark (a restart
+    with the new processor). The batch before the cut moves no watermark, so neither system
+    fires a timer between the two (Spark's no-data batch at a stop)."""
+    import os
+    import random
+    import shutil
+    import time
+
+    from rhino.spark import transform_with_state
+
+    cut, batches = 4, 8
+    src, live = tmp_path / "src", tmp_path / "spark-live"
+    src.mkdir()
+    live.mkdir()
+    rng = random.Random(3)
+    t, base = 1_000_000, time.time() - 100
+    for b in range(batches):
+        if b == cut - 1:  # within the last second: no later event, the watermark stays
+            rows = [{"k": rng.randrange(6), "ts": pd.Timestamp(t - rng.randrange(900), unit="ms")} for _ in range(20)]
+        else:
+            # keys 3-5 get input before the cut only: their timers, registered by Sessions1,
+            # can only fire in Sessions2; a long gap now and then ends sessions before the cut
+            rows = []
+            for _ in range(20):
+                t += rng.choice([10, 100, 700, 2500, 6000])
+                rows.append({"k": rng.randrange(6 if b < cut else 3), "ts": pd.Timestamp(t, unit="ms")})
+        f = src / f"part-{b:03d}.parquet"
+        pd.DataFrame(rows).to_parquet(f, coerce_timestamps="us")
+        os.utime(f, (base + b, base + b))
+    f = src / "part-999.parquet"  # far ahead: every session's timer is due after it
+    pd.DataFrame([{"k": 99, "ts": pd.Timestamp(t + 60_000, unit="ms")}]).to_parquet(f, coerce_timestamps="us")
+    os.utime(f, (base + batches, base + batches))
+    out = "k long, first long, last long, n long, why string"
+
+    def stream(where):
+        return (spark.readStream.schema("k long, ts timestamp").option("maxFilesPerTrigger", 1).parquet(str(where))
+                .withWatermark("ts", "1 second"))
+
+    got_spark: list[pd.DataFrame] = []
+    files = sorted(src.iterdir())
+    for proc, part in ((Sessions1, files[:cut]), (Sessions2, files[cut:])):
+        for f in part:
+            shutil.copy2(f, live / f.name)
+        q = (stream(live).groupBy("k").transformWithStateInPandas(proc(), outputStructType=out, outputMode="Append",
+                                                                   timeMode="EventTime")
+             .writeStream.foreachBatch(lambda df, b: got_spark.append(df.toPandas()))
+             .option("checkpointLocation", str(tmp_path / "ck-spark")).trigger(availableNow=True).start())
+        q.awaitTermination(180)
+        assert q.exception() is None, q.exception()
+
+    op = transform_with_state(Sessions1(), key="k", output_schema=out, operator_id="swap-timers",
+                              coordinator=cluster["coordinator"], secret_file=str(cluster["secret_file"]),
+                              parallelism=2, replicas=1, locality=False, time_mode="EventTime", event_time="ts",
+                              watermark_delay="1 second", checkpoint_location=str(tmp_path / "ck-rhino"))
+    got_rhino: list[pd.DataFrame] = []
+
+    def sink(df, b):
+        got_rhino.append(df.toPandas())
+        if b == cut - 1:
+            op.swap(Sessions2())
+
+    q = (stream(src).writeStream.foreachBatch(op.for_each_batch(sink))
+         .option("checkpointLocation", str(tmp_path / "ck-rhino")).trigger(availableNow=True).start())
+    q.awaitTermination(180)
+    assert q.exception() is None, q.exception()
+    try:
+        # Rhino fires a timer in the batch after the watermark passed it; Spark runs a no-data
+        # batch at the end: one more (empty) batch applies the last watermark
+        got_rhino.append(op.process_batch(spark.createDataFrame([], "k long, ts timestamp"),
+                                          op.reports[-1].batch + 1).to_pandas())
+        norm = lambda fs: (pd.concat([f for f in fs if len(f)], ignore_index=True)  # noqa: E731
+                           .sort_values(["k", "first"]).reset_index(drop=True))
+        s, r = norm(got_spark), norm(got_rhino)
+        pd.testing.assert_frame_equal(r.astype({c: "int64" for c in ("k", "first", "last", "n")}),
+                                      s.astype({c: "int64" for c in ("k", "first", "last", "n")}))
+        # the timers Sessions1 registered for keys 3-5 (no input after the cut) fired in Sessions2
+        assert set(r[(r["why"] == "t2") & (r["k"] >= 3)]["k"]) == {3, 4, 5}, r
+        assert (r["why"] == "t1").any(), r  # and some fired before the cut, in the old code
+    finally:
+        op.close()
