@@ -449,3 +449,70 @@ def test_timers_registered_before_a_swap_fire_in_the_new_processor_as_on_sparks_
         assert (r["why"] == "t1").any(), r  # and some fired before the cut, in the old code
     finally:
         op.close()
+
+
+class M2(P1):
+    """The count moved into a new variable of another shape, which the schema rules cannot
+    express (a migration fills it): stats = (count, the count at the swap x 100)."""
+
+    def init(self, handle):
+        self.stats = handle.getValueState("stats", "count long, scaled long")
+
+    def handleInputRows(self, key, rows, timerValues):
+        pdf = pd.concat(list(rows))
+        count, scaled = self.stats.get() or (0, None)
+        count += len(pdf)
+        self.stats.update((count, scaled))
+        yield pd.DataFrame({"k": [key[0]], "n": [count], "note": [f"m2 scaled={scaled}"]})
+
+
+def _migrate_n(key, old, proc):
+    """Once per key at the cut: the old count into the new variable."""
+    n = old["n"].get()
+    if n is not None:
+        proc.stats.update((n[0], n[0] * 100))
+
+
+def test_a_swap_with_a_migration_runs_it_once_per_key_even_when_its_batch_runs_again(cluster, spark):
+    """P1's count moves into M2's new variable by a per-key migration at the cut (batch 2);
+    the old variable is removed there. The cut's first commit is refused (as after a
+    failover), so batch 2 runs again from batch 1's state: the migration runs again, and the
+    output equals a pandas model in which it ran once."""
+    import random
+
+    from spark_fixtures import RefuseFirstCommit
+
+    from rhino.spark import transform_with_state
+
+    rng = random.Random(11)
+    batches = [pd.DataFrame({"k": [rng.randrange(5) for _ in range(8)], "v": [1] * 8}) for _ in range(5)]
+    op = transform_with_state(P1(), key="k", output_schema=OUT, operator_id="swap-migrate",
+                              coordinator=cluster["coordinator"], secret_file=str(cluster["secret_file"]),
+                              parallelism=2, replicas=1, locality=False)
+    got = []
+    try:
+        for b, pdf in enumerate(batches):
+            if b == 2:
+                op.swap(M2(), migrate=_migrate_n)
+                op.control.client = RefuseFirstCommit(op.coordinator(), 2)
+            got.append(op.process_batch(spark.createDataFrame(pdf), b).to_pandas().assign(batch=b))
+        rep = next(r for r in op.reports if r.batch == 2)
+        assert rep.attempts == 2 and op.control.client.refused == 1, rep
+        assert sum(t.get("migrated_keys", 0) for t in rep.tasks) == len(set(pd.concat(batches[:2])["k"]))
+        assert op.control.read_doc()["dropped"] == [{"name": "n", "id": 1, "kind": "value", "ttl": False,
+                                                     "batch": 2}]
+    finally:
+        op.close()
+    # the model: counts per key; at the cut, scaled = the count then x 100, once
+    rows, count, scaled = [], {}, {}
+    for b, pdf in enumerate(batches):
+        if b == 2:
+            scaled = {k: c * 100 for k, c in count.items()}
+        for k, n in pdf.groupby("k").size().items():
+            count[k] = count.get(k, 0) + int(n)
+            note = "p1" if b < 2 else f"m2 scaled={scaled.get(k)}"
+            rows.append({"k": int(k), "n": count[k], "note": note, "batch": b})
+    want = pd.DataFrame(rows).sort_values(["batch", "k"]).reset_index(drop=True)
+    out = pd.concat(got, ignore_index=True).sort_values(["batch", "k"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(out[["k", "n", "note", "batch"]].astype({"k": "int64", "n": "int64"}),
+                                  want.astype({"k": "int64", "n": "int64"}))

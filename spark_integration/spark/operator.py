@@ -147,17 +147,21 @@ class TransformWithState:
             unpersist_checkpoint(out, self.operator_id)
 
     # ---- changing the code: a swap at the next barrier (driver/swap.py) ----------------------
-    def swap(self, processor: Any, *, output_schema: Any = None, code_version: Optional[str] = None) -> Swap:
+    def swap(self, processor: Any, *, output_schema: Any = None, code_version: Optional[str] = None,
+             migrate: Optional[Callable[[tuple, dict, Any], None]] = None) -> Swap:
         """Asks for ``processor`` (and ``output_schema``, if given) to replace the operator's
         code from the next batch barrier, its state kept by variable name (issue 47); callable
         from any thread, while batches run. Checked now: an incompatible state variable (or
         a bad argument) raises here, and the old processor goes on. Returns the
         :class:`~rhino.spark.driver.swap.Swap`, whose ``wait()`` gives the batch from which
         the new code runs. ``code_version``: the new code's version name (default: its
-        fingerprint)."""
+        fingerprint). ``migrate``: ``migrate(key, old, processor)``, run once per key with state
+        in the swap's batch, before its input (driver/swap.py)."""
+        if migrate is not None and not callable(migrate):
+            raise InvalidArgumentError(f"migrate must be a function (key, old, processor), not {migrate!r}")
         new = self._config_with(processor, output_schema, code_version)
         self.control.check_swap(new)
-        swap = Swap(processor, new.output_schema, new.code_version)
+        swap = Swap(processor, new.output_schema, new.code_version, migrate=migrate)
         with self._swap_lock:
             self._pending.append(swap)
         log.info("rhino.spark %s: swap to %s asked for; it takes effect at the next batch barrier",
@@ -173,13 +177,15 @@ class TransformWithState:
         schema = self.config.output_schema if output_schema is None else (
             StructType.fromDDL(output_schema) if isinstance(output_schema, str) else output_schema)
         return dataclasses.replace(self.config, processor=processor, output_schema=schema,
-                                   code_version=checked_code_version(processor, code_version))
+                                   code_version=checked_code_version(processor, code_version),
+                                   migrate=None, migrate_batch=None, migrate_from=None)
 
     def _barrier(self, b: int) -> None:
         """Batch ``b``'s barrier (before its first attempt): the swaps asked for since the
         last one, then an external request (``rhino swap``), take effect in order."""
         with self._swap_lock:
             pending, self._pending = self._pending, []
+        self._migration_at(b)
         req = request_from_doc(self.control.read_doc())
         if req is not None:
             try:
@@ -193,10 +199,36 @@ class TransformWithState:
         for swap in pending:
             self._take(swap, b)
 
+    def _migration_at(self, b: int) -> None:
+        """The per-key migration of batch ``b``'s swap, if it has one: ours (a swap of this
+        driver) stays until the batch is past; a swap recorded at ``b`` by a driver that died
+        in it is run again with ``migrate=`` given to this one (CodeVersionError without)."""
+        from .driver.code_version import CodeVersionError, in_force
+
+        c = self.config
+        if c.migrate_batch is not None and c.migrate_batch < b:
+            self._set_config(dataclasses.replace(c, migrate_batch=None, migrate_from=None))
+            return
+        e = in_force(self.control.state_doc, b)
+        if c.migrate_batch == b or e is None or int(e["from_batch"]) != b or "migrate_from" not in e:
+            return
+        if c.migrate is None:
+            raise CodeVersionError(f"operator {self.operator_id}: batch {b} is the batch of the swap to {e['version']}, "
+                                   "which migrates each key's state, and it did not commit: restart this driver with "
+                                   "the same migrate= function, so that the batch runs as it first did")
+        self._set_config(dataclasses.replace(c, migrate_batch=b, migrate_from=e["migrate_from"]))
+
+    def _set_config(self, new: OperatorConfig) -> None:
+        self.config = self.control.config = self.runner.config = new
+
     def _take(self, swap: Swap, b: int) -> None:
         new = self._config_with(swap.processor, swap.output_schema, swap.code_version)
+        old_vars = (self.control.state_doc or {}).get("vars") or {}
+        if swap.migrate is not None:
+            new = dataclasses.replace(new, migrate=swap.migrate, migrate_batch=b, migrate_from=old_vars)
         try:
-            self.control.swap_to(new, b, request=swap.request)
+            self.control.swap_to(new, b, request=swap.request,
+                                 migrate_from=old_vars if swap.migrate is not None else None)
         except Exception as e:  # noqa: BLE001 - refused at the barrier: the old code goes on
             log.error("rhino.spark %s batch %d: swap to %s refused, %s goes on: %s", self.operator_id, b,
                       swap.code_version, self.code_version, e)
@@ -206,7 +238,7 @@ class TransformWithState:
             self.swaps.append(swap)
             return
         prev = self.code_version
-        self.config = self.control.config = self.runner.config = new
+        self._set_config(new)
         self.runner.swapped_from[b] = prev
         swap.took_effect(b, prev)
         self.swaps.append(swap)

@@ -96,11 +96,16 @@ def check_version(doc: Optional[dict], version: str, operator_id: str) -> bool:
     return True
 
 
-def record(doc: dict, version: str, processor: Any, from_batch: int, request: Optional[str] = None) -> dict:
+def record(doc: dict, version: str, processor: Any, from_batch: int, request: Optional[str] = None,
+           migrate_from: Optional[dict] = None) -> dict:
     """``doc`` with ``version`` in force from ``from_batch`` (entries of a later batch, of a
-    life that never committed, are dropped: a replayed batch's history is its own)."""
+    life that never committed, are dropped: a replayed batch's history is its own).
+    ``migrate_from``: a swap with a per-key migration, the variables it reads (so that a
+    driver restarted in that batch runs the same migration)."""
     kept = [e for e in history(doc) if int(e["from_batch"]) < int(from_batch)]
     kept.append({"version": version, "processor": processor_name(processor), "from_batch": int(from_batch),
                  "at": round(time.time(), 3), "request": request})
+    if migrate_from is not None:
+        kept[-1]["migrate_from"] = migrate_from
     doc["code"] = kept
     return doc

@@ -85,6 +85,12 @@ class OperatorConfig:
     # the processor's code version (driver/code_version.py): code_version= as given, else
     # its fingerprint; recorded at the coordinator with the batch it runs from (issue 47)
     code_version: str = ""
+    # a swap's per-key migration (driver/swap.py): migrate(key, old, processor) once per key with
+    # state, in batch migrate_batch, reading the variables of migrate_from (the state schema
+    # document's "vars" before the swap)
+    migrate: Any = None
+    migrate_batch: Optional[int] = None
+    migrate_from: Optional[dict] = None
     namespace: Optional[str] = None  # None: the default namespace
 
     def __repr__(self) -> str:  # never the secret

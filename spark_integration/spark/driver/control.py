@@ -71,7 +71,7 @@ class Control:
         return self.state_doc
 
     def _register(self, c: OperatorConfig, b: int, *, start: bool, request: Optional[str] = None,
-                  refused: Optional[dict] = None) -> dict:
+                  refused: Optional[dict] = None, migrate_from: Optional[dict] = None) -> dict:
         """Registers ``c``'s code from batch ``b`` at the coordinator, in one compare-and-set
         of the state schema document: the state variables its ``init`` declares (ids, schema
         versions; an incompatible change is refused here, before the batch runs:
@@ -91,7 +91,7 @@ class Control:
             doc, changed = resolve_schema_doc(cur["doc"], declared, grouping_key=self.grouping,
                                               drop_undeclared_at=drop_at)
             if new:
-                record(doc, c.code_version, c.processor, b, request)
+                record(doc, c.code_version, c.processor, b, request, migrate_from)
                 changed = True
             if request is not None or refused is not None:
                 doc.pop("swap_request", None)
@@ -120,10 +120,11 @@ class Control:
             resolve_schema_doc(self.coordinator().state_schema(c.operator_id)["doc"], declared,
                                grouping_key=self.grouping, drop_undeclared_at=0)
 
-    def swap_to(self, c: OperatorConfig, b: int, request: Optional[str] = None) -> dict:
+    def swap_to(self, c: OperatorConfig, b: int, request: Optional[str] = None,
+                migrate_from: Optional[dict] = None) -> dict:
         """Puts ``c``'s code in force from batch ``b`` (``swap.py``'s steps 1-2); returns
         the new state schema document. Raises (and changes nothing) if it is refused."""
-        self.state_doc = self._register(c, b, start=False, request=request)
+        self.state_doc = self._register(c, b, start=False, request=request, migrate_from=migrate_from)
         return self.state_doc
 
     def refuse_request(self, c: OperatorConfig, b: int, request: dict, error: BaseException) -> None:

@@ -18,6 +18,15 @@ barrier b, before batch b's first task (``Control.swap_to``):
    get the new one with their attempt, and the sink sees the new output schema from b.
 
 Timers carry over as they are: they belong to the key, not to the processor.
+
+A swap may carry a per-key **migration**, for a change the schema rules cannot express:
+``migrate(key, old, processor)`` runs in every instance's task of batch b, once per key
+with state there, before b's input: ``old`` maps each variable of the code before the
+swap to its state for the key (read as the old code wrote it), and the new processor's
+own variables (got in its ``init``) are the key's, to write, as in ``handleInitialState``.
+It runs again, from b-1's state, if b runs again; the variables the swap removes are
+deleted after it. The code history names the swap's old variables, so a driver restarted
+in batch b runs the same migration (it must be given ``migrate=`` again, or is refused).
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ class Swap:
     output_schema: Any  # a StructType; None: the operator's, unchanged
     code_version: str
     request: Optional[str] = None  # an external request's id (``rhino swap``); None: op.swap's
+    migrate: Any = None  # migrate(key, old, processor), once per key with state in the swap's batch
     requested_at: float = field(default_factory=time.time)
     batch: Optional[int] = None  # the batch from which the new code runs
     applied_at: Optional[float] = None
