@@ -24,6 +24,7 @@ import pandas as pd  # noqa: E402
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor  # noqa: E402
 
 from spark_fixtures import local_spark, rhino_cluster  # noqa: E402
+from test_spark_operator import SessionProcessor  # noqa: E402
 
 from pyspark import cloudpickle  # noqa: E402
 
@@ -329,36 +330,15 @@ def test_an_incompatible_swap_is_refused_rhino_swap_swaps_and_a_restart_with_old
         new.close()
 
 
-class Sessions1(StatefulProcessor):
-    """Event time: per key, the span and count of its events; a timer at last + GAP emits them."""
+class Sessions1(SessionProcessor):
+    """Event time: test_spark_operator's sessions (a timer at last + GAP emits a key's span
+    and count), each row tagged with the processor that emitted it."""
 
-    GAP = 3000
     TAG = "t1"
 
-    def init(self, handle):
-        self.handle = handle
-        self.st = handle.getValueState("s", "first long, last long, n long")
-
-    def handleInputRows(self, key, rows, timerValues):
-        pdf = pd.concat(list(rows))
-        ts = sorted(int(t.value // 1_000_000) for t in pdf["ts"])
-        cur = self.st.get()
-        first, last, n = cur if cur else (ts[0], ts[0], 0)
-        for t in ts:
-            first, last, n = min(first, t), max(last, t), n + 1
-        if cur:
-            self.handle.deleteTimer(cur[1] + self.GAP)
-        self.st.update((first, last, n))
-        self.handle.registerTimer(last + self.GAP)
-        return iter([])
-
     def handleExpiredTimer(self, key, timerValues, expiredTimerInfo):
-        first, last, n = self.st.get()
-        self.st.clear()
-        yield pd.DataFrame({"k": [key[0]], "first": [first], "last": [last], "n": [n], "why": [self.TAG]})
-
-    def close(self):
-        pass
+        for pdf in super().handleExpiredTimer(key, timerValues, expiredTimerInfo):
+            yield pdf.assign(why=self.TAG)
 
 
 class Sessions2(Sessions1):
