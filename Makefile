@@ -15,7 +15,8 @@
 #                 NEXMark Q8 on Spark with a host SIGKILLed mid-run, then 20 of two Rhino operators chained
 #                 in one foreachBatch query with a host SIGKILLed mid-run (each output identical to the
 #                 failure-free run), then 20 trials of random reconfigurations of a running query
-#                 (rescales, handovers, rebalances, a host joining, decommissioned, SIGKILLed), then the
+#                 (rescales, handovers, rebalances, a host joining, decommissioned, SIGKILLed), then 20
+#                 processor swaps with a host SIGKILLed in the swap's batch (equal to Spark's restart), then the
 #                 coordinator model with 24 examples, then 10 minutes of replication to a replica with a
 #                 stream always open (its pool stays bounded: tests/test_gc_pins.py)
 #   make fuzz   - the frame-decoder and TLS-listener fuzz targets (libFuzzer under clang), FUZZ_SECONDS each (default 60)
@@ -214,6 +215,7 @@ chaos: setup
 	RHINO_EXACTLY_ONCE_TRIALS=$${RHINO_EXACTLY_ONCE_TRIALS:-20} $(PY) -m pytest tests/test_spark_exactly_once.py -q $(PYTEST_ARGS)
 	RHINO_CHAIN_TRIALS=$${RHINO_CHAIN_TRIALS:-20} $(PY) -m pytest tests/test_spark_chain_exactly_once.py -q $(PYTEST_ARGS)
 	RHINO_ELASTIC_TRIALS=$${RHINO_ELASTIC_TRIALS:-20} $(PY) -m pytest tests/test_spark_elastic_chaos.py -q $(PYTEST_ARGS)
+	RHINO_SWAP_TRIALS=$${RHINO_SWAP_TRIALS:-20} $(PY) -m pytest tests/test_spark_swap_chaos.py -q $(PYTEST_ARGS)
 	RHINO_COORD_EXAMPLES=$${RHINO_COORD_EXAMPLES:-24} $(PY) -m pytest tests/test_coordinator_model.py -q $(PYTEST_ARGS)
 	RHINO_GC_SOAK_SECONDS=$${RHINO_GC_SOAK_SECONDS:-600} $(PY) -m pytest tests/test_gc_pins.py -q -s $(PYTEST_ARGS)
 

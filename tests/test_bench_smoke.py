@@ -4,7 +4,7 @@ still goes through all of its code, so that a broken benchmark fails CI (docs/te
 Most subcommands have a module of their own that runs them small and checks their records
 (test_bench_*.py, test_spark_bench.py, test_cli.py, test_spark_cluster.py);
 ``test_every_subcommand_has_a_smoke_run`` keeps that list complete. This module runs the
-rest: ``takeover-open``, ``spark initial-state`` and ``spark elastic``. Each checks that the
+rest: ``takeover-open``, ``spark initial-state``, ``spark elastic`` and ``spark modify``. Each checks that the
 command exits 0, that stdout holds JSON lines only, and the records every report is built from.
 """
 
@@ -50,6 +50,7 @@ SMOKE_RUNS = {
     "spark output": ("test_bench_spark_output.py", "test_tiny_run_both_systems"),
     "spark initial-state": ("test_bench_smoke.py", '"initial-state"'),
     "spark elastic": ("test_bench_smoke.py", '"elastic"'),
+    "spark modify": ("test_bench_smoke.py", '"modify"'),
     "spark glue": ("test_bench_spark_glue.py", "test_glue_bench_runs_and_reports"),
     "demo": ("test_cli.py", "test_demo_runs_and_verifies"),
     "cluster": ("test_spark_cluster.py", "rhino_testing.harness.spark_cluster"),
@@ -127,3 +128,29 @@ def test_spark_elastic_tiny(tmp_path):
     assert any(b.get("parallelism") for b in batches), batches[:2]
     assert re.search(r"spark elastic", (tmp_path / "el.md").read_text())
     assert (tmp_path / "el.png").stat().st_size > 1000
+
+
+def test_spark_modify_tiny(tmp_path):
+    """Both routes of a code change at a few MiB of Q8 state: Rhino's swap at the first barrier
+    after the request, with the new code from there; Spark's restart from its checkpoint."""
+    out = tmp_path / "m.jsonl"
+    p = _bench("spark", "modify", "--size", "2M", "--events-per-batch", "4000", "--payload-bytes", "4096",
+               "--after-batches", "1", "--routes", "swap,spark-restart-changelog", "--first-host", "84", "--json",
+               "--out", str(out), "--report", str(tmp_path / "m.md"), "--plot", str(tmp_path / "m.png"),
+               "--dir", str(tmp_path / "w"), timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    recs = _records(p)
+    assert recs == [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
+    assert recs[0]["record"] == "setup" and recs[-1]["record"] == "summary"
+    by = {r["route"]: r for r in recs if r["record"] == "modify"}
+    assert set(by) == {"swap", "spark-restart-changelog"}
+    for r in by.values():
+        assert r["state_bytes"] >= 2 << 20 and r["request_to_effect_s"] > 0 and r["failed_batches"] == 0, r
+        assert [b for b in r["batches"] if b[0] >= r["effect_batch"]], r  # a batch ran the new code
+    swap = by["swap"]
+    assert swap["batches_delayed"] == 0, swap  # the first barrier after the request
+    assert swap["versions"][0].startswith("Q8NewUsers@") and swap["versions"][1].startswith("Q8V2@"), swap
+    summ = recs[-1]
+    assert summ["baseline"] == "spark-restart-changelog" and summ["speedup_vs_spark_restart"] > 0
+    assert (tmp_path / "m.md").read_text().startswith("# Changing a running query")
+    assert (tmp_path / "m.png").stat().st_size > 1000

@@ -275,9 +275,13 @@ def test_schema_is_checked_and_evolves_across_runs(cluster, spark):
 
     from rhino.spark.state.schema import StateSchemaError
 
+    runs = iter(range(100))
+
     def run(schema, b, **kw):
+        # each run is deployed as new code (going back to a schema is too): its own version
+        # name, or the driver would be refused as older than the code in force (issue 47)
         op = _op(cluster, TypedProcessor(schema, **kw), "typed", "k long, n long, old_width long",
-                 max_batch_attempts=1)
+                 max_batch_attempts=1, code_version=f"run-{next(runs)}")
         try:
             return op.process_batch(spark.createDataFrame(pd.DataFrame({"k": [1, 1, 2]})), b).to_pandas()
         finally:

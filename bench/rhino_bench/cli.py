@@ -14,6 +14,7 @@
   rhino-bench spark initial-state [--keys 10M] [--json] ...   loading N keys as initial state, both systems
   rhino-bench spark glue [--keys 1000000] [--mode both] [--profile] ...   the task's per-key cost around the processor
   rhino-bench spark elastic [--rates 1,3,1] [--strategy all-at-once] [--json] ...   the rate steps; Rhino's autoscaler
+  rhino-bench spark modify [--size 1G] [--routes swap,spark-restart-changelog] [--json] ...   a code change, both systems
   rhino-bench demo [--kill-only] [--state 256M] [--dir D]   (--data-plane [--size 384M]: one host)
   rhino-bench cluster up|down|status|kill-host|restart-host ...   the local 3-host Spark + Rhino cluster
 
@@ -58,6 +59,8 @@ _DELEGATED = {
     ("spark", "glue"): ("rhino_bench.spark.glue",
                         "the per-key cost of rhino.spark's task around the processor, at 1M keys per batch, "
                         "with its profile and the floor pandas sets"),
+    ("spark", "modify"): ("rhino_bench.spark.modify",
+                          "changing a running Q8's code: Rhino's live processor swap vs Spark's restart"),
     ("spark", "elastic"): ("rhino_bench.spark.elastic",
                            "NEXMark Q8 while the input rate steps 1x -> 3x -> 1x: Rhino with the autoscaler vs "
                            "Spark's RocksDB state store, and Spark's remedy (a restart with more executors) timed"),
@@ -106,7 +109,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 1
     if argv[0] == "spark":
         print("rhino-bench spark: expected one of: recovery, throughput, state-size, big-key, output, initial-state, "
-              "elastic, glue", file=sys.stderr)
+              "modify, elastic, glue", file=sys.stderr)
     else:
         print(f"rhino-bench: unknown command {argv[0]!r}", file=sys.stderr)
     _usage(sys.stderr)

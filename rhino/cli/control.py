@@ -112,6 +112,13 @@ def format_status(s: dict) -> str:
             lag = ",".join(f"{k}:{'?' if v is None else v}" for k, v in (i["replica_lag"] or {}).items())
             lines.append(f"  {i['instance']:>4} {i['primary']:<10} {','.join(i['chain']):<24} {i['chain_version']:>3} "
                          f"{str(i['last_complete']):>6} {i['vnodes']:>6} {i['bytes']:>12}  {lag}")
+        code = o.get("code")
+        if code:  # None: no rhino.spark driver recorded its code (or a coordinator of before)
+            lines.append(f"  code: {code['version']} ({code['processor']}) from batch {code['from_batch']}"
+                         + (f", {code['versions']} versions" if code.get("versions", 1) > 1 else ""))
+        if o.get("swap_request"):
+            lines.append(f"  swap request {o['swap_request']['id']}: {o['swap_request']['code']}, waiting for a "
+                         "batch barrier")
         plans = o.get("plans")
         if plans is not None:  # a coordinator of before per-operator plans has no such field
             if not plans:

@@ -8,7 +8,7 @@
   rhino worker --id ID --dir DIR --listen 127.0.0.N:PORT --secret-file FILE [--coordinator HOST:PORT] ...
   rhino coordinator --listen HOST:PORT --dir DIR --secret-file FILE [--rebuild --expect-workers N]
   rhino credential task --namespace NS --secret-file FILE --out CREDENTIAL
-  rhino status | handover | rebalance | rescale | cancel-plan | decommission | autoscale | drop ... --coordinator HOST:PORT --secret-file FILE
+  rhino status | handover | rebalance | rescale | cancel-plan | decommission | autoscale | drop | swap ... --coordinator HOST:PORT --secret-file FILE
 
 The benchmarks and the demo are not part of the library: they are the repository's
 ``rhino-bench`` command (bench/).
@@ -100,6 +100,7 @@ _DELEGATED = {
     ("decommission",): ("rhino.cli.control:main_decommission", "move everything off a worker before it is taken away"),
     ("autoscale",): ("rhino.cli.control:main_autoscale", "turn an operator's autoscaler on or off (DS2-style, rate-based)"),
     ("drop",): ("rhino.cli.control:main_drop", "drop an operator: its state on every worker and its metadata"),
+    ("swap",): ("rhino.cli.swap:main_swap", "replace a running operator's processor at its next batch barrier"),
     ("certs",): ("rhino.cli.certs", "a CA and per-host certificates for trying mutual TLS out"),
     ("credential",): ("rhino.cli.credential", "one role's credential from the root secret (e.g. a Spark job's task "
                                               "credential)"),
@@ -187,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Listed for --help; main() hands their arguments to their own parsers.
     sub.add_parser("worker", help=_DELEGATED[("worker",)][1] + " (rhino worker --help)", add_help=False)
     for name in ("coordinator", "status", "handover", "rebalance", "rescale", "cancel-plan", "decommission",
-                 "autoscale", "drop", "certs", "credential"):
+                 "autoscale", "drop", "swap", "certs", "credential"):
         sub.add_parser(name, help=_DELEGATED[(name,)][1] + f" (rhino {name} --help)", add_help=False)
     return parser
 

@@ -6,6 +6,7 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from ..errors import InvalidArgumentError
+from . import state_schema
 from .metadata import PlanRow
 from .naming import split_operator_id
 
@@ -44,9 +45,20 @@ def cluster_status(coord: "Coordinator") -> dict:
                     "last_batch": o.last_batch,
                     "replicas": o.replicas, "num_vnodes": o.num_vnodes, "instances": insts,
                     "plans": [_plan_status(p) for p in coord.meta.plans(o.operator_id, open_only=True)],
-                    "autoscale": coord.autoscaling.status(o.operator_id)})
+                    "autoscale": coord.autoscaling.status(o.operator_id), **_code(coord, o.operator_id)})
     plans = [_plan_status(p) for p in coord.meta.plans(open_only=True)]
     return {"workers": workers, "operators": ops, "plans_in_flight": plans, "events": coord.meta.events(20)}
+
+
+def _code(coord: "Coordinator", operator_id: str) -> dict:
+    """The operator's code as its drivers recorded it in its state schema document
+    (rhino.spark's ``driver/code_version.py``): the version in force and the batch it runs
+    from, the code history's length, and a swap request still waiting for a barrier."""
+    doc = state_schema.load(coord.meta, operator_id)["doc"] or {}
+    history = doc.get("code") or []
+    waiting = doc.get("swap_request")
+    return {"code": dict(history[-1], versions=len(history)) if history else None,
+            "swap_request": {k: waiting.get(k) for k in ("id", "code", "at")} if isinstance(waiting, dict) else None}
 
 
 def _plan_status(p: PlanRow) -> dict:

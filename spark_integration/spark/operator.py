@@ -13,6 +13,7 @@ over the named stages of one micro-batch in ``driver/`` (the batch's steps are i
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -23,11 +24,14 @@ import pyarrow as pa
 from rhino.engine import first_error_line
 
 from .driver.batch import BatchRunner
-from .driver.config import OperatorConfig, parse_delay_ms
+from rhino.errors import InvalidArgumentError
+
+from .driver.config import OperatorConfig, checked_code_version, parse_delay_ms
 from .driver.control import Control
 from .driver.progress import state_operator_progress
 from .driver.report import BatchReport
 from .driver.sink import Sink, unpersist_checkpoint
+from .driver.swap import Swap, load_processor, request_from_doc
 from .errors import output_lost
 from .runtime.initial import initial_frame
 
@@ -55,6 +59,11 @@ class TransformWithState:
         self.last_output: Any = None
         self.output_reruns: list[dict] = []  # batches run again because their output was lost
         self._lock = threading.Lock()
+        # swaps asked for and not yet at a barrier, and those a barrier took or refused (driver/swap.py)
+        self._swap_lock = threading.Lock()
+        self._pending: list[Swap] = []
+        self.swaps: list[Swap] = []
+        self.runner.barrier = self._barrier
 
     # What tests, benchmarks and users read of the operator.
     @property
@@ -76,6 +85,11 @@ class TransformWithState:
     @property
     def replicas(self) -> int:
         return self.config.replicas
+
+    @property
+    def code_version(self) -> str:
+        """The version of the code in force (driver/code_version.py)."""
+        return self.config.code_version
 
     def progress(self, batch_id: Optional[int] = None) -> Optional[dict]:
         """Batch ``batch_id``'s figures (the last batch's if None) in the shape of Spark's
@@ -140,6 +154,105 @@ class TransformWithState:
         out, self.last_output = self.last_output, None
         if out is not None:
             unpersist_checkpoint(out, self.operator_id)
+
+    # ---- changing the code: a swap at the next barrier (driver/swap.py) ----------------------
+    def swap(self, processor: Any, *, output_schema: Any = None, code_version: Optional[str] = None,
+             migrate: Optional[Callable[[tuple, dict, Any], None]] = None) -> Swap:
+        """Asks for ``processor`` (and ``output_schema``, if given) to replace the operator's
+        code from the next batch barrier, its state kept by variable name (issue 47); callable
+        from any thread, while batches run. Checked now: an incompatible state variable (or
+        a bad argument) raises here, and the old processor goes on. Returns the
+        :class:`~rhino.spark.driver.swap.Swap`, whose ``wait()`` gives the batch from which
+        the new code runs. ``code_version``: the new code's version name (default: its
+        fingerprint). ``migrate``: ``migrate(key, old, processor)``, run once per key with state
+        in the swap's batch, before its input (driver/swap.py)."""
+        if migrate is not None and not callable(migrate):
+            raise InvalidArgumentError(f"migrate must be a function (key, old, processor), not {migrate!r}")
+        new = self._config_with(processor, output_schema, code_version)
+        self.control.check_swap(new)
+        swap = Swap(processor, new.output_schema, new.code_version, migrate=migrate)
+        with self._swap_lock:
+            self._pending.append(swap)
+        log.info("rhino.spark %s: swap to %s asked for; it takes effect at the next batch barrier",
+                 self.operator_id, swap.code_version)
+        return swap
+
+    def _config_with(self, processor: Any, output_schema: Any, code_version: Optional[str]) -> OperatorConfig:
+        from pyspark.sql.types import StructType
+
+        if not hasattr(processor, "init") or not hasattr(processor, "handleInputRows"):
+            raise InvalidArgumentError(f"{type(processor).__name__} is not a StatefulProcessor (no init or "
+                                       "handleInputRows)")
+        schema = self.config.output_schema if output_schema is None else (
+            StructType.fromDDL(output_schema) if isinstance(output_schema, str) else output_schema)
+        return dataclasses.replace(self.config, processor=processor, output_schema=schema,
+                                   code_version=checked_code_version(processor, code_version),
+                                   migrate=None, migrate_batch=None, migrate_from=None)
+
+    def _barrier(self, b: int) -> None:
+        """Batch ``b``'s barrier (before its first attempt): the swaps asked for since the
+        last one, then an external request (``rhino swap``), take effect in order."""
+        with self._swap_lock:
+            pending, self._pending = self._pending, []
+        self._migration_at(b)
+        req = request_from_doc(self.control.read_doc())
+        if req is not None:
+            try:
+                proc = load_processor(req["code"], req.get("args"))
+                new = self._config_with(proc, req.get("output_schema"), req.get("code_version"))
+                pending.append(Swap(proc, new.output_schema, new.code_version, request=req["id"]))
+            except Exception as e:  # noqa: BLE001 - any failure to load refuses the request
+                log.error("rhino.spark %s batch %d: swap request %s (%s) refused: %s", self.operator_id, b,
+                          req["id"], req.get("code"), e)
+                self.control.refuse_request(self.config, b, req, e)
+        for swap in pending:
+            self._take(swap, b)
+
+    def _migration_at(self, b: int) -> None:
+        """The per-key migration of batch ``b``'s swap, if it has one: ours (a swap of this
+        driver) stays until the batch is past; a swap recorded at ``b`` by a driver that died
+        in it is run again with ``migrate=`` given to this one (CodeVersionError without)."""
+        from .driver.code_version import CodeVersionError, in_force
+
+        c = self.config
+        if c.migrate_batch is not None and c.migrate_batch < b:
+            self._set_config(dataclasses.replace(c, migrate_batch=None, migrate_from=None))
+            return
+        e = in_force(self.control.state_doc, b)
+        if c.migrate_batch == b or e is None or int(e["from_batch"]) != b or "migrate_from" not in e:
+            return
+        if c.migrate is None:
+            raise CodeVersionError(f"operator {self.operator_id}: batch {b} is the batch of the swap to {e['version']}, "
+                                   "which migrates each key's state, and it did not commit: restart this driver with "
+                                   "the same migrate= function, so that the batch runs as it first did")
+        self._set_config(dataclasses.replace(c, migrate_batch=b, migrate_from=e["migrate_from"]))
+
+    def _set_config(self, new: OperatorConfig) -> None:
+        self.config = self.control.config = self.runner.config = new
+
+    def _take(self, swap: Swap, b: int) -> None:
+        new = self._config_with(swap.processor, swap.output_schema, swap.code_version)
+        old_vars = (self.control.state_doc or {}).get("vars") or {}
+        if swap.migrate is not None:
+            new = dataclasses.replace(new, migrate=swap.migrate, migrate_batch=b, migrate_from=old_vars)
+        try:
+            self.control.swap_to(new, b, request=swap.request,
+                                 migrate_from=old_vars if swap.migrate is not None else None)
+        except Exception as e:  # noqa: BLE001 - refused at the barrier: the old code goes on
+            log.error("rhino.spark %s batch %d: swap to %s refused, %s goes on: %s", self.operator_id, b,
+                      swap.code_version, self.code_version, e)
+            if swap.request is not None:
+                self.control.refuse_request(self.config, b, {"id": swap.request}, e)
+            swap.refused(e)
+            self.swaps.append(swap)
+            return
+        prev = self.code_version
+        self._set_config(new)
+        self.runner.swapped_from[b] = prev
+        swap.took_effect(b, prev)
+        self.swaps.append(swap)
+        log.warning("rhino.spark %s: swapped %s -> %s from batch %d, state kept (%.3f s after the request)",
+                    self.operator_id, prev, new.code_version, b, swap.applied_at - swap.requested_at)
 
     # ---- foreachBatch -----------------------------------------------------------------------
     def for_each_batch(self, sink: Optional[Sink] = None, *,

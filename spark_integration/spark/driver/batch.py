@@ -108,6 +108,9 @@ class BatchRunner:
         self._known_hosts: Optional[set[str]] = None  # executor hosts seen last (host_loss.py)
         self._meta_acc: Any = None  # the tasks' meta rows (runtime/meta.py), one per operator
         self._action_at: Optional[float] = None  # when the last attempt called its Spark action
+        # called with b at batch b's barrier, before its first attempt (the operator's swaps)
+        self.barrier: Optional[Callable[[int], None]] = None
+        self.swapped_from: dict[int, str] = {}  # batch -> the version a swap in it replaced
 
     def run(self, df: Any, b: int, sink: Optional[Sink] = None) -> Any:
         """Runs batch ``b`` to its commit; returns its output (None with ``sink``)."""
@@ -118,10 +121,14 @@ class BatchRunner:
         for col in c.keys + ([c.event_time] if c.event_time else []):
             if col not in df.schema.names:
                 raise InvalidArgumentError(f"column {col!r} is not in the input ({df.schema.simpleString()})")
-        self.control.ensure_created(df.schema)
+        self.control.ensure_created(df.schema, b)
         if not self._start_checked:
             check_start(c, self.control.last_batch, b, start=self.start_batch)
             self._start_checked = True
+        if self.barrier is not None and (self.control.last_batch is None or b > self.control.last_batch):
+            # the barrier before a batch not yet committed: a swap takes effect here (swap.py)
+            self.barrier(b)
+            c = self.config
         if self._watermarks is None:
             # only event time has a watermark to keep: other queries write no files
             keep = c.time_mode == "eventtime" and c.checkpoint_location
@@ -153,7 +160,8 @@ class BatchRunner:
             commit_s=done.committed_at - done.ran_at, tasks=sorted(tasks, key=lambda t: t["instance"]),
             errors=done.errors, job_setup_s=(self._action_at - a.started_at) if self._action_at else None,
             routing=self.router.mode, parallelism=len(a.placement.instances), initial_parallelism=c.parallelism,
-            input_copies=copies, short_of_copies=short))
+            input_copies=copies, short_of_copies=short, code_version=c.code_version,
+            swapped_from=self.swapped_from.get(b)))
         post_to_spark_ui(spark.sparkContext, describe_commit(c.operator_id, self.reports[-1]))
         return data
 

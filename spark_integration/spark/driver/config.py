@@ -82,6 +82,15 @@ class OperatorConfig:
     min_copies_strict: Optional[bool] = None
     min_copies_wait_s: Optional[float] = None
     name: str = ""  # the operator's name in its namespace (operator_id= as given)
+    # the processor's code version (driver/code_version.py): code_version= as given, else
+    # its fingerprint; recorded at the coordinator with the batch it runs from (issue 47)
+    code_version: str = ""
+    # a swap's per-key migration (driver/swap.py): migrate(key, old, processor) once per key with
+    # state, in batch migrate_batch, reading the variables of migrate_from (the state schema
+    # document's "vars" before the swap)
+    migrate: Any = None
+    migrate_batch: Optional[int] = None
+    migrate_from: Optional[dict] = None
     namespace: Optional[str] = None  # None: the default namespace
 
     def __repr__(self) -> str:  # never the secret
@@ -142,6 +151,7 @@ class OperatorConfig:
         if not keys:
             raise InvalidArgumentError("key must name at least one column")
         schema = StructType.fromDDL(output_schema) if isinstance(output_schema, str) else output_schema
+        kw["code_version"] = checked_code_version(processor, kw.get("code_version"))
         return cls(processor=processor, key_columns=keys, output_schema=schema, operator_id=operator_id,
                    name=name, namespace=namespace,
                    coordinator=coordinator, secret=credential, time_mode=tm,
@@ -149,6 +159,17 @@ class OperatorConfig:
                    num_vnodes=int(num_vnodes) if num_vnodes else max(64, 16 * int(parallelism)),
                    checkpoint_location=str(checkpoint_location) if checkpoint_location else None,
                    **{k: v for k, v in kw.items()})
+
+
+def checked_code_version(processor: Any, given: Any) -> str:
+    """``given`` (a name of 1-128 printable characters), else the processor's fingerprint."""
+    from .code_version import code_version_of
+
+    if given is None:
+        return code_version_of(processor)
+    if not isinstance(given, str) or not 0 < len(given) <= 128 or not given.isprintable():
+        raise InvalidArgumentError(f"code_version must be a name of 1-128 printable characters, not {given!r}")
+    return given
 
 
 def _task_credential(secret: Any, namespace: Optional[str]) -> Any:

@@ -33,6 +33,7 @@ class Control:
         self.parallelism: Optional[int] = None
         # the operator's last committed batch when this driver created it (None: none yet)
         self.last_batch: Optional[int] = None
+        self.grouping: Any = None  # the StructType of the grouping key's columns (at the first batch)
 
     def coordinator(self) -> Any:
         if self.client is None:
@@ -42,7 +43,7 @@ class Control:
                                               tls=for_host(self.config.tls, this_host()))
         return self.client
 
-    def ensure_created(self, in_schema: Any) -> dict:
+    def ensure_created(self, in_schema: Any, first_batch: int = 0) -> dict:
         """Creates the operator and registers its state; returns the state schema document.
         Once per driver.
 
@@ -63,39 +64,93 @@ class Control:
                 log.warning("rhino.spark %s: the operator runs at the coordinator's parallelism %d, not the "
                             "code's %d (the code's is the initial one; it was rescaled since)",
                             c.operator_id, self.parallelism, c.parallelism)
-            self.state_doc = self._register_state(in_schema)
+            from pyspark.sql.types import StructType
+
+            self.grouping = StructType([in_schema[k] for k in c.key_columns])
+            self.state_doc = self._register(c, first_batch, start=True)
         return self.state_doc
 
-    def _register_state(self, in_schema: Any) -> dict:
-        """The state variables ``init`` declares, registered at the coordinator (ids, schema
-        versions); an incompatible change is refused here, before any batch runs
-        (``state/variables.py``)."""
-        from pyspark.sql.types import StructType
+    def _register(self, c: OperatorConfig, b: int, *, start: bool, request: Optional[str] = None,
+                  refused: Optional[dict] = None, migrate_from: Optional[dict] = None) -> dict:
+        """Registers ``c``'s code from batch ``b`` at the coordinator, in one compare-and-set
+        of the state schema document: the state variables its ``init`` declares (ids, schema
+        versions; an incompatible change is refused here, before the batch runs:
+        ``state/variables.py``) and its code version (``code_version.py``). A version new to
+        the operator comes into force at ``b``; there, the variables it no longer declares are
+        removed. ``start``: a driver's first batch, where an older version is refused.
+        ``request``/``refused``: the external swap request taken or refused (``swap.py``)."""
+        from ..state.variables import resolve_schema_doc
+        from .code_version import check_version, in_force, record
 
-        from ..state.variables import declared_variables, resolve_schema_doc
-
-        c = self.config
-        declared = declared_variables(c.processor)
-        ttl = sorted(n for n, d in declared.items() if d.ttl_ms is not None)
-        if ttl and c.time_mode != "processingtime":
-            # Spark refuses the same (CANNOT_ASSIGN_TTL_IN_TIME_MODE): TTL runs on batch time
-            raise InvalidArgumentError(f"state {ttl[0]!r} has a TTL, which needs time_mode='ProcessingTime' "
-                                       f"(this operator runs with time mode {c.time_mode!r}), as in Spark")
-        grouping = StructType([in_schema[k] for k in c.key_columns])
+        declared = _declared(c)
         for _ in range(SCHEMA_ROUNDS):
             cur = self.coordinator().state_schema(c.operator_id)
-            doc, changed = resolve_schema_doc(cur["doc"], declared, grouping_key=grouping)
+            new = check_version(cur["doc"], c.code_version, c.operator_id) if start else True
+            # an operator with no code history (none yet, or made before there was one) drops nothing
+            drop_at = b if new and in_force(cur["doc"]) is not None else None
+            doc, changed = resolve_schema_doc(cur["doc"], declared, grouping_key=self.grouping,
+                                              drop_undeclared_at=drop_at)
+            if new:
+                record(doc, c.code_version, c.processor, b, request, migrate_from)
+                changed = True
+            if request is not None or refused is not None:
+                doc.pop("swap_request", None)
+                if refused is not None:
+                    doc["swap_refused"] = refused
+                changed = True
             if not changed:
                 return doc
             try:
                 self.coordinator().set_state_schema(c.operator_id, doc, cur["revision"])
                 return doc
-            except BusyError:  # another driver changed it meanwhile: read it again
+            except BusyError:  # another driver (or rhino swap) changed it meanwhile: read it again
                 continue
         raise InvalidArgumentError(f"operator {c.operator_id}: the state schema kept changing under this "
                                    "driver (another driver of the same operator?)")
+
+    def check_swap(self, c: OperatorConfig) -> None:
+        """Raises what registering ``c``'s code would (an incompatible state variable, a
+        TTL in the wrong time mode), without registering it: a swap is refused when it is
+        asked for, while the old code goes on. Nothing to check against before the
+        operator's first batch (its state schema is read then)."""
+        from ..state.variables import resolve_schema_doc
+
+        declared = _declared(c)
+        if self.state_doc is not None:
+            resolve_schema_doc(self.coordinator().state_schema(c.operator_id)["doc"], declared,
+                               grouping_key=self.grouping, drop_undeclared_at=0)
+
+    def swap_to(self, c: OperatorConfig, b: int, request: Optional[str] = None,
+                migrate_from: Optional[dict] = None) -> dict:
+        """Puts ``c``'s code in force from batch ``b`` (``swap.py``'s steps 1-2); returns
+        the new state schema document. Raises (and changes nothing) if it is refused."""
+        self.state_doc = self._register(c, b, start=False, request=request, migrate_from=migrate_from)
+        return self.state_doc
+
+    def refuse_request(self, c: OperatorConfig, b: int, request: dict, error: BaseException) -> None:
+        """Records an external swap request's refusal in the document, for ``rhino swap`` to
+        show; the operator's code is unchanged."""
+        refused = {"id": request.get("id"), "batch": b, "error": f"{type(error).__name__}: {error}"}
+        self.state_doc = self._register(c, b, start=True, refused=refused)
+
+    def read_doc(self) -> dict:
+        """The state schema document as the coordinator has it now."""
+        return self.coordinator().state_schema(self.config.operator_id)["doc"] or {}
 
     def close(self) -> None:
         if self.client is not None:
             self.client.close()
             self.client = None
+
+
+def _declared(c: OperatorConfig) -> dict:
+    """The state variables ``c``'s processor declares in ``init``, with Spark's checks."""
+    from ..state.variables import declared_variables
+
+    declared = declared_variables(c.processor)
+    ttl = sorted(n for n, d in declared.items() if d.ttl_ms is not None)
+    if ttl and c.time_mode != "processingtime":
+        # Spark refuses the same (CANNOT_ASSIGN_TTL_IN_TIME_MODE): TTL runs on batch time
+        raise InvalidArgumentError(f"state {ttl[0]!r} has a TTL, which needs time_mode='ProcessingTime' "
+                                   f"(this operator runs with time mode {c.time_mode!r}), as in Spark")
+    return declared

@@ -50,6 +50,9 @@ class BatchReport:
     # the instances that ran with fewer live copies of their state than min_copies (each
     # {"instance", "copies", "min_copies"}): the coordinator's begin_batch said so
     short_of_copies: list[dict] = field(default_factory=list)
+    # the code the batch ran (driver/code_version.py), and the swap that took effect in it
+    code_version: Optional[str] = None
+    swapped_from: Optional[str] = None
 
     @property
     def parallelism_adopted(self) -> bool:

@@ -55,7 +55,7 @@ from ..state.encoding import decode_key
 from ..state.handle import RhinoProcessorHandle
 from ..state.layout import vnodes_of
 from ..state.store import BatchState
-from ..state.variables import variables_of
+from ..state.variables import VarInfo, heads_dropped_in, variables_of
 from ..state.writeback import write_back
 from ..driver.attempt import AttemptSpec
 from ..driver.config import PREFETCH_ENTRIES, OperatorConfig
@@ -229,6 +229,8 @@ class _InstanceBatch:
         self.open_s = time.time() - t0
         rt0 = getattr(s, "round_trips", 0)
         cfg.processor.init(self.handle)
+        if cfg.migrate is not None and cfg.migrate_batch == self.spec.batch:
+            self._migrate(s)
         self._drop_variables(s)
         tv = self._timer_values()
         names = [f.name for f in self.in_schema.fields]
@@ -250,12 +252,46 @@ class _InstanceBatch:
         self.round_trips = getattr(s, "round_trips", 0) - rt0
         self.rolled_back = bool(s.rolled_back)
 
+    def _migrate(self, s: Session, page: int = 4096) -> None:
+        """A swap's per-key migration, in its batch (driver/swap.py): ``migrate(key, old,
+        processor)`` once per grouping key with an entry of an old variable in the instance,
+        a window of keys at a time; ``old`` reads the old variables (as the old code wrote
+        them, never written here), the processor's own are written back as after its input."""
+        cfg, spec = self.cfg, self.spec
+        old_vars = {name: VarInfo(name, e) for name, e in (cfg.migrate_from or {}).items()}
+        gs: set[bytes] = set()
+        for var in old_vars.values():
+            for k, _ in s.scan(prefix=var.heads.head, page_size=page):
+                parts = rhino.split_routed_key(k)
+                if parts is not None:
+                    gs.add(parts[1])
+        old_handle = RhinoProcessorHandle(cfg.time_mode, old_vars)
+        old = {name: old_handle._get(v.kind, name) for name, v in old_vars.items()}
+        keys = sorted(gs)
+        step = cfg.task_window_rows
+        for i in range(0, len(keys), step):
+            chunk = keys[i:i + step]
+            st = self._state(s)
+            before = BatchState(s, self.part, old_vars, batch=spec.batch, now_ms=spec.batch_time_ms, timers=False,
+                                small=PREFETCH_ENTRIES)
+            old_handle._bind(before)
+            t = time.time()
+            st.prefetch(chunk)
+            before.prefetch(chunk)
+            for g in chunk:
+                st.current = before.current = g
+                cfg.migrate(decode_key(g), old, cfg.processor)
+            st.current = before.current = None
+            self._write_back(st, t)
+        self.n["migrated_keys"] = len(keys)
+
     def _drop_variables(self, s: Session, page: int = 4096) -> None:
         """The variables ``init`` dropped (``deleteIfExists``): every entry of theirs in the
         instance's vnodes is deleted in the session, before the batch's rows. One paged scan
         per variable (a round trip when it is already empty)."""
         n = 0
-        for head in self.handle.heads_dropped():
+        # and those a code change removed in this batch (a swap's, issue 47)
+        for head in self.handle.heads_dropped() + heads_dropped_in(self.spec.state_doc, self.spec.batch):
             keys: list[bytes] = []
             for k, _ in s.scan(prefix=head, page_size=page):
                 keys.append(k)

@@ -14,8 +14,15 @@ schema document at the coordinator (``state_schema`` / ``set_state_schema``):
   is refused before the batch runs, with the variable and field named.
 
 The document: ``{"vars": {name: {"id", "kind", "ttl_ms", "key_schema",
-"versions": {version: schema json}, "current"}}, "next_id", "grouping_key"}``
-(``grouping_key``: the schema json of the grouping key's columns).
+"versions": {version: schema json}, "current"}}, "next_id", "grouping_key",
+"dropped", "code"}`` (``grouping_key``: the schema json of the grouping key's columns;
+``dropped``: the variables a code change removed, ``{"name", "id", "kind", "ttl", "batch"}``
+each, their entries deleted by every instance's task of ``batch``; ``code``: which code
+runs from which batch, ``driver/code_version.py``).
+
+When the code changes (a swap, or a restart with new code: issue 47), a variable the
+new processor no longer declares is removed in the change's batch, and its id is never
+given again: declared again later, it starts empty.
 """
 
 from __future__ import annotations
@@ -30,7 +37,8 @@ from .codec import RowCodec
 from .layout import Heads
 from .schema import StateSchemaError, evolve, parse_schema
 
-__all__ = ["Declared", "DeclaringHandle", "declared_variables", "resolve_schema_doc", "VarInfo", "variables_of"]
+__all__ = ["Declared", "DeclaringHandle", "declared_variables", "heads_dropped_in", "resolve_schema_doc", "VarInfo",
+           "variables_of"]
 
 
 @dataclass
@@ -130,11 +138,12 @@ def _check_same_shape(name: str, d: Declared, e: dict) -> None:
 
 
 def resolve_schema_doc(doc: Optional[dict], declared: dict[str, Declared], *,
-                       grouping_key: Any = None) -> tuple[dict, bool]:
+                       grouping_key: Any = None, drop_undeclared_at: Optional[int] = None) -> tuple[dict, bool]:
     """The document with ``declared`` registered (ids, new versions), and whether it
     changed. ``grouping_key``: the StructType of the grouping key's columns (the state
-    reader decodes keys with it). Raises StateSchemaError (naming the variable and
-    field) on an incompatible change."""
+    reader decodes keys with it). ``drop_undeclared_at``: a code change's batch, in which
+    the variables ``declared`` lacks are removed (``dropped``). Raises StateSchemaError
+    (naming the variable and field) on an incompatible change, before anything is removed."""
     from pyspark.sql.types import StructType
 
     doc = json.loads(json.dumps(doc)) if doc else {"vars": {}, "next_id": 1}
@@ -164,7 +173,20 @@ def resolve_schema_doc(doc: Optional[dict], declared: dict[str, Declared], *,
             e["current"] += 1
             e["versions"][str(e["current"])] = d.value_schema.json()
             changed = True
+    if drop_undeclared_at is not None:
+        for name in sorted(set(doc["vars"]) - set(declared)):
+            e = doc["vars"].pop(name)
+            doc.setdefault("dropped", []).append({"name": name, "id": e["id"], "kind": e["kind"],
+                                                  "ttl": e["ttl_ms"] is not None, "batch": int(drop_undeclared_at)})
+            changed = True
     return doc, changed
+
+
+def heads_dropped_in(doc: Optional[dict], batch: int) -> list[bytes]:
+    """The key heads of the variables a code change removed in ``batch`` (``dropped``):
+    every instance's task of that batch deletes their entries, again if the batch runs again."""
+    return [Heads(d["kind"], int(d["id"]), bool(d["ttl"])).head
+            for d in (doc or {}).get("dropped") or () if int(d["batch"]) == int(batch)]
 
 
 class VarInfo:

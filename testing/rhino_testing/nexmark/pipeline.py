@@ -66,7 +66,7 @@ def run_pipeline(spark: Any, *, system: str, query: str, checkpoint_dir: str | P
                  on_batch: Optional[Callable[[int, PipelineRun], None]] = None, locality: bool = True,
                  timeout_s: float = 1800.0, operator_options: Optional[dict] = None,
                  stop_when: Optional[Callable[[PipelineRun], bool]] = None,
-                 spark_conf: Optional[dict] = None) -> PipelineRun:
+                 spark_conf: Optional[dict] = None, processor: Any = None) -> PipelineRun:
     """Runs ``query`` over ``max_events`` events (``events_per_batch`` per micro-batch)
     to the end (Trigger.AvailableNow), and returns the outputs by batch and the timings.
     ``on_batch(batch_id, run)`` is called once per batch when it is done (Rhino: committed,
@@ -74,9 +74,11 @@ def run_pipeline(spark: Any, *, system: str, query: str, checkpoint_dir: str | P
     ``stop_when(run)``, if given, is polled (every 0.2 s) while the query runs; the query
     is stopped as soon as it returns true (e.g. after the batches a benchmark needs).
     ``spark_conf``: session conf entries set before the query starts (e.g. state store
-    settings of ``system="spark"``)."""
+    settings of ``system="spark"``). ``processor``: the processor to run instead of the
+    query's own (a new version of its code, restarted from the same checkpoint)."""
     q = QUERIES[query]
     params = params or {}
+    proc = processor if processor is not None else q.processor_factory(**params)
     ck = Path(checkpoint_dir)
     run = PipelineRun(system=system, query=query)
     events = _events(spark, events_per_batch=events_per_batch, max_events=max_events,
@@ -101,7 +103,7 @@ def run_pipeline(spark: Any, *, system: str, query: str, checkpoint_dir: str | P
     if system == "rhino":
         from rhino.spark.operator import TransformWithState
 
-        op = TransformWithState(q.processor_factory(**params), key=q.key, output_schema=q.output_schema,
+        op = TransformWithState(proc, key=q.key, output_schema=q.output_schema,
                                 operator_id=operator_id or f"nexmark-{query}", coordinator=coordinator,
                                 secret_file=secret_file, parallelism=parallelism, replicas=replicas,
                                 time_mode=q.time_mode, event_time=q.event_time_column,
@@ -121,7 +123,7 @@ def run_pipeline(spark: Any, *, system: str, query: str, checkpoint_dir: str | P
     elif system == "spark":
         spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         out = prepared.groupBy(*q.key).transformWithStateInPandas(
-            q.processor_factory(**params), q.output_schema, q.output_mode, q.time_mode)
+            proc, q.output_schema, q.output_mode, q.time_mode)
         writer = out.writeStream.outputMode("append").foreachBatch(sink)
     else:
         raise ValueError(f"system must be 'rhino' or 'spark', not {system!r}")

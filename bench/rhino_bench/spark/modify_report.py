@@ -1,0 +1,87 @@
+"""``rhino-bench spark modify``: the summary, the report and the plot of its records (pure:
+they read the JSON lines alone, in a run or with ``--from``)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+SPIKE_TARGET = 1.5  # the swap's largest batch over the steady median
+SPEEDUP_TARGET = 5.0  # Spark's restart over Rhino's swap, request to effect (the less favourable Spark route)
+
+
+def _by_route(records: list[dict]) -> dict[str, dict]:
+    return {r["route"]: r for r in records if r.get("record") == "modify"}
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return round(a / b, 2) if a is not None and b else None
+
+
+def summarize(records: list[dict]) -> dict:
+    """Rhino's swap against the fastest Spark restart of the run, and the issue's targets."""
+    by = _by_route(records)
+    swap = by.get("swap")
+    spark = [r for k, r in by.items() if k.startswith("spark-restart")]
+    base = min(spark, key=lambda r: r["request_to_effect_s"]) if spark else None
+    speedup = _ratio(base["request_to_effect_s"], swap["request_to_effect_s"]) if swap and base else None
+    checks = {}
+    if swap:
+        checks.update({"swap_at_first_barrier": swap["batches_delayed"] == 0,
+                       "swap_spike_at_most_1_5x": swap["spike_x"] <= SPIKE_TARGET,
+                       "swap_no_failed_batch": swap["failed_batches"] == 0})
+    if speedup is not None:
+        checks["swap_5x_faster_than_spark_restart"] = speedup >= SPEEDUP_TARGET
+    return {"record": "summary", "routes": sorted(by), "baseline": base["route"] if base else None,
+            "speedup_vs_spark_restart": speedup, "checks": checks,
+            "errors": [r for r in records if r.get("record") == "error"],
+            "ok": bool(checks) and all(checks.values())}
+
+
+def report(records: list[dict], path: str) -> None:
+    setup = next((r for r in records if r.get("record") == "setup"), {})
+    by = _by_route(records)
+    s = summarize(records)
+    lines = ["# Changing a running query's code: Rhino's swap vs Spark's restart (NEXMark Q8)", "",
+             f"Command: `{setup.get('command', '?')}`  ", f"Started: {setup.get('started', '?')}  ",
+             f"Parameters: `{setup.get('parameters')}`", "",
+             "| route | state MiB | request to effect (s) | batches delayed | spike x | failed batches | steady batch (s) |",
+             "|---|---|---|---|---|---|---|"]
+    for k, r in sorted(by.items()):
+        lines.append(f"| {k} | {r['state_bytes'] / 2**20:.0f} | {r['request_to_effect_s']:.2f} | "
+                     f"{r['batches_delayed']} | {r['spike_x']:.2f} | {r['failed_batches']} | "
+                     f"{r['steady_batch_s']:.2f} |")
+    lines += ["", f"Speed-up of the swap over the fastest Spark restart ({s['baseline']}): "
+              f"{s['speedup_vs_spark_restart']}x (target {SPEEDUP_TARGET:g}x).", "",
+              "Checks: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in s["checks"].items()), ""]
+    for e in s["errors"]:
+        lines.append(f"- {e['route']} failed: {e['error'][:300]}")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def plot(records: list[dict], path: str) -> None:
+    """Each route's batches around the request: one bar per batch (its start and end, s from
+    the request), the batch that first ran the new code marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by = _by_route(records)
+    if not by:
+        return
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.8 * len(by)))
+    for y, (k, r) in enumerate(sorted(by.items())):
+        for b, start, end in r["batches"]:
+            if end < -6 * r["steady_batch_s"]:
+                continue
+            new = b >= r["effect_batch"]
+            ax.barh(y, end - start, left=start, color="tab:green" if new else "tab:gray", edgecolor="white")
+        ax.text(r["request_to_effect_s"], y + 0.35, f"{r['request_to_effect_s']:.1f} s", fontsize=8)
+    ax.axvline(0, color="tab:red", linestyle="--", label="code change requested")
+    ax.set_yticks(range(len(by)), sorted(by))
+    ax.set_xlabel("s from the request (grey: old code, green: new code)")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
