@@ -23,10 +23,15 @@ from rhino.spark.errors import InputLostError, output_lost
 SCHEMA = object()  # any non-string schema passes through unparsed (a DDL string needs a JVM)
 
 
+class _Processor:
+    """A processor as the config sees one: an object with attributes (its code version is a
+    fingerprint of its class and of them: driver/code_version.py), never called here."""
+
+
 def config(**kw):
     base = dict(key="k", output_schema=SCHEMA, operator_id="op", coordinator="127.0.0.1:1", secret=b"s" * 32)
     base.update(kw)
-    return OperatorConfig.of(object(), **base)
+    return OperatorConfig.of(_Processor(), **base)
 
 
 # ---- OperatorConfig -------------------------------------------------------------------------
