@@ -351,10 +351,11 @@ def transform_with_state(processor: Any, *, key: str | Sequence[str], output_sch
       key) this many input rows of whole keys at a time, and streams each window's output:
       its memory is bounded by the window and the largest key, not by the partition.
     - ``initial_state``: a DataFrame (a table, e.g. ``spark.table(...)``) or ``df.groupBy(key)``,
-      as Spark's ``initialState``: in the operator's first batch (batch 0, and again if it
-      runs again, from empty state), ``handleInitialState(key, rows, timerValues)`` is
-      called for each key's initial rows (a pandas DataFrame, or one ``Row`` at a time in
-      row mode) before its input rows. The key columns must have the input's names and types.
+      as Spark's ``initialState``: in the operator's first batch (batch 0, or the batch
+      ``start_at`` starts it at; again if it runs again, from empty state),
+      ``handleInitialState(key, rows, timerValues)`` is called for each key's initial rows
+      (a pandas DataFrame, or one ``Row`` at a time in row mode) before its input rows. The
+      key columns must have the input's names and types.
     - ``clock``: a function returning the time in ms that a batch's time is taken from
       at its first run (default: the wall clock; tests pass a manual clock).
     - ``watch_hosts`` (default True): while a batch runs, report a host whose executors
