@@ -408,10 +408,15 @@ def test_an_explicit_start_sees_the_committed_batch_the_fence_names(tmp_path: Pa
         run(6, 22, 5, sees=5, rolled_back=False)
         run(10, 23, 6, sees=6, rolled_back=False)  # resumed after a gap: sees 6
         run(10, 24, 6, sees=6, rolled_back=True)  # it runs again: back over the gap
+        # a fence naming an older committed batch than one shown before goes back no further
+        with c.session("start", 0, batch=10, epoch=1, attempt=25, committed=5) as s:
+            assert (s.version, s.rolled_back) == (6, True)
+            s.abort()
+        run(10, 26, 6, sees=6, rolled_back=False)
         with pytest.raises(rhino.InvalidArgumentError, match="needs the state at version 11, but it is at version 10"):
             c.session("start", 0, batch=12, epoch=1)  # no fence: b-1, as before
         with pytest.raises(rhino.StaleEpochError, match="only the last committed batch runs again"):
-            c.session("start", 0, batch=12, epoch=1, attempt=25, committed=9)
+            c.session("start", 0, batch=12, epoch=1, attempt=27, committed=9)
         for d in (w2.dir, w3.dir):
             store = rhino.ReplicaStore(str(d))
             assert store.checkpoints("start", 0)[-2:] == [6, 10]

@@ -378,11 +378,13 @@ Status HostedInstance::OpenSession(uint64_t token, const SessionOpenReq& req, Se
   // which the coordinator's begin_batch makes b-1 too, except where it was
   // asked to start the operator at b (issue 47: an operator inserted into a
   // running chain starts from no version at b > 0; one re-added after a removal
-  // resumes at b from the batch it last committed, across the gap).
+  // resumes at b from the batch it last committed, across the gap). The
+  // highest committed batch any session has shown, not the request's own: a
+  // session naming an older one cannot roll back what was committed since.
   std::optional<uint64_t> want;
   if (batch > 0) want = batch - 1;
-  const bool named = req.has_attempt && (!req.has_committed || req.committed < batch);
-  if (named) want = req.has_committed ? std::optional<uint64_t>(req.committed) : std::nullopt;
+  const bool named = req.has_attempt && (!committed || *committed < batch);
+  if (named) want = committed;
   std::optional<uint64_t> live = db_->version();
   // A batch run again without its fence naming the base (a replay) goes back
   // to what its first run was built on, which its commit recorded.
