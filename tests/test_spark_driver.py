@@ -236,7 +236,7 @@ def test_a_driver_adopts_the_coordinators_parallelism_and_says_so(caplog):
 
     ctl = Control(config(parallelism=2))
     ctl.client = Coordinator()
-    ctl._register_state = lambda schema: {"variables": {}}  # type: ignore[method-assign]
+    ctl._register = lambda c, b, start: {"variables": {}}  # type: ignore[method-assign]
     with caplog.at_level(logging.WARNING, logger="rhino.spark"):
         assert ctl.ensure_created(None) == {"variables": {}}
     assert ctl.parallelism == 3 and ctl.client.asked["parallelism"] == 2
@@ -246,7 +246,7 @@ def test_a_driver_adopts_the_coordinators_parallelism_and_says_so(caplog):
     r.parallelism, r.initial_parallelism = 3, 2
     assert r.parallelism_adopted
     same = Control(config(parallelism=3))
-    same.client, same._register_state = Coordinator(), lambda schema: {}  # type: ignore[method-assign]
+    same.client, same._register = Coordinator(), lambda c, b, start: {}  # type: ignore[method-assign]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="rhino.spark"):
         same.ensure_created(None)

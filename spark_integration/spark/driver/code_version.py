@@ -65,7 +65,7 @@ def code_version_of(processor: Any) -> str:
             h.update(inspect.getsource(cls).encode())
         except (OSError, TypeError):
             pass
-    for k, v in sorted(vars(processor).items()):
+    for k, v in sorted(getattr(processor, "__dict__", {}).items()):
         h.update(f"{k}={_plain(v)}\n".encode())
     return f"{type(processor).__qualname__}@{h.hexdigest()[:12]}"
 

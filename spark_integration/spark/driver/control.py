@@ -66,7 +66,7 @@ class Control:
                             c.operator_id, self.parallelism, c.parallelism)
             from pyspark.sql.types import StructType
 
-            self.grouping = StructType([in_schema[k] for k in c.key_columns])
+            self.grouping = None if in_schema is None else StructType([in_schema[k] for k in c.key_columns])
             self.state_doc = self._register(c, first_batch, start=True)
         return self.state_doc
 

@@ -73,9 +73,8 @@ def run_pipeline(spark: Any, *, system: str, query: str, checkpoint_dir: str | P
     its report in ``run.operator.reports``; Spark: from the sink, after its output).
     ``stop_when(run)``, if given, is polled (every 0.2 s) while the query runs; the query
     is stopped as soon as it returns true (e.g. after the batches a benchmark needs).
-    ``spark_conf``: session conf entries set before the query starts (e.g. state store
-    settings of ``system="spark"``). ``processor``: the processor to run instead of the
-    query's own (a new version of its code, restarted from the same checkpoint)."""
+    ``spark_conf``: session conf entries set before the query starts; ``processor``: one to
+    run instead of the query's own (new code, restarted from the same checkpoint)."""
     q = QUERIES[query]
     params = params or {}
     proc = processor if processor is not None else q.processor_factory(**params)
@@ -103,13 +102,11 @@ def run_pipeline(spark: Any, *, system: str, query: str, checkpoint_dir: str | P
     if system == "rhino":
         from rhino.spark.operator import TransformWithState
 
-        op = TransformWithState(proc, key=q.key, output_schema=q.output_schema,
-                                operator_id=operator_id or f"nexmark-{query}", coordinator=coordinator,
-                                secret_file=secret_file, parallelism=parallelism, replicas=replicas,
-                                time_mode=q.time_mode, event_time=q.event_time_column,
-                                watermark_delay=q.watermark_delay, checkpoint_location=str(ck / "rhino"),
-                                locality=locality, **(operator_options or {}))
-        run.operator = op
+        run.operator = op = TransformWithState(
+            proc, key=q.key, output_schema=q.output_schema, operator_id=operator_id or f"nexmark-{query}",
+            coordinator=coordinator, secret_file=secret_file, parallelism=parallelism, replicas=replicas,
+            time_mode=q.time_mode, event_time=q.event_time_column, watermark_delay=q.watermark_delay,
+            checkpoint_location=str(ck / "rhino"), locality=locality, **(operator_options or {}))
         # The sink is fused with the stateful stage: it runs before the batch commits, and again
         # if the batch runs again. A batch is done once for_each_batch returns (committed).
         fb = op.for_each_batch(sink)
