@@ -131,11 +131,12 @@ def test_spark_elastic_tiny(tmp_path):
 
 
 def test_spark_modify_tiny(tmp_path):
-    """Both routes of a code change at a few MiB of Q8 state: Rhino's swap at the first barrier
-    after the request, with the new code from there; Spark's restart from its checkpoint."""
+    """The routes of a code change at a few MiB of Q8 state: Rhino's swap, and an operator
+    inserted after Q8, each at the first barrier after the request; Spark's restart from its
+    checkpoint with the new code."""
     out = tmp_path / "m.jsonl"
     p = _bench("spark", "modify", "--size", "2M", "--events-per-batch", "4000", "--payload-bytes", "4096",
-               "--after-batches", "1", "--routes", "swap,spark-restart-changelog", "--first-host", "84", "--json",
+               "--after-batches", "1", "--routes", "swap,insert,spark-restart-changelog", "--first-host", "84", "--json",
                "--out", str(out), "--report", str(tmp_path / "m.md"), "--plot", str(tmp_path / "m.png"),
                "--dir", str(tmp_path / "w"), timeout=600)
     assert p.returncode == 0, p.stderr[-4000:]
@@ -143,12 +144,13 @@ def test_spark_modify_tiny(tmp_path):
     assert recs == [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
     assert recs[0]["record"] == "setup" and recs[-1]["record"] == "summary"
     by = {r["route"]: r for r in recs if r["record"] == "modify"}
-    assert set(by) == {"swap", "spark-restart-changelog"}
+    assert set(by) == {"swap", "insert", "spark-restart-changelog"}
     for r in by.values():
         assert r["state_bytes"] >= 2 << 20 and r["request_to_effect_s"] > 0 and r["failed_batches"] == 0, r
         assert [b for b in r["batches"] if b[0] >= r["effect_batch"]], r  # a batch ran the new code
-    swap = by["swap"]
-    assert swap["batches_delayed"] == 0, swap  # the first barrier after the request
+    swap, ins = by["swap"], by["insert"]
+    assert swap["batches_delayed"] == 0 and ins["batches_delayed"] == 0, (swap, ins)  # the first barrier after
+    assert ins["inserted_batches"][0] == ins["effect_batch"], ins  # the new operator's first batch
     assert swap["versions"][0].startswith("Q8NewUsers@") and swap["versions"][1].startswith("Q8V2@"), swap
     summ = recs[-1]
     assert summ["baseline"] == "spark-restart-changelog" and summ["speedup_vs_spark_restart"] > 0

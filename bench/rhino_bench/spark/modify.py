@@ -12,6 +12,10 @@ of a steady batch after the last batch's end), by one route:
 
 - ``swap`` (Rhino): ``op.swap(Q8V2(...))`` from another thread while the query runs; it
   takes effect at the next batch barrier;
+- ``insert`` (Rhino): Q8 runs in a one-stage ``rhino.spark.Pipeline``, and a second
+  operator (:class:`PairCount`, per person the pairs Q8 emitted) is inserted after it, from
+  another thread; it starts, with empty state, at the next barrier (with the huge window Q8
+  emits nothing, so the new stage's work is its operator's creation and its sessions);
 - ``spark-restart`` (Spark's own ``transformWithStateInPandas``, RocksDB state store, with
   changelog checkpointing on, Spark's recommended production setting, and with Spark's
   default, a snapshot per commit: ``--systems``): Spark's only route, the query stopped
@@ -22,7 +26,9 @@ Then the query runs ``--after-batches`` batches with the new code and stops.
 Fields, one record per route (seconds; t=0 is the request):
 
 * ``request_to_effect_s``: to the end of the first batch that completed with the new code
-  (its ``foreachBatch`` returned: Rhino committed it);
+  (its ``foreachBatch`` returned: Rhino committed it), the issue's measure of Spark's
+  restart; the summary also gives ``new_code_start_s``, to the start of that batch (the
+  barrier that put the new code in force; for Spark, the restarted query's first batch);
 * ``batches_delayed``: batches that began after the request and still ran the old code
   (0: the first barrier after the request took it);
 * ``spike_x``: the longest batch from the request to the end of the run over the median
@@ -41,6 +47,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 from rhino_testing.nexmark.queries import Q8NewUsers
 
 from ..frame import BenchRun, Scenario, bench_main, spark_flags
@@ -51,8 +58,9 @@ from .recovery_report import CHANGELOG_CONF
 
 __all__ = ["main", "Q8V2", "ROUTES"]
 
-ROUTES = {"swap": ("rhino", None), "spark-restart-changelog": ("spark", "true"),
+ROUTES = {"swap": ("rhino", None), "insert": ("rhino", None), "spark-restart-changelog": ("spark", "true"),
           "spark-restart": ("spark", "false")}
+COUNT_OUTPUT = "person_id long, pairs long"
 
 
 class Q8V2(Q8NewUsers):
@@ -61,6 +69,24 @@ class Q8V2(Q8NewUsers):
     mechanism's alone."""
 
     VERSION = 2
+
+
+class PairCount(StatefulProcessor):
+    """The operator the ``insert`` route adds after Q8: per person, the (person, auction)
+    pairs Q8 has emitted so far."""
+
+    def init(self, handle: Any) -> None:
+        self.n = handle.getValueState("pairs", "pairs long")
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+        import pandas as pd
+
+        n = (self.n.get() or (0,))[0] + sum(len(p) for p in rows)
+        self.n.update((n,))
+        yield pd.DataFrame({"person_id": [key[0]], "pairs": [n]})
+
+    def close(self) -> None:
+        pass
 
 
 def _routes(text: str) -> list[str]:
@@ -168,6 +194,8 @@ def run_route(route: str, workdir: Path, args: argparse.Namespace, spark_conf: d
                           params={"window_ms": HUGE_WINDOW_MS}, operator_id="q8-modify", coordinator=cl.coordinator,
                           secret_file=str(cl.secret_file), parallelism=args.parallelism, replicas=args.replicas,
                           timeout_s=args.timeout)
+            if route == "insert":
+                return _insert(spark, args, common, cl)
             if system == "rhino":
                 return _swap(spark, args, common)
             return _spark_restart(route, spark, args, common)
@@ -217,6 +245,53 @@ def _swap(spark: Any, args: argparse.Namespace, common: dict) -> dict:
                   _steady(run.batches, st["t_req"]), failed)
     rec["versions"] = [swap.previous_version, swap.code_version]
     run.operator.close()
+    return rec
+
+
+def _insert(spark: Any, args: argparse.Namespace, common: dict, cl: Any) -> dict:
+    """Q8 runs in a one-stage ``rhino.spark.Pipeline``; the request inserts :class:`PairCount`
+    after it (a new operator, created at the coordinator in its first batch)."""
+    from rhino.spark import Pipeline, transform_with_state
+    from rhino_testing.nexmark.pipeline import run_pipeline
+
+    st: dict[str, Any] = {}
+
+    def on_batch(b: int, run: Any) -> None:
+        if "thread" in st or not _grown(run, _rhino_size, args.size):
+            return
+        st["state_bytes"] = _rhino_size(run)
+        steady = _steady(run.batches, time.time())
+
+        def ask() -> None:
+            time.sleep(args.request_at * steady)
+            op = transform_with_state(PairCount(), key="person_id", output_schema=COUNT_OUTPUT,
+                                      operator_id="q8-modify-pairs", coordinator=cl.coordinator,
+                                      secret_file=str(cl.secret_file), parallelism=args.parallelism,
+                                      replicas=args.replicas)
+            st["t_req"] = time.time()
+            st["mod"] = run.chain.insert(op, after=run.operator.config.name)
+            st["op"] = op
+            say(f"  insertion asked for at state {st['state_bytes'] / 2**20:.0f} MiB")
+
+        st["thread"] = threading.Thread(target=ask, daemon=True)
+        st["thread"].start()
+
+    def stop_when(run: Any) -> bool:
+        m = st.get("mod")
+        return (m is not None and m.done() and m.batch is not None
+                and sum(1 for b in run.batches if b["batch"] >= m.batch) >= args.after_batches)
+
+    run = run_pipeline(spark, system="rhino", on_batch=on_batch, stop_when=stop_when,
+                       chain=lambda op: Pipeline([op]), **common)
+    if "mod" not in st:
+        raise RuntimeError(f"the state never reached {args.size} bytes (last {_rhino_size(run)})")
+    effect = st["mod"].wait(0)
+    failed = sum(1 for op in (run.operator, st["op"]) for r in op.reports if r.attempts > 1 or r.errors)
+    rec = _record("insert", args.size, st["t_req"], run.batches, effect, st["state_bytes"],
+                  _steady(run.batches, st["t_req"]), failed)
+    rec["inserted_batches"] = [r.batch for r in st["op"].reports]
+    for op in (run.operator, st["op"]):
+        op.close()
     return rec
 
 

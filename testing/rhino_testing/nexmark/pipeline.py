@@ -38,6 +38,7 @@ class PipelineRun:
     #: per batch: batch id, wall start/end (epoch s), Spark's triggerExecution ms, rows in
     batches: list[dict] = field(default_factory=list)
     operator: Any = None
+    chain: Any = None  # what runs the operator: itself, or a rhino.spark.Pipeline of it
     seconds: float = 0.0
     #: the StreamingQuery while it runs (set right after start)
     query: Any = None
@@ -65,20 +66,18 @@ def run_pipeline(spark: Any, *, system: str, query: str, checkpoint_dir: str | P
                  secret_file: Optional[str] = None, parallelism: int = 3, replicas: int = 2,
                  on_batch: Optional[Callable[[int, PipelineRun], None]] = None, locality: bool = True,
                  timeout_s: float = 1800.0, operator_options: Optional[dict] = None,
-                 stop_when: Optional[Callable[[PipelineRun], bool]] = None,
-                 spark_conf: Optional[dict] = None, processor: Any = None) -> PipelineRun:
-    """Runs ``query`` over ``max_events`` events (``events_per_batch`` per micro-batch)
-    to the end (Trigger.AvailableNow), and returns the outputs by batch and the timings.
-    ``on_batch(batch_id, run)`` is called once per batch when it is done (Rhino: committed,
-    its report in ``run.operator.reports``; Spark: from the sink, after its output).
-    ``stop_when(run)``, if given, is polled (every 0.2 s) while the query runs; the query
-    is stopped as soon as it returns true (e.g. after the batches a benchmark needs).
-    ``spark_conf``: session conf entries set before the query starts; ``processor``: one to
-    run instead of the query's own (new code, restarted from the same checkpoint)."""
-    q = QUERIES[query]
-    params = params or {}
+                 stop_when: Optional[Callable[[PipelineRun], bool]] = None, spark_conf: Optional[dict] = None,
+                 processor: Any = None, chain: Optional[Callable[[Any], Any]] = None) -> PipelineRun:
+    """Runs ``query`` over ``max_events`` events (``events_per_batch`` per micro-batch) to the
+    end (Trigger.AvailableNow); returns the outputs by batch and the timings. ``on_batch(batch_id,
+    run)`` is called once per batch when it is done (Rhino: committed, its report in
+    ``run.operator.reports``; Spark: from the sink, after its output). ``stop_when(run)`` is
+    polled (every 0.2 s) while the query runs, and stops it once true. ``spark_conf``: session
+    conf entries set before the query starts; ``processor``: one to run instead of the query's
+    own (new code, restarted from the same checkpoint); ``chain``: Rhino's operator -> what
+    runs it (a ``rhino.spark.Pipeline``, kept in ``run.chain``)."""
+    q, params, ck = QUERIES[query], params or {}, Path(checkpoint_dir)
     proc = processor if processor is not None else q.processor_factory(**params)
-    ck = Path(checkpoint_dir)
     run = PipelineRun(system=system, query=query)
     events = _events(spark, events_per_batch=events_per_batch, max_events=max_events,
                      options=source_options or {})
@@ -109,7 +108,8 @@ def run_pipeline(spark: Any, *, system: str, query: str, checkpoint_dir: str | P
             checkpoint_location=str(ck / "rhino"), locality=locality, **(operator_options or {}))
         # The sink is fused with the stateful stage: it runs before the batch commits, and again
         # if the batch runs again. A batch is done once for_each_batch returns (committed).
-        fb = op.for_each_batch(sink)
+        run.chain = chain(op) if chain is not None else op
+        fb = run.chain.for_each_batch(sink)
 
         def body(df: Any, batch_id: int) -> None:
             t0 = time.time()
