@@ -37,9 +37,9 @@ from spark_fixtures import ROCKSDB_PROVIDER  # noqa: E402
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 TRIALS = int(os.environ.get("RHINO_SWAP_TRIALS", "3"))
-BATCHES = 6
+BATCHES = 5
 CUT = 3  # SumB runs from this batch
-ROWS_PER_BATCH = 3000
+ROWS_PER_BATCH = 2000
 USERS = 300
 SCHEMA = "user long, seq long, v long"
 OUT = "user long, n long, t long"

@@ -32,7 +32,8 @@ Fields, one record per route (seconds; t=0 is the request):
 * ``batches_delayed``: batches that began after the request and still ran the old code
   (0: the first barrier after the request took it);
 * ``spike_x``: the longest batch from the request to the end of the run over the median
-  steady batch before it; ``failed_batches``: batches that failed (an error, a rerun);
+  steady batch before it; ``failed_batches``: batches an attempt of which failed (an error,
+  then a rerun), the run's whole, with Rhino's errors in ``failed_attempts``;
 * ``effect_batch``, ``state_bytes``, ``steady_batch_s``, ``batches``: the batch timeline
   (id, start and end relative to the request) for the plot.
 """
@@ -119,6 +120,9 @@ class Modify(Scenario):
         ap.add_argument("--after-batches", type=positive_int, default=3,
                         help="batches to complete with the new code before stopping (default 3)")
         ap.add_argument("--keep", action="store_true", help="keep each route's directory")
+        ap.add_argument("--shared-cluster", action="store_true", dest="shared_cluster",
+                        help="one cluster and Spark session for every route, each with its own operator and "
+                             "checkpoint (a smoke run's saving; by default each route has a fresh cluster)")
         ap.add_argument("--timeout", type=positive_float, default=3600.0, help="per route, s (default 3600)")
         spark_flags(ap, first_host=76, master=None,
                     conf_help="extra Spark conf for every route's session (repeatable)")
@@ -134,12 +138,25 @@ class Modify(Scenario):
                 "hosts": 3, "first_host": args.first_host}
 
     def run(self, br: BenchRun) -> int:
+        if not br.args.shared_cluster:
+            return self._routes(br, None)
+        from rhino_testing.harness.spark_cluster import LocalCluster
+
+        with LocalCluster.up(br.base / "cluster", hosts=3, first_host=br.args.first_host,
+                             heartbeat_timeout=2.0) as cl:
+            spark = cl.spark_session("rhino-bench-modify", **br.spark_conf)
+            try:
+                return self._routes(br, (cl, spark))
+            finally:
+                spark.stop()
+
+    def _routes(self, br: BenchRun, shared: Optional[tuple]) -> int:
         failed = 0
         for route in br.args.routes:
             d = br.base / route
             t0 = time.time()
             try:
-                rec = run_route(route, d, br.args, br.spark_conf)
+                rec = run_route(route, d, br.args, br.spark_conf, shared)
                 rec["wall_s"] = round(time.time() - t0, 1)
                 br.emit(rec)
                 say(f"{route}: request to effect {rec['request_to_effect_s']:.2f} s, spike x{rec['spike_x']:.2f}, "
@@ -176,34 +193,43 @@ def _record(route: str, size: int, t_req: float, batches: list[dict], effect_bat
                         for b in batches]}
 
 
-def run_route(route: str, workdir: Path, args: argparse.Namespace, spark_conf: dict) -> dict:
-    """One route on a fresh cluster: grow the state, change the code, measure."""
+def run_route(route: str, workdir: Path, args: argparse.Namespace, spark_conf: dict,
+              shared: Optional[tuple] = None) -> dict:
+    """One route on a fresh cluster (or ``shared``'s (cluster, session)): grow the state,
+    change the code, measure."""
     from rhino_testing.harness.spark_cluster import LocalCluster
 
     system, changelog = ROUTES[route]
     workdir.mkdir(parents=True, exist_ok=True)
-    bytes_per_event = 0.08 * (args.payload_bytes + 250)
-    max_events = int(args.size / bytes_per_event * 2.5) + (args.after_batches + 12) * args.events_per_batch
-    say(f"{route}: a 3-host cluster at 127.0.0.{args.first_host}, Q8 grown to {args.size / 2**30:g} GiB of state")
+    say(f"{route}: Q8 grown to {args.size / 2**30:g} GiB of state, on hosts 127.0.0.{args.first_host}..")
+    conf = {CHANGELOG_CONF: changelog} if changelog else {}
+    if shared is not None:
+        return _route(route, system, shared[0], shared[1], workdir, args, conf)
     with LocalCluster.up(workdir / "cluster", hosts=3, first_host=args.first_host, heartbeat_timeout=2.0) as cl:
-        conf = dict(spark_conf, **({CHANGELOG_CONF: changelog} if changelog else {}))
-        spark = cl.spark_session(f"rhino-bench-modify-{route}", **conf)
+        spark = cl.spark_session(f"rhino-bench-modify-{route}", **dict(spark_conf, **conf))
         try:
-            common = dict(query="q8", checkpoint_dir=workdir / "ck", events_per_batch=args.events_per_batch,
-                          max_events=max_events, source_options={"payloadBytes": args.payload_bytes},
-                          params={"window_ms": HUGE_WINDOW_MS}, operator_id="q8-modify", coordinator=cl.coordinator,
-                          secret_file=str(cl.secret_file), parallelism=args.parallelism, replicas=args.replicas,
-                          timeout_s=args.timeout)
-            if route == "insert":
-                return _insert(spark, args, common, cl)
-            if system == "rhino":
-                return _swap(spark, args, common)
-            return _spark_restart(route, spark, args, common)
+            return _route(route, system, cl, spark, workdir, args, conf)
         finally:
             try:
                 spark.stop()
             except Exception:
                 pass
+
+
+def _route(route: str, system: str, cl: Any, spark: Any, workdir: Path, args: argparse.Namespace,
+           conf: dict) -> dict:
+    bytes_per_event = 0.08 * (args.payload_bytes + 250)
+    max_events = int(args.size / bytes_per_event * 2.5) + (args.after_batches + 12) * args.events_per_batch
+    common = dict(query="q8", checkpoint_dir=workdir / "ck", events_per_batch=args.events_per_batch,
+                  max_events=max_events, source_options={"payloadBytes": args.payload_bytes},
+                  params={"window_ms": HUGE_WINDOW_MS}, operator_id=f"q8-{route}", coordinator=cl.coordinator,
+                  secret_file=str(cl.secret_file), parallelism=args.parallelism, replicas=args.replicas,
+                  timeout_s=args.timeout, spark_conf=conf or None)
+    if route == "insert":
+        return _insert(spark, args, common, cl)
+    if system == "rhino":
+        return _swap(spark, args, common)
+    return _spark_restart(route, spark, args, common)
 
 
 def _grown(run: Any, size_of: Any, size: int) -> bool:
@@ -240,9 +266,10 @@ def _swap(spark: Any, args: argparse.Namespace, common: dict) -> dict:
         raise RuntimeError(f"the state never reached {args.size} bytes (last {_rhino_size(run)})")
     swap = st["swap"]
     effect = swap.wait(0)
-    failed = sum(1 for r in run.operator.reports if r.attempts > 1 or r.errors)
+    failed = [r for r in run.operator.reports if r.attempts > 1 or r.errors]
     rec = _record("swap", args.size, st["t_req"], run.batches, effect, st["state_bytes"],
-                  _steady(run.batches, st["t_req"]), failed)
+                  _steady(run.batches, st["t_req"]), len(failed))
+    rec["failed_attempts"] = [{"batch": r.batch, "errors": r.errors[:3]} for r in failed]
     rec["versions"] = [swap.previous_version, swap.code_version]
     run.operator.close()
     return rec
@@ -265,7 +292,7 @@ def _insert(spark: Any, args: argparse.Namespace, common: dict, cl: Any) -> dict
         def ask() -> None:
             time.sleep(args.request_at * steady)
             op = transform_with_state(PairCount(), key="person_id", output_schema=COUNT_OUTPUT,
-                                      operator_id="q8-modify-pairs", coordinator=cl.coordinator,
+                                      operator_id="q8-insert-pairs", coordinator=cl.coordinator,
                                       secret_file=str(cl.secret_file), parallelism=args.parallelism,
                                       replicas=args.replicas)
             st["t_req"] = time.time()
@@ -286,9 +313,10 @@ def _insert(spark: Any, args: argparse.Namespace, common: dict, cl: Any) -> dict
     if "mod" not in st:
         raise RuntimeError(f"the state never reached {args.size} bytes (last {_rhino_size(run)})")
     effect = st["mod"].wait(0)
-    failed = sum(1 for op in (run.operator, st["op"]) for r in op.reports if r.attempts > 1 or r.errors)
+    failed = [r for op in (run.operator, st["op"]) for r in op.reports if r.attempts > 1 or r.errors]
     rec = _record("insert", args.size, st["t_req"], run.batches, effect, st["state_bytes"],
-                  _steady(run.batches, st["t_req"]), failed)
+                  _steady(run.batches, st["t_req"]), len(failed))
+    rec["failed_attempts"] = [{"batch": r.batch, "errors": r.errors[:3]} for r in failed]
     rec["inserted_batches"] = [r.batch for r in st["op"].reports]
     for op in (run.operator, st["op"]):
         op.close()
@@ -321,8 +349,10 @@ def _spark_restart(route: str, spark: Any, args: argparse.Namespace, common: dic
     # a batch the stop cut is replayed by the restart, with the new code: its first run's
     # sink call (if it got that far) does not count
     batches = [b for b in first.batches if b["batch"] < effect] + second.batches
-    return _record(route, args.size, st["t_req"], batches, effect, st["state_bytes"],
-                   _steady(first.batches, st["t_req"]), 0)
+    rec = _record(route, args.size, st["t_req"], batches, effect, st["state_bytes"],
+                  _steady(first.batches, st["t_req"]), 0)  # a failed Spark batch fails its query: none did
+    rec["failed_attempts"] = []
+    return rec
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
