@@ -13,7 +13,6 @@ over the named stages of one micro-batch in ``driver/`` (the batch's steps are i
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -21,18 +20,15 @@ from typing import Any, Callable, Optional, Sequence
 
 import pyarrow as pa
 
-from rhino.engine import first_error_line
 
 from .driver.batch import BatchRunner
-from rhino.errors import InvalidArgumentError
-
-from .driver.config import OperatorConfig, checked_code_version, parse_delay_ms
+from .driver.config import OperatorConfig, parse_delay_ms
 from .driver.control import Control
 from .driver.progress import state_operator_progress
 from .driver.report import BatchReport
-from .driver.sink import Sink, unpersist_checkpoint
-from .driver.swap import Swap, load_processor, request_from_doc
-from .errors import output_lost
+from .driver.sink import Sink, sink_with_reruns, unpersist_checkpoint
+from .driver.swap import Swap
+from .driver.swapper import Swapper
 from .runtime.initial import initial_frame
 
 __all__ = ["TransformWithState", "transform_with_state", "BatchReport", "parse_delay_ms"]
@@ -59,11 +55,8 @@ class TransformWithState:
         self.last_output: Any = None
         self.output_reruns: list[dict] = []  # batches run again because their output was lost
         self._lock = threading.Lock()
-        # swaps asked for and not yet at a barrier, and those a barrier took or refused (driver/swap.py)
-        self._swap_lock = threading.Lock()
-        self._pending: list[Swap] = []
-        self.swaps: list[Swap] = []
-        self.runner.barrier = self._barrier
+        self.swapper = Swapper(self)  # swaps asked for, taken at the next barrier
+        self.runner.barrier = self.swapper.barrier
 
     # What tests, benchmarks and users read of the operator.
     @property
@@ -155,7 +148,7 @@ class TransformWithState:
         if out is not None:
             unpersist_checkpoint(out, self.operator_id)
 
-    # ---- changing the code: a swap at the next barrier (driver/swap.py) ----------------------
+    # ---- changing the code: a swap at the next barrier (driver/swap.py, driver/swapper.py) -----
     def swap(self, processor: Any, *, output_schema: Any = None, code_version: Optional[str] = None,
              migrate: Optional[Callable[[tuple, dict, Any], None]] = None) -> Swap:
         """Asks for ``processor`` (and ``output_schema``, if given) to replace the operator's
@@ -166,114 +159,31 @@ class TransformWithState:
         the new code runs. ``code_version``: the new code's version name (default: its
         fingerprint). ``migrate``: ``migrate(key, old, processor)``, run once per key with state
         in the swap's batch, before its input (driver/swap.py)."""
-        if migrate is not None and not callable(migrate):
-            raise InvalidArgumentError(f"migrate must be a function (key, old, processor), not {migrate!r}")
-        new = self._config_with(processor, output_schema, code_version)
-        self.control.check_swap(new)
-        swap = Swap(processor, new.output_schema, new.code_version, migrate=migrate)
-        with self._swap_lock:
-            self._pending.append(swap)
-        log.info("rhino.spark %s: swap to %s asked for; it takes effect at the next batch barrier",
-                 self.operator_id, swap.code_version)
-        return swap
+        return self.swapper.ask(processor, output_schema, code_version, migrate)
 
-    def _config_with(self, processor: Any, output_schema: Any, code_version: Optional[str]) -> OperatorConfig:
-        from pyspark.sql.types import StructType
+    @property
+    def swaps(self) -> list[Swap]:
+        """The swaps a barrier took or refused, in order."""
+        return self.swapper.swaps
 
-        if not hasattr(processor, "init") or not hasattr(processor, "handleInputRows"):
-            raise InvalidArgumentError(f"{type(processor).__name__} is not a StatefulProcessor (no init or "
-                                       "handleInputRows)")
-        schema = self.config.output_schema if output_schema is None else (
-            StructType.fromDDL(output_schema) if isinstance(output_schema, str) else output_schema)
-        return dataclasses.replace(self.config, processor=processor, output_schema=schema,
-                                   code_version=checked_code_version(processor, code_version),
-                                   migrate=None, migrate_batch=None, migrate_from=None)
-
-    def _barrier(self, b: int) -> None:
-        """Batch ``b``'s barrier (before its first attempt): the swaps asked for since the
-        last one, then an external request (``rhino swap``), take effect in order."""
-        with self._swap_lock:
-            pending, self._pending = self._pending, []
-        self._migration_at(b)
-        req = request_from_doc(self.control.read_doc())
-        if req is not None:
-            try:
-                proc = load_processor(req["code"], req.get("args"))
-                new = self._config_with(proc, req.get("output_schema"), req.get("code_version"))
-                pending.append(Swap(proc, new.output_schema, new.code_version, request=req["id"]))
-            except Exception as e:  # noqa: BLE001 - any failure to load refuses the request
-                log.error("rhino.spark %s batch %d: swap request %s (%s) refused: %s", self.operator_id, b,
-                          req["id"], req.get("code"), e)
-                self.control.refuse_request(self.config, b, req, e)
-        for swap in pending:
-            self._take(swap, b)
-
-    def _migration_at(self, b: int) -> None:
-        """The per-key migration of batch ``b``'s swap, if it has one: ours (a swap of this
-        driver) stays until the batch is past; a swap recorded at ``b`` by a driver that died
-        in it is run again with ``migrate=`` given to this one (CodeVersionError without)."""
-        from .driver.code_version import CodeVersionError, in_force
-
-        c = self.config
-        if c.migrate_batch is not None and c.migrate_batch < b:
-            self._set_config(dataclasses.replace(c, migrate_batch=None, migrate_from=None))
-            return
-        e = in_force(self.control.state_doc, b)
-        if c.migrate_batch == b or e is None or int(e["from_batch"]) != b or "migrate_from" not in e:
-            return
-        if c.migrate is None:
-            raise CodeVersionError(f"operator {self.operator_id}: batch {b} is the batch of the swap to {e['version']}, "
-                                   "which migrates each key's state, and it did not commit: restart this driver with "
-                                   "the same migrate= function, so that the batch runs as it first did")
-        self._set_config(dataclasses.replace(c, migrate_batch=b, migrate_from=e["migrate_from"]))
-
-    def _set_config(self, new: OperatorConfig) -> None:
+    def set_config(self, new: OperatorConfig) -> None:
+        """Replaces the operator's config everywhere it is read (a swap's barrier)."""
         self.config = self.control.config = self.runner.config = new
-
-    def _take(self, swap: Swap, b: int) -> None:
-        new = self._config_with(swap.processor, swap.output_schema, swap.code_version)
-        old_vars = (self.control.state_doc or {}).get("vars") or {}
-        if swap.migrate is not None:
-            new = dataclasses.replace(new, migrate=swap.migrate, migrate_batch=b, migrate_from=old_vars)
-        try:
-            self.control.swap_to(new, b, request=swap.request,
-                                 migrate_from=old_vars if swap.migrate is not None else None)
-        except Exception as e:  # noqa: BLE001 - refused at the barrier: the old code goes on
-            log.error("rhino.spark %s batch %d: swap to %s refused, %s goes on: %s", self.operator_id, b,
-                      swap.code_version, self.code_version, e)
-            if swap.request is not None:
-                self.control.refuse_request(self.config, b, {"id": swap.request}, e)
-            swap.refused(e)
-            self.swaps.append(swap)
-            return
-        prev = self.code_version
-        self._set_config(new)
-        self.runner.swapped_from[b] = prev
-        swap.took_effect(b, prev)
-        self.swaps.append(swap)
-        log.warning("rhino.spark %s: swapped %s -> %s from batch %d, state kept (%.3f s after the request)",
-                    self.operator_id, prev, new.code_version, b, swap.applied_at - swap.requested_at)
 
     # ---- foreachBatch -----------------------------------------------------------------------
     def for_each_batch(self, sink: Optional[Sink] = None, *,
                        materialize: bool = False) -> Callable[[Any, int], None]:
         """The function to pass to ``writeStream.foreachBatch``: runs the batch and calls
-        ``sink(output_df, batch_id)`` (no sink: the output is dropped). Sinks must be idempotent by batch id, as ``foreachBatch``
-        sinks are: the sink may be called more than once for a batch.
+        ``sink(output_df, batch_id)`` (no sink: the output is dropped). Sinks must be
+        idempotent by batch id, as ``foreachBatch`` sinks are: a failure during the sink (a
+        host lost, a commit refused) runs the whole batch again, sink included.
 
         By default the sink is fused with the stateful stage, as with Spark's own operator:
-        ``output_df`` is lazy, the sink's own job runs the stateful tasks and writes their
-        output as it comes (nothing is materialized), and the batch commits after the sink
-        returned. Like the DataFrame Spark's own ``foreachBatch`` gets, each action on it runs
-        the stateful stage again (the same output: every run starts from b-1 with the batch's
-        fixed time): a sink that reads it more than once should ``persist()`` it, or pass
-        ``materialize=True``. A failure during the sink (a host lost, a commit refused) runs the
-        whole batch again, sink included, with the same batch id.
-
-        With ``materialize=True``, the output is :meth:`transform`'s (checkpointed on the
-        executors, committed before the sink runs). If the sink fails because an executor
-        holding part of it was lost, the batch runs again (rolled back to b-1 first) and the
-        sink is called again with the same batch id, up to ``max_batch_attempts`` times."""
+        ``output_df`` is lazy, the sink's job runs the stateful tasks, and the batch commits
+        after the sink returned; each action on it runs the stateful stage again (the same
+        output), so a sink that reads it twice should ``persist()`` it. With
+        ``materialize=True`` the output is :meth:`transform`'s, committed before the sink
+        runs (``driver/sink.py``, :func:`sink_with_reruns`)."""
 
         def fused(df: Any, batch_id: int) -> None:
             with self._lock:
@@ -281,28 +191,12 @@ class TransformWithState:
                 # no sink: the job that completes the tasks (SinkRunner.run) runs them, output dropped
                 self.runner.run(df, int(batch_id), sink=sink if sink is not None else _drop_output)
 
-        def fn(df: Any, batch_id: int) -> None:
-            for n in range(1, self.config.max_batch_attempts + 1):
-                out = self.transform(df, batch_id)
-                if sink is None:
-                    return
-                try:
-                    sink(out, batch_id)
-                    return
-                except Exception as e:  # noqa: BLE001 - only a lost output is handled
-                    if not output_lost(e) or n == self.config.max_batch_attempts:
-                        raise
-                    log.warning("rhino.spark %s batch %d: part of the output was lost with an executor while "
-                                "the sink ran (%s); the batch runs again", self.operator_id, batch_id,
-                                first_error_line(str(e)))
-                    self.output_reruns.append({"batch": int(batch_id), "attempt": n, "error": first_error_line(str(e))})
-
-        return fn if materialize else fused
+        if materialize:
+            return lambda df, batch_id: sink_with_reruns(self, sink, df, int(batch_id))
+        return fused
 
     def close(self) -> None:
         self.control.close()
-
-
 
 
 def _drop_output(df: Any, batch_id: int) -> None:

@@ -16,11 +16,12 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from rhino.engine import first_error_line
 from rhino.errors import RhinoError
 
 from ..errors import output_lost
 
-__all__ = ["SinkRunner", "unpersist_checkpoint", "materialize"]
+__all__ = ["SinkRunner", "unpersist_checkpoint", "materialize", "sink_with_reruns"]
 
 log = logging.getLogger("rhino.spark")
 
@@ -42,6 +43,28 @@ def unpersist_checkpoint(out: Any, operator_id: str) -> None:
         out.sparkSession.sparkContext._jsc.sc().unpersistRDD(rdd.id(), False)
     except Exception as e:  # noqa: BLE001 - a cleanup: Spark's ContextCleaner frees it later anyway
         log.debug("rhino.spark %s: releasing a materialized output: %s", operator_id, e)
+
+
+def sink_with_reruns(op: Any, sink: Optional[Sink], df: Any, batch_id: int) -> None:
+    """``op.for_each_batch(sink, materialize=True)``'s function: the batch's output is
+    ``op.transform``'s (materialized, committed), then the sink runs; if it fails because an
+    executor holding part of that output was lost, the batch runs again (rolled back to
+    b-1 first) and the sink is called again, up to ``max_batch_attempts`` times."""
+    attempts = op.config.max_batch_attempts
+    for n in range(1, attempts + 1):
+        out = op.transform(df, batch_id)
+        if sink is None:
+            return
+        try:
+            sink(out, batch_id)
+            return
+        except Exception as e:  # noqa: BLE001 - only a lost output is handled
+            if not output_lost(e) or n == attempts:
+                raise
+            log.warning("rhino.spark %s batch %d: part of the output was lost with an executor while "
+                        "the sink ran (%s); the batch runs again", op.operator_id, batch_id,
+                        first_error_line(str(e)))
+            op.output_reruns.append({"batch": batch_id, "attempt": n, "error": first_error_line(str(e))})
 
 
 class SinkRunner:
