@@ -225,7 +225,7 @@ FUZZ_SOURCES := fuzz/frame_fuzzer.cc src/cpp/net/frame.cc src/cpp/net/messages.c
   src/cpp/net/address.cc \
   src/cpp/replication/manifest_check.cc src/cpp/state/manifest.cc src/cpp/util/status.cc
 # libFuzzer under clang, with ASan and UBSan, on the frame and message decoders.
-build/frame_fuzzer: $(FUZZ_SOURCES) $(shell find src/cpp/include -name '*.h')
+build/frame_fuzzer: $(FUZZ_SOURCES) $(shell find src/cpp/include src/cpp/net src/cpp/replication src/cpp/state -name '*.h')
 	@command -v clang++ >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q clang; }
 	mkdir -p build

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "bind_common.h"
+#include "coordinator/coord_server.h"
 #include "errors.h"
-#include "rhino/coord_server.h"
 
 namespace py = pybind11;
 

@@ -14,8 +14,8 @@
 #include "arrow_buffers.h"
 #include "bind_common.h"
 #include "buffers.h"
+#include "client/state_client.h"
 #include "errors.h"
-#include "rhino/state_client.h"
 
 namespace py = pybind11;
 

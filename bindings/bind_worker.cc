@@ -12,12 +12,12 @@
 #include <optional>
 
 #include "bind_common.h"
-#include "errors.h"
 #include "client/chain_client.h"
-#include "rhino/frame.h"
-#include "rhino/messages.h"
+#include "errors.h"
+#include "net/frame.h"
+#include "net/messages.h"
 #include "rhino/replica_store.h"
-#include "rhino/worker.h"
+#include "worker/worker.h"
 
 namespace py = pybind11;
 

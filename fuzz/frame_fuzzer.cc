@@ -9,7 +9,7 @@
 // get past the checksums into the payload decoders.
 //
 // An InstanceReq's JSON arguments are decoded too, as the arguments of its
-// action (rhino/service_messages.h DecodeInstanceArgs), and a CoordReq's are
+// action (net/service_messages.h DecodeInstanceArgs), and a CoordReq's are
 // checked and parsed as the coordinator does (net/json_bounds.h).
 //
 // Beyond "no crash, no sanitizer report", it checks two properties:
@@ -21,13 +21,13 @@
 #include <string>
 #include <string_view>
 
+#include "net/coord_messages.h"
+#include "net/frame.h"
 #include "net/json_bounds.h"
+#include "net/messages.h"
+#include "net/service_messages.h"
 #include "replication/manifest_check.h"
-#include "rhino/coord_messages.h"
-#include "rhino/frame.h"
 #include "rhino/manifest.h"
-#include "rhino/messages.h"
-#include "rhino/service_messages.h"
 
 namespace {
 

@@ -11,8 +11,8 @@
 #include <thread>
 
 #include "net/connection.h"
+#include "net/messages.h"
 #include "rhino/manifest.h"
-#include "rhino/messages.h"
 #include "rhino/replica_store.h"
 #include "rhino/thread_annotations.h"
 #include "util/buffer_pool.h"

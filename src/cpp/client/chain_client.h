@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "net/frame.h"
 #include "net/tls.h"
-#include "rhino/frame.h"
 #include "rhino/credential.h"
 #include "rhino/status.h"
 

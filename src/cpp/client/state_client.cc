@@ -1,4 +1,4 @@
-#include "rhino/state_client.h"
+#include "client/state_client.h"
 
 #include <asio.hpp>
 

@@ -1,4 +1,4 @@
-#include "rhino/coord_server.h"
+#include "coordinator/coord_server.h"
 
 #include <asio.hpp>
 #include <nlohmann/json.hpp>
@@ -13,9 +13,9 @@
 
 #include "net/connection.h"
 #include "net/connection_limiter.h"
+#include "net/coord_messages.h"
 #include "net/json_bounds.h"
-#include "rhino/coord_messages.h"
-#include "rhino/messages.h"
+#include "net/messages.h"
 #include "rhino/thread_annotations.h"
 
 namespace rhino {

@@ -5,7 +5,7 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
-#include "rhino/messages.h"
+#include "net/messages.h"
 
 namespace rhino::net {
 namespace {

@@ -15,7 +15,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "rhino/messages.h"
+#include "net/messages.h"
 
 namespace rhino::net {
 namespace {

@@ -39,9 +39,9 @@
 #include <string>
 
 #include "net/address.h"
+#include "net/frame.h"
 #include "net/tls.h"
 #include "rhino/credential.h"
-#include "rhino/frame.h"
 #include "rhino/status.h"
 
 namespace rhino::net {

@@ -10,8 +10,8 @@
 
 #include "net/auth.h"
 #include "net/cert_roles.h"
+#include "net/messages.h"
 #include "net/permissions.h"
-#include "rhino/messages.h"
 
 namespace rhino::net {
 

@@ -27,7 +27,7 @@
 #include <memory>
 #include <string>
 
-#include "rhino/frame.h"
+#include "net/frame.h"
 #include "rhino/status.h"
 #include "rhino/thread_annotations.h"
 

@@ -12,7 +12,7 @@
 #include <mutex>
 #include <string>
 
-#include "rhino/messages.h"
+#include "net/messages.h"
 #include "util/buffer_pool.h"
 
 namespace rhino::net {

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "net/auth.h"
-#include "rhino/messages.h"
+#include "net/messages.h"
 #include "testing/test_util.h"
 
 namespace rhino::net {

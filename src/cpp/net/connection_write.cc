@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "rhino/messages.h"
+#include "net/messages.h"
 
 namespace rhino::net {
 

@@ -1,4 +1,4 @@
-#include "rhino/coord_messages.h"
+#include "net/coord_messages.h"
 
 #include "net/wire_codec.h"
 

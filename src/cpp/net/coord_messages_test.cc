@@ -2,11 +2,11 @@
 // method alphabet, the size limits of args and result, CoordRsp's layout,
 // and the decoder's refusals (Corruption, §1 step 6). `args` and `result` are
 // opaque bytes to these decoders: whether they are JSON is not checked here.
-#include "rhino/coord_messages.h"
+#include "net/coord_messages.h"
 
 #include <string>
 
-#include "rhino/messages.h"
+#include "net/messages.h"
 #include "testing/test_util.h"
 
 namespace rhino {

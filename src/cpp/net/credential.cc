@@ -5,7 +5,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
-#include "rhino/messages.h"
+#include "net/messages.h"
 
 namespace rhino {
 namespace {

@@ -1,4 +1,4 @@
-#include "rhino/frame.h"
+#include "net/frame.h"
 
 #include <xxhash.h>
 // Bulk hashing (chunks, whole files) through libxxhash's run-time dispatch to

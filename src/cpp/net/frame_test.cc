@@ -1,7 +1,7 @@
 // Frames (docs/protocol.md §1) and the payload codec (§3): the header layout,
 // both checksums, the receive-side validation steps and the Encoder/Decoder
 // primitives. Expected bytes are built by hand from the protocol's tables.
-#include "rhino/frame.h"
+#include "net/frame.h"
 
 #include <xxhash.h>
 

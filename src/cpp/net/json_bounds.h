@@ -15,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "rhino/service_messages.h"
+#include "net/service_messages.h"
 #include "rhino/status.h"
 
 namespace rhino {

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "rhino/service_messages.h"
+#include "net/service_messages.h"
 #include "testing/test_util.h"
 
 namespace rhino {

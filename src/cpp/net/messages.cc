@@ -1,4 +1,4 @@
-#include "rhino/messages.h"
+#include "net/messages.h"
 
 #include "net/wire_codec.h"
 
@@ -69,7 +69,7 @@ void Fields(V& v, wire::Msg<V, OpenStreamRsp>& m) {
 RHINO_WIRE_MESSAGE(OpenStreamRsp)
 
 // The sender writes a chunk's fields with AppendPrefix and then the data, so
-// that the data is never copied into an encoder (rhino/messages.h).
+// that the data is never copied into an encoder (net/messages.h).
 template <class V>
 void Fields(V& v, wire::Msg<V, ChunkReq>& m) {
   v.U32(m.file_index);

@@ -1,7 +1,7 @@
 // The data-plane messages (docs/protocol.md §3): each payload's byte layout
 // against a hand-built string from §3's table, round trips over edge values,
 // the field limits of §1 step 6, and every truncation / trailing byte rejected.
-#include "rhino/messages.h"
+#include "net/messages.h"
 
 #include <string>
 #include <vector>

@@ -20,9 +20,9 @@
 #include <string>
 #include <string_view>
 
+#include "net/frame.h"
+#include "net/service_messages.h"
 #include "rhino/credential.h"
-#include "rhino/frame.h"
-#include "rhino/service_messages.h"
 #include "rhino/status.h"
 
 namespace rhino::net {

@@ -1,11 +1,11 @@
-#include "rhino/service_messages.h"
+#include "net/service_messages.h"
 
 #include <cstring>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
-#include "rhino/coord_messages.h"
+#include "net/coord_messages.h"
 #include "net/json_bounds.h"
 #include "net/wire_codec.h"
 

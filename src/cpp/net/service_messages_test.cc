@@ -3,7 +3,7 @@
 // abort), checkpoint readers' appended fields (§7.9), the response builders
 // and error payloads. InstanceReq.args is treated as opaque bytes here: its
 // JSON decoding has its own tests.
-#include "rhino/service_messages.h"
+#include "net/service_messages.h"
 
 #include <set>
 #include <string>

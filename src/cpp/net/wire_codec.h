@@ -34,8 +34,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "rhino/frame.h"
-#include "rhino/messages.h"
+#include "net/frame.h"
+#include "net/messages.h"
 #include "rhino/status.h"
 
 namespace rhino::wire {

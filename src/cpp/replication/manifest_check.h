@@ -8,8 +8,8 @@
 
 #include <cstdint>
 
+#include "net/messages.h"
 #include "rhino/manifest.h"
-#include "rhino/messages.h"
 #include "rhino/status.h"
 
 namespace rhino {

@@ -2,8 +2,8 @@
 
 #include <chrono>
 
+#include "net/messages.h"
 #include "net/permissions.h"
-#include "rhino/messages.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -33,11 +33,11 @@
 
 #include "net/connection.h"
 #include "net/connection_pool.h"
+#include "net/messages.h"
 #include "replication/fence_table.h"
 #include "replication/file_syncer.h"
 #include "replication/server_metrics.h"
 #include "rhino/manifest.h"
-#include "rhino/messages.h"
 #include "rhino/replica_store.h"
 
 struct XXH3_state_s;

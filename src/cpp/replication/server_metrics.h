@@ -8,9 +8,18 @@
 #include <utility>
 
 #include "rhino/thread_annotations.h"
-#include "rhino/worker.h"
 
 namespace rhino {
+
+// What one instance looks like from this worker's replica store.
+struct InstanceReplicaState {
+  std::string operator_id;
+  uint32_t instance = 0;
+  bool has_committed = false;
+  uint64_t last_committed = 0;  // newest checkpoint committed here by replication
+  uint64_t last_opened = 0;     // newest checkpoint a stream was opened for
+  uint64_t chain_version = 0;   // newest chain version seen
+};
 
 struct ServerMetrics {
   // Atomics: updated by many stream strands at once, read by Snapshot.

@@ -25,7 +25,7 @@
 #include <string>
 
 #include "client/chain_client.h"
-#include "rhino/service_messages.h"
+#include "net/service_messages.h"
 #include "rhino/status.h"
 #include "service/instance_dir.h"  // InstanceConfig
 

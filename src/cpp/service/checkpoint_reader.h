@@ -28,11 +28,11 @@
 #include <vector>
 
 #include "net/connection.h"
+#include "net/service_messages.h"
 #include "rhino/replica_store.h"
-#include "rhino/service_messages.h"
-#include "rhino/session_batch.h"
 #include "rhino/state_backend.h"
 #include "rhino/thread_annotations.h"
+#include "state/session_batch.h"
 
 namespace rhino {
 

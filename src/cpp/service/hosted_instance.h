@@ -29,15 +29,15 @@
 #include <vector>
 
 #include "client/chain_client.h"
-#include "rhino/instance_metrics.h"
+#include "net/service_messages.h"
 #include "rhino/partitioner.h"
 #include "rhino/replica_store.h"
-#include "rhino/service_messages.h"
-#include "rhino/session_batch.h"
 #include "rhino/state_backend.h"
 #include "rhino/status.h"
 #include "service/chain_shipper.h"
 #include "service/instance_dir.h"
+#include "service/instance_metrics.h"
+#include "state/session_batch.h"
 
 namespace rhino {
 

@@ -1,6 +1,6 @@
 // The InstanceReq actions of the state service (docs/protocol.md §7.1), one
 // handler each. They run on the service's admin strand; each decodes its
-// typed arguments (rhino/service_messages.h), checks the epoch fence (§7.5),
+// typed arguments (net/service_messages.h), checks the epoch fence (§7.5),
 // and answers a JSON object.
 #include <algorithm>
 #include <chrono>

@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "net/service_messages.h"
 #include "rhino/partitioner.h"
-#include "rhino/service_messages.h"
 #include "rhino/status.h"
 
 namespace rhino {

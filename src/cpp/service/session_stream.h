@@ -10,7 +10,7 @@
 #include <string>
 
 #include "net/connection.h"
-#include "rhino/service_messages.h"
+#include "net/service_messages.h"
 #include "service/hosted_instance.h"
 
 namespace rhino {

@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "client/state_client.h"
 #include "rhino/manifest.h"
-#include "rhino/state_client.h"
 #include "service/session_stream.h"
 
 namespace rhino {

@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "net/connection.h"
+#include "net/service_messages.h"
 #include "replication/fence_table.h"
-#include "rhino/service_messages.h"
 #include "rhino/thread_annotations.h"
 #include "service/checkpoint_reader.h"
 #include "service/hosted_instance.h"
@@ -91,7 +91,7 @@ class StateService {
                          std::chrono::steady_clock::time_point queued);
   Status DoInstanceReq(const InstanceReq& req, std::string* result);
   // One handler per InstanceAction (protocol §7.1; service/instance_actions.cc):
-  // each decodes its typed arguments (rhino/service_messages.h) and writes
+  // each decodes its typed arguments (net/service_messages.h) and writes
   // its JSON answer to *result.
 #define RHINO_ACTION_HANDLER(e, code, name, handler, access) Status handler(const InstanceReq& req, std::string* result);
   RHINO_INSTANCE_ACTIONS(RHINO_ACTION_HANDLER)

@@ -1,4 +1,4 @@
-#include "rhino/session_batch.h"
+#include "state/session_batch.h"
 
 #include <rocksdb/db.h>
 #include <rocksdb/write_batch.h>

@@ -1,7 +1,7 @@
 // SessionBatch: a session's uncommitted writes over a real StateBackend
-// (rhino/session_batch.h). The oracle is a std::map model of what the session
+// (state/session_batch.h). The oracle is a std::map model of what the session
 // wrote over what the DB held, and the DB read back through StateBackend::Get.
-#include "rhino/session_batch.h"
+#include "state/session_batch.h"
 
 #include <algorithm>
 #include <cstdint>

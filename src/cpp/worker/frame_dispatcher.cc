@@ -1,6 +1,6 @@
 #include "worker/frame_dispatcher.h"
 
-#include "rhino/frame.h"
+#include "net/frame.h"
 #include "service/state_service.h"
 
 namespace rhino {

@@ -1,14 +1,14 @@
-#include "rhino/worker.h"
+#include "worker/worker.h"
 
 #include <csignal>
 #include <thread>
 
 #include "net/connection.h"
 #include "net/connection_pool.h"
+#include "net/frame.h"
+#include "net/messages.h"
 #include "replication/replica_server.h"
 #include "replication/server_metrics.h"
-#include "rhino/frame.h"
-#include "rhino/messages.h"
 #include "rhino/replica_store.h"
 #include "rhino/thread_annotations.h"
 #include "service/state_service.h"

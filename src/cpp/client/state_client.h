@@ -22,10 +22,10 @@
 #include <string_view>
 #include <vector>
 
-#include "rhino/coord_messages.h"
+#include "net/coord_messages.h"
+#include "net/frame.h"
+#include "net/service_messages.h"
 #include "rhino/credential.h"
-#include "rhino/frame.h"
-#include "rhino/service_messages.h"
 #include "rhino/status.h"
 #include "rhino/tls.h"
 

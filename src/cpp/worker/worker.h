@@ -12,10 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "rhino/frame.h"
-#include "rhino/instance_metrics.h"
+#include "net/frame.h"
+#include "replication/server_metrics.h"  // InstanceReplicaState
 #include "rhino/status.h"
 #include "rhino/tls.h"
+#include "service/instance_metrics.h"
 
 namespace rhino {
 
@@ -86,16 +87,6 @@ struct WorkerOptions {
   // others reference are freed. 0 = keep every checkpoint; else at least 2.
   uint32_t keep_checkpoints = 3;
   uint32_t retention_interval_ms = 10000;  // how often the pass runs
-};
-
-// What one instance looks like from this worker's replica store.
-struct InstanceReplicaState {
-  std::string operator_id;
-  uint32_t instance = 0;
-  bool has_committed = false;
-  uint64_t last_committed = 0;  // newest checkpoint committed here by replication
-  uint64_t last_opened = 0;     // newest checkpoint a stream was opened for
-  uint64_t chain_version = 0;   // newest chain version seen
 };
 
 struct WorkerMetrics {

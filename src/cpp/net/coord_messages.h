@@ -5,7 +5,7 @@
 // (§1, §2), one request per stream id, answered on that stream, with chain
 // version 0.
 //
-// Encode / Decode as in rhino/messages.h: Decode checks the shape (bounds,
+// Encode / Decode as in net/messages.h: Decode checks the shape (bounds,
 // the method's alphabet, trailing bytes) and nothing else; whether `args` is a
 // JSON document, and what it means, is for the server and its handler.
 #pragma once
@@ -15,8 +15,8 @@
 #include <string>
 #include <string_view>
 
-#include "rhino/frame.h"
-#include "rhino/service_messages.h"  // kMaxJsonBytes
+#include "net/frame.h"
+#include "net/service_messages.h"  // kMaxJsonBytes
 #include "rhino/status.h"
 
 namespace rhino {

@@ -6,7 +6,7 @@
 // over TCP or a Unix domain socket, with chain version 0 in the frame header:
 // fencing is by the configuration epoch each request carries.
 //
-// Encode / Decode as in rhino/messages.h: Decode checks the shape (bounds,
+// Encode / Decode as in net/messages.h: Decode checks the shape (bounds,
 // list counts, trailing bytes) and nothing else; the service checks meaning.
 #pragma once
 
@@ -16,8 +16,8 @@
 #include <string_view>
 #include <vector>
 
-#include "rhino/frame.h"
-#include "rhino/messages.h"
+#include "net/frame.h"
+#include "net/messages.h"
 #include "rhino/partitioner.h"
 #include "rhino/status.h"
 
@@ -374,7 +374,7 @@ class ScanRspBuilder {
 // An error answer of type `rsp` (a …Rsp of this file) carrying `s`.
 std::string ServiceErrorPayload(MessageType rsp, const Status& s);
 
-// Decodes a payload of any type of this file, or of rhino/coord_messages.h,
+// Decodes a payload of any type of this file, or of net/coord_messages.h,
 // and re-encodes it (for the fuzz target, fuzz/frame_fuzzer.cc):
 // *reencoded is empty if `type` is none of those.
 Status DecodeServiceMessage(MessageType type, std::string_view payload, std::string* reencoded);

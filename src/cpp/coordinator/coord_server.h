@@ -29,8 +29,8 @@
 #include <string>
 #include <vector>
 
+#include "net/frame.h"
 #include "rhino/credential.h"
-#include "rhino/frame.h"
 #include "rhino/status.h"
 #include "rhino/tls.h"
 

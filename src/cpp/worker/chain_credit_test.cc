@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "rhino/replica_store.h"
-#include "rhino/worker.h"
 #include "testing/test_util.h"
+#include "worker/worker.h"
 
 // These tests run under ASan's default options, alloc_dealloc_mismatch on:
 // they found that the core's files disagreed on how Asio allocates (fixed by

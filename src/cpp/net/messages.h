@@ -1,7 +1,7 @@
 // The messages of the data-plane protocol (docs/protocol.md §3): one
 // XxxReq / XxxRsp struct per wire type, each with Encode (payload bytes) and
 // Decode (bounds-checked; Corruption on any malformed payload, trailing bytes
-// included). Framing is separate (rhino/frame.h).
+// included). Framing is separate (net/frame.h).
 //
 // Decode validates the *shape* of a message (field lengths, list sizes); what
 // a field means (is a file name plain, is a version stale) is checked by its
@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "rhino/frame.h"
+#include "net/frame.h"
 #include "rhino/status.h"
 
 namespace rhino {
