@@ -9,6 +9,7 @@ import numpy as np
 
 from rhino._machine import machine_summary
 from rhino._sizes import format_bytes
+from .report import pyplot, save
 
 
 # ---- the plot and the report ---------------------------------------------------------------------
@@ -18,10 +19,7 @@ PARTS = [("detection_s", "detection", "#999999"), ("scheduling_s", "scheduling",
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     res = [r for r in rows if r.get("record") == "failover"]
     sizes = sorted({r["size_bytes"] for r in res})
@@ -67,9 +65,7 @@ def plot(rows: list[dict], path: str) -> None:
                   (f" (heartbeat timeout {det['heartbeat_timeout_s']} s)" if det else " (detection not measured)"),
                   fontsize=10)
     ax1.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def _runs(res: list[dict], size: int, method: str, key: str) -> list[float]:

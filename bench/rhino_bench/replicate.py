@@ -55,6 +55,7 @@ from rhino._sizes import format_bytes, parse_size
 from rhino.cli.progress import Progress
 from rhino_testing.harness.workers import SECRET, rss_kb, start_workers, write_secret
 from .common import exit_on_sigterm, max_chunk_bytes, raise_if_stopped
+from .report import pyplot, save
 
 
 _SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>
@@ -307,10 +308,7 @@ def _transfer(args: argparse.Namespace, root: Path, store: rhino.ReplicaStore, m
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     xs = [f"r={row['replicas']}" + (" TLS" if row.get("mode") == "tls" else "") for row in rows]
@@ -324,8 +322,7 @@ def plot(rows: list[dict], path: str) -> None:
     ax.set_ylabel("MB/s")
     ax.set_title(f"chain replication of a {rows[0]['bytes'] / 2**30:.1f} GiB checkpoint (red: target)")
     ax.legend(loc="lower left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save(fig, path, dpi=120)
 
 
 def build_parser() -> argparse.ArgumentParser:

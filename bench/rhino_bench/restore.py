@@ -262,25 +262,10 @@ def _summary(f: dict[str, Any]) -> str:
             f"{'' if f['dropped_caches'] else '  [page cache not dropped]'}")
 
 
-def _parser() -> "argparse.ArgumentParser":
+def _parser() -> Any:
     import argparse
 
-    from rhino._sizes import parse_sizes
-
-    def sizes(text: str) -> list[int]:
-        try:
-            return parse_sizes(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    def positive_int(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-        return v
+    from .report import positive_int, sizes
 
     p = argparse.ArgumentParser(
         prog="rhino-bench restore",

@@ -43,6 +43,7 @@ import rhino
 
 from rhino_testing.harness.workers import SECRET, start_workers, write_secret
 from .common import exit_on_sigterm
+from .report import pyplot, save
 
 THROUGHPUT_TARGET = 0.70  # Unix-socket keys/s over in-process keys/s
 OPEN_TARGET_MS = 2.0
@@ -196,10 +197,7 @@ def run(args: argparse.Namespace, emit: Callable[[dict], None]) -> None:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     tp = [r for r in rows if r["figure"] == "throughput"]
     fixed = [r for r in rows if r["figure"] == "fixed_cost"]
@@ -230,8 +228,7 @@ def plot(rows: list[dict], path: str) -> None:
     ax2.set_yscale("log")
     ax2.set_title("per-batch fixed cost (Unix socket)")
     ax2.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 def report(rows: list[dict], path: str) -> None:

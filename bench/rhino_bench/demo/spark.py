@@ -42,6 +42,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
+from ..report import pyplot, save
 
 __all__ = ["main"]
 
@@ -615,10 +616,7 @@ def _final_summary(events: list[dict], same: bool, n_results: int, last: int, to
 
 
 def _plot(reports: list, marks: list[dict], png: Path, a: argparse.Namespace, at_barrier: set) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     t0 = reports[0].started
     fig, ax = plt.subplots(figsize=(11, 4.5))
@@ -660,9 +658,7 @@ def _plot(reports: list, marks: list[dict], png: Path, a: argparse.Namespace, at
         ax2.legend(loc="upper right", fontsize=8, framealpha=0.8)
     ax.set_title(f"NEXMark Q8 on rhino.spark, r={a.replicas}: per-batch latency "
                  f"(orange: a reconfiguration at its barrier; red: run again; shaded: request to effect)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    save(fig, png)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Optional, Sequence
+from ..report import pyplot, save
 
 
 SYSTEMS = ("rhino", "spark-rocksdb")
@@ -57,10 +58,7 @@ _COLORS = {"rhino": "#d04040", "spark-rocksdb": "#404040"}
 
 
 def plot(records: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     bs = [r for r in records if r.get("record") == "batch"]
     if not bs:
@@ -109,10 +107,7 @@ def plot(records: list[dict], path: str) -> None:
     axs[2].set_title("executors' Python workers")
     axs[2].set_ylim(bottom=0)
     axs[2].legend(fontsize=7)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def report(records: list[dict], path: str) -> None:

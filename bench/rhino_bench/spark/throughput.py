@@ -38,6 +38,7 @@ from typing import Any, Optional, Sequence
 
 from .common import (Emitter, host_number, install_signal_handlers, median, non_negative_int, parse_conf, percentile,
                positive_int, positive_float, say)
+from ..report import pyplot, save
 
 __all__ = ["main", "CONFIGS", "R2_VS_SPARK_TARGET", "R2_COST_TARGET"]
 
@@ -197,10 +198,7 @@ def summarize(records: list[dict]) -> dict:
 
 
 def plot(records: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rr = [r for r in records if r.get("record") == "throughput"]
     if not rr:
@@ -244,10 +242,7 @@ def plot(records: list[dict], path: str) -> None:
     ax.set_ylabel("seconds (slowest task of a batch, mean)")
     ax.set_title("Rhino task breakdown")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def report(records: list[dict], path: str, *, command: str, setup: dict) -> None:

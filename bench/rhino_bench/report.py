@@ -1,0 +1,78 @@
+"""What the benchmarks' reports and command lines share: matplotlib set up for files, a
+figure saved, Markdown written, and the flag types that parse sizes and numbers."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+__all__ = ["pyplot", "save", "write_lines", "md_row", "size", "sizes", "checked", "positive_int",
+           "non_negative_int", "positive_float", "fraction"]
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (files only, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save(fig: Any, path: str | Path, dpi: int = 110) -> None:
+    """Lays out, writes (its folder made) and closes a figure."""
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+
+
+def write_lines(path: str | Path, lines: Iterable[str]) -> None:
+    """A Markdown report: its lines, each ended."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def md_row(*cells: Any) -> str:
+    """One row of a Markdown table."""
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def checked(conv: Callable[[str], Any], ok: Callable[[Any], bool], what: str) -> Callable[[str], Any]:
+    """An argparse type: ``conv(text)``, refused unless ``ok`` (``what`` says what it must be)."""
+
+    def parse(text: str) -> Any:
+        try:
+            v = conv(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e) if conv not in (int, float) else
+                                             f"{text!r} is not {'an integer' if conv is int else 'a number'}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"{text!r}: must be {what}")
+        return v
+
+    parse.__name__ = getattr(conv, "__name__", "value")
+    return parse
+
+
+def _parse_size(text: str) -> int:
+    from rhino._sizes import parse_size
+
+    return parse_size(text)
+
+
+def _parse_sizes(text: str) -> list[int]:
+    from rhino._sizes import parse_sizes
+
+    return parse_sizes(text)
+
+
+size = checked(_parse_size, lambda v: True, "a size")  # 256M, 1G, ...
+sizes = checked(_parse_sizes, lambda v: True, "sizes")  # 1G,2G,4G
+positive_int = checked(int, lambda v: v >= 1, ">= 1")
+non_negative_int = checked(int, lambda v: v >= 0, ">= 0")
+positive_float = checked(float, lambda v: v > 0 and not math.isinf(v), "> 0")
+fraction = checked(float, lambda v: 0 <= v < 1, "in [0, 1)")
