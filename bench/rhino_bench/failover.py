@@ -2,55 +2,9 @@
 with hard links (Rhino) against a DFS-style full fetch, per state size
 (Rhino paper §5.2.1, Table 1: scheduling, state fetching, state loading).
 
-    rhino-bench failover --sizes 1G,2G,4G --json --out bench/results/failover.jsonl \
-        --plot bench/results/failover.png --report bench/results/failover.md
+    rhino-bench failover --sizes 1G,2G,4G --json --out bench/results/failover.jsonl         --plot bench/results/failover.png --report bench/results/failover.md
 
-Per size, on a fresh cluster of real ``rhino worker`` processes, A (127.0.0.2),
-B (.3), C (.4) and D (.5):
-
-1. one operator of one instance, ``--num-vnodes`` vnodes, r=2: its primary is
-   A and its chain is B and C. Its state is written through sessions on A in
-   batches of ``--fill-batch-bytes`` (int64 keys, random ``--value-bytes``
-   values, so nothing compresses), each committed in barrier mode (the whole
-   chain holds it). Then 1-key batches are committed once a second until the
-   checkpoint's file count stops falling (A's compactions have caught up:
-   the shape of a job whose compactions keep up with its ingest), at most
-   ``--settle-timeout`` seconds. The last checkpoint, c, is what is restored.
-2. A is SIGKILLed. **Detection**: A, B and C are ``rhino worker
-   --coordinator`` processes heartbeating every ``--heartbeat-interval`` s;
-   ``detection_s`` runs from the SIGKILL to the moment the coordinator
-   declares A dead by ``--heartbeat-timeout`` (default 1 s; its
-   ``dead_since``). With ``--detection process`` (what ``auto``, the
-   default, picks when the build has the coordinator transport) the
-   coordinator is a ``rhino coordinator`` process with the timeout on its
-   command line; with ``--detection heartbeat`` it is served from this
-   process over the same protocol and its timeout is armed right before the
-   kill (see below why); with ``--detection none`` it runs in this process,
-   ``declare_dead`` is called right after the kill, and ``detection_s`` is
-   null.
-3. **Rhino** (``method="rhino"``): the coordinator fails the instance over to
-   B by a takeover from B's own replica store, by hard links (no state
-   moves). ``scheduling_s`` runs from A's declaration to the takeover request
-   being sent (the Replication Manager's decision: the chain members' status,
-   the new chain, the write-ahead record); ``fetch_s`` is the restore
-   directory built by hard links (``restore.build_s`` of the takeover's
-   answer) and ``load_s`` is RocksDB opening it (``restore.open_s``).
-4. **DFS-style** (``method="dfs"``, the baseline): D, which holds nothing and
-   is not known to the coordinator, receives a full copy of checkpoint c from
-   a surviving replica (C), every file over TCP (the ``replicate`` instance
-   action), then takes it over from its own store: ``fetch_s`` is the copy
-   plus the link build, ``load_s`` the open. It shares detection and
-   scheduling with Rhino.
-
-``total_s`` = detection + scheduling + fetch + load (``total_excl_detection_s``
-without detection). Both restored states are checked: a sample of keys read
-through a session on B and on D must hold the values written. One JSON object
-per line (``record``: ``setup``, ``failover`` per size and method, ``skipped``
-for a size the disk cannot hold, ``summary`` with the targets).
-
-This machine's limits, which favour the baseline: the copy runs over loopback
-and reads and writes one shared disk; the page cache is not dropped (that
-needs root and would disturb everyone else on the machine).
+How it runs and what each record holds: bench/README.md, "Failover".
 """
 
 from __future__ import annotations

@@ -2,43 +2,9 @@
 migration strategy (Megaphone's measure: the maximum latency during a
 migration against the steady state; Rhino paper §4.1, docs/design.md §4).
 
-    rhino-bench handover --json --repeat 2 --out bench/results/handover.jsonl \
-        --plot bench/results/handover.png --report bench/results/handover.md
+    rhino-bench handover --json --repeat 2 --out bench/results/handover.jsonl         --plot bench/results/handover.png --report bench/results/handover.md
 
-For each strategy of ``rhino.coordinator.strategies.STRATEGIES`` and each
-repetition (the strategies' order rotates from one repetition to the next, so
-the machine's drift spreads over all of them), on a fresh cluster:
-
-1. four real ``rhino worker`` processes on 127.0.0.2..5 and an in-process
-   :class:`~rhino.coordinator.coordinator.Coordinator` reached through
-   :class:`~rhino.coordinator.client.LocalCoordinatorClient`; one operator of
-   ``--parallelism`` instances (2), ``--num-vnodes`` vnodes (64), r=1;
-2. a writer (:class:`~rhino_testing.harness.engine.MicroBatchEngine`) fills a
-   keyspace of ``--state // --value-bytes`` int64 keys with random values in
-   batches of ``--fill-batch-bytes`` (not timed), then commits
-   ``--steady-batches`` batches of ``--batch-keys`` puts to random keys of
-   the keyspace: their median latency is the steady state;
-3. a handover of half of instance 0's vnodes to a new instance is planned
-   with the strategy; the writer keeps committing batches until the plan is
-   done (no plan in flight), and ``--after-batches`` more. Each step runs at
-   the barrier before a batch (``begin_batch``), so its time is part of that
-   batch's latency, which is what the writer sees;
-4. every instance's state is read back through sessions (a scan of each
-   instance on its primary) and compared with a model of what the writer
-   wrote: every key once, on the instance its vnode is routed to, with the
-   last value written. A mismatch fails the benchmark (exit status 1).
-
-Per run: the migration time (from the first step's start to the last step's
-end, from the coordinator's ``handover_step`` events), the bytes the plan
-copied between workers (``bytes_moved`` of its row in the metadata: bulk
-copies to a target that lacked the origin's checkpoint), the steps, where the
-new instance was placed (a worker holding the origin's checkpoint: imports by
-hard links; else a bulk copy first), the writer's steady median and its
-maximum latency during the migration, and their ratio; also the bytes all
-workers sent over the network per batch (their ``/metrics``), so the cost of
-replicating the new instance's first checkpoint to its chain shows.
-One JSON object per line: ``record`` = ``setup``, ``run`` (with the per-batch
-timeline) and ``summary`` (per strategy, medians over the repetitions).
+How it runs and what each record holds: bench/README.md, "Handover".
 """
 
 from __future__ import annotations

@@ -1,30 +1,6 @@
 """`rhino-bench restore`: hard-link restore against copy restore and `cp -al`.
 
-For each state size: build the state (random, incompressible values through
-put_batch) and checkpoint it into a replica store right away (checkpoint 1).
-A hard-link restore costs one link() per file, so its time follows the file
-count, and a checkpoint taken right after loading at full speed also holds the
-L0 files compaction has not merged yet (a vnode's L0 piles up while the two
-background threads work through 256 column families). So the sweep times:
-  * hardlink_restore_after_load_s  hard-link restores of checkpoint 1
-                        (files_after_load files);
-then lets the backend settle (StateBackend.wait_for_compactions: no flush or
-compaction pending or running; settle_s) and checkpoints again (checkpoint 2,
-incremental), the shape a job ingesting at a rate compaction keeps up with
-checkpoints. On checkpoint 2 (files) it times, in the same run,
-  * hardlink_restore_s  ReplicaStore.restore_files(mode="link"): build the DB
-                        directory (hard links + small copies + fsync + rename);
-  * open_s              opening RocksDB on that directory;
-  * cp_al_s             coreutils `cp -al` of a directory holding the same files,
-                        the physical reference for creating that many hard links;
-  * copy_restore_s      ReplicaStore.restore_files(mode="copy"): every byte copied.
-Each is repeated and the median reported, with the raw runs. When we may
-(root, writable /proc/sys/vm/drop_caches), the page cache is dropped before
-every timed run, so metadata and data come from disk (`dropped_caches`).
-
-Output contract: one JSON object per size (one line each), with at least
-size_bytes, files, hardlink_restore_s, copy_restore_s and cp_al_s (all of
-checkpoint 2), plus files_after_load and hardlink_restore_after_load_s.
+How it runs and what each record holds: bench/README.md, "Restore sweep".
 """
 
 from __future__ import annotations

@@ -1,28 +1,8 @@
 """The state service against the in-process state backend, in the same run (issue 18).
 
-    rhino-bench service --json --out bench/results/service.jsonl \
-        --plot bench/results/service.png --report bench/results/service.md
+    rhino-bench service --json --out bench/results/service.jsonl         --plot bench/results/service.png --report bench/results/service.md
 
-It starts real worker processes on 127.0.0.2 (the primary) and, for r=2,
-127.0.0.3 and .4, and measures:
-
-- throughput of ``put_batch`` and ``get_batch`` for ``--keys`` keys (int64)
-  with ``--value-bytes`` values, in a session over the Unix socket, over TCP
-  (a client bound to 127.0.0.5, as on another host), and in-process on a
-  ``rhino.StateBackend`` with the same partitioner: the baseline. Each figure
-  is the median of ``--repeat`` rounds, and every round times the three ways
-  back to back; ``ratio_to_inprocess`` is the median over rounds of the
-  in-process time over the session's time (above 1: the session is faster).
-  The put is the call alone (the session stages it;
-  the commit writes it), so a second row, ``put+commit``, gives one batch of
-  puts made durable as checkpoint b, against the in-process put_batch plus
-  checkpoint of the same batch;
-- the per-batch fixed cost: opening a session on an instance the worker
-  already hosts, and committing a 1-key batch (barrier mode), at r=0 and at
-  r=2, ``--fixed-reps`` times each (median and p90).
-
-One JSON object per line; the targets of issue 18 are checked in the rows
-(Unix-socket throughput >= 70% of in-process; opening a session <= 2 ms).
+How it runs and what each record holds: bench/README.md, "State service".
 """
 
 from __future__ import annotations

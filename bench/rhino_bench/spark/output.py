@@ -3,53 +3,10 @@ in), Rhino against Spark's own ``transformWithStateInPandas`` with the RocksDB s
 provider, in the same run, with the same processor class, on one local 3-host cluster
 (:class:`~rhino_testing.harness.spark_cluster.LocalCluster`, hosts 127.0.0.60-62 by default).
 
-    rhino-bench spark output --json --out bench/results/spark_output.jsonl \\
+    rhino-bench spark output --json --out bench/results/spark_output.jsonl \
         --report bench/results/spark_output.md --plot bench/results/spark_output.png
 
-Workload (identical for both systems):
-
-* the input is one Parquet file per micro-batch (``k long, v long``; ``--input-rows`` rows,
-  2M by default, over ``--keys`` keys drawn with a seeded generator), written up front with
-  strictly increasing modification times, read by a file stream with ``maxFilesPerTrigger=1``
-  and ``Trigger.AvailableNow``: ``--warmup`` (1) discarded batches, then ``--batches`` (3)
-  measured ones;
-* :class:`FanOutProcessor` (a pandas ``StatefulProcessor``) keeps a per-key row count in a
-  ValueState and emits ``--fanout`` (10) rows per input row (``k, v, j, seen``): 20M output
-  rows per batch by default;
-* the driver runs with ``spark.driver.memory=1g`` and ``spark.driver.maxResultSize=64m`` (set
-  before its JVM starts). The output never reaches the driver: inside ``foreachBatch`` it is
-  written with ``df.write.format("noop")``. Rhino (``rhino.spark.transform_with_state``,
-  ``task_window_rows=--window-rows``): with ``--rhino-output fused`` (the default),
-  ``op.for_each_batch(sink)``, whose sink's noop write runs the stateful tasks (nothing
-  materialized); with ``--rhino-output checkpoint``, ``out = op.transform(df, batch_id)``
-  (materialized on the executors), then ``out`` written to noop; Spark: ``df.groupBy("k").transformWithStateInPandas(...)``, written to noop
-  by ``foreachBatch``. Each write counts its rows with ``Dataset.observe`` (a metric
-  aggregated on the executors: ``output_rows``, independent of either operator's own counts).
-
-One JSON line per system and batch (``record: "batch"``): ``system`` (``rhino`` /
-``spark-rocksdb``), ``batch``, ``warmup``, ``input_rows``, ``output_rows``, ``trigger_s``
-(Spark's ``durationMs.triggerExecution``: the whole micro-batch, the same measure for both),
-``rows_per_s`` (output rows / trigger_s), ``driver_rss_mb`` (the driver JVM's RSS: the py4j
-gateway, a child of this process, found by the pid it reports, read from /proc right after
-the batch's write; ``driver_rss_max_mb`` the largest sample during the batch;
-``driver_heap_used_mb``, ``driver_heap_committed_mb``, ``driver_nonheap_used_mb`` from its
-MemoryMXBean), ``python_driver_rss_mb`` (this process), ``python_worker_peak_rss_mb`` (the largest RSS of one Python worker process, a
-descendant of an executor JVM, sampled every ``--sample-interval`` s during the batch; only
-workers that ran during the batch count, not idle ones kept for reuse;
-``python_worker_start_rss_mb`` that worker's RSS at its first sample in the batch,
-``python_worker_growth_mb`` the largest growth of one worker within the batch,
-``python_worker_peak_sum_mb`` the sum of their peaks), the executors' JVM RSS, the batch's
-Spark stages (``stages``, from the monitoring REST API), and for Rhino the task breakdown of
-``op.reports[-1]`` (mean over tasks and the slowest task; ``output_s`` is the task's time not
-in any of its own parts: time spent suspended while Spark consumed its output). Then one
-``record: "system"`` line per system (steady batches) and a ``record: "summary"`` line:
-``rhino_vs_spark`` (rows/s, target >= 1), the driver's RSS flatness per system (last minus
-first batch at most ``FLAT_TOLERANCE_MB``), the Python workers' peak against the window's
-estimated bytes (``window_rows x (16 + fanout x 28)`` bytes, the input and output columns),
-and whether every batch had ``fanout x input_rows`` output rows.
-
-``--hosts`` (3) sizes the cluster (the test runs one host); ``--from FILE [--run-id ID]``
-redraws the report and plot of a recorded run.
+How it runs and what each record holds: bench/README.md, "Large output".
 """
 
 from __future__ import annotations

@@ -3,27 +3,10 @@ NEXMark Q8 on one 3-host :class:`~rhino_testing.harness.spark_cluster.LocalClust
 configurations in the same run: Rhino with r=0, Rhino with r=2, and Spark's own
 ``transformWithStateInPandas`` with the RocksDB state store provider.
 
-    rhino-bench spark throughput --json --out bench/results/spark_throughput.jsonl \\
+    rhino-bench spark throughput --json --out bench/results/spark_throughput.jsonl \
         --plot bench/results/spark_throughput.png --report bench/results/spark_throughput.md
 
-Each configuration runs the same query (Q8, ``--window-ms``, the generator's default
-payloads unless ``--payload-bytes``) over the same events: ``--warmup + --batches``
-micro-batches of ``--events-per-batch`` events (Trigger.AvailableNow; each a fresh
-operator and checkpoint); ``--rounds`` repeats the three back to back (interleaved:
-r0, r2, spark, r0, ...). The first ``--warmup`` batches of each run are discarded.
-
-Per configuration (over its steady batches, all rounds):
-
-* ``events_per_s``: events / the sum of Spark's ``durationMs.triggerExecution`` (the
-  whole micro-batch: source, prepare, the stateful operator, the sink, the commit);
-* ``latency_median_s``, ``latency_p95_s``: of those per-batch durations;
-* Rhino: ``locality`` (the share of tasks that ran on their primary's host), the mean
-  per-batch driver breakdown (``begin_s``, ``job_s``, ``commit_s``) and the mean per-task
-  breakdown (``open_s``, ``fetch_s``, ``process_s``, ``write_s``, ``commit_s``,
-  ``replicate_s``, ...), so the cost of r=2 shows where it goes.
-
-Ratios (same run): ``r2_vs_spark`` (events/s, target >= 1), ``r2_cost_vs_r0`` (1 - r2/r0,
-target <= 10%).
+How it runs and what each record holds: bench/README.md, "Spark throughput".
 """
 
 from __future__ import annotations
