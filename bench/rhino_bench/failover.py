@@ -10,7 +10,6 @@ How it runs and what each record holds: bench/README.md, "Failover".
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -23,16 +22,17 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from rhino._machine import describe_machine
-from rhino._sizes import format_bytes, parse_size, parse_sizes
+from rhino._sizes import format_bytes
 from rhino.client.client import Client, connect
 from rhino.engine import BatchDriver
 from rhino.errors import RhinoError
 from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret
 from rhino_testing.workload import keys_for, random_values
 
-from .common import exit_on_sigterm
+from .common import JsonLines, exit_on_sigterm, io_flags
 from .failover_control import CONTROLS, OPERATOR, BenchError, heartbeat_available
 from .failover_report import plot, report
+from .report import size_arg, sizes_arg
 
 __all__ = ["run", "main", "FETCH_FLAT_TARGET", "SPEEDUP_TARGET"]
 
@@ -432,25 +432,11 @@ def run(args: argparse.Namespace, emit: Callable[[dict], None], say: Callable[[s
 # ---- the command ------------------------------------------------------------------------------
 
 
-def _sizes(text: str) -> list[int]:
-    try:
-        return parse_sizes(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rhino-bench failover",
                                 description="Recovery after a SIGKILL, per state size: takeover by hard links "
                                             "(Rhino) against a DFS-style full fetch (Rhino paper Table 1).")
-    p.add_argument("--sizes", type=_sizes, required=True, help="comma-separated state sizes, e.g. 1G,2G,4G")
+    p.add_argument("--sizes", type=sizes_arg, required=True, help="comma-separated state sizes, e.g. 1G,2G,4G")
     p.add_argument("--detection", choices=["auto", *sorted(CONTROLS)], default="auto",
                    help="process: workers heartbeating (rhino worker --coordinator) to a rhino coordinator "
                         "process with --heartbeat-timeout; heartbeat: to the coordinator served from this process, "
@@ -461,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-interval", type=float, default=0.2,
                    help="the workers' --coordinator-heartbeat in seconds (default: %(default)s)")
     p.add_argument("--value-bytes", type=int, default=4096, help="bytes per value (default: %(default)s)")
-    p.add_argument("--fill-batch-bytes", type=_size, default=parse_size("512M"),
+    p.add_argument("--fill-batch-bytes", type=size_arg, default=size_arg("512M"),
                    help="bytes per committed batch while filling (default: 512M; at most the workers' "
                         "--max-session-bytes, 1G)")
     p.add_argument("--num-vnodes", type=int, default=64, help="vnodes of the instance (default: %(default)s)")
@@ -472,13 +458,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=1,
                    help="trials per size, each on a fresh cluster; rows give the medians (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dir", default=".bench-failover", help="work directory (default: %(default)s)")
-    p.add_argument("--keep", action="store_true", help="keep each size's directories")
-    p.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
-    p.add_argument("--out", default=None, help="also append the JSON lines to this file")
-    p.add_argument("--plot", default=None, help="write the stacked bars here (PNG)")
-    p.add_argument("--report", default=None, help="write the Markdown table here")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    io_flags(p, dir=".bench-failover", keep="keep each size's directories", plot="write the stacked bars here (PNG)",
+             report="write the Markdown table here")
     return p
 
 
@@ -496,46 +477,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.fill_batch_bytes > (960 << 20):
         p.error("--fill-batch-bytes must be at most 960M (a session holds at most 1 GiB)")
     exit_on_sigterm()
-    rows: list[dict] = []
-    out = open(args.out, "a") if args.out else None
-
-    def say(msg: str) -> None:
-        if not args.quiet:
-            print(msg, file=sys.stderr, flush=True)
-
-    why = heartbeat_available()
-    args.detection_note = None
-    if args.detection == "auto":
-        args.detection = "none" if why else "process"
-        if why:
-            args.detection_note = f"detection not measured: {why}"
-            say(f"rhino-bench failover: {args.detection_note}")
-    elif args.detection != "none" and why:
-        p.error(f"--detection {args.detection}: {why}")
-
-    def emit(row: dict) -> None:
-        rows.append(row)
-        line = json.dumps(row)
-        if args.json:
-            print(line, flush=True)
-        if out:
-            out.write(line + "\n")
-            out.flush()
-
-    try:
-        run(args, emit, say)
-    except BenchError as e:
-        print(f"rhino-bench failover: {e}", file=sys.stderr)
-        return 1
-    finally:
-        if out:
-            out.close()
+    with JsonLines(args) as lines:
+        why = heartbeat_available()
+        args.detection_note = None
+        if args.detection == "auto":
+            args.detection = "none" if why else "process"
+            if why:
+                args.detection_note = f"detection not measured: {why}"
+                lines.say(f"rhino-bench failover: {args.detection_note}")
+        elif args.detection != "none" and why:
+            p.error(f"--detection {args.detection}: {why}")
+        try:
+            run(args, lines.emit, lines.say)
+        except BenchError as e:
+            print(f"rhino-bench failover: {e}", file=sys.stderr)
+            return 1
     if args.plot:
-        plot(rows, args.plot)
+        plot(lines.rows, args.plot)
     if args.report:
-        report(rows, args.report)
+        report(lines.rows, args.report)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -10,7 +10,6 @@ How it runs and what each record holds: bench/README.md, "Handover".
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -22,15 +21,16 @@ from typing import Callable, Optional
 import numpy as np
 
 from rhino._machine import describe_machine
-from rhino._sizes import format_bytes, parse_size
+from rhino._sizes import format_bytes
 from rhino.coordinator.client import LocalCoordinatorClient
 from rhino.coordinator.coordinator import Coordinator
 from rhino.coordinator.strategies import STRATEGIES
 from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret
 from rhino_testing.harness.engine import MicroBatchEngine
 
-from .common import exit_on_sigterm
+from .common import JsonLines, exit_on_sigterm, io_flags
 from .handover_report import plot, report
+from .report import size_arg
 
 __all__ = ["run", "main", "CorrectnessError"]
 
@@ -333,13 +333,6 @@ def run(args: argparse.Namespace, emit: Callable[[dict], None], say: Callable[[s
 # ---- the command ------------------------------------------------------------------------------
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def _strategies(text: str) -> list[str]:
     out = [s.strip() for s in text.split(",") if s.strip()]
     bad = [s for s in out if s not in STRATEGIES]
@@ -354,10 +347,10 @@ def build_parser() -> argparse.ArgumentParser:
                                             "new instance, per migration strategy (Megaphone's measure).")
     p.add_argument("--strategies", type=_strategies, default=list(STRATEGIES),
                    help=f"comma-separated (default: {','.join(STRATEGIES)})")
-    p.add_argument("--state", type=_size, default=parse_size("256M"), help="state size to fill (default: 256M)")
+    p.add_argument("--state", type=size_arg, default=size_arg("256M"), help="state size to fill (default: 256M)")
     p.add_argument("--value-bytes", type=int, default=1024, help="bytes per value (default: %(default)s)")
     p.add_argument("--batch-keys", type=int, default=4096, help="puts per timed batch (default: %(default)s)")
-    p.add_argument("--fill-batch-bytes", type=_size, default=parse_size("64M"),
+    p.add_argument("--fill-batch-bytes", type=size_arg, default=size_arg("64M"),
                    help="bytes per batch while filling (default: 64M)")
     p.add_argument("--warmup-batches", type=int, default=5, help="untimed batches after the fill (default: 5)")
     p.add_argument("--quiesce", type=float, default=3.0,
@@ -371,13 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-vnodes", type=int, default=64)
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dir", default=".bench-handover", help="work directory (default: %(default)s)")
-    p.add_argument("--keep", action="store_true", help="keep the work directories")
-    p.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
-    p.add_argument("--out", default=None, help="also append the JSON lines to this file")
-    p.add_argument("--plot", default=None, help="write the latency timelines here (PNG)")
-    p.add_argument("--report", default=None, help="write a Markdown summary here")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    io_flags(p, dir=".bench-handover", plot="write the latency timelines here (PNG)",
+             report="write a Markdown summary here")
     return p
 
 
@@ -397,27 +385,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.replicas + 1 > len(HOSTS):
         p.error(f"--replicas must be at most {len(HOSTS) - 1} ({len(HOSTS)} workers)")
     exit_on_sigterm()
-    rows: list[dict] = []
-    out = open(args.out, "a") if args.out else None
-
-    def say(msg: str) -> None:
-        if not args.quiet:
-            print(msg, file=sys.stderr, flush=True)
-
-    def emit(row: dict) -> None:
-        rows.append(row)
-        line = json.dumps(row)
-        if args.json:
-            print(line, flush=True)
-        if out:
-            out.write(line + "\n")
-            out.flush()
-
-    try:
-        run(args, emit, say)
-    finally:
-        if out:
-            out.close()
+    with JsonLines(args) as lines:
+        run(args, lines.emit, lines.say)
+    rows = lines.rows
     if args.plot:
         plot(rows, args.plot)
     if args.report:

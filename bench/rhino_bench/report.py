@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-__all__ = ["pyplot", "save", "write_lines", "md_row", "size", "sizes", "checked", "positive_int",
+__all__ = ["pyplot", "save", "write_lines", "md_row", "size_arg", "sizes_arg", "checked", "positive_int",
            "non_negative_int", "positive_float", "fraction"]
 
 
@@ -70,8 +70,8 @@ def _parse_sizes(text: str) -> list[int]:
     return parse_sizes(text)
 
 
-size = checked(_parse_size, lambda v: True, "a size")  # 256M, 1G, ...
-sizes = checked(_parse_sizes, lambda v: True, "sizes")  # 1G,2G,4G
+size_arg = checked(_parse_size, lambda v: True, "a size")  # 256M, 1G, ...
+sizes_arg = checked(_parse_sizes, lambda v: True, "sizes")  # 1G,2G,4G
 positive_int = checked(int, lambda v: v >= 1, ">= 1")
 non_negative_int = checked(int, lambda v: v >= 0, ">= 0")
 positive_float = checked(float, lambda v: v > 0 and not math.isinf(v), "> 0")

@@ -241,7 +241,7 @@ def _summary(f: dict[str, Any]) -> str:
 def _parser() -> Any:
     import argparse
 
-    from .report import positive_int, sizes
+    from .report import positive_int, sizes_arg
 
     p = argparse.ArgumentParser(
         prog="rhino-bench restore",
@@ -249,7 +249,7 @@ def _parser() -> Any:
                     "that checkpoint; then let compactions drain, checkpoint again, and time hard-link restore, "
                     "copy restore and `cp -al` of the same files, all in the same run. Prints one JSON object "
                     "per size with --json.")
-    p.add_argument("--sizes", type=sizes, required=True, metavar="LIST",
+    p.add_argument("--sizes", type=sizes_arg, required=True, metavar="LIST",
                    help="comma-separated state sizes, e.g. 256M,1G,4G (K/M/G/T are powers of 1024)")
     p.add_argument("--json", action="store_true", help="one JSON object per line and per size on stdout")
     p.add_argument("--dir", default=".bench-restore", help="work directory (default: %(default)s)")

@@ -8,7 +8,6 @@ How it runs and what each record holds: bench/README.md, "State service".
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -22,7 +21,7 @@ import numpy as np
 import rhino
 
 from rhino_testing.harness.workers import SECRET, start_workers, write_secret
-from .common import exit_on_sigterm
+from .common import JsonLines, exit_on_sigterm, io_flags
 from .report import pyplot, save
 
 THROUGHPUT_TARGET = 0.70  # Unix-socket keys/s over in-process keys/s
@@ -241,12 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--value-bytes", type=int, default=100)
     p.add_argument("--repeat", type=int, default=15, help="rounds per throughput figure (median)")
     p.add_argument("--fixed-reps", type=int, default=50, help="batches per fixed-cost figure")
-    p.add_argument("--dir", default=".bench-service")
-    p.add_argument("--keep", action="store_true", help="keep the work directory")
-    p.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
-    p.add_argument("--out", default=None, help="also append the JSON lines to this file")
-    p.add_argument("--plot", default=None, help="write a chart here (PNG)")
-    p.add_argument("--report", default=None, help="write a Markdown table here")
+    io_flags(p, dir=".bench-service", flags=("keep", "json", "out", "plot", "report"), keep="keep the work directory",
+             report="write a Markdown table here")
     return p
 
 
@@ -259,31 +254,13 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     exit_on_sigterm()
-    rows: list[dict] = []
-    out = open(args.out, "a") if args.out else None
-
-    def emit(row: dict) -> None:
-        rows.append(row)
-        line = json.dumps(row)
-        if args.json:
-            print(line, flush=True)
-        else:
-            print("  ".join(f"{k}={v}" for k, v in row.items() if k != "command"), file=sys.stderr, flush=True)
-        if out:
-            out.write(line + "\n")
-            out.flush()
-
-    try:
-        run(args, emit)
-    finally:
-        if out:
-            out.close()
+    with JsonLines(args, echo=lambda row: "  ".join(f"{k}={v}" for k, v in row.items() if k != "command")) as lines:
+        run(args, lines.emit)
     if args.plot:
-        plot(rows, args.plot)
+        plot(lines.rows, args.plot)
     if args.report:
-        report(rows, args.report)
+        report(lines.rows, args.report)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
