@@ -30,7 +30,7 @@ from rhino_testing.harness.engine import MicroBatchEngine
 
 from .common import JsonLines, exit_on_sigterm, io_flags
 from .handover_report import plot, report
-from .report import size_arg
+from .report import choices, size_arg
 
 __all__ = ["run", "main", "CorrectnessError"]
 
@@ -333,19 +333,11 @@ def run(args: argparse.Namespace, emit: Callable[[dict], None], say: Callable[[s
 # ---- the command ------------------------------------------------------------------------------
 
 
-def _strategies(text: str) -> list[str]:
-    out = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [s for s in out if s not in STRATEGIES]
-    if not out or bad:
-        raise argparse.ArgumentTypeError(f"strategies are a comma-separated list of {', '.join(STRATEGIES)}")
-    return out
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rhino-bench handover",
                                 description="The writer's batch latency while half of an instance's vnodes move to a "
                                             "new instance, per migration strategy (Megaphone's measure).")
-    p.add_argument("--strategies", type=_strategies, default=list(STRATEGIES),
+    p.add_argument("--strategies", type=choices(STRATEGIES, "strategy"), default=list(STRATEGIES),
                    help=f"comma-separated (default: {','.join(STRATEGIES)})")
     p.add_argument("--state", type=size_arg, default=size_arg("256M"), help="state size to fill (default: 256M)")
     p.add_argument("--value-bytes", type=int, default=1024, help="bytes per value (default: %(default)s)")

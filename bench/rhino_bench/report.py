@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 __all__ = ["pyplot", "save", "write_lines", "md_row", "size_arg", "sizes_arg", "checked", "positive_int",
-           "non_negative_int", "positive_float", "fraction"]
+           "non_negative_int", "positive_float", "fraction", "choices"]
 
 
 def pyplot() -> Any:
@@ -76,3 +76,25 @@ positive_int = checked(int, lambda v: v >= 1, ">= 1")
 non_negative_int = checked(int, lambda v: v >= 0, ">= 0")
 positive_float = checked(float, lambda v: v > 0 and not math.isinf(v), "> 0")
 fraction = checked(float, lambda v: 0 <= v < 1, "in [0, 1)")
+
+
+def choices(allowed: Iterable[str], what: str, aliases: dict[str, str] | None = None,
+            in_order: bool = False) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated list of ``allowed`` names (or of ``aliases``' keys, each
+    standing for its value, once); ``in_order``: returned in ``allowed``'s order."""
+    allowed = list(allowed)
+
+    def parse(text: str) -> list[str]:
+        out: list[str] = []
+        for x in (x.strip() for x in text.split(",") if x.strip()):
+            if x not in (aliases or allowed):
+                raise argparse.ArgumentTypeError(f"unknown {what} {x!r}: choose from {', '.join(aliases or allowed)}")
+            if aliases is None:
+                out.append(x)
+            elif aliases[x] not in out:
+                out.append(aliases[x])
+        if not out:
+            raise argparse.ArgumentTypeError(f"no {what} given")
+        return [a for a in allowed if a in out] if in_order else out
+
+    return parse

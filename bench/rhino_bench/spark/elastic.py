@@ -17,6 +17,7 @@ from typing import Any, Optional, Sequence
 
 
 from ..frame import BenchRun, Scenario, bench_main, parser
+from ..report import choices
 from .common import host_number, loadavg, non_negative_int, positive_float, positive_int, say
 from .elastic_report import (RECOVERED_TARGET, SPIKE_TARGET, SYSTEMS, plot, report, rescale_windows, step_recovery,
                              summarize, summarize_system)
@@ -30,18 +31,6 @@ STRATEGIES = ("all-at-once", "fluid", "batched")
 
 
 # --------------------------------------------------------------------------- arguments
-
-
-def _systems(text: str) -> list[str]:
-    out: list[str] = []
-    for s in (x.strip() for x in text.split(",") if x.strip()):
-        if s not in _ALIASES:
-            raise argparse.ArgumentTypeError(f"unknown system {s!r}: choose from rhino, spark-rocksdb")
-        if _ALIASES[s] not in out:
-            out.append(_ALIASES[s])
-    if not out:
-        raise argparse.ArgumentTypeError("no system given")
-    return [s for s in SYSTEMS if s in out]  # Rhino first: its warm-up sizes --base-events auto
 
 
 def _rates(text: str) -> list[float]:
@@ -132,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _flags(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--systems", type=_systems, default=list(SYSTEMS),
+    ap.add_argument("--systems", type=choices(SYSTEMS, "system", _ALIASES, in_order=True), default=list(SYSTEMS),
                     help="rhino, spark-rocksdb or both, comma-separated (default both; Rhino runs first)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, checkpoints)")
     g = ap.add_argument_group("the input rate")

@@ -21,6 +21,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 from rhino_testing.nexmark.queries import Q8NewUsers
 
 from ..frame import BenchRun, Scenario, bench_main, spark_flags
+from ..report import choices
 from .common import fraction, median, positive_float, positive_int, say
 from .modify_report import plot, report, summarize
 from .recovery import HUGE_WINDOW_MS, _rhino_size, _sizes, _spark_size
@@ -59,14 +60,6 @@ class PairCount(StatefulProcessor):
         pass
 
 
-def _routes(text: str) -> list[str]:
-    out = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [x for x in out if x not in ROUTES]
-    if bad or not out:
-        raise argparse.ArgumentTypeError(f"routes are {', '.join(ROUTES)}; not {bad or text!r}")
-    return out
-
-
 class Modify(Scenario):
     name = "spark modify"
     description = ("Changing a running NEXMark Q8's code at a state size: Rhino's live processor swap vs "
@@ -78,7 +71,7 @@ class Modify(Scenario):
     def flags(self, ap: argparse.ArgumentParser) -> None:
         ap.add_argument("--size", type=lambda t: _sizes(t)[0], default=1 << 30,
                         help="the state size at which the code changes (default 1G)")
-        ap.add_argument("--routes", type=_routes, default=list(ROUTES),
+        ap.add_argument("--routes", type=choices(ROUTES, "route"), default=list(ROUTES),
                         help=f"comma-separated, from {', '.join(ROUTES)} (default all)")
         ap.add_argument("--events-per-batch", type=positive_int, default=100_000)
         ap.add_argument("--payload-bytes", type=positive_int, default=8192)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..frame import BenchRun, Scenario, bench_main, spark_flags
+from ..report import choices
 from .common import fraction, median, positive_float, positive_int, say
 from .recovery_breakdown import (_common_fields, _finish, _rhino_breakdown, _spark_breakdown, _spark_state,
                                  _victim_task_running, _victim_task_seconds, _wait_victim_task)
@@ -44,19 +45,6 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def _systems(text: str) -> list[str]:
-    out = []
-    for s in (x.strip() for x in text.split(",") if x.strip()):
-        if s not in SYSTEMS:
-            raise argparse.ArgumentTypeError(f"unknown system {s!r}: choose from rhino, spark-rocksdb, "
-                                             "spark-rocksdb-changelog")
-        if SYSTEMS[s] not in out:
-            out.append(SYSTEMS[s])
-    if not out:
-        raise argparse.ArgumentTypeError("no system given")
-    return out
-
-
 class Recovery(Scenario):
     name = "spark recovery"
     description = ("Recovery of NEXMark Q8 after a host is SIGKILLed mid-batch: Rhino vs Spark's "
@@ -69,7 +57,7 @@ class Recovery(Scenario):
     def flags(self, ap: argparse.ArgumentParser) -> None:
         ap.add_argument("--sizes", type=_sizes, default=_sizes("1G,2G,4G"),
                         help="state sizes at which a host is killed (default 1G,2G,4G)")
-        ap.add_argument("--systems", type=_systems, default=["rhino", "spark-rocksdb", "spark-rocksdb-changelog"],
+        ap.add_argument("--systems", type=choices(SYSTEMS.values(), "system", SYSTEMS), default=["rhino", "spark-rocksdb", "spark-rocksdb-changelog"],
                         help="comma-separated, from rhino, spark-rocksdb (Spark's default: a snapshot per commit), "
                              "spark-rocksdb-changelog (changelog checkpointing on) (default all three)")
         ap.add_argument("--keep", action="store_true", help="keep each run's directory (state, logs)")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..frame import BenchRun, RhinoCluster, Scenario, bench_main, spark_flags, spark_session, start_rhino
+from ..report import choices
 from .common import non_negative_int, positive_float, positive_int, say
 from .state_size_report import plot, report, summarize
 from .state_size_run import DirBytes, measurement, run_once
@@ -51,17 +52,6 @@ def parse_entries(text: str) -> list[int]:
     return sorted(set(out))
 
 
-def _choices(allowed: Sequence[str], what: str) -> Any:
-    def parse(text: str) -> list[str]:
-        out = [x.strip() for x in text.split(",") if x.strip()]
-        bad = [x for x in out if x not in allowed]
-        if bad or not out:
-            raise argparse.ArgumentTypeError(f"unknown {what} {bad or text!r}: choose from {', '.join(allowed)}")
-        return out
-
-    return parse
-
-
 class StateSize(Scenario):
     name = "spark state-size"
     description = ("Per-batch time and bytes written when each micro-batch touches one key holding N MapState or "
@@ -73,8 +63,8 @@ class StateSize(Scenario):
     def flags(self, ap: argparse.ArgumentParser) -> None:
         ap.add_argument("--entries", type=parse_entries, default=[1_000, 100_000, 1_000_000],
                         help="entries in the big key, comma-separated (default 1k,100k,1M)")
-        ap.add_argument("--kinds", type=_choices(KINDS, "kind"), default=list(KINDS), help="map,list (default both)")
-        ap.add_argument("--systems", type=_choices(SYSTEMS, "system"), default=list(SYSTEMS),
+        ap.add_argument("--kinds", type=choices(KINDS, "kind"), default=list(KINDS), help="map,list (default both)")
+        ap.add_argument("--systems", type=choices(SYSTEMS, "system"), default=list(SYSTEMS),
                         help="rhino,spark-rocksdb (default both)")
         ap.add_argument("--batches", type=positive_int, default=10, help="measured batches per run (default 10)")
         ap.add_argument("--warmup", type=non_negative_int, default=2,
