@@ -122,7 +122,7 @@ def run_system(spark: Any, system: str, *, init_dir: Path, input_dir: Path, work
 
         assert cluster is not None
         op = transform_with_state(_processor(), key="k", output_schema=OUT, operator_id=operator_id,
-                                  coordinator=cluster["coordinator"], secret_file=str(cluster["secret_file"]),
+                                  coordinator=cluster.coordinator, secret_file=str(cluster.secret_file),
                                   parallelism=partitions, replicas=replicas, locality=False, initial_state=init)
         q = (stream.writeStream.foreachBatch(op.for_each_batch(sink)).option("checkpointLocation", str(work / "ck"))
              .trigger(availableNow=True).start())

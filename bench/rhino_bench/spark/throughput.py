@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 
 from .common import (Emitter, host_number, install_signal_handlers, median, non_negative_int, parse_conf, percentile,
                positive_int, positive_float, say)
-from ..report import pyplot, save
+from ..report import choices, pyplot, save
 
 __all__ = ["main", "CONFIGS", "R2_VS_SPARK_TARGET", "R2_COST_TARGET"]
 
@@ -39,15 +39,6 @@ _TASK_FIELDS = ("read_s", "open_s", "group_s", "timers_s", "fetch_s", "process_s
                 "replicate_s")
 
 
-def _configs(text: str) -> list[str]:
-    out = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [x for x in out if x not in CONFIGS]
-    if bad or not out:
-        raise argparse.ArgumentTypeError(f"unknown configuration(s) {bad or text!r}: choose from "
-                                         f"{', '.join(CONFIGS)}")
-    return out
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rhino-bench spark throughput",
                                  description="Steady-state throughput and per-batch latency of NEXMark Q8: Rhino "
@@ -58,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--plot", help="write a PNG here")
     ap.add_argument("--report", help="write a Markdown report here")
     ap.add_argument("--dir", default=None, help="work directory (default: a new one under /tmp)")
-    ap.add_argument("--configs", type=_configs, default=list(CONFIGS),
+    ap.add_argument("--configs", type=choices(CONFIGS, "configuration"), default=list(CONFIGS),
                     help=f"comma-separated, from {', '.join(CONFIGS)} (default all)")
     ap.add_argument("--events-per-batch", type=positive_int, default=50_000)
     ap.add_argument("--batches", type=positive_int, default=10, help="measured batches per run (default 10)")
