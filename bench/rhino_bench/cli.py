@@ -25,7 +25,6 @@ repository's development tooling, installed into the development venv by ``make 
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 from typing import Optional, Sequence

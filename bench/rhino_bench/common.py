@@ -1,12 +1,14 @@
-"""What the benchmark drivers that run worker processes share (`rhino-bench replicate`,
-`rhino-bench overhead`)."""
+"""What the benchmark drivers that run worker processes share: stopping on SIGTERM, their
+output flags and JSON lines."""
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
+from typing import Any
 
-__all__ = ["exit_on_sigterm", "raise_if_stopped", "max_chunk_bytes"]
+__all__ = ["exit_on_sigterm", "raise_if_stopped", "max_chunk_bytes", "io_flags", "JsonLines"]
 
 _stop_signal: int | None = None
 
@@ -56,3 +58,51 @@ def max_chunk_bytes() -> int:
     from rhino import _core
 
     return int(_core.MAX_FRAME_BYTES) - 16
+
+
+_IO_HELP = {"keep": "keep the work directories", "json": "one JSON object per line on stdout",
+            "out": "also append the JSON lines to this file", "plot": "write a chart here (PNG)",
+            "report": "write a Markdown report here", "quiet": "no progress on stderr"}
+
+
+def io_flags(p: Any, *, dir: str, dir_help: str = "work directory (default: %(default)s)",
+             flags: tuple = ("keep", "json", "out", "plot", "report", "quiet"), **helps: str) -> None:
+    """The output flags the drivers that do not run in :mod:`.frame` share: ``--dir`` and
+    ``flags`` of --keep, --json, --out, --plot, --report, --quiet (``helps``: their help, by name)."""
+    p.add_argument("--dir", default=dir, help=dir_help)
+    for name in flags:
+        kw = {"action": "store_true"} if name in ("keep", "json", "quiet") else {"default": None}
+        p.add_argument(f"--{name}", help=helps.get(name, _IO_HELP[name]), **kw)
+
+
+class JsonLines:
+    """A run's records: kept (``rows``), one JSON line each on stdout with ``--json`` (else
+    ``echo(row)``'s text on stderr, if given) and appended to ``--out``; ``say`` prints progress on
+    stderr unless ``--quiet``."""
+
+    def __init__(self, args: Any, echo: Any = None) -> None:
+        self.rows: list[dict] = []
+        self.args, self.echo = args, echo
+        self.out = open(args.out, "a") if args.out else None
+
+    def emit(self, row: dict) -> None:
+        self.rows.append(row)
+        line = json.dumps(row)
+        if self.args.json:
+            print(line, flush=True)
+        elif self.echo is not None:
+            print(self.echo(row), file=sys.stderr, flush=True)
+        if self.out:
+            self.out.write(line + "\n")
+            self.out.flush()
+
+    def say(self, msg: str) -> None:
+        if not getattr(self.args, "quiet", False):
+            print(msg, file=sys.stderr, flush=True)
+
+    def __enter__(self) -> "JsonLines":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.out:
+            self.out.close()

@@ -2,61 +2,14 @@
 with hard links (Rhino) against a DFS-style full fetch, per state size
 (Rhino paper §5.2.1, Table 1: scheduling, state fetching, state loading).
 
-    rhino-bench failover --sizes 1G,2G,4G --json --out bench/results/failover.jsonl \
-        --plot bench/results/failover.png --report bench/results/failover.md
+    rhino-bench failover --sizes 1G,2G,4G --json --out bench/results/failover.jsonl         --plot bench/results/failover.png --report bench/results/failover.md
 
-Per size, on a fresh cluster of real ``rhino worker`` processes, A (127.0.0.2),
-B (.3), C (.4) and D (.5):
-
-1. one operator of one instance, ``--num-vnodes`` vnodes, r=2: its primary is
-   A and its chain is B and C. Its state is written through sessions on A in
-   batches of ``--fill-batch-bytes`` (int64 keys, random ``--value-bytes``
-   values, so nothing compresses), each committed in barrier mode (the whole
-   chain holds it). Then 1-key batches are committed once a second until the
-   checkpoint's file count stops falling (A's compactions have caught up:
-   the shape of a job whose compactions keep up with its ingest), at most
-   ``--settle-timeout`` seconds. The last checkpoint, c, is what is restored.
-2. A is SIGKILLed. **Detection**: A, B and C are ``rhino worker
-   --coordinator`` processes heartbeating every ``--heartbeat-interval`` s;
-   ``detection_s`` runs from the SIGKILL to the moment the coordinator
-   declares A dead by ``--heartbeat-timeout`` (default 1 s; its
-   ``dead_since``). With ``--detection process`` (what ``auto``, the
-   default, picks when the build has the coordinator transport) the
-   coordinator is a ``rhino coordinator`` process with the timeout on its
-   command line; with ``--detection heartbeat`` it is served from this
-   process over the same protocol and its timeout is armed right before the
-   kill (see below why); with ``--detection none`` it runs in this process,
-   ``declare_dead`` is called right after the kill, and ``detection_s`` is
-   null.
-3. **Rhino** (``method="rhino"``): the coordinator fails the instance over to
-   B by a takeover from B's own replica store, by hard links (no state
-   moves). ``scheduling_s`` runs from A's declaration to the takeover request
-   being sent (the Replication Manager's decision: the chain members' status,
-   the new chain, the write-ahead record); ``fetch_s`` is the restore
-   directory built by hard links (``restore.build_s`` of the takeover's
-   answer) and ``load_s`` is RocksDB opening it (``restore.open_s``).
-4. **DFS-style** (``method="dfs"``, the baseline): D, which holds nothing and
-   is not known to the coordinator, receives a full copy of checkpoint c from
-   a surviving replica (C), every file over TCP (the ``replicate`` instance
-   action), then takes it over from its own store: ``fetch_s`` is the copy
-   plus the link build, ``load_s`` the open. It shares detection and
-   scheduling with Rhino.
-
-``total_s`` = detection + scheduling + fetch + load (``total_excl_detection_s``
-without detection). Both restored states are checked: a sample of keys read
-through a session on B and on D must hold the values written. One JSON object
-per line (``record``: ``setup``, ``failover`` per size and method, ``skipped``
-for a size the disk cannot hold, ``summary`` with the targets).
-
-This machine's limits, which favour the baseline: the copy runs over loopback
-and reads and writes one shared disk; the page cache is not dropped (that
-needs root and would disturb everyone else on the machine).
+How it runs and what each record holds: bench/README.md, "Failover".
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -69,21 +22,20 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from rhino._machine import describe_machine
-from rhino._sizes import format_bytes, parse_size, parse_sizes
+from rhino._sizes import format_bytes
 from rhino.client.client import Client, connect
 from rhino.engine import BatchDriver
 from rhino.errors import RhinoError
 from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret
 from rhino_testing.workload import keys_for, random_values
 
-from .common import exit_on_sigterm
+from .common import JsonLines, exit_on_sigterm, io_flags
 from .failover_control import CONTROLS, OPERATOR, BenchError, heartbeat_available
-from .failover_report import plot, report
+from .failover_report import FETCH_FLAT_TARGET, SPEEDUP_TARGET, combine, plot, report, summarize
+from .report import size_arg, sizes_arg
 
-__all__ = ["run", "main", "FETCH_FLAT_TARGET", "SPEEDUP_TARGET"]
+__all__ = ["run", "main", "summarize", "FETCH_FLAT_TARGET", "SPEEDUP_TARGET"]
 
-FETCH_FLAT_TARGET = 2.0  # Rhino's fetch at the largest size within 2x of the smallest (issue: 4G vs 1G)
-SPEEDUP_TARGET = 20.0  # DFS total excl. detection over Rhino's, at the largest size
 SAMPLE_PER_BATCH = 64
 
 
@@ -379,59 +331,6 @@ def _commit(cc: Any, client: Client, batch: int, keys: np.ndarray, values: np.nd
 
 # ---- the run -------------------------------------------------------------------------------------
 
-TIMES = ("detection_s", "scheduling_s", "fetch_s", "load_s")
-
-
-def combine(trials: list[dict]) -> dict:
-    """One row of a size and method: each part the median over the trials, the totals their sums
-    (so the parts add up), each trial's figures kept in ``<field>_runs``."""
-    out = {k: v for k, v in trials[0].items() if k not in ("rep",)}
-    out["record"] = "failover"
-    out["trials"] = len(trials)
-    for k in (*TIMES, "recovery_s", "state_bytes", "files", "linked_files", "copied_bytes", "network_bytes",
-              "copy_s", "link_build_s", "takeover_request_s", "store_cached_fraction", "source_cached_fraction"):
-        if k not in out:
-            continue
-        vals = [t[k] for t in trials]
-        if any(v is None for v in vals):
-            continue
-        med = float(np.median(vals))
-        out[k] = round(med, 4) if isinstance(vals[0], float) else int(med)
-        if len(trials) > 1:
-            out[f"{k}_runs"] = vals
-    excl = out["scheduling_s"] + out["fetch_s"] + out["load_s"]
-    out["total_excl_detection_s"] = round(excl, 4)
-    out["total_s"] = None if out["detection_s"] is None else round(out["detection_s"] + excl, 4)
-    if len(trials) > 1:
-        out["total_excl_detection_s_runs"] = [t["total_excl_detection_s"] for t in trials]
-    out["state_correct"] = all(t["state_correct"] for t in trials)
-    return out
-
-
-def summarize(rows: list[dict]) -> dict:
-    res = [r for r in rows if r.get("record") == "failover"]
-    sizes = sorted({r["size_bytes"] for r in res})
-    out: dict[str, Any] = {"record": "summary", "sizes": sizes}
-    if not sizes:
-        return out
-    rh = {r["size_bytes"]: r for r in res if r["method"] == "rhino"}
-    df = {r["size_bytes"]: r for r in res if r["method"] == "dfs"}
-    lo, hi = sizes[0], sizes[-1]
-    out["fetch_flat"] = {"from_size": lo, "to_size": hi, "rhino_fetch_s": [rh[lo]["fetch_s"], rh[hi]["fetch_s"]],
-                         "ratio": round(rh[hi]["fetch_s"] / rh[lo]["fetch_s"], 3) if rh[lo]["fetch_s"] > 0 else None,
-                         "target": FETCH_FLAT_TARGET}
-    out["fetch_flat"]["met"] = (len(sizes) > 1 and out["fetch_flat"]["ratio"] is not None
-                                and out["fetch_flat"]["ratio"] <= FETCH_FLAT_TARGET)
-    out["speedup"] = {"size": hi, "rhino_total_excl_detection_s": rh[hi]["total_excl_detection_s"],
-                      "dfs_total_excl_detection_s": df[hi]["total_excl_detection_s"],
-                      "ratio": round(df[hi]["total_excl_detection_s"] / rh[hi]["total_excl_detection_s"], 2),
-                      "target": SPEEDUP_TARGET}
-    out["speedup"]["met"] = out["speedup"]["ratio"] >= SPEEDUP_TARGET
-    if rh[hi]["total_s"] is not None:
-        out["speedup_incl_detection"] = round(df[hi]["total_s"] / rh[hi]["total_s"], 2)
-    return out
-
-
 def run(args: argparse.Namespace, emit: Callable[[dict], None], say: Callable[[str], None]) -> list[dict]:
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     emit({"record": "setup", "command": args.command, "sizes": args.sizes, "detection": args.detection,
@@ -478,25 +377,11 @@ def run(args: argparse.Namespace, emit: Callable[[dict], None], say: Callable[[s
 # ---- the command ------------------------------------------------------------------------------
 
 
-def _sizes(text: str) -> list[int]:
-    try:
-        return parse_sizes(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rhino-bench failover",
                                 description="Recovery after a SIGKILL, per state size: takeover by hard links "
                                             "(Rhino) against a DFS-style full fetch (Rhino paper Table 1).")
-    p.add_argument("--sizes", type=_sizes, required=True, help="comma-separated state sizes, e.g. 1G,2G,4G")
+    p.add_argument("--sizes", type=sizes_arg, required=True, help="comma-separated state sizes, e.g. 1G,2G,4G")
     p.add_argument("--detection", choices=["auto", *sorted(CONTROLS)], default="auto",
                    help="process: workers heartbeating (rhino worker --coordinator) to a rhino coordinator "
                         "process with --heartbeat-timeout; heartbeat: to the coordinator served from this process, "
@@ -507,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-interval", type=float, default=0.2,
                    help="the workers' --coordinator-heartbeat in seconds (default: %(default)s)")
     p.add_argument("--value-bytes", type=int, default=4096, help="bytes per value (default: %(default)s)")
-    p.add_argument("--fill-batch-bytes", type=_size, default=parse_size("512M"),
+    p.add_argument("--fill-batch-bytes", type=size_arg, default=size_arg("512M"),
                    help="bytes per committed batch while filling (default: 512M; at most the workers' "
                         "--max-session-bytes, 1G)")
     p.add_argument("--num-vnodes", type=int, default=64, help="vnodes of the instance (default: %(default)s)")
@@ -518,13 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=1,
                    help="trials per size, each on a fresh cluster; rows give the medians (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dir", default=".bench-failover", help="work directory (default: %(default)s)")
-    p.add_argument("--keep", action="store_true", help="keep each size's directories")
-    p.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
-    p.add_argument("--out", default=None, help="also append the JSON lines to this file")
-    p.add_argument("--plot", default=None, help="write the stacked bars here (PNG)")
-    p.add_argument("--report", default=None, help="write the Markdown table here")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    io_flags(p, dir=".bench-failover", keep="keep each size's directories", plot="write the stacked bars here (PNG)",
+             report="write the Markdown table here")
     return p
 
 
@@ -542,46 +422,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.fill_batch_bytes > (960 << 20):
         p.error("--fill-batch-bytes must be at most 960M (a session holds at most 1 GiB)")
     exit_on_sigterm()
-    rows: list[dict] = []
-    out = open(args.out, "a") if args.out else None
-
-    def say(msg: str) -> None:
-        if not args.quiet:
-            print(msg, file=sys.stderr, flush=True)
-
-    why = heartbeat_available()
-    args.detection_note = None
-    if args.detection == "auto":
-        args.detection = "none" if why else "process"
-        if why:
-            args.detection_note = f"detection not measured: {why}"
-            say(f"rhino-bench failover: {args.detection_note}")
-    elif args.detection != "none" and why:
-        p.error(f"--detection {args.detection}: {why}")
-
-    def emit(row: dict) -> None:
-        rows.append(row)
-        line = json.dumps(row)
-        if args.json:
-            print(line, flush=True)
-        if out:
-            out.write(line + "\n")
-            out.flush()
-
-    try:
-        run(args, emit, say)
-    except BenchError as e:
-        print(f"rhino-bench failover: {e}", file=sys.stderr)
-        return 1
-    finally:
-        if out:
-            out.close()
+    with JsonLines(args) as lines:
+        why = heartbeat_available()
+        args.detection_note = None
+        if args.detection == "auto":
+            args.detection = "none" if why else "process"
+            if why:
+                args.detection_note = f"detection not measured: {why}"
+                lines.say(f"rhino-bench failover: {args.detection_note}")
+        elif args.detection != "none" and why:
+            p.error(f"--detection {args.detection}: {why}")
+        try:
+            run(args, lines.emit, lines.say)
+        except BenchError as e:
+            print(f"rhino-bench failover: {e}", file=sys.stderr)
+            return 1
     if args.plot:
-        plot(rows, args.plot)
+        plot(lines.rows, args.plot)
     if args.report:
-        report(rows, args.report)
+        report(lines.rows, args.report)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,6 +4,7 @@ process the workers heartbeat to, a coordinator served from this process, or one
 from __future__ import annotations
 
 import argparse
+import importlib
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -198,7 +199,7 @@ def heartbeat_available() -> Optional[str]:
         return ("the compiled core has no coordinator transport (_core.CoordServer, StateClient.coord): "
                 "rebuild the extension (make setup) once it is merged")
     try:
-        from rhino.coordinator import server  # noqa: F401
+        importlib.import_module("rhino.coordinator.server")
     except ImportError as e:
         return f"rhino.coordinator.server is missing ({e})"
     return None

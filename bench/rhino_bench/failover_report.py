@@ -3,12 +3,72 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from rhino._machine import machine_summary
 from rhino._sizes import format_bytes
+from .report import pyplot, save
+
+
+# ---- the records of a size, the summary --------------------------------------------------------
+
+FETCH_FLAT_TARGET = 2.0  # Rhino's fetch at the largest size within 2x of the smallest (issue: 4G vs 1G)
+SPEEDUP_TARGET = 20.0  # DFS total excl. detection over Rhino's, at the largest size
+
+TIMES = ("detection_s", "scheduling_s", "fetch_s", "load_s")
+
+
+def combine(trials: list[dict]) -> dict:
+    """One row of a size and method: each part the median over the trials, the totals their sums
+    (so the parts add up), each trial's figures kept in ``<field>_runs``."""
+    out = {k: v for k, v in trials[0].items() if k not in ("rep",)}
+    out["record"] = "failover"
+    out["trials"] = len(trials)
+    for k in (*TIMES, "recovery_s", "state_bytes", "files", "linked_files", "copied_bytes", "network_bytes",
+              "copy_s", "link_build_s", "takeover_request_s", "store_cached_fraction", "source_cached_fraction"):
+        if k not in out:
+            continue
+        vals = [t[k] for t in trials]
+        if any(v is None for v in vals):
+            continue
+        med = float(np.median(vals))
+        out[k] = round(med, 4) if isinstance(vals[0], float) else int(med)
+        if len(trials) > 1:
+            out[f"{k}_runs"] = vals
+    excl = out["scheduling_s"] + out["fetch_s"] + out["load_s"]
+    out["total_excl_detection_s"] = round(excl, 4)
+    out["total_s"] = None if out["detection_s"] is None else round(out["detection_s"] + excl, 4)
+    if len(trials) > 1:
+        out["total_excl_detection_s_runs"] = [t["total_excl_detection_s"] for t in trials]
+    out["state_correct"] = all(t["state_correct"] for t in trials)
+    return out
+
+
+def summarize(rows: list[dict]) -> dict:
+    res = [r for r in rows if r.get("record") == "failover"]
+    sizes = sorted({r["size_bytes"] for r in res})
+    out: dict[str, Any] = {"record": "summary", "sizes": sizes}
+    if not sizes:
+        return out
+    rh = {r["size_bytes"]: r for r in res if r["method"] == "rhino"}
+    df = {r["size_bytes"]: r for r in res if r["method"] == "dfs"}
+    lo, hi = sizes[0], sizes[-1]
+    out["fetch_flat"] = {"from_size": lo, "to_size": hi, "rhino_fetch_s": [rh[lo]["fetch_s"], rh[hi]["fetch_s"]],
+                         "ratio": round(rh[hi]["fetch_s"] / rh[lo]["fetch_s"], 3) if rh[lo]["fetch_s"] > 0 else None,
+                         "target": FETCH_FLAT_TARGET}
+    out["fetch_flat"]["met"] = (len(sizes) > 1 and out["fetch_flat"]["ratio"] is not None
+                                and out["fetch_flat"]["ratio"] <= FETCH_FLAT_TARGET)
+    out["speedup"] = {"size": hi, "rhino_total_excl_detection_s": rh[hi]["total_excl_detection_s"],
+                      "dfs_total_excl_detection_s": df[hi]["total_excl_detection_s"],
+                      "ratio": round(df[hi]["total_excl_detection_s"] / rh[hi]["total_excl_detection_s"], 2),
+                      "target": SPEEDUP_TARGET}
+    out["speedup"]["met"] = out["speedup"]["ratio"] >= SPEEDUP_TARGET
+    if rh[hi]["total_s"] is not None:
+        out["speedup_incl_detection"] = round(df[hi]["total_s"] / rh[hi]["total_s"], 2)
+    return out
+
 
 
 # ---- the plot and the report ---------------------------------------------------------------------
@@ -18,10 +78,7 @@ PARTS = [("detection_s", "detection", "#999999"), ("scheduling_s", "scheduling",
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     res = [r for r in rows if r.get("record") == "failover"]
     sizes = sorted({r["size_bytes"] for r in res})
@@ -67,9 +124,7 @@ def plot(rows: list[dict], path: str) -> None:
                   (f" (heartbeat timeout {det['heartbeat_timeout_s']} s)" if det else " (detection not measured)"),
                   fontsize=10)
     ax1.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def _runs(res: list[dict], size: int, method: str, key: str) -> list[float]:

@@ -284,10 +284,6 @@ class RhinoCluster:
     workers: list
     coordinator_process: Any
 
-    def __getitem__(self, key: str) -> Any:  # the drivers' older dict spelling
-        return {"coordinator": self.coordinator, "secret_file": self.secret_file, "workers": self.workers,
-                "root": self.root, "coordinator_process": self.coordinator_process}[key]
-
 
 def start_rhino(root: Path, stack: contextlib.ExitStack, *, workers: int, first_host: int,
                 heartbeat_timeout: float = 5.0, metrics: bool = True, register_timeout: float = 30.0) -> RhinoCluster:

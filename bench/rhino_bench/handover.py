@@ -2,49 +2,14 @@
 migration strategy (Megaphone's measure: the maximum latency during a
 migration against the steady state; Rhino paper §4.1, docs/design.md §4).
 
-    rhino-bench handover --json --repeat 2 --out bench/results/handover.jsonl \
-        --plot bench/results/handover.png --report bench/results/handover.md
+    rhino-bench handover --json --repeat 2 --out bench/results/handover.jsonl         --plot bench/results/handover.png --report bench/results/handover.md
 
-For each strategy of ``rhino.coordinator.strategies.STRATEGIES`` and each
-repetition (the strategies' order rotates from one repetition to the next, so
-the machine's drift spreads over all of them), on a fresh cluster:
-
-1. four real ``rhino worker`` processes on 127.0.0.2..5 and an in-process
-   :class:`~rhino.coordinator.coordinator.Coordinator` reached through
-   :class:`~rhino.coordinator.client.LocalCoordinatorClient`; one operator of
-   ``--parallelism`` instances (2), ``--num-vnodes`` vnodes (64), r=1;
-2. a writer (:class:`~rhino_testing.harness.engine.MicroBatchEngine`) fills a
-   keyspace of ``--state // --value-bytes`` int64 keys with random values in
-   batches of ``--fill-batch-bytes`` (not timed), then commits
-   ``--steady-batches`` batches of ``--batch-keys`` puts to random keys of
-   the keyspace: their median latency is the steady state;
-3. a handover of half of instance 0's vnodes to a new instance is planned
-   with the strategy; the writer keeps committing batches until the plan is
-   done (no plan in flight), and ``--after-batches`` more. Each step runs at
-   the barrier before a batch (``begin_batch``), so its time is part of that
-   batch's latency, which is what the writer sees;
-4. every instance's state is read back through sessions (a scan of each
-   instance on its primary) and compared with a model of what the writer
-   wrote: every key once, on the instance its vnode is routed to, with the
-   last value written. A mismatch fails the benchmark (exit status 1).
-
-Per run: the migration time (from the first step's start to the last step's
-end, from the coordinator's ``handover_step`` events), the bytes the plan
-copied between workers (``bytes_moved`` of its row in the metadata: bulk
-copies to a target that lacked the origin's checkpoint), the steps, where the
-new instance was placed (a worker holding the origin's checkpoint: imports by
-hard links; else a bulk copy first), the writer's steady median and its
-maximum latency during the migration, and their ratio; also the bytes all
-workers sent over the network per batch (their ``/metrics``), so the cost of
-replicating the new instance's first checkpoint to its chain shows.
-One JSON object per line: ``record`` = ``setup``, ``run`` (with the per-batch
-timeline) and ``summary`` (per strategy, medians over the repetitions).
+How it runs and what each record holds: bench/README.md, "Handover".
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -56,15 +21,16 @@ from typing import Callable, Optional
 import numpy as np
 
 from rhino._machine import describe_machine
-from rhino._sizes import format_bytes, parse_size
+from rhino._sizes import format_bytes
 from rhino.coordinator.client import LocalCoordinatorClient
 from rhino.coordinator.coordinator import Coordinator
 from rhino.coordinator.strategies import STRATEGIES
 from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret
 from rhino_testing.harness.engine import MicroBatchEngine
 
-from .common import exit_on_sigterm
+from .common import JsonLines, exit_on_sigterm, io_flags
 from .handover_report import plot, report
+from .report import choices, size_arg
 
 __all__ = ["run", "main", "CorrectnessError"]
 
@@ -367,31 +333,16 @@ def run(args: argparse.Namespace, emit: Callable[[dict], None], say: Callable[[s
 # ---- the command ------------------------------------------------------------------------------
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _strategies(text: str) -> list[str]:
-    out = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [s for s in out if s not in STRATEGIES]
-    if not out or bad:
-        raise argparse.ArgumentTypeError(f"strategies are a comma-separated list of {', '.join(STRATEGIES)}")
-    return out
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rhino-bench handover",
                                 description="The writer's batch latency while half of an instance's vnodes move to a "
                                             "new instance, per migration strategy (Megaphone's measure).")
-    p.add_argument("--strategies", type=_strategies, default=list(STRATEGIES),
+    p.add_argument("--strategies", type=choices(STRATEGIES, "strategy"), default=list(STRATEGIES),
                    help=f"comma-separated (default: {','.join(STRATEGIES)})")
-    p.add_argument("--state", type=_size, default=parse_size("256M"), help="state size to fill (default: 256M)")
+    p.add_argument("--state", type=size_arg, default=size_arg("256M"), help="state size to fill (default: 256M)")
     p.add_argument("--value-bytes", type=int, default=1024, help="bytes per value (default: %(default)s)")
     p.add_argument("--batch-keys", type=int, default=4096, help="puts per timed batch (default: %(default)s)")
-    p.add_argument("--fill-batch-bytes", type=_size, default=parse_size("64M"),
+    p.add_argument("--fill-batch-bytes", type=size_arg, default=size_arg("64M"),
                    help="bytes per batch while filling (default: 64M)")
     p.add_argument("--warmup-batches", type=int, default=5, help="untimed batches after the fill (default: 5)")
     p.add_argument("--quiesce", type=float, default=3.0,
@@ -405,13 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-vnodes", type=int, default=64)
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dir", default=".bench-handover", help="work directory (default: %(default)s)")
-    p.add_argument("--keep", action="store_true", help="keep the work directories")
-    p.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
-    p.add_argument("--out", default=None, help="also append the JSON lines to this file")
-    p.add_argument("--plot", default=None, help="write the latency timelines here (PNG)")
-    p.add_argument("--report", default=None, help="write a Markdown summary here")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    io_flags(p, dir=".bench-handover", plot="write the latency timelines here (PNG)",
+             report="write a Markdown summary here")
     return p
 
 
@@ -431,27 +377,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.replicas + 1 > len(HOSTS):
         p.error(f"--replicas must be at most {len(HOSTS) - 1} ({len(HOSTS)} workers)")
     exit_on_sigterm()
-    rows: list[dict] = []
-    out = open(args.out, "a") if args.out else None
-
-    def say(msg: str) -> None:
-        if not args.quiet:
-            print(msg, file=sys.stderr, flush=True)
-
-    def emit(row: dict) -> None:
-        rows.append(row)
-        line = json.dumps(row)
-        if args.json:
-            print(line, flush=True)
-        if out:
-            out.write(line + "\n")
-            out.flush()
-
-    try:
-        run(args, emit, say)
-    finally:
-        if out:
-            out.close()
+    with JsonLines(args) as lines:
+        run(args, lines.emit, lines.say)
+    rows = lines.rows
     if args.plot:
         plot(rows, args.plot)
     if args.report:

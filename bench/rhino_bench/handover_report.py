@@ -7,16 +7,14 @@ from pathlib import Path
 from rhino._machine import machine_summary
 from rhino._sizes import format_bytes
 from rhino.coordinator.strategies import STRATEGIES
+from .report import pyplot, save
 
 
 # ---- the plot and the report ---------------------------------------------------------------------
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     runs = [r for r in rows if r.get("record") == "run"]
     strategies = [s for s in STRATEGIES if any(r["strategy"] == s for r in runs)]
@@ -42,9 +40,7 @@ def plot(rows: list[dict], path: str) -> None:
     setup = next((r for r in rows if r.get("record") == "setup"), {})
     fig.suptitle(f"rhino-bench handover: {format_bytes(setup.get('state_bytes', 0))} state, "
                  f"{setup.get('batch_keys')} puts of {setup.get('value_bytes')} B per batch", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def report(rows: list[dict], path: str) -> None:

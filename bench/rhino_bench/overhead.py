@@ -2,62 +2,7 @@
 
     rhino-bench overhead --json --out bench/results/overhead.jsonl
 
-Writes/s of a primary whose checkpoints replicate down a chain of r=2 worker
-processes, against the same primary with r=0, measured in the same run:
-``drop = 1 - writes_r2 / writes_r0`` (target: at most 0.10).
-
-The primary is this process. It holds two identical instances ("twins"), each
-with its own live RocksDB state (`StateBackend`) and its own local
-`ReplicaStore`; both are loaded with the same initial state and are then fed
-the same seeded stream of batches. The twin "r0" only ever runs r=0 phases and
-the twin "r2" only r=2 phases, so the two see exactly the same sequence of
-writes, checkpoints and compactions, and the chain always holds the r2 twin's
-history (no catch-up transfer inside a measured phase). Phases are
-interleaved in ABBA order (r0, r2, r2, r0, r0, r2, ...) so that drift (page
-cache, disk, other tenants) and the background work a phase leaves behind hit
-both sides alike; the figures are medians over the phases.
-
-One phase, for `--warmup` + `--duration` seconds:
-
-- a loop of ``put_batch(keys, values)``: NumPy int64 keys of the vnodes the
-  instance holds (those of instance 0 of `--instances`, out of
-  `--num-vnodes`), random (incompressible) values of `--value-size` bytes;
-  a fraction `--update-fraction` of each batch updates existing keys (uniformly
-  chosen), the rest are new keys;
-- every `--checkpoint-interval` seconds (like a micro-batch commit) a
-  checkpoint into the local store, then retention of the newest
-  `--keep-checkpoints` and a gc of the pool (as a long-running primary would);
-- with r=2, replication of the checkpoints down the chain 127.0.0.2 -> 127.0.0.3,
-  asynchronously: the write loop never waits for an ack. At most one
-  replication is in flight per instance (as a real primary would keep it):
-  when a checkpoint is taken while the previous one is still replicating, it
-  is not sent on its own; as soon as the transfer in flight completes, the
-  newest checkpoint is replicated, which carries every file the chain lacks
-  (coalescing; the members are asked what they hold, so nothing is lost).
-  The write loop polls the handle between batches.
-
-Only the last `--duration` seconds are measured (the warm-up brings the
-replication pipeline to its steady state: a checkpoint taken before the
-window is already replicating when it opens). After the window, an
-unfinished replication is waited for, untimed; before each phase, the
-benchmark waits (at most `--settle-max` s) until the RocksDB background
-threads and the workers are quiet, so that no phase pays for another's
-leftover compactions.
-
-The workers are `rhino worker` processes as deployed by default, each in its
-own session (on Linux with autogroup scheduling, the CPU is then shared
-between the primary and each worker first). `--worker-nice N` runs them with
-`rhino worker --nice N` (thread and autogroup nice), a deployment choice that
-trades replication lag for the primary's CPU; by default they keep the
-primary's priority. Their scheduling policy is the daemon's default
-(SCHED_BATCH: same CPU share, no wake-up preemption); `--worker-sched normal`
-runs them under the normal policy instead.
-
-Every JSON line (one per phase, then one summary) carries the parameters, the
-machine (os.cpu_count(), load average) and, per phase, where the CPU went:
-the primary's main thread (the write loop), its RocksDB background threads,
-its other threads (the replication sender), each worker process (from
-/proc/<pid>/stat), and the machine's idle and iowait time (/proc/stat).
+How it runs and what each record holds: bench/README.md, "Steady-state overhead".
 """
 
 from __future__ import annotations

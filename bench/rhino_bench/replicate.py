@@ -1,37 +1,8 @@
 """Chain-replication throughput against the machine's own limits (issue 3).
 
-    rhino-bench replicate --workers 3 --replicas 1,2 --size 2G --json \
-        --out bench/results/replicate.jsonl --plot bench/results/replicate.png
+    rhino-bench replicate --workers 3 --replicas 1,2 --size 2G --json         --out bench/results/replicate.jsonl --plot bench/results/replicate.png
 
-It starts `--workers` real worker processes on 127.0.0.2, .3, ..., builds one
-checkpoint of `--size` bytes with rhino.StateBackend, and replicates it down a
-chain of R workers for every R in `--replicas`, each time to fresh stores.
-One JSON object per line, all figures measured in the same run:
-
-- replicas, bytes, seconds, throughput_mb_s (checkpoint bytes / seconds from
-  the call to the primary's ack, so the tail's fsyncs are included);
-- disk_limit_mb_s: sequential 1 MiB writes of the same size with one fsync at
-  the end, on the same file system, after a sync: once plainly, once
-  starting writeback after every 1 MiB as the replicas do, and once with
-  O_DIRECT (what the device absorbs without the page cache); probed right
-  before and right after every transfer (disk_probes_mb_s), and the fastest
-  probe of the run is the limit every row is judged against;
-- loopback_limit_mb_s: one TCP connection over loopback (Python sockets,
-  1 MiB sends);
-- max_rss_growth_mb: per worker, peak RSS during the transfer minus RSS
-  before it (sampled from /proc every 10 ms);
-- credit_window_mb: window x chunk_bytes;
-- target: the fraction of min(disk, loopback) the issue asks for
-  (0.8 for r=1, 0.7 for r=2), and whether it was met;
-- cpu_s, cpu_ms_per_mb: CPU (user + system) of the primary (this process) and
-  of each chain member during the transfer, and per MB of the checkpoint.
-
-With ``--tls`` every r runs twice, plaintext then mutual TLS (``mode``), with
-fresh workers and certificates from ``rhino certs init``; a TLS row carries
-``fraction_of_plaintext`` (issue 30's target: at least 0.6).
-
-The source checkpoint is read from the page cache if it fits there (as a
-primary's fresh checkpoint usually is); replicas write to disk with fsync.
+How it runs and what each record holds: bench/README.md, "Chain replication throughput".
 """
 
 from __future__ import annotations
@@ -55,6 +26,7 @@ from rhino._sizes import format_bytes, parse_size
 from rhino.cli.progress import Progress
 from rhino_testing.harness.workers import SECRET, rss_kb, start_workers, write_secret
 from .common import exit_on_sigterm, max_chunk_bytes, raise_if_stopped
+from .report import pyplot, save
 
 
 _SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>
@@ -307,10 +279,7 @@ def _transfer(args: argparse.Namespace, root: Path, store: rhino.ReplicaStore, m
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     xs = [f"r={row['replicas']}" + (" TLS" if row.get("mode") == "tls" else "") for row in rows]
@@ -324,8 +293,7 @@ def plot(rows: list[dict], path: str) -> None:
     ax.set_ylabel("MB/s")
     ax.set_title(f"chain replication of a {rows[0]['bytes'] / 2**30:.1f} GiB checkpoint (red: target)")
     ax.legend(loc="lower left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save(fig, path, dpi=120)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,30 +1,6 @@
 """`rhino-bench restore`: hard-link restore against copy restore and `cp -al`.
 
-For each state size: build the state (random, incompressible values through
-put_batch) and checkpoint it into a replica store right away (checkpoint 1).
-A hard-link restore costs one link() per file, so its time follows the file
-count, and a checkpoint taken right after loading at full speed also holds the
-L0 files compaction has not merged yet (a vnode's L0 piles up while the two
-background threads work through 256 column families). So the sweep times:
-  * hardlink_restore_after_load_s  hard-link restores of checkpoint 1
-                        (files_after_load files);
-then lets the backend settle (StateBackend.wait_for_compactions: no flush or
-compaction pending or running; settle_s) and checkpoints again (checkpoint 2,
-incremental), the shape a job ingesting at a rate compaction keeps up with
-checkpoints. On checkpoint 2 (files) it times, in the same run,
-  * hardlink_restore_s  ReplicaStore.restore_files(mode="link"): build the DB
-                        directory (hard links + small copies + fsync + rename);
-  * open_s              opening RocksDB on that directory;
-  * cp_al_s             coreutils `cp -al` of a directory holding the same files,
-                        the physical reference for creating that many hard links;
-  * copy_restore_s      ReplicaStore.restore_files(mode="copy"): every byte copied.
-Each is repeated and the median reported, with the raw runs. When we may
-(root, writable /proc/sys/vm/drop_caches), the page cache is dropped before
-every timed run, so metadata and data come from disk (`dropped_caches`).
-
-Output contract: one JSON object per size (one line each), with at least
-size_bytes, files, hardlink_restore_s, copy_restore_s and cp_al_s (all of
-checkpoint 2), plus files_after_load and hardlink_restore_after_load_s.
+How it runs and what each record holds: bench/README.md, "Restore sweep".
 """
 
 from __future__ import annotations
@@ -262,25 +238,10 @@ def _summary(f: dict[str, Any]) -> str:
             f"{'' if f['dropped_caches'] else '  [page cache not dropped]'}")
 
 
-def _parser() -> "argparse.ArgumentParser":
+def _parser() -> Any:
     import argparse
 
-    from rhino._sizes import parse_sizes
-
-    def sizes(text: str) -> list[int]:
-        try:
-            return parse_sizes(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    def positive_int(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-        return v
+    from .report import positive_int, sizes_arg
 
     p = argparse.ArgumentParser(
         prog="rhino-bench restore",
@@ -288,7 +249,7 @@ def _parser() -> "argparse.ArgumentParser":
                     "that checkpoint; then let compactions drain, checkpoint again, and time hard-link restore, "
                     "copy restore and `cp -al` of the same files, all in the same run. Prints one JSON object "
                     "per size with --json.")
-    p.add_argument("--sizes", type=sizes, required=True, metavar="LIST",
+    p.add_argument("--sizes", type=sizes_arg, required=True, metavar="LIST",
                    help="comma-separated state sizes, e.g. 256M,1G,4G (K/M/G/T are powers of 1024)")
     p.add_argument("--json", action="store_true", help="one JSON object per line and per size on stdout")
     p.add_argument("--dir", default=".bench-restore", help="work directory (default: %(default)s)")

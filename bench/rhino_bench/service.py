@@ -1,34 +1,13 @@
 """The state service against the in-process state backend, in the same run (issue 18).
 
-    rhino-bench service --json --out bench/results/service.jsonl \
-        --plot bench/results/service.png --report bench/results/service.md
+    rhino-bench service --json --out bench/results/service.jsonl         --plot bench/results/service.png --report bench/results/service.md
 
-It starts real worker processes on 127.0.0.2 (the primary) and, for r=2,
-127.0.0.3 and .4, and measures:
-
-- throughput of ``put_batch`` and ``get_batch`` for ``--keys`` keys (int64)
-  with ``--value-bytes`` values, in a session over the Unix socket, over TCP
-  (a client bound to 127.0.0.5, as on another host), and in-process on a
-  ``rhino.StateBackend`` with the same partitioner: the baseline. Each figure
-  is the median of ``--repeat`` rounds, and every round times the three ways
-  back to back; ``ratio_to_inprocess`` is the median over rounds of the
-  in-process time over the session's time (above 1: the session is faster).
-  The put is the call alone (the session stages it;
-  the commit writes it), so a second row, ``put+commit``, gives one batch of
-  puts made durable as checkpoint b, against the in-process put_batch plus
-  checkpoint of the same batch;
-- the per-batch fixed cost: opening a session on an instance the worker
-  already hosts, and committing a 1-key batch (barrier mode), at r=0 and at
-  r=2, ``--fixed-reps`` times each (median and p90).
-
-One JSON object per line; the targets of issue 18 are checked in the rows
-(Unix-socket throughput >= 70% of in-process; opening a session <= 2 ms).
+How it runs and what each record holds: bench/README.md, "State service".
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -42,7 +21,8 @@ import numpy as np
 import rhino
 
 from rhino_testing.harness.workers import SECRET, start_workers, write_secret
-from .common import exit_on_sigterm
+from .common import JsonLines, exit_on_sigterm, io_flags
+from .report import pyplot, save
 
 THROUGHPUT_TARGET = 0.70  # Unix-socket keys/s over in-process keys/s
 OPEN_TARGET_MS = 2.0
@@ -196,10 +176,7 @@ def run(args: argparse.Namespace, emit: Callable[[dict], None]) -> None:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     tp = [r for r in rows if r["figure"] == "throughput"]
     fixed = [r for r in rows if r["figure"] == "fixed_cost"]
@@ -230,8 +207,7 @@ def plot(rows: list[dict], path: str) -> None:
     ax2.set_yscale("log")
     ax2.set_title("per-batch fixed cost (Unix socket)")
     ax2.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 def report(rows: list[dict], path: str) -> None:
@@ -264,12 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--value-bytes", type=int, default=100)
     p.add_argument("--repeat", type=int, default=15, help="rounds per throughput figure (median)")
     p.add_argument("--fixed-reps", type=int, default=50, help="batches per fixed-cost figure")
-    p.add_argument("--dir", default=".bench-service")
-    p.add_argument("--keep", action="store_true", help="keep the work directory")
-    p.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
-    p.add_argument("--out", default=None, help="also append the JSON lines to this file")
-    p.add_argument("--plot", default=None, help="write a chart here (PNG)")
-    p.add_argument("--report", default=None, help="write a Markdown table here")
+    io_flags(p, dir=".bench-service", flags=("keep", "json", "out", "plot", "report"), keep="keep the work directory",
+             report="write a Markdown table here")
     return p
 
 
@@ -282,31 +254,13 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     exit_on_sigterm()
-    rows: list[dict] = []
-    out = open(args.out, "a") if args.out else None
-
-    def emit(row: dict) -> None:
-        rows.append(row)
-        line = json.dumps(row)
-        if args.json:
-            print(line, flush=True)
-        else:
-            print("  ".join(f"{k}={v}" for k, v in row.items() if k != "command"), file=sys.stderr, flush=True)
-        if out:
-            out.write(line + "\n")
-            out.flush()
-
-    try:
-        run(args, emit)
-    finally:
-        if out:
-            out.close()
+    with JsonLines(args, echo=lambda row: "  ".join(f"{k}={v}" for k, v in row.items() if k != "command")) as lines:
+        run(args, lines.emit)
     if args.plot:
-        plot(rows, args.plot)
+        plot(lines.rows, args.plot)
     if args.report:
-        report(rows, args.report)
+        report(lines.rows, args.report)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

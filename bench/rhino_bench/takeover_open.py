@@ -1,30 +1,10 @@
 """``rhino-bench takeover-open``: a takeover's restore (build + RocksDB open) with and
 without fsyncs, on a quiet disk and under a write load like a running job's.
 
-    rhino-bench takeover-open --size 1.5G --repeat 5 --json --out bench/results/takeover_open.jsonl \\
+    rhino-bench takeover-open --size 1.5G --repeat 5 --json --out bench/results/takeover_open.jsonl \
         --report bench/results/takeover_open.md
 
-One instance's state (``--vnodes`` column families, ``--size`` of 8 KiB values, then three
-small batches whose checkpoints carry the write-ahead log, as Spark batches' do) is
-checkpointed into a replica store once. Then, per load and per mode, interleaved,
-``--repeat`` times: ``ReplicaStore.restore(..., sync=True|False)`` into a new directory
-(what a worker's takeover does; ``sync=False`` is what it does since issue 29), timed with
-its parts (``build_s``: links and copies; ``open_s``: RocksDB's open and WAL replay).
-
-Loads: ``quiet``; ``fsync-writers``: ``--writers`` threads each writing 8 MiB chunks and
-``fdatasync``-ing after each (a chain member receiving checkpoint files, a primary's flushes):
-what the surviving hosts of a failover do while the takeover runs. The writers run in this
-process; on this 2-core machine they also take CPU. ``cpu-busy``: ``--busy`` processes, each
-in its own session (so its own autogroup, as an executor's), spinning on the CPU: the rerun's
-Spark stages on the surviving hosts.
-
-Modes (``--modes``): ``synced`` and ``unsynced`` as above, from a thread under the normal
-policy; ``batch``: unsynced, from a thread under SCHED_BATCH, as a worker daemon's threads are
-(``rhino worker --sched``), with ``latency_critical=False``: a takeover before 2026-11-27;
-``batch-critical``: the same with ``latency_critical=True``, as a takeover runs now (the restore
-switches its thread to the normal policy; src/cpp/util/sched.h). Each restore also reports its
-open's own CPU time and run-queue wait (``open_cpu_s``, ``open_wait_s``, from the opening
-thread's /proc/thread-self/schedstat): what is left of ``open_s`` is I/O.
+How it runs and what each record holds: bench/README.md, "A takeover's open".
 """
 
 from __future__ import annotations

@@ -3,54 +3,10 @@ of entries, written, read back through the processor and through the state reade
 moved by a handover (issue 27: "a key with 1 GiB of MapState is written, read back
 through the processor and through the state reader, and moved by a handover").
 
-    rhino-bench spark big-key --json --out bench/results/big_key.jsonl \\
+    rhino-bench spark big-key --json --out bench/results/big_key.jsonl \
         --report bench/results/big_key.md
 
-Everything goes through the public API: ``rhino.spark.transform_with_state`` and its
-``process_batch(df, batch_id)`` (what ``foreachBatch`` calls), the coordinator client's
-``handover`` / ``placement`` / ``status``, and ``spark.read.format("rhino-state")``.
-
-Setup: a ``rhino coordinator`` process and ``--partitions`` (3) ``rhino worker``
-processes on 127.0.0.N.. (``--first-host``), r = ``--replicas`` (2), a local Spark
-(``local[2]``); one operator of ``--partitions`` instances running
-:class:`RecordStoreProcessor`, an ordinary ``StatefulProcessor``: per key a MapState
-``records`` (``rid long`` -> ``seq long, payload binary``); an input row ``(k, FILL, a, n)``
-makes it store records ``a .. a+n-1`` of key k (``updateValue`` per record; the payload
-of record j is ``--value-bytes`` bytes derived from (k, j), incompressible), a row
-``(k, SCAN, 0, 0)`` makes it iterate the key's map (``iterator()``) and emit one row:
-the entries, the sum of the record ids, of ``seq``, of ``crc32(payload)`` and of the
-payload lengths.
-
-Steps (one JSON line each, ``record: "step"``; every line has the command and parameters):
-
-1. ``fill``: key 0's map grows to ``--size`` of payload (``size // value_bytes`` records)
-   over batches of at most ``--batch-bytes`` of payload (a worker session holds at most
-   1 GiB of uncommitted writes), each batch also filling ``--small-keys`` small keys
-   (``--small-entries`` records each). Per batch: its time and parts (the driver's
-   begin, the Spark job, the commit), the big key's task (process, write-back, commit,
-   replication), the key and value bytes the workers committed (their metrics).
-2. ``read_processor``: one batch of SCAN rows for every key; the outputs are compared
-   with a model of what was written (records, sums of ids, seq, crc32 and lengths,
-   computed in the driver from the fill plan), not with anything Rhino says.
-3. ``read_state_reader``: ``spark.read.format("rhino-state")`` of ``records`` at that
-   batch; per key, the rows, the same sums by Spark SQL aggregates (``crc32``,
-   ``length``), the ``partition_id`` (the key's instance), compared with the model.
-4. ``handover``: the big key's vnode (``layout.vnodes_of(partitioner,
-   [encode_key((0,))])``) is handed over to the next instance
-   (``coordinator.handover(op, vnodes=[v], to=j)``); the next batch's ``begin_batch``
-   runs it. That batch also adds ``--post-handover-entries`` records to the big key (so
-   the moved key is written on its new instance). Reported: the coordinator's
-   ``handover_step`` event (its seconds, the bytes it copied), the batch's ``begin_s``
-   against the fill batches' median ``begin_s``, and the placement before and after.
-5. ``read_processor_after_handover`` and ``read_state_reader_after_handover``: steps 2
-   and 3 again; the big map must now be streamed by instance j's task and read from
-   instance j's checkpoint.
-
-A step that fails records its error (the exception's class and message, the
-traceback's tail) and ends the run: later steps need it. The last line is the
-``summary``: every check, pass or fail, and the run's time. Also per step: peak resident
-memory of the Rhino workers, Spark's JVM and its Python workers (sampled each second
-from /proc), and the bytes in the workers' directories (hard links once).
+How it runs and what each record holds: bench/README.md, "One key with 1 GiB of MapState".
 """
 
 from __future__ import annotations

@@ -92,8 +92,8 @@ class Run:
             from rhino.coordinator.client import connect_coordinator
             from rhino.replication import read_secret_file
 
-            self.admin = connect_coordinator(self.cluster["coordinator"],
-                                             secret=read_secret_file(self.cluster["secret_file"]))
+            self.admin = connect_coordinator(self.cluster.coordinator,
+                                             secret=read_secret_file(self.cluster.secret_file))
         return self.admin
 
     def small_keys(self) -> list[int]:
@@ -125,10 +125,10 @@ class Run:
         return int(vnodes_of(part, [encode_key((BIG_KEY,))])[0])
 
     def logical_bytes(self) -> Optional[float]:
-        return _metric_sum(self.cluster["workers"], "rhino_session_bytes_written_total", self.operator_id)
+        return _metric_sum(self.cluster.workers, "rhino_session_bytes_written_total", self.operator_id)
 
     def replicated_bytes(self) -> Optional[float]:
-        return _metric_sum(self.cluster["workers"], "rhino_instance_replicated_bytes_total", self.operator_id)
+        return _metric_sum(self.cluster.workers, "rhino_instance_replicated_bytes_total", self.operator_id)
 
     def check(self, name: str, ok: bool) -> bool:
         self.checks[name] = bool(ok)
@@ -140,8 +140,8 @@ class Run:
         rec = {"record": "step", **rec}
         rec["seconds"] = round(time.perf_counter() - t0, 3)
         rec.update(self.sampler.take())
-        rec["rhino_dir_bytes"] = dir_bytes(self.cluster["root"])
-        rec["disk_free_bytes"] = shutil.disk_usage(self.cluster["root"]).free
+        rec["rhino_dir_bytes"] = dir_bytes(self.cluster.root)
+        rec["disk_free_bytes"] = shutil.disk_usage(self.cluster.root).free
         rec["loadavg_1_5_15"] = loadavg()
         rec["command"] = self.command
         rec["parameters"] = self.parameters
@@ -270,8 +270,8 @@ class Run:
         rec: dict[str, Any] = {"step": step, "ok": False, "batch": batch, "expected_instance": want_instance}
         try:
             register_state_source(self.spark)
-            df = (self.spark.read.format("rhino-state").option("coordinator", self.cluster["coordinator"])
-                  .option("secretFile", str(self.cluster["secret_file"])).option("operatorId", self.operator_id)
+            df = (self.spark.read.format("rhino-state").option("coordinator", self.cluster.coordinator)
+                  .option("secretFile", str(self.cluster.secret_file)).option("operatorId", self.operator_id)
                   .option("stateVarName", VAR).option("batchId", str(batch)).load())
             agg = (df.groupBy(F.col("key.k").alias("k"))
                    .agg(F.count(F.lit(1)).alias("entries"), F.sum("user_map_key.rid").alias("rid_sum"),

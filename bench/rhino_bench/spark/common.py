@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import json
 import os
-import math
 import signal
 import sys
 import time
@@ -21,8 +20,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from ..report import fraction, non_negative_int, positive_float, positive_int  # noqa: F401 - the drivers import them here
+
 __all__ = ["Emitter", "say", "install_signal_handlers", "spark_rest", "median", "percentile", "parse_conf",
-           "positive_int", "positive_float", "host_number"]
+           "positive_int", "positive_float", "non_negative_int", "fraction", "host_number"]
 
 
 def say(msg: str) -> None:
@@ -96,12 +97,10 @@ def median(xs: Sequence[float]) -> Optional[float]:
 
 def percentile(xs: Sequence[float], p: float) -> Optional[float]:
     """Linear-interpolated percentile (numpy's default), None for no data."""
-    v = sorted(float(x) for x in xs if x is not None)
-    if not v:
-        return None
-    k = (len(v) - 1) * p / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return v[lo] if lo == hi else v[lo] + (v[hi] - v[lo]) * (k - lo)
+    import numpy as np
+
+    v = [float(x) for x in xs if x is not None]
+    return float(np.percentile(v, p)) if v else None
 
 
 def parse_conf(items: Sequence[str]) -> dict[str, str]:
@@ -113,46 +112,6 @@ def parse_conf(items: Sequence[str]) -> dict[str, str]:
             raise argparse.ArgumentTypeError(f"--spark-conf {it!r}: expected KEY=VALUE")
         out[k.strip()] = v.strip()
     return out
-
-
-def positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be >= 1")
-    return v
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be >= 0")
-    return v
-
-
-def positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v > 0 or math.isinf(v):
-        raise argparse.ArgumentTypeError(f"{text!r}: must be > 0")
-    return v
-
-
-def fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be in [0, 1)")
-    return v
 
 
 def host_number(text: str) -> int:

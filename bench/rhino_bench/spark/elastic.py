@@ -2,84 +2,10 @@
 Rhino with the coordinator's autoscaler against Spark's own ``transformWithStateInPandas``
 with the RocksDB state store, which cannot rescale its state (issue 29, Build 5).
 
-    rhino-bench spark elastic --json --out bench/results/spark_elastic.jsonl \\
+    rhino-bench spark elastic --json --out bench/results/spark_elastic.jsonl \
         --report bench/results/spark_elastic.md --plot bench/results/spark_elastic.png
 
-Per system, on a fresh local cluster (:class:`~rhino_testing.harness.spark_cluster.LocalCluster`,
-hosts 127.0.0.N.. from ``--first-host``, one 1-core executor and one Rhino worker per host):
-3 hosts, and a spare host (the 4th address) that joins the running application
-(``spark_conf(spare_hosts=1)``, ``add_host``; its executor is warmed, as ``make demo`` does):
-
-* ``rhino``: the spare host joins before the query starts, so the autoscaler has 4 workers
-  to place on. Q8 runs from ``foreachBatch`` on Rhino state (``--parallelism`` instances at
-  the start, r=``--replicas``). Once the warm-up is over, the autoscaler is turned on
-  (``CoordinatorClient.autoscale(op, min_parallelism, max_parallelism, strategy,
-  utilization, cooldown_batches)``); from then on it alone decides the parallelism.
-* ``spark-rocksdb``: Spark's own operator at the same rates, with 3 executors and
-  ``spark.sql.shuffle.partitions=3`` (its state partitions, fixed for the life of the
-  checkpoint). Then its only remedy, a separate phase (below).
-
-**The input rate.** The source is the ``nexmark`` source with an arrival schedule
-(:mod:`.elastic_source`): events *arrive* at a rate, whatever the query does, and each
-micro-batch (a processing-time trigger of ``--trigger-interval`` S seconds) reads every event
-that has arrived. A system that keeps up runs one batch per S seconds, each with the events
-of the last S seconds; one that falls behind gets larger batches (its backlog), and its
-batches run back to back. The rate is ``--base-events`` E events per trigger interval at
-1x (E / S events/s). The first ``--warmup-batches`` batches run at ``--warmup-events`` per
-interval; then the steps of ``--rates`` (default 1,3,1) follow, each lasting
-``--batches-per-step`` N trigger intervals (N x S seconds of wall time: N batches for a system
-that keeps up). ``--base-events auto`` (the default) sizes E from the warm-up of the Rhino run:
-E = ``--base-load`` x the true processing rate of one instance (records over busy seconds,
-the autoscaler's own measure, DS2 §3, converted to events) x S; so at 3x one instance
-cannot keep up, while 1x needs one. The Spark run uses the same E.
-
-**Per batch** (a ``batch`` line): its start (Spark's progress ``timestamp``; ``t`` in seconds
-from the query's start), the phase and the rate step its events belong to (a batch belongs to
-step k once it read an event that arrived in step k), the rate in effect (``rate_x``,
-``events_per_s``), ``events`` (``numInputRows``), the batch latency ``latency_s`` (Spark's
-``durationMs.triggerExecution``, for both systems, as the other Spark benchmarks), the age of
-its oldest event at its end (``oldest_event_age_s``, the backlog's delay), the parallelism in
-effect (Rhino: the instances that ran the batch, the coordinator's placement at its barrier;
-Spark: the stateful operator's ``numShufflePartitions``), and whether it failed (Rhino: run
-again, ``attempts`` > 1). Rhino's batches also carry the autoscaler's decision on them (the
-coordinator's ``status()``: scale out/in or hold, and why).
-
-**Per reconfiguration** (a ``reconfiguration`` line, Rhino): the autoscaler's decision (its
-batch, from -> to, its reason with the measured input rate and true rate), the plan, and the
-batches at whose barriers its steps ran (the coordinator's ``handover_step`` events), with
-each step's seconds and bytes copied.
-
-**Spark's remedy** (a ``restart`` line; ``--restart-batches 0`` skips it). After the steps
-(nothing arrives after the last one; the query reads its backlog for up to
-``--drain-batches`` trigger intervals), at the same state: the spare host joins and its
-executor registers with the application and is warmed (``host_join_s``, not counted below);
-then the query is stopped and started again from its checkpoint, with 4 executors but the
-same 3 state partitions (Spark never changes them for a checkpoint), while events arrive at
-the peak rate (``max(--rates)``) from the stop request on. Timed: ``stop_s``
-(``query.stop()``), ``restart_s`` (from ``start()`` of the new query to the end of its first
-completed batch: planning, the state stores loaded from the checkpoint on their executors,
-the batch itself, which holds the events that arrived during the outage), ``remedy_s`` = the
-stop request to that end (the query's outage), ``first_batch_s`` and ``state_load_s`` (its
-``rocksdbLoadLatencyMs``); then the latency of the next batches at the peak rate
-(``--restart-batches`` in all, the first included): with more executors but the same
-partitions, does it keep up? (``caught_up_at_stop`` false: the query was still behind, and
-the stop interrupted a batch, which the restarted query runs first.)
-
-**The summary** (one ``summary`` line per system):
-
-* ``recovered_within_batches``: the worst over the rate changes of: the batches of the new
-  step before the one from which every batch of the step is under the trigger interval
-  (``recovered_all_steps`` false if a step ended over it; then the step's batch count);
-* ``rescale_spike_x``: the largest batch latency during a rescale (from the batch after the
-  decision to the batch whose barrier ran the plan's last step) over the steady median (the
-  batches of the first 1x step after the warm-up, outside any rescale); Spark: null;
-* ``failed_batches``; ``parallelism_min``, ``parallelism_max`` (over the steps);
-  ``parallelism_by_step`` and ``parallelism_follows_rate`` (each step's last batch's
-  parallelism moves with the rate); ``steady_median_s``; and the targets, reported, not
-  asserted: within 5 batches, parallelism follows the rate, no failed batch, each rescale's
-  largest batch <= 2x the steady median.
-
-``--from JSONL`` redoes the summary, the report and the plot from saved lines.
+How it runs and what each record holds: bench/README.md, "Elasticity: the input rate steps".
 """
 
 from __future__ import annotations
@@ -91,6 +17,7 @@ from typing import Any, Optional, Sequence
 
 
 from ..frame import BenchRun, Scenario, bench_main, parser
+from ..report import choices
 from .common import host_number, loadavg, non_negative_int, positive_float, positive_int, say
 from .elastic_report import (RECOVERED_TARGET, SPIKE_TARGET, SYSTEMS, plot, report, rescale_windows, step_recovery,
                              summarize, summarize_system)
@@ -104,18 +31,6 @@ STRATEGIES = ("all-at-once", "fluid", "batched")
 
 
 # --------------------------------------------------------------------------- arguments
-
-
-def _systems(text: str) -> list[str]:
-    out: list[str] = []
-    for s in (x.strip() for x in text.split(",") if x.strip()):
-        if s not in _ALIASES:
-            raise argparse.ArgumentTypeError(f"unknown system {s!r}: choose from rhino, spark-rocksdb")
-        if _ALIASES[s] not in out:
-            out.append(_ALIASES[s])
-    if not out:
-        raise argparse.ArgumentTypeError("no system given")
-    return [s for s in SYSTEMS if s in out]  # Rhino first: its warm-up sizes --base-events auto
 
 
 def _rates(text: str) -> list[float]:
@@ -206,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _flags(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--systems", type=_systems, default=list(SYSTEMS),
+    ap.add_argument("--systems", type=choices(SYSTEMS, "system", _ALIASES, in_order=True), default=list(SYSTEMS),
                     help="rhino, spark-rocksdb or both, comma-separated (default both; Rhino runs first)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, checkpoints)")
     g = ap.add_argument_group("the input rate")

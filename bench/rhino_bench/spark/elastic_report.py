@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .common import median, round_floats
+from ..report import pyplot, save
 
 SYSTEMS = ("rhino", "spark-rocksdb")
 RECOVERED_TARGET = 5     # batches after a rate step until the latency is back under the trigger interval
@@ -194,10 +195,7 @@ def plot(records: list[dict], path: str) -> None:
     """Per system a column: the rate (planned, and what each batch read), the parallelism, the
     batch latency (the trigger interval dashed); each reconfiguration marked (its decision
     solid, the barriers of its steps dotted), Spark's restart shaded."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     systems = [s for s in SYSTEMS if any(r.get("record") == "batch" and r.get("system") == s for r in records)]
     if not systems:
@@ -280,10 +278,7 @@ def plot(records: list[dict], path: str) -> None:
             for ax in (ax_r, ax_p, ax_l):
                 ax.axvline(st["t"], color="tab:blue", linewidth=0.8, alpha=0.5)
         ax_l.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 # --------------------------------------------------------------------------- the report

@@ -1,32 +1,10 @@
 """``rhino-bench spark glue``: the per-key cost of rhino.spark's task around the processor,
 at up to a million keys per batch (issue 45, "Glue").
 
-    rhino-bench spark glue --keys 1000000 --batches 3 --mode both --json \\
+    rhino-bench spark glue --keys 1000000 --batches 3 --mode both --json \
         --out bench/results/spark_glue_1m.jsonl --report bench/results/spark_glue_1m.md
 
-A task's work on a batch, besides the processor's own code, is the framework's: Arrow to
-pandas, grouping rows by key, one call of ``handleInputRows`` per key with its rows, the
-state variables' reads (prefetched in one round trip per window) and writes, gathering the
-outputs, and the commit at the worker. This runs that task code (``runtime/task.py``'s
-``_run_instance``: the code a Spark executor runs, called here in-process so that it can be
-timed and profiled without Spark's scheduling around it) against a real ``rhino worker``
-and ``rhino coordinator``, over ``--batches`` batches of ``--keys`` distinct keys (one row
-each by default, as a batch of 1M keys with one event each is), with :class:`CountPerKey`,
-a processor that does the least a stateful processor can: per key, read a ValueState,
-add its rows, write it back, emit one row.
-
-Measured per batch (each a JSON line): the task's wall time and its own thread's CPU time
-(``time.thread_time``: run-queue waits on the shared machine do not inflate it), the
-processor's own CPU time (the same processor over the same keys with its rows built
-beforehand and its ValueState a dict: no framework around it; timing it inside the task
-would cost more than some of what it measures), the task's own phase timers, and so the
-framework's time per key: ``(task - processor) / keys``, in CPU and in wall time (the
-worker's share is in the wall time only: it runs in another process).
-
-Then, with ``--profile``, one more batch under cProfile: its top entries by own time.
-And the floor: what pandas and Python cost per key for the least any such framework must do
-(build the rows a processor is handed, call a generator, build its output), measured here,
-in this run, by themselves.
+How it runs and what each record holds: bench/README.md, "The task's per-key cost".
 """
 
 from __future__ import annotations

@@ -3,31 +3,10 @@ default) into a new stateful query, Rhino's ``transform_with_state(initial_state
 against Spark's own ``transformWithStateInPandas(initialState=...)`` with the RocksDB
 state store provider, in the same run, with the same processor object.
 
-    rhino-bench spark initial-state --keys 10M --json --out bench/results/initial_state.jsonl \\
+    rhino-bench spark initial-state --keys 10M --json --out bench/results/initial_state.jsonl \
         --report bench/results/initial_state.md
 
-Workload: the initial state is a Parquet table of ``--keys`` rows (``k long, init long``,
-one row per key, written up front). The query's input is a file stream with two small
-files (``--probe-keys`` rows each; ``maxFilesPerTrigger=1``, ``Trigger.AvailableNow``):
-
-* **batch 0** carries the initial state: ``handleInitialState`` stores each key's ``init``
-  in a ValueState; batch 0's rows are keys absent from the initial state (new keys);
-* **batch 1** (the check, not timed) reads back keys of the initial state sampled at
-  random; the processor emits each one's value, which must equal the table's (a NumPy
-  lookup of the generated column: ``values_ok``), on both systems.
-
-Measured per system (one JSON line, ``record: "measurement"``): ``load_s``, Spark's
-``durationMs.triggerExecution`` of batch 0 (the whole micro-batch: reading the table, the
-shuffle, every ``handleInitialState`` call, the state commit; the same measure on both),
-``keys_per_s`` and ``wall_s`` (query start to batch 0's end). Rhino: the stateful tasks'
-``process_s`` / ``write_s`` / ``commit_s`` (the slowest task) and the replicas (``--replicas``).
-Ratio (same run): ``rhino_vs_spark`` = Spark's ``load_s`` / Rhino's (> 1: Rhino loads faster).
-
-Rhino loads the initial state through its sessions, in batch 0's one stateful stage
-(``rhino.spark.runtime.initial``): no SST ingestion. Setup: one local Spark
-(``local[2]``), ``--partitions`` shuffle partitions = Rhino instances, a ``rhino
-coordinator`` and ``--replicas + 1`` ``rhino worker`` processes on 127.0.0.N..
-(``--first-host``), reached over loopback TCP.
+How it runs and what each record holds: bench/README.md, "Initial state at scale".
 """
 
 from __future__ import annotations
@@ -143,7 +122,7 @@ def run_system(spark: Any, system: str, *, init_dir: Path, input_dir: Path, work
 
         assert cluster is not None
         op = transform_with_state(_processor(), key="k", output_schema=OUT, operator_id=operator_id,
-                                  coordinator=cluster["coordinator"], secret_file=str(cluster["secret_file"]),
+                                  coordinator=cluster.coordinator, secret_file=str(cluster.secret_file),
                                   parallelism=partitions, replicas=replicas, locality=False, initial_state=init)
         q = (stream.writeStream.foreachBatch(op.for_each_batch(sink)).option("checkpointLocation", str(work / "ck"))
              .trigger(availableNow=True).start())

@@ -1,41 +1,10 @@
 """``rhino-bench spark modify``: changing a running query's code at a state size (issue 47;
 Bartnik et al. §6: a UDF replaced on the fly against a savepoint restart).
 
-    rhino-bench spark modify --size 1G --json --out bench/results/spark_modify.jsonl \\
+    rhino-bench spark modify --size 1G --json --out bench/results/spark_modify.jsonl \
         --plot bench/results/spark_modify.png --report bench/results/spark_modify.md
 
-NEXMark Q8 with a huge window (no window closes: the state only grows) on a fresh 3-host
-:class:`~rhino_testing.harness.spark_cluster.LocalCluster` per route. Once the state
-reaches ``--size`` (and at least 4 batches ran), the code is changed to :class:`Q8V2`
-(a new version of the processor: the same state variables), mid-batch (``--request-at``
-of a steady batch after the last batch's end), by one route:
-
-- ``swap`` (Rhino): ``op.swap(Q8V2(...))`` from another thread while the query runs; it
-  takes effect at the next batch barrier;
-- ``insert`` (Rhino): Q8 runs in a one-stage ``rhino.spark.Pipeline``, and a second
-  operator (:class:`PairCount`, per person the pairs Q8 emitted) is inserted after it, from
-  another thread; it starts, with empty state, at the next barrier (with the huge window Q8
-  emits nothing, so the new stage's work is its operator's creation and its sessions);
-- ``spark-restart`` (Spark's own ``transformWithStateInPandas``, RocksDB state store, with
-  changelog checkpointing on, Spark's recommended production setting, and with Spark's
-  default, a snapshot per commit: ``--systems``): Spark's only route, the query stopped
-  and restarted from its checkpoint with the new code.
-
-Then the query runs ``--after-batches`` batches with the new code and stops.
-
-Fields, one record per route (seconds; t=0 is the request):
-
-* ``request_to_effect_s``: to the end of the first batch that completed with the new code
-  (its ``foreachBatch`` returned: Rhino committed it), the issue's measure of Spark's
-  restart; the summary also gives ``new_code_start_s``, to the start of that batch (the
-  barrier that put the new code in force; for Spark, the restarted query's first batch);
-* ``batches_delayed``: batches that began after the request and still ran the old code
-  (0: the first barrier after the request took it);
-* ``spike_x``: the longest batch from the request to the end of the run over the median
-  steady batch before it; ``failed_batches``: batches an attempt of which failed (an error,
-  then a rerun), the run's whole, with Rhino's errors in ``failed_attempts``;
-* ``effect_batch``, ``state_bytes``, ``steady_batch_s``, ``batches``: the batch timeline
-  (id, start and end relative to the request) for the plot.
+How it runs and what each record holds: bench/README.md, "Changing a running query's code".
 """
 
 from __future__ import annotations
@@ -52,6 +21,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 from rhino_testing.nexmark.queries import Q8NewUsers
 
 from ..frame import BenchRun, Scenario, bench_main, spark_flags
+from ..report import choices
 from .common import fraction, median, positive_float, positive_int, say
 from .modify_report import plot, report, summarize
 from .recovery import HUGE_WINDOW_MS, _rhino_size, _sizes, _spark_size
@@ -90,14 +60,6 @@ class PairCount(StatefulProcessor):
         pass
 
 
-def _routes(text: str) -> list[str]:
-    out = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [x for x in out if x not in ROUTES]
-    if bad or not out:
-        raise argparse.ArgumentTypeError(f"routes are {', '.join(ROUTES)}; not {bad or text!r}")
-    return out
-
-
 class Modify(Scenario):
     name = "spark modify"
     description = ("Changing a running NEXMark Q8's code at a state size: Rhino's live processor swap vs "
@@ -109,7 +71,7 @@ class Modify(Scenario):
     def flags(self, ap: argparse.ArgumentParser) -> None:
         ap.add_argument("--size", type=lambda t: _sizes(t)[0], default=1 << 30,
                         help="the state size at which the code changes (default 1G)")
-        ap.add_argument("--routes", type=_routes, default=list(ROUTES),
+        ap.add_argument("--routes", type=choices(ROUTES, "route"), default=list(ROUTES),
                         help=f"comma-separated, from {', '.join(ROUTES)} (default all)")
         ap.add_argument("--events-per-batch", type=positive_int, default=100_000)
         ap.add_argument("--payload-bytes", type=positive_int, default=8192)

@@ -4,6 +4,7 @@ they read the JSON lines alone, in a run or with ``--from``)."""
 from __future__ import annotations
 
 from typing import Optional
+from ..report import pyplot, save
 
 SPIKE_TARGET = 1.5  # the swap's largest batch over the steady median
 SPEEDUP_TARGET = 5.0  # Spark's restart over Rhino's swap, request to effect (the less favourable Spark route)
@@ -85,10 +86,7 @@ def report(records: list[dict], path: str) -> None:
 def plot(records: list[dict], path: str) -> None:
     """Each route's batches around the request: one bar per batch (its start and end, s from
     the request), the batch that first ran the new code marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     by = _by_route(records)
     if not by:
@@ -105,6 +103,4 @@ def plot(records: list[dict], path: str) -> None:
     ax.set_yticks(range(len(by)), sorted(by))
     ax.set_xlabel("s from the request (grey: old code, green: new code)")
     ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)

@@ -3,53 +3,10 @@ in), Rhino against Spark's own ``transformWithStateInPandas`` with the RocksDB s
 provider, in the same run, with the same processor class, on one local 3-host cluster
 (:class:`~rhino_testing.harness.spark_cluster.LocalCluster`, hosts 127.0.0.60-62 by default).
 
-    rhino-bench spark output --json --out bench/results/spark_output.jsonl \\
+    rhino-bench spark output --json --out bench/results/spark_output.jsonl \
         --report bench/results/spark_output.md --plot bench/results/spark_output.png
 
-Workload (identical for both systems):
-
-* the input is one Parquet file per micro-batch (``k long, v long``; ``--input-rows`` rows,
-  2M by default, over ``--keys`` keys drawn with a seeded generator), written up front with
-  strictly increasing modification times, read by a file stream with ``maxFilesPerTrigger=1``
-  and ``Trigger.AvailableNow``: ``--warmup`` (1) discarded batches, then ``--batches`` (3)
-  measured ones;
-* :class:`FanOutProcessor` (a pandas ``StatefulProcessor``) keeps a per-key row count in a
-  ValueState and emits ``--fanout`` (10) rows per input row (``k, v, j, seen``): 20M output
-  rows per batch by default;
-* the driver runs with ``spark.driver.memory=1g`` and ``spark.driver.maxResultSize=64m`` (set
-  before its JVM starts). The output never reaches the driver: inside ``foreachBatch`` it is
-  written with ``df.write.format("noop")``. Rhino (``rhino.spark.transform_with_state``,
-  ``task_window_rows=--window-rows``): with ``--rhino-output fused`` (the default),
-  ``op.for_each_batch(sink)``, whose sink's noop write runs the stateful tasks (nothing
-  materialized); with ``--rhino-output checkpoint``, ``out = op.transform(df, batch_id)``
-  (materialized on the executors), then ``out`` written to noop; Spark: ``df.groupBy("k").transformWithStateInPandas(...)``, written to noop
-  by ``foreachBatch``. Each write counts its rows with ``Dataset.observe`` (a metric
-  aggregated on the executors: ``output_rows``, independent of either operator's own counts).
-
-One JSON line per system and batch (``record: "batch"``): ``system`` (``rhino`` /
-``spark-rocksdb``), ``batch``, ``warmup``, ``input_rows``, ``output_rows``, ``trigger_s``
-(Spark's ``durationMs.triggerExecution``: the whole micro-batch, the same measure for both),
-``rows_per_s`` (output rows / trigger_s), ``driver_rss_mb`` (the driver JVM's RSS: the py4j
-gateway, a child of this process, found by the pid it reports, read from /proc right after
-the batch's write; ``driver_rss_max_mb`` the largest sample during the batch;
-``driver_heap_used_mb``, ``driver_heap_committed_mb``, ``driver_nonheap_used_mb`` from its
-MemoryMXBean), ``python_driver_rss_mb`` (this process), ``python_worker_peak_rss_mb`` (the largest RSS of one Python worker process, a
-descendant of an executor JVM, sampled every ``--sample-interval`` s during the batch; only
-workers that ran during the batch count, not idle ones kept for reuse;
-``python_worker_start_rss_mb`` that worker's RSS at its first sample in the batch,
-``python_worker_growth_mb`` the largest growth of one worker within the batch,
-``python_worker_peak_sum_mb`` the sum of their peaks), the executors' JVM RSS, the batch's
-Spark stages (``stages``, from the monitoring REST API), and for Rhino the task breakdown of
-``op.reports[-1]`` (mean over tasks and the slowest task; ``output_s`` is the task's time not
-in any of its own parts: time spent suspended while Spark consumed its output). Then one
-``record: "system"`` line per system (steady batches) and a ``record: "summary"`` line:
-``rhino_vs_spark`` (rows/s, target >= 1), the driver's RSS flatness per system (last minus
-first batch at most ``FLAT_TOLERANCE_MB``), the Python workers' peak against the window's
-estimated bytes (``window_rows x (16 + fanout x 28)`` bytes, the input and output columns),
-and whether every batch had ``fanout x input_rows`` output rows.
-
-``--hosts`` (3) sizes the cluster (the test runs one host); ``--from FILE [--run-id ID]``
-redraws the report and plot of a recorded run.
+How it runs and what each record holds: bench/README.md, "Large output".
 """
 
 from __future__ import annotations
@@ -63,11 +20,12 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..frame import BenchRun, Scenario, bench_main
+from ..report import choices
 from ..procmem import RssSampler, _mb, cmdline, driver_jvm_pid, rss_bytes
-from .common import (host_number, loadavg, median, non_negative_int, positive_float, positive_int, round_floats,
+from .common import (host_number, loadavg, non_negative_int, positive_float, positive_int, round_floats,
                      say)
-from .output_report import (FLAT_TOLERANCE_MB, RHINO_VS_SPARK_TARGET, SYSTEMS, _MB, _mean, plot, report,
-                            summarize, window_bytes)
+from .output_report import (FLAT_TOLERANCE_MB, RHINO_VS_SPARK_TARGET, SYSTEMS, _MB, batch_records, plot, report,
+                            summarize, system_record, window_bytes)
 
 __all__ = ["main", "FanOutProcessor", "write_inputs", "summarize", "SYSTEMS", "RHINO_VS_SPARK_TARGET",
            "FLAT_TOLERANCE_MB", "window_bytes"]
@@ -330,75 +288,7 @@ def _rhino_breakdown(rep: Any) -> dict:
     return out
 
 
-# ---- records ----------------------------------------------------------------------------------
-
-
-def batch_records(system: str, recs: dict[int, dict], *, warmup: int, fanout: int, expected_in: list[int]) -> list[dict]:
-    out = []
-    for i, b in enumerate(sorted(recs)):
-        r = recs[b]
-        want = expected_in[i] if i < len(expected_in) else None
-        rec: dict[str, Any] = {"record": "batch", "system": system, "batch": b, "warmup": i < warmup,
-                               "input_rows": r.get("input_rows"), "expected_input_rows": want,
-                               "output_rows": r["output_rows"],
-                               "expected_output_rows": fanout * want if want is not None else None,
-                               "trigger_s": r.get("trigger_s"),
-                               "rows_per_s": (r["output_rows"] / r["trigger_s"]) if r.get("trigger_s") else None}
-        rec.update({k: v for k, v in r.items() if k not in rec})
-        out.append(round_floats(rec))
-    return out
-
-
-def system_record(system: str, batches: list[dict]) -> dict:
-    steady = [b for b in batches if not b["warmup"] and b.get("trigger_s")]
-    rows = sum(b["output_rows"] for b in steady)
-    secs = sum(b["trigger_s"] for b in steady)
-    drv = [b["driver_rss_mb"] for b in batches if b.get("driver_rss_mb") is not None]
-    rec: dict[str, Any] = {
-        "record": "system", "system": system, "batches": len(batches), "steady_batches": len(steady),
-        "output_rows": rows, "seconds": secs, "rows_per_s": rows / secs if secs else None,
-        "trigger_s_median": median([b["trigger_s"] for b in steady]),
-        "rows_per_s_by_batch": [b.get("rows_per_s") for b in batches],
-        "driver_rss_mb_by_batch": drv, "driver_rss_first_mb": drv[0] if drv else None,
-        "driver_rss_last_mb": drv[-1] if drv else None, "driver_rss_max_mb": max(
-            [b.get("driver_rss_max_mb") or 0 for b in batches] + drv, default=None),
-        "driver_rss_growth_mb": (drv[-1] - drv[0]) if drv else None,
-        "driver_heap_used_mb_by_batch": [b.get("driver_heap_used_mb") for b in batches],
-        "driver_heap_committed_mb_by_batch": [b.get("driver_heap_committed_mb") for b in batches],
-        "driver_nonheap_used_mb_by_batch": [b.get("driver_nonheap_used_mb") for b in batches],
-        "python_driver_rss_mb_by_batch": [b.get("python_driver_rss_mb") for b in batches],
-        "python_worker_peak_rss_mb_by_batch": [b.get("python_worker_peak_rss_mb") for b in batches],
-        "python_worker_peak_rss_mb": max((b.get("python_worker_peak_rss_mb") or 0 for b in batches), default=None),
-        "python_worker_peak_sum_mb": max((b.get("python_worker_peak_sum_mb") or 0 for b in batches), default=None),
-        "python_worker_start_rss_mb": min((b.get("python_worker_start_rss_mb") or 0 for b in steady), default=None),
-        "python_worker_growth_mb": max((b.get("python_worker_growth_mb") or 0 for b in steady), default=None),
-        "outputs_expected": all(b["output_rows"] == b.get("expected_output_rows") for b in batches),
-        "executor_gc_s_mean": _mean([b.get("executor_gc_s") for b in steady]),
-    }
-    rec["driver_rss_flat"] = (rec["driver_rss_growth_mb"] is not None
-                              and rec["driver_rss_growth_mb"] <= FLAT_TOLERANCE_MB)
-    if any("task_slowest_s" in b for b in steady):
-        rb = [b for b in steady if "task_slowest_s" in b]
-        keys = list(rb[0]["task_slowest_s"])
-        rec["task_slowest_s"] = {k: sum(b["task_slowest_s"][k] for b in rb) / len(rb) for k in keys}
-        rec["task_mean_s"] = {k: sum(b["task_mean_s"][k] for b in rb) / len(rb) for k in keys}
-        rec["rhino_driver_s"] = {k: sum(b["rhino_driver_s"][k] for b in rb) / len(rb) for k in rb[0]["rhino_driver_s"]}
-        rec["transform_s"] = sum(b["transform_s"] for b in rb) / len(rb)
-        rec["noop_write_s"] = sum(b["noop_write_s"] for b in rb) / len(rb)
-        rec["max_window_rows"] = max(b.get("max_window_rows") or 0 for b in rb)
-        rec["locality"] = min(b.get("locality", 1.0) for b in rb)
-    return round_floats(rec)
-
-
 # ---- command line -------------------------------------------------------------------------------
-
-
-def _systems(text: str) -> list[str]:
-    out = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [x for x in out if x not in SYSTEMS]
-    if bad or not out:
-        raise argparse.ArgumentTypeError(f"unknown system(s) {bad or text!r}: choose from {', '.join(SYSTEMS)}")
-    return out
 
 
 class Output(Scenario):
@@ -487,7 +377,7 @@ class Output(Scenario):
 def _flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--run-id", default=None,
                     help="with --from: this run (its setup's parameters.run_id) instead of the newest")
-    ap.add_argument("--systems", type=_systems, default=list(SYSTEMS),
+    ap.add_argument("--systems", type=choices(SYSTEMS, "system"), default=list(SYSTEMS),
                     help=f"comma-separated, run in this order, from {', '.join(SYSTEMS)} (default all)")
     ap.add_argument("--input-rows", type=positive_int, default=2_000_000, help="input rows per batch (default 2M)")
     ap.add_argument("--fanout", type=positive_int, default=10, help="output rows per input row (default 10)")

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from ..report import pyplot, save
+from .common import median, round_floats
 
 SYSTEMS = ("rhino", "spark-rocksdb")
 RHINO_VS_SPARK_TARGET = 1.0
@@ -23,6 +25,67 @@ def window_bytes(window_rows: int, fanout: int) -> int:
 def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
     v = [x for x in xs if x is not None]
     return sum(v) / len(v) if v else None
+
+
+# ---- records ----------------------------------------------------------------------------------
+
+
+def batch_records(system: str, recs: dict[int, dict], *, warmup: int, fanout: int, expected_in: list[int]) -> list[dict]:
+    out = []
+    for i, b in enumerate(sorted(recs)):
+        r = recs[b]
+        want = expected_in[i] if i < len(expected_in) else None
+        rec: dict[str, Any] = {"record": "batch", "system": system, "batch": b, "warmup": i < warmup,
+                               "input_rows": r.get("input_rows"), "expected_input_rows": want,
+                               "output_rows": r["output_rows"],
+                               "expected_output_rows": fanout * want if want is not None else None,
+                               "trigger_s": r.get("trigger_s"),
+                               "rows_per_s": (r["output_rows"] / r["trigger_s"]) if r.get("trigger_s") else None}
+        rec.update({k: v for k, v in r.items() if k not in rec})
+        out.append(round_floats(rec))
+    return out
+
+
+def system_record(system: str, batches: list[dict]) -> dict:
+    steady = [b for b in batches if not b["warmup"] and b.get("trigger_s")]
+    rows = sum(b["output_rows"] for b in steady)
+    secs = sum(b["trigger_s"] for b in steady)
+    drv = [b["driver_rss_mb"] for b in batches if b.get("driver_rss_mb") is not None]
+    rec: dict[str, Any] = {
+        "record": "system", "system": system, "batches": len(batches), "steady_batches": len(steady),
+        "output_rows": rows, "seconds": secs, "rows_per_s": rows / secs if secs else None,
+        "trigger_s_median": median([b["trigger_s"] for b in steady]),
+        "rows_per_s_by_batch": [b.get("rows_per_s") for b in batches],
+        "driver_rss_mb_by_batch": drv, "driver_rss_first_mb": drv[0] if drv else None,
+        "driver_rss_last_mb": drv[-1] if drv else None, "driver_rss_max_mb": max(
+            [b.get("driver_rss_max_mb") or 0 for b in batches] + drv, default=None),
+        "driver_rss_growth_mb": (drv[-1] - drv[0]) if drv else None,
+        "driver_heap_used_mb_by_batch": [b.get("driver_heap_used_mb") for b in batches],
+        "driver_heap_committed_mb_by_batch": [b.get("driver_heap_committed_mb") for b in batches],
+        "driver_nonheap_used_mb_by_batch": [b.get("driver_nonheap_used_mb") for b in batches],
+        "python_driver_rss_mb_by_batch": [b.get("python_driver_rss_mb") for b in batches],
+        "python_worker_peak_rss_mb_by_batch": [b.get("python_worker_peak_rss_mb") for b in batches],
+        "python_worker_peak_rss_mb": max((b.get("python_worker_peak_rss_mb") or 0 for b in batches), default=None),
+        "python_worker_peak_sum_mb": max((b.get("python_worker_peak_sum_mb") or 0 for b in batches), default=None),
+        "python_worker_start_rss_mb": min((b.get("python_worker_start_rss_mb") or 0 for b in steady), default=None),
+        "python_worker_growth_mb": max((b.get("python_worker_growth_mb") or 0 for b in steady), default=None),
+        "outputs_expected": all(b["output_rows"] == b.get("expected_output_rows") for b in batches),
+        "executor_gc_s_mean": _mean([b.get("executor_gc_s") for b in steady]),
+    }
+    rec["driver_rss_flat"] = (rec["driver_rss_growth_mb"] is not None
+                              and rec["driver_rss_growth_mb"] <= FLAT_TOLERANCE_MB)
+    if any("task_slowest_s" in b for b in steady):
+        rb = [b for b in steady if "task_slowest_s" in b]
+        keys = list(rb[0]["task_slowest_s"])
+        rec["task_slowest_s"] = {k: sum(b["task_slowest_s"][k] for b in rb) / len(rb) for k in keys}
+        rec["task_mean_s"] = {k: sum(b["task_mean_s"][k] for b in rb) / len(rb) for k in keys}
+        rec["rhino_driver_s"] = {k: sum(b["rhino_driver_s"][k] for b in rb) / len(rb) for k in rb[0]["rhino_driver_s"]}
+        rec["transform_s"] = sum(b["transform_s"] for b in rb) / len(rb)
+        rec["noop_write_s"] = sum(b["noop_write_s"] for b in rb) / len(rb)
+        rec["max_window_rows"] = max(b.get("max_window_rows") or 0 for b in rb)
+        rec["locality"] = min(b.get("locality", 1.0) for b in rb)
+    return round_floats(rec)
+
 
 
 def summarize(records: list[dict]) -> dict:
@@ -57,10 +120,7 @@ _COLORS = {"rhino": "#d04040", "spark-rocksdb": "#404040"}
 
 
 def plot(records: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     bs = [r for r in records if r.get("record") == "batch"]
     if not bs:
@@ -109,10 +169,7 @@ def plot(records: list[dict], path: str) -> None:
     axs[2].set_title("executors' Python workers")
     axs[2].set_ylim(bottom=0)
     axs[2].legend(fontsize=7)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def report(records: list[dict], path: str) -> None:

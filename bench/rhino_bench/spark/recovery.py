@@ -2,87 +2,10 @@
 mid-batch, Rhino against Spark's own ``transformWithStateInPandas`` with the RocksDB
 state store provider, per state size (the Rhino paper's Table 1, on Spark).
 
-    rhino-bench spark recovery --sizes 1G,2G,4G --json --out bench/results/spark_recovery.jsonl \\
+    rhino-bench spark recovery --sizes 1G,2G,4G --json --out bench/results/spark_recovery.jsonl \
         --plot bench/results/spark_recovery.png --report bench/results/spark_recovery.md
 
-Per (size, system), on a fresh 3-host :class:`~rhino_testing.harness.spark_cluster.LocalCluster`
-(127.0.0.N.., one core per host, heartbeat timeout ``--heartbeat-timeout``):
-
-1. Q8 runs with a huge window (``window_ms`` 10^12: no window closes, nothing is
-   cleared, the state only grows) over ``--events-per-batch`` events per micro-batch,
-   Person and Auction payloads of ``--payload-bytes`` (bids, 46 of 50 events, are
-   filtered out by Q8's ``prepare``; the generator has no option to leave them out,
-   and they are small: no payload).
-2. After each batch the operator's state size is read: Rhino, the sum of the
-   instances' ``checkpoint_bytes`` (each instance's live checkpoint, on its primary);
-   Spark, ``stateOperators[0].customMetrics.rocksdbSstFileSize`` of the last progress
-   report (the live RocksDB SST bytes over its partitions). Once it reaches the size,
-   host ``--kill-host`` is SIGKILLed (its Spark worker, executor, Python workers and
-   Rhino worker) ``--kill-at`` x the median batch duration after the batch ends, i.e.
-   inside the next batch.
-3. The query runs on until ``--after-batches`` batches completed after the kill, then
-   stops; the cluster is taken down.
-
-Fields (seconds; t=0 is the kill's first SIGKILL, after the harness listed the host's
-processes: ``kill_listing_s`` says how long that listing took):
-
-* ``recovery_s``: to the end of the first batch that completed after the kill (its
-  ``foreachBatch`` sink returned).
-* ``detection_s``: to the failure being declared. Rhino: the coordinator marks the
-  worker dead (``dead_since``: heartbeat timeout, or at once when a task reports it
-  unreachable and it does not answer the coordinator either). Spark: the driver removes
-  the lost executor (``removeTime`` of the REST API's ``allexecutors``).
-* ``replay_s``: re-running the lost batch's upstream work before the stateful task:
-  Rhino, from the start of the batch attempt that succeeded to the start of the lost
-  instance's task in it (source, ``prepare``, routing shuffle); Spark, the resubmitted
-  upstream (shuffle map) stages after the kill.
-* ``scheduling_s``: the rest between detection and the rerun stateful task's start
-  (``rerun_task_start_s - detection_s - replay_s``): Spark's task rescheduling (locality
-  wait, stage resubmission), Rhino's failed attempt, ``commit_batch`` refusal, and
-  ``begin_batch`` of the next attempt.
-* ``rerun_task_start_s``: Spark's launch of the stateful task that ran the lost
-  partition again (its ``launchTime`` in Spark's REST API), for both systems. Rhino's
-  ``rerun_python_start_s`` is when that task's Python code began: after the executor got
-  a Python worker for it, which after a cancelled attempt is a new one, whose imports
-  (pandas, pyarrow, the processor) take 0.5-1.5 s here; Spark's own operator's rerun
-  task pays the same start inside its task. (Records before 2026-11-26 19:30 UTC gave
-  Rhino's Python-side start as ``rerun_task_start_s``.)
-* ``state_restore_s``: from the rerun stateful task's start until its state is ready.
-  Spark: the RocksDB provider's load of the lost partition's store from the checkpoint
-  location (``rocksdbLoadLatencyMs`` of the batch: copy the snapshot's files from the
-  "DFS", open RocksDB; only that partition loads from DFS, ``rocksdbNumLoadedFromDfs``).
-  Rhino: the takeover's restore on the new primary (``restore_s``: hard links from its
-  own replica store, then open; done by the coordinator right at detection) plus the
-  rerun task's session open (``open_s``; a rollback to b-1 by hard links if needed). Both
-  are counted, though the takeover runs before the task starts.
-* ``coordinator_failover_s`` (Rhino): the coordinator's whole failover of the lost worker
-  (``failover_done``: the takeover, the other instances re-opened at the new epoch, chain
-  repair, its metadata); the next attempt begins after it. ``coordinator_fence_s``: of that,
-  the takeovers and re-opens. The takeover's ``restore`` also has its open's own CPU time
-  and run-queue wait (``open_cpu_s``, ``open_wait_s``); ``reopens``, per surviving instance,
-  its re-open at the new epoch (``request_s``; the worker's ``fence_s``, ``lock_wait_s``
-  for the instance, ``save_s`` of its placement; ``deferred``: the instance was busy, with
-  the cancelled attempt's commit, and the placement applies when that commit lets go).
-  ``sink_unwind_waits``: how long the rerun waited, with its output already materialized,
-  for the cancelled attempt's sink call to return before calling the sink again
-  (driver/sink.py). ``coordinator_failover_phases``:
-  the whole failover in parts: the worker marked dead (``dead_tx_s``, a metadata commit),
-  then this operator's decision (``decide_s``: the chain members asked which checkpoints
-  they hold), its plan made durable (``plan_tx_s``), the fence (``fence_s``), chain-repair
-  copies (``copy_s``) and the commit of the new epoch (``commit_tx_s``).
-* ``watch`` (Rhino): the driver's batch watch of each attempt the loss touched:
-  ``cancelled_at`` (it cancelled the attempt's job), its report of the lost worker to the
-  coordinator (``at``, and ``answered``: the coordinator's failover was done), ``exited_at``
-  (the attempt's Spark job returned, failed) and ``failed_at`` (the attempt was given up).
-  ``job_attempt_start_s``: the successful attempt began (after ``begin_batch``);
-  ``rerun_job_setup_s``: from there to its Spark action (the driver's own planning).
-* ``rerun_batch_s``: the recovered batch's own duration; ``steady_batch_s``: the median
-  batch before the kill.
-* ``locality``: the share of Rhino tasks that ran on their primary's host in the steady
-  batches before the kill (Spark: null).
-
-The baseline's "DFS" (Spark's checkpoint location) is a directory on the same local
-disk here: its "fetch" is a local file copy, which favours the baseline.
+How it runs and what each record holds: bench/README.md, "Spark recovery".
 """
 
 from __future__ import annotations
@@ -96,6 +19,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..frame import BenchRun, Scenario, bench_main, spark_flags
+from ..report import choices
 from .common import fraction, median, positive_float, positive_int, say
 from .recovery_breakdown import (_common_fields, _finish, _rhino_breakdown, _spark_breakdown, _spark_state,
                                  _victim_task_running, _victim_task_seconds, _wait_victim_task)
@@ -121,19 +45,6 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def _systems(text: str) -> list[str]:
-    out = []
-    for s in (x.strip() for x in text.split(",") if x.strip()):
-        if s not in SYSTEMS:
-            raise argparse.ArgumentTypeError(f"unknown system {s!r}: choose from rhino, spark-rocksdb, "
-                                             "spark-rocksdb-changelog")
-        if SYSTEMS[s] not in out:
-            out.append(SYSTEMS[s])
-    if not out:
-        raise argparse.ArgumentTypeError("no system given")
-    return out
-
-
 class Recovery(Scenario):
     name = "spark recovery"
     description = ("Recovery of NEXMark Q8 after a host is SIGKILLed mid-batch: Rhino vs Spark's "
@@ -146,7 +57,7 @@ class Recovery(Scenario):
     def flags(self, ap: argparse.ArgumentParser) -> None:
         ap.add_argument("--sizes", type=_sizes, default=_sizes("1G,2G,4G"),
                         help="state sizes at which a host is killed (default 1G,2G,4G)")
-        ap.add_argument("--systems", type=_systems, default=["rhino", "spark-rocksdb", "spark-rocksdb-changelog"],
+        ap.add_argument("--systems", type=choices(SYSTEMS.values(), "system", SYSTEMS), default=["rhino", "spark-rocksdb", "spark-rocksdb-changelog"],
                         help="comma-separated, from rhino, spark-rocksdb (Spark's default: a snapshot per commit), "
                              "spark-rocksdb-changelog (changelog checkpointing on) (default all three)")
         ap.add_argument("--keep", action="store_true", help="keep each run's directory (state, logs)")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .common import median
+from ..report import pyplot, save
 
 SPEEDUP_TARGET = 10.0   # Rhino's state restore vs the baseline's, at the largest size
 FLAT_TARGET = 2.0       # Rhino's state restore at the largest size vs the smallest
@@ -147,10 +148,7 @@ _PARTS = [("detection_s", "detection"), ("scheduling_s", "scheduling"), ("replay
 
 
 def plot(records: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rr = sorted((r for r in records if _valid(r)), key=lambda r: (r["size_bytes"], r["system"]))
     if not rr:
@@ -193,10 +191,7 @@ def plot(records: list[dict], path: str) -> None:
     ax2.legend(fontsize=8)
     if sizes:
         ax2.set_xticks([s / 2**30 for s in sizes])
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def report(records: list[dict], path: str) -> None:

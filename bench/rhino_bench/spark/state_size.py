@@ -2,62 +2,10 @@
 large MapState or ListState, Rhino against Spark's own ``transformWithStateInPandas`` with
 the RocksDB state store provider, in the same run, with the same processor object.
 
-    rhino-bench spark state-size --json --out bench/results/state_size.jsonl \\
+    rhino-bench spark state-size --json --out bench/results/state_size.jsonl \
         --plot bench/results/state_size.png --report bench/results/state_size.md
 
-Workload, per kind (``--kinds map,list``) and per N (``--entries 1k,100k,1M``), each
-system on a fresh operator (Rhino) or checkpoint (Spark):
-
-* one key (k=0) holding N entries: in a MapState (``"ek long"`` -> ``"ev long"``), or in a
-  ListState (``"ev long"``); the same :class:`BigKeyProcessor` object on both systems;
-* the input is one Parquet file per micro-batch (columns ``k long, op int, a long,
-  b long``), read by a file stream with ``maxFilesPerTrigger=1`` and
-  ``Trigger.AvailableNow``: both systems see the same micro-batches;
-* **fill**: batches of one row each, ``op=FILL a b``: the processor adds entries
-  ``a..b-1`` to the big key (ListState: one ``appendList``; MapState: one ``updateValue``
-  per entry, the only way Spark's API offers); ``--fill-chunk`` entries per batch (default
-  100k, so N=1M fills over 10 batches); their times are reported (``fill_s``), not judged;
-* **touch**: ``--warmup`` (discarded) then ``--batches`` measured batches, each with ONE
-  touch of the big key (MapState: ``getValue`` of an existing entry, then ``updateValue``
-  of it; ListState: one ``appendValue``) among ``--small-keys`` other keys, each touched
-  the same way on its own small state;
-* **check** (not timed): one batch that reads every key's whole state (count and sum);
-  the outputs of all batches must be equal on both systems (``outputs_agree``).
-
-Measured per system, kind and N (one JSON line, ``record: "measurement"``):
-
-* ``batch_s``: the median, over the measured batches, of Spark's
-  ``durationMs.triggerExecution`` (the whole micro-batch: the file source, the stateful
-  operator, the sink, the commit; the same measure for both systems, as in
-  ``rhino-bench spark throughput``); ``batch_s_all`` lists them, ``sink_s`` is the
-  part spent inside ``foreachBatch`` (the operator's Spark job and the output's collect);
-* ``bytes_written``: the median, over the measured batches, of the bytes one batch adds
-  to the state's durable checkpoint. Rhino: the instances' checkpoint delta (the
-  commit's ``delta_bytes``: the files new in checkpoint b, summed over the instances, from
-  the tasks' meta rows, or read from checkpoint b's manifest in the primary's store when
-  the meta rows do not carry it; ``bytes_written_source`` says which). Spark: the bytes of
-  files new
-  or grown in the query's checkpoint ``state/`` directory after the batch (what the
-  RocksDB provider uploaded: new SST files, the zipped metadata).
-  Also, per batch and median: Rhino's ``replicated_bytes`` (the checkpoint bytes the
-  primaries sent to the first member of their chains, the workers' metrics; each member
-  passes them on, so r copies land in all: it equals the delta when nothing was lost),
-  ``logical_bytes`` (key and value bytes of the committed write batches, the workers'
-  metrics), ``disk_write_bytes`` (``/proc/<pid>/io`` ``write_bytes`` of all Rhino workers:
-  WAL, flushes, compactions, checkpoints and replicas together); Spark's
-  RocksDB metrics of the batch (``rocksdbBytesCopied``, ``rocksdbTotalBytesWritten``,
-  ``...WrittenByFlush``, ``...WrittenByCompaction``), and the bytes new in its local
-  RocksDB working directories (``local_new_bytes``: the live DB's SSTs and logs).
-
-Targets (reported, not asserted): Rhino's ``batch_s`` at the largest N at most 2x its
-``batch_s`` at the smallest; Rhino's ``batch_s`` at most Spark's at every N and kind.
-
-Setup: one local Spark (``local[2]`` by default, ``--master``), ``--partitions`` shuffle
-partitions = Rhino instances, a ``rhino coordinator`` and ``--replicas + 1`` ``rhino worker``
-processes on 127.0.0.N.. (``--first-host``; the chains hold r replicas). Rhino's tasks
-reach the workers over loopback TCP (no locality pinning in local mode: the Unix socket
-would only help Rhino). Spark's state store settings are its defaults (no changelog
-checkpointing) unless ``--spark-conf``.
+How it runs and what each record holds: bench/README.md, "Large per-key state".
 """
 
 from __future__ import annotations
@@ -70,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..frame import BenchRun, RhinoCluster, Scenario, bench_main, spark_flags, spark_session, start_rhino
+from ..report import choices
 from .common import non_negative_int, positive_float, positive_int, say
 from .state_size_report import plot, report, summarize
 from .state_size_run import DirBytes, measurement, run_once
@@ -103,17 +52,6 @@ def parse_entries(text: str) -> list[int]:
     return sorted(set(out))
 
 
-def _choices(allowed: Sequence[str], what: str) -> Any:
-    def parse(text: str) -> list[str]:
-        out = [x.strip() for x in text.split(",") if x.strip()]
-        bad = [x for x in out if x not in allowed]
-        if bad or not out:
-            raise argparse.ArgumentTypeError(f"unknown {what} {bad or text!r}: choose from {', '.join(allowed)}")
-        return out
-
-    return parse
-
-
 class StateSize(Scenario):
     name = "spark state-size"
     description = ("Per-batch time and bytes written when each micro-batch touches one key holding N MapState or "
@@ -125,8 +63,8 @@ class StateSize(Scenario):
     def flags(self, ap: argparse.ArgumentParser) -> None:
         ap.add_argument("--entries", type=parse_entries, default=[1_000, 100_000, 1_000_000],
                         help="entries in the big key, comma-separated (default 1k,100k,1M)")
-        ap.add_argument("--kinds", type=_choices(KINDS, "kind"), default=list(KINDS), help="map,list (default both)")
-        ap.add_argument("--systems", type=_choices(SYSTEMS, "system"), default=list(SYSTEMS),
+        ap.add_argument("--kinds", type=choices(KINDS, "kind"), default=list(KINDS), help="map,list (default both)")
+        ap.add_argument("--systems", type=choices(SYSTEMS, "system"), default=list(SYSTEMS),
                         help="rhino,spark-rocksdb (default both)")
         ap.add_argument("--batches", type=positive_int, default=10, help="measured batches per run (default 10)")
         ap.add_argument("--warmup", type=non_negative_int, default=2,

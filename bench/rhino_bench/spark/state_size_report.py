@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 from ..frame import source_line
 from .state_size_workload import KINDS, SYSTEMS, TARGET_FLAT, _TASK_FIELDS
+from ..report import pyplot, save
 
 
 def summarize(records: list[dict]) -> dict:
@@ -48,10 +49,7 @@ _COLORS = {("rhino", "map"): "#d04040", ("rhino", "list"): "#e09090",
 
 
 def plot(records: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     ms = [r for r in records if r.get("record") == "measurement"]
     if not ms:
@@ -86,10 +84,7 @@ def plot(records: list[dict], path: str) -> None:
     axs[1].legend(fontsize=7)
     for ax in axs:
         ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def _bw_stat(r: dict, which: str) -> Optional[float]:

@@ -170,13 +170,13 @@ def run_once(spark: Any, *, system: str, kind: str, n: int, input_dir: Path, wor
 
         assert cluster is not None
         op = transform_with_state(proc, key="k", output_schema=OUTPUT_SCHEMA, operator_id=operator_id,
-                                  coordinator=cluster["coordinator"], secret_file=str(cluster["secret_file"]),
+                                  coordinator=cluster.coordinator, secret_file=str(cluster.secret_file),
                                   parallelism=parallelism, replicas=replicas, locality=False)
         probe: list[RhinoProbe] = []
 
         def sink(df: Any, batch_id: int) -> None:
             if not probe:  # the operator's counters start at its first batch
-                probe.append(RhinoProbe(cluster["workers"], operator_id))
+                probe.append(RhinoProbe(cluster.workers, operator_id))
             t0 = time.perf_counter()
             pdf = op.process_batch(df, batch_id).to_pandas()
             t1 = time.perf_counter()
@@ -186,7 +186,7 @@ def run_once(spark: Any, *, system: str, kind: str, n: int, input_dir: Path, wor
             tasks = rep.tasks
             for t in tasks:
                 if t.get("delta_bytes") is None:
-                    t.update(_manifest_delta(cluster["workers"], t.get("primary"), operator_id, t["instance"],
+                    t.update(_manifest_delta(cluster.workers, t.get("primary"), operator_id, t["instance"],
                                              int(batch_id)))
             for f in ("checkpoint_bytes", "delta_bytes", "delta_files", "keys", "puts", "deletes", "round_trips"):
                 vals = [t.get(f) for t in tasks]

@@ -3,27 +3,10 @@ NEXMark Q8 on one 3-host :class:`~rhino_testing.harness.spark_cluster.LocalClust
 configurations in the same run: Rhino with r=0, Rhino with r=2, and Spark's own
 ``transformWithStateInPandas`` with the RocksDB state store provider.
 
-    rhino-bench spark throughput --json --out bench/results/spark_throughput.jsonl \\
+    rhino-bench spark throughput --json --out bench/results/spark_throughput.jsonl \
         --plot bench/results/spark_throughput.png --report bench/results/spark_throughput.md
 
-Each configuration runs the same query (Q8, ``--window-ms``, the generator's default
-payloads unless ``--payload-bytes``) over the same events: ``--warmup + --batches``
-micro-batches of ``--events-per-batch`` events (Trigger.AvailableNow; each a fresh
-operator and checkpoint); ``--rounds`` repeats the three back to back (interleaved:
-r0, r2, spark, r0, ...). The first ``--warmup`` batches of each run are discarded.
-
-Per configuration (over its steady batches, all rounds):
-
-* ``events_per_s``: events / the sum of Spark's ``durationMs.triggerExecution`` (the
-  whole micro-batch: source, prepare, the stateful operator, the sink, the commit);
-* ``latency_median_s``, ``latency_p95_s``: of those per-batch durations;
-* Rhino: ``locality`` (the share of tasks that ran on their primary's host), the mean
-  per-batch driver breakdown (``begin_s``, ``job_s``, ``commit_s``) and the mean per-task
-  breakdown (``open_s``, ``fetch_s``, ``process_s``, ``write_s``, ``commit_s``,
-  ``replicate_s``, ...), so the cost of r=2 shows where it goes.
-
-Ratios (same run): ``r2_vs_spark`` (events/s, target >= 1), ``r2_cost_vs_r0`` (1 - r2/r0,
-target <= 10%).
+How it runs and what each record holds: bench/README.md, "Spark throughput".
 """
 
 from __future__ import annotations
@@ -38,6 +21,7 @@ from typing import Any, Optional, Sequence
 
 from .common import (Emitter, host_number, install_signal_handlers, median, non_negative_int, parse_conf, percentile,
                positive_int, positive_float, say)
+from ..report import choices, pyplot, save
 
 __all__ = ["main", "CONFIGS", "R2_VS_SPARK_TARGET", "R2_COST_TARGET"]
 
@@ -55,15 +39,6 @@ _TASK_FIELDS = ("read_s", "open_s", "group_s", "timers_s", "fetch_s", "process_s
                 "replicate_s")
 
 
-def _configs(text: str) -> list[str]:
-    out = [x.strip() for x in text.split(",") if x.strip()]
-    bad = [x for x in out if x not in CONFIGS]
-    if bad or not out:
-        raise argparse.ArgumentTypeError(f"unknown configuration(s) {bad or text!r}: choose from "
-                                         f"{', '.join(CONFIGS)}")
-    return out
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rhino-bench spark throughput",
                                  description="Steady-state throughput and per-batch latency of NEXMark Q8: Rhino "
@@ -74,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--plot", help="write a PNG here")
     ap.add_argument("--report", help="write a Markdown report here")
     ap.add_argument("--dir", default=None, help="work directory (default: a new one under /tmp)")
-    ap.add_argument("--configs", type=_configs, default=list(CONFIGS),
+    ap.add_argument("--configs", type=choices(CONFIGS, "configuration"), default=list(CONFIGS),
                     help=f"comma-separated, from {', '.join(CONFIGS)} (default all)")
     ap.add_argument("--events-per-batch", type=positive_int, default=50_000)
     ap.add_argument("--batches", type=positive_int, default=10, help="measured batches per run (default 10)")
@@ -197,10 +172,7 @@ def summarize(records: list[dict]) -> dict:
 
 
 def plot(records: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rr = [r for r in records if r.get("record") == "throughput"]
     if not rr:
@@ -244,10 +216,7 @@ def plot(records: list[dict], path: str) -> None:
     ax.set_ylabel("seconds (slowest task of a batch, mean)")
     ax.set_title("Rhino task breakdown")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def report(records: list[dict], path: str, *, command: str, setup: dict) -> None:
