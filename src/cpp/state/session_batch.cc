@@ -7,12 +7,16 @@
 #include <deque>
 #include <limits>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "rhino/state_backend.h"
 #include "state/state_backend_impl.h"
 #include "state/state_internal.h"
 #include "state/ttl_filter.h"
+#include "state/vnode_base.h"
 
 namespace rhino {
 
@@ -44,6 +48,89 @@ struct Write {
   bool put = false;
   std::string_view key;
   std::string_view value;
+};
+
+// What a session's scan of one vnode reads under its own writes, in key
+// order: the DB's entries with the prefix and, for a vnode on a base, the
+// base's entries that the DB neither holds nor had deleted since the move
+// (state/vnode_base.h), read from the base a page at a time.
+class LowerCursor {
+ public:
+  static constexpr size_t kPage = 1024;
+
+  LowerCursor(rocksdb::Iterator* it, rocksdb::Slice prefix, BaseReader* base, uint32_t vnode,
+              std::vector<std::string> gone, std::optional<std::string> after)
+      : it_(it), prefix_(prefix), base_(base), vnode_(vnode), gone_(std::move(gone)), last_(std::move(after)) {
+    more_ = base_ != nullptr;
+  }
+
+  Status Init() { return Settle(); }
+  bool Valid() const { return cur_ != kNone; }
+  rocksdb::Slice key() const { return cur_ == kDb ? it_->key() : rocksdb::Slice(page_[at_].first); }
+  rocksdb::Slice value() const { return cur_ == kDb ? it_->value() : rocksdb::Slice(page_[at_].second); }
+  Status Next() {
+    if (cur_ == kDb) {
+      it_->Next();
+    } else {
+      ++at_;
+    }
+    return Settle();
+  }
+
+ private:
+  enum Source { kNone, kDb, kBase };
+
+  bool DbValid() const { return it_->Valid() && it_->key().starts_with(prefix_); }
+  bool Gone(const std::string& k) const { return std::binary_search(gone_.begin(), gone_.end(), k); }
+
+  // Makes the smaller of the two sources current, skipping base entries the
+  // DB shadows (the same key) or that were deleted here.
+  Status Settle() {
+    const rocksdb::Comparator* cmp = rocksdb::BytewiseComparator();
+    for (;;) {
+      if (at_ == page_.size() && more_) {
+        page_.clear();
+        at_ = 0;
+        std::optional<std::string_view> after;
+        if (last_) after = *last_;
+        RHINO_RETURN_IF_ERROR(
+            base_->Scan(vnode_, std::string_view(prefix_.data(), prefix_.size()), after, kPage, &page_, &more_));
+        if (!page_.empty()) last_ = page_.back().first;
+      }
+      const bool base_ok = at_ < page_.size();
+      if (base_ok && Gone(page_[at_].first)) {
+        ++at_;
+        continue;
+      }
+      const bool db_ok = DbValid();
+      if (!db_ok && !base_ok) {
+        cur_ = kNone;
+      } else if (!base_ok) {
+        cur_ = kDb;
+      } else if (!db_ok) {
+        cur_ = kBase;
+      } else {
+        const int c = cmp->Compare(it_->key(), rocksdb::Slice(page_[at_].first));
+        if (c == 0) {  // this instance's entry shadows the base's
+          ++at_;
+          continue;
+        }
+        cur_ = c < 0 ? kDb : kBase;
+      }
+      return Status::OK();
+    }
+  }
+
+  rocksdb::Iterator* it_;
+  rocksdb::Slice prefix_;
+  BaseReader* base_;
+  uint32_t vnode_;
+  std::vector<std::string> gone_;  // sorted
+  std::optional<std::string> last_;
+  std::vector<std::pair<std::string, std::string>> page_;
+  size_t at_ = 0;
+  bool more_ = false;
+  Source cur_ = kNone;
 };
 
 }  // namespace
@@ -78,6 +165,7 @@ Status SessionBatch::Add(bool put, const std::vector<std::string_view>& keys,
     if (!s.ok()) return FromRocks(s, put ? "session put" : "session delete");
     Write w;
     w.vnode = db_->partitioner_.VnodeOfBytes(keys[i]);
+    if (db_->AnyOnBase() && db_->OnBase(w.vnode)) RHINO_RETURN_IF_ERROR(db_->NoteBaseWrite(&r.batch, w.vnode, keys[i], put));
     w.put = put;
     w.key = r.arena.Copy(keys[i]);
     if (put) w.value = r.arena.Copy((*values)[i]);
@@ -125,6 +213,18 @@ Status SessionBatch::MultiGet(const std::vector<std::string_view>& keys, size_t 
   } else if (!misses.empty()) {
     RHINO_RETURN_IF_ERROR(db_->MultiGet(misses, &db));
   }
+  // What the DB does not hold of a vnode on a base is read through to the base.
+  std::vector<uint8_t> base_found;
+  std::vector<std::string> base_values;
+  if (db_->AnyOnBase()) {
+    std::vector<std::string_view> looked;  // the keys db answered for, in its order
+    if (r.last.empty()) {
+      looked.assign(keys.begin() + from, keys.end());
+    } else {
+      looked = misses;
+    }
+    RHINO_RETURN_IF_ERROR(ReadThrough(looked, db, &base_found, &base_values));
+  }
   for (size_t j = 0; j < n; ++j) {
     bool found;
     std::string_view v;
@@ -135,9 +235,64 @@ Status SessionBatch::MultiGet(const std::vector<std::string_view>& keys, size_t 
     } else {
       const size_t k = r.last.empty() ? j : miss_of[j];
       found = db.found(k);
-      if (found) v = db.value(k);
+      if (found) {
+        v = db.value(k);
+      } else if (!base_found.empty() && base_found[k]) {
+        found = true;
+        v = base_values[k];
+      }
     }
     if (!fn(from + j, found, v)) break;
+  }
+  return Status::OK();
+}
+
+Status SessionBatch::ReadThrough(const std::vector<std::string_view>& misses, const MultiGetResult& db,
+                                 std::vector<uint8_t>* found, std::vector<std::string>* values) const {
+  found->assign(misses.size(), 0);
+  values->assign(misses.size(), std::string());
+  std::vector<size_t> at;  // indices into misses of keys of vnodes on a base
+  std::vector<uint32_t> vnodes;
+  std::vector<std::string_view> keys;
+  {
+    ReaderMutexLock lock(&db_->cf_mu_);
+    for (size_t k = 0; k < misses.size(); ++k) {
+      if (db.found(k)) continue;
+      const uint32_t v = db_->partitioner_.VnodeOfBytes(misses[k]);
+      if (!db_->OnBase(v)) continue;
+      at.push_back(k);
+      vnodes.push_back(v);
+      keys.push_back(misses[k]);
+    }
+  }
+  if (at.empty()) return Status::OK();
+  if (base_ == nullptr) {
+    return Status::InvalidArgument("vnode " + std::to_string(vnodes[0]) + " is on a base not merged yet, and this "
+                                   "session has no reader of it");
+  }
+  // Deleted here since the move: absent, whatever the base holds.
+  std::vector<uint8_t> gone;
+  RHINO_RETURN_IF_ERROR(db_->Gone(vnodes, keys, &gone));
+  std::vector<uint32_t> ask_vnodes;
+  std::vector<std::string_view> ask;
+  std::vector<size_t> ask_at;
+  for (size_t i = 0; i < at.size(); ++i) {
+    if (gone[i]) continue;
+    ask_vnodes.push_back(vnodes[i]);
+    ask.push_back(keys[i]);
+    ask_at.push_back(at[i]);
+  }
+  if (ask.empty()) return Status::OK();
+  std::vector<uint8_t> f;
+  std::vector<std::string> vals;
+  RHINO_RETURN_IF_ERROR(base_->Get(ask_vnodes, ask, &f, &vals));
+  if (f.size() != ask.size() || vals.size() != ask.size()) {
+    return Status::Corruption("a base reader answered " + std::to_string(f.size()) + " keys of " +
+                              std::to_string(ask.size()));
+  }
+  for (size_t i = 0; i < ask.size(); ++i) {
+    (*found)[ask_at[i]] = f[i];
+    if (f[i]) (*values)[ask_at[i]] = std::move(vals[i]);
   }
   return Status::OK();
 }
@@ -196,26 +351,40 @@ Status SessionBatch::Scan(std::optional<uint32_t> vnode, std::string_view prefix
     } else {
       it->Seek(pfx);
     }
+    BaseReader* base = nullptr;
+    std::vector<std::string> gone;
+    if (db_->OnBase(v)) {
+      if (base_ == nullptr) {
+        return Status::InvalidArgument("vnode " + std::to_string(v) + " is on a base not merged yet, and this "
+                                       "session has no reader of it");
+      }
+      base = base_;
+      RHINO_RETURN_IF_ERROR(db_->GoneWithPrefix(v, prefix, &gone));
+    }
+    std::optional<std::string> base_after;
+    if (resume) base_after = std::string(*after_key);
+    LowerCursor low(it.get(), pfx, base, v, std::move(gone), std::move(base_after));
+    RHINO_RETURN_IF_ERROR(low.Init());
     size_t m = 0;
     for (;;) {
-      const bool db_ok = it->Valid() && it->key().starts_with(pfx);
-      if (!db_ok && m == mine.size()) break;
-      int c;  // < 0: the DB's key comes first; > 0: the session's; 0: the session's write replaces it
-      if (!db_ok) {
+      const bool low_ok = low.Valid();
+      if (!low_ok && m == mine.size()) break;
+      int c;  // < 0: the lower entry comes first; > 0: the session's; 0: the session's write replaces it
+      if (!low_ok) {
         c = 1;
       } else if (m == mine.size()) {
         c = -1;
       } else {
-        c = cmp->Compare(it->key(), rocksdb::Slice(mine[m]->key.data(), mine[m]->key.size()));
+        c = cmp->Compare(low.key(), rocksdb::Slice(mine[m]->key.data(), mine[m]->key.size()));
       }
       if (c < 0) {
-        rocksdb::Slice k = it->key(), val = it->value();
+        rocksdb::Slice k = low.key(), val = low.value();
         if (!fn(v, std::string_view(k.data(), k.size()), std::string_view(val.data(), val.size()))) return Status::OK();
-        it->Next();
+        RHINO_RETURN_IF_ERROR(low.Next());
         continue;
       }
       const Write* w = mine[m++];
-      if (c == 0) it->Next();
+      if (c == 0) RHINO_RETURN_IF_ERROR(low.Next());
       if (w->put && !fn(v, w->key, w->value)) return Status::OK();
     }
     if (!it->status().ok()) return FromRocks(it->status(), "session scan of vnode " + std::to_string(v));

@@ -34,6 +34,7 @@
 
 namespace rhino {
 
+class BaseReader;  // state/vnode_base.h
 class StateBackend;
 class StateBackendImpl;  // state/state_backend_impl.h
 
@@ -43,6 +44,12 @@ class SessionBatch {
   ~SessionBatch();
   SessionBatch(const SessionBatch&) = delete;
   SessionBatch& operator=(const SessionBatch&) = delete;
+
+  // Where the session reads the keys of vnodes on a base that it and the DB
+  // do not hold (state/vnode_base.h; the early hand-over, issue 48). Without
+  // one, such a read is refused (InvalidArgument), never answered "absent".
+  // `reader` must outlive the session's reads.
+  void SetBaseReader(BaseReader* reader) { base_ = reader; }
 
   // UnknownVnode (adding nothing) if any key's vnode is not held.
   Status Put(const std::vector<std::string_view>& keys, const std::vector<std::string_view>& values);
@@ -81,7 +88,13 @@ class SessionBatch {
  private:
   struct Rep;
   Status Add(bool put, const std::vector<std::string_view>& keys, const std::vector<std::string_view>* values);
+  // Looks the keys `db` did not find up in the bases of their vnodes:
+  // (*found)[j] and (*values)[j] for looked[j], where a base holds it and this
+  // instance has not deleted it since the move.
+  Status ReadThrough(const std::vector<std::string_view>& looked, const MultiGetResult& db,
+                     std::vector<uint8_t>* found, std::vector<std::string>* values) const;
   StateBackendImpl* const db_;  // the StateBackend's
+  BaseReader* base_ = nullptr;
   std::unique_ptr<Rep> rep_;
   size_t count_ = 0;
   uint64_t bytes_ = 0;

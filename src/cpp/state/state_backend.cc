@@ -149,6 +149,12 @@ Status StateBackend::ImportVnodes(const std::string& export_dir, std::vector<uin
 }
 Status StateBackend::DropVnodes(const std::vector<uint32_t>& vnodes) { return impl_->DropVnodes(vnodes); }
 
+bool StateBackend::takes_bases() const { return impl_->takes_bases(); }
+Status StateBackend::AddVnodeOnBase(uint32_t vnode, const VnodeBase& base) { return impl_->AddVnodeOnBase(vnode, base); }
+std::map<uint32_t, VnodeBase> StateBackend::VnodeBases() const { return impl_->VnodeBases(); }
+Status StateBackend::MergeBase(uint32_t vnode, const std::vector<std::string>& sst_files, MergeBaseStats* stats) {
+  return impl_->MergeBase(vnode, sst_files, stats);
+}
 Status StateBackend::Stats(std::vector<VnodeStats>* out) const { return impl_->Stats(out); }
 Status StateBackend::Flush() { return impl_->Flush(); }
 Status StateBackend::WaitForCompactions(std::chrono::milliseconds timeout, bool* settled) const {

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -101,12 +102,18 @@ class StateBackendImpl {
   Status ImportVnodes(const std::string& export_dir, std::vector<uint32_t>* imported);
   Status DropVnodes(const std::vector<uint32_t>& vnodes);
 
+  bool takes_bases() const { return takes_bases_; }
+  Status AddVnodeOnBase(uint32_t vnode, const VnodeBase& base) EXCLUDES(cf_mu_);
+  std::map<uint32_t, VnodeBase> VnodeBases() const;
+  Status MergeBase(uint32_t vnode, const std::vector<std::string>& sst_files, MergeBaseStats* stats) EXCLUDES(cf_mu_);
+
   Status Stats(std::vector<VnodeStats>* out) const;
   Status Flush();
   Status WaitForCompactions(std::chrono::milliseconds timeout, bool* settled) const;
 
  private:
-  friend class SessionBatch;  // a session's writes go through the same routing and column families
+  friend class SessionBatch;    // a session's writes go through the same routing and column families
+  friend class BaseFileWriter;  // a base's files get the vnodes' column family options
   StateBackendImpl() = default;
   // The steps of Open: the DB and its column families (created in one call
   // for a new DB), Rhino's metadata (checked, or written for a new DB), and
@@ -135,6 +142,27 @@ class StateBackendImpl {
   // UnknownVnode for the first key not held.
   Status OrderKeys(const std::vector<std::string_view>& keys, VnodeOrder* out) const REQUIRES_SHARED(cf_mu_);
   std::optional<uint64_t> ReadU64Meta(const std::string& key) const;
+  // ---- vnodes on a base (vnode_base.cc) ----
+  // At open: the bases recorded in the metadata, a column family made for one
+  // whose making a crash cut short, and a merge cut short finished.
+  Status LoadVnodeBases() EXCLUDES(cf_mu_);
+  bool OnBase(uint32_t vnode) const REQUIRES_SHARED(cf_mu_) {
+    return vnode < on_base_.size() && on_base_[vnode] != 0;
+  }
+  bool AnyOnBase() const { return bases_.load(std::memory_order_acquire) > 0; }
+  // Adds to `wb` what a put (or delete) of `key` in `vnode`, on a base, also
+  // writes: the key is no longer (or now is) gone.
+  Status NoteBaseWrite(rocksdb::WriteBatch* wb, uint32_t vnode, std::string_view key, bool put) const;
+  // gone[i]: whether keys[i] of vnodes[i] was deleted here since its vnode's move.
+  Status Gone(const std::vector<uint32_t>& vnodes, const std::vector<std::string_view>& keys,
+              std::vector<uint8_t>* gone) const;
+  // The gone keys of `vnode` that start with `prefix`, in key order.
+  Status GoneWithPrefix(uint32_t vnode, std::string_view prefix, std::vector<std::string>* out) const;
+  // The steps of a merge after its files went in (MergeBase, and an open that
+  // finds one cut short).
+  Status FinishMerge(uint32_t vnode, MergeBaseStats* stats) EXCLUDES(cf_mu_);
+  // Deletes the base record and the gone keys of `vnode` (dropped on its base).
+  Status ForgetBase(uint32_t vnode) REQUIRES(cf_mu_);
   // The sum of the vnode column families' live SST bytes.
   uint64_t LiveVnodeBytes() const REQUIRES_SHARED(cf_mu_);
   // Flushes every column family's memtable, the flushes running side by side
@@ -172,6 +200,11 @@ class StateBackendImpl {
   // and drop hold it exclusively.
   mutable SharedMutex cf_mu_;
   std::vector<rocksdb::ColumnFamilyHandle*> cf_by_vnode_ GUARDED_BY(cf_mu_);  // null = not held
+  // Vnodes on a base (1) and how many: most states have none, and their reads
+  // then never look for one.
+  std::vector<uint8_t> on_base_ GUARDED_BY(cf_mu_);
+  std::atomic<uint32_t> bases_{0};
+  bool takes_bases_ = false;  // allow_ingest_behind since the DB was created
   std::mutex admin_mu_;  // serializes Checkpoint / Export / Import / Drop
   Mutex options_file_mu_;
   bool options_file_deferred_ GUARDED_BY(options_file_mu_) = false;

@@ -106,6 +106,12 @@ Status StateBackendImpl::Put(std::string_view key, std::string_view value) {
   rocksdb::ColumnFamilyHandle* cf;
   RHINO_RETURN_IF_ERROR(Route(key, &cf));
   SkipPerfCounters();
+  if (AnyOnBase() && OnBase(partitioner_.VnodeOfBytes(key))) {
+    rocksdb::WriteBatch wb;
+    wb.Put(cf, rocksdb::Slice(key.data(), key.size()), rocksdb::Slice(value.data(), value.size()));
+    RHINO_RETURN_IF_ERROR(NoteBaseWrite(&wb, partitioner_.VnodeOfBytes(key), key, true));
+    return WriteResult(db_->Write(rocksdb::WriteOptions(), &wb), "put");
+  }
   return WriteResult(db_->Put(rocksdb::WriteOptions(), cf, rocksdb::Slice(key.data(), key.size()),
                               rocksdb::Slice(value.data(), value.size())),
                      "put");
@@ -117,6 +123,12 @@ Status StateBackendImpl::Delete(std::string_view key) {
   rocksdb::ColumnFamilyHandle* cf;
   RHINO_RETURN_IF_ERROR(Route(key, &cf));
   SkipPerfCounters();
+  if (AnyOnBase() && OnBase(partitioner_.VnodeOfBytes(key))) {
+    rocksdb::WriteBatch wb;
+    wb.Delete(cf, rocksdb::Slice(key.data(), key.size()));
+    RHINO_RETURN_IF_ERROR(NoteBaseWrite(&wb, partitioner_.VnodeOfBytes(key), key, false));
+    return WriteResult(db_->Write(rocksdb::WriteOptions(), &wb), "delete");
+  }
   return WriteResult(db_->Delete(rocksdb::WriteOptions(), cf, rocksdb::Slice(key.data(), key.size())), "delete");
 }
 
@@ -207,6 +219,9 @@ Status StateBackendImpl::AddToBatch(WriteBatch* batch, const std::vector<std::st
     rocksdb::Status s = values ? wb.Put(cf, key, rocksdb::Slice((*values)[i].data(), (*values)[i].size()))
                                : wb.Delete(cf, key);
     if (!s.ok()) return FromRocks(s, values ? "batch put" : "batch delete");
+    if (AnyOnBase() && OnBase(vo.vnode_of[i])) {
+      RHINO_RETURN_IF_ERROR(NoteBaseWrite(&wb, vo.vnode_of[i], keys[i], values != nullptr));
+    }
   }
   return Status::OK();
 }

@@ -2,7 +2,9 @@
 // families and Rhino's metadata, closing it, and restoring a checkpoint into
 // a new one.
 #include <rocksdb/db.h>
+#include <rocksdb/convenience.h>
 #include <rocksdb/options.h>
+#include <rocksdb/utilities/options_util.h>
 #include <rocksdb/write_buffer_manager.h>
 
 #include <chrono>
@@ -48,6 +50,21 @@ Status NewColumnFamilyNames(const StateOptions& options, std::vector<std::string
   return Status::OK();
 }
 
+// Whether an existing DB was created with allow_ingest_behind, from its
+// OPTIONS file (RocksDB does not check a DB option against it at open, and the
+// reserved last level must have been reserved since the DB began). A DB whose
+// OPTIONS file cannot be read is taken as one without: it only loses the
+// early hand-over (StateBackend::takes_bases).
+bool CreatedWithIngestBehind(const std::string& dir) {
+  rocksdb::ConfigOptions co;
+  co.ignore_unknown_options = true;
+  co.ignore_unsupported_options = true;
+  rocksdb::DBOptions dbo;
+  std::vector<rocksdb::ColumnFamilyDescriptor> cfs;
+  if (!rocksdb::LoadLatestOptions(co, dir, &dbo, &cfs).ok()) return false;
+  return dbo.allow_ingest_behind;
+}
+
 }  // namespace
 
 Status StateBackendImpl::Open(const std::string& dir, const StateOptions& options,
@@ -68,6 +85,11 @@ Status StateBackendImpl::Open(const std::string& dir, const StateOptions& option
   b->compaction_ = options.compaction;
   b->wbm_ = std::make_shared<rocksdb::WriteBufferManager>(options.write_buffer_budget);
   rocksdb::DBOptions dbo = DbOptions(options, b->wbm_);
+  // RocksDB's last level is kept for the bases of vnodes taken on one (issue
+  // 48, state/vnode_base.cc): for a new DB from its start, for an existing one
+  // only if it was so created.
+  b->takes_bases_ = exists ? CreatedWithIngestBehind(dir) : true;
+  dbo.allow_ingest_behind = b->takes_bases_;
   std::shared_ptr<OpenWithoutSyncFileSystem> unsynced;
   if (!options.sync_open && !options.read_only) {
     b->env_ = NewOpenWithoutSyncEnv(&unsynced);
@@ -92,6 +114,7 @@ Status StateBackendImpl::Open(const std::string& dir, const StateOptions& option
   // Until the metadata is validated, a failure must still close the handles.
   Status s = b->LoadMetadata(options, exists, handles[0]);
   if (s.ok()) s = b->MapColumnFamilies(cf_names, handles);
+  if (s.ok()) s = b->LoadVnodeBases();
   if (!s.ok()) {
     for (auto* h : handles) b->db_->DestroyColumnFamilyHandle(h);
     b->db_.reset();

@@ -32,6 +32,12 @@ Status StateBackendImpl::ExportVnodes(const std::vector<uint32_t>& vnodes, const
       return Status::UnknownVnode("cannot export vnode " + std::to_string(v) + ": instance " +
                                   std::to_string(instance_) + " of '" + operator_id_ + "' does not hold it");
     }
+    // Its column family holds only the writes since its move: the export would lose the base.
+    if (OnBase(v)) {
+      return Status::InvalidArgument("cannot export vnode " + std::to_string(v) + " of instance " +
+                                     std::to_string(instance_) + " of '" + operator_id_ +
+                                     "': it is on a base that has not been merged yet");
+    }
   }
   RHINO_RETURN_IF_ERROR(fs::MakeDirs(fs::Parent(export_dir)));
   const std::string stage = export_dir + ".rhino-export-" + std::to_string(::getpid()) + "-" + fs::RandomHex(6);
@@ -183,6 +189,7 @@ Status StateBackendImpl::DropVnodes(const std::vector<uint32_t>& vnodes) {
     RHINO_RETURN_IF_ERROR(FromRocks(db_->DropColumnFamily(cf_by_vnode_[v]), "dropping vnode " + std::to_string(v)));
     db_->DestroyColumnFamilyHandle(cf_by_vnode_[v]);
     cf_by_vnode_[v] = nullptr;
+    RHINO_RETURN_IF_ERROR(ForgetBase(v));  // a vnode dropped on its base: its record and gone keys too
   }
   return Status::OK();
 }

@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,6 +53,28 @@ namespace rhino {
 // back to, without being told (StateBackend::BaseOf).
 struct VersionBase {
   std::optional<uint64_t> version;  // nullopt: built on no version
+};
+
+// A vnode hosted before its state has arrived (issue 48; the early hand-over
+// of Del Monte's proposal, §4.1). Its column family holds only what this
+// instance wrote since the move; the rest is its base, the source instance's
+// committed checkpoint at the move's barrier. A session reads a key it does not
+// find here through to the base (state/vnode_base.h, BaseReader), unless this
+// instance deleted it since; when the base has landed, MergeBase puts it under
+// this instance's writes. The record is kept in the state's metadata, so every
+// checkpoint, restore and takeover of this instance knows the base it reads.
+struct VnodeBase {
+  std::string operator_id;         // the source's operator (the same one for a rescale)
+  uint32_t instance = 0;           // the source instance
+  uint64_t checkpoint = 0;         // its committed checkpoint at the barrier
+  std::vector<std::string> hosts;  // workers that held it then (its primary, its chain)
+};
+
+// What MergeBase did.
+struct MergeBaseStats {
+  uint64_t files = 0;          // SST files put under the vnode
+  uint64_t bytes = 0;          // their size
+  uint64_t deletes_again = 0;  // deletes since the move, applied again over the base
 };
 
 class StateBackendImpl;  // state/state_backend_impl.h
@@ -209,6 +232,26 @@ class StateBackend {
   // Drops the column families of `vnodes` (the origin's side of a handover).
   Status DropVnodes(const std::vector<uint32_t>& vnodes);
 
+  // ---- vnodes on a base (the early hand-over, issue 48; VnodeBase above) ----
+  // Whether this DB reserves RocksDB's last level for bases that land
+  // (allow_ingest_behind, on since its creation): only such a DB takes a vnode
+  // on a base. Every DB created since issue 48 does.
+  bool takes_bases() const;
+  // Starts holding `vnode`, with no entries of its own, on `base`. AlreadyExists
+  // if it is held; InvalidArgument if !takes_bases().
+  Status AddVnodeOnBase(uint32_t vnode, const VnodeBase& base);
+  // The vnodes held on a base that has not been merged yet.
+  std::map<uint32_t, VnodeBase> VnodeBases() const;
+  // Puts the landed base of `vnode` under its own writes: `sst_files` (sorted,
+  // not overlapping one another: BaseFileWriter's, state/vnode_base.h) are
+  // moved into RocksDB's last level, below everything written here since the
+  // move, which therefore wins; the deletes made since the move are applied
+  // again (RocksDB drops a delete it compacts with nothing below it), and the
+  // vnode is off its base. No session may be open (the service's rule, as for
+  // imports). A merge cut short (a crash after the files went in) is finished
+  // when the state opens. InvalidArgument if `vnode` is not on a base.
+  Status MergeBase(uint32_t vnode, const std::vector<std::string>& sst_files, MergeBaseStats* stats);
+
   Status Stats(std::vector<VnodeStats>* out) const;
   Status Flush();
   // Waits up to `timeout` for RocksDB's background work (pending or running
@@ -224,7 +267,8 @@ class StateBackend {
   Status WaitForCompactions(std::chrono::milliseconds timeout, bool* settled) const;
 
  private:
-  friend class SessionBatch;  // a session's writes go through the same routing and column families
+  friend class SessionBatch;    // a session's writes go through the same routing and column families
+  friend class BaseFileWriter;  // a base's files get the vnodes' column family options
   explicit StateBackend(std::unique_ptr<StateBackendImpl> impl);
   std::unique_ptr<StateBackendImpl> impl_;  // state/state_backend_impl.h
 };
