@@ -93,16 +93,25 @@ Status ParseReconfigOps(const json& j, std::vector<ReconfigOp>* out) {
       op.vnodes = e.at("vnodes").get<std::vector<uint32_t>>();
       if (kind == "drop") {
         op.kind = ReconfigOp::Kind::kDrop;
-      } else if (kind == "import") {
-        op.kind = ReconfigOp::Kind::kImport;
+      } else if (kind == "import" || kind == "import_on_base") {
+        op.kind = kind == "import" ? ReconfigOp::Kind::kImport : ReconfigOp::Kind::kImportOnBase;
         op.from_operator = e.at("from_operator").get<std::string>();
         op.from_instance = e.at("from_instance").get<uint32_t>();
         op.checkpoint = e.at("checkpoint").get<uint64_t>();
         if (!IsValidOperatorId(op.from_operator)) {
           return Status::InvalidArgument("invalid operator id '" + op.from_operator + "' in an import step");
         }
+        // The workers that hold the base's checkpoint (design §4.1): its reads go there.
+        if (op.kind == ReconfigOp::Kind::kImportOnBase) {
+          op.hosts = e.at("hosts").get<std::vector<std::string>>();
+          if (op.hosts.empty() || op.hosts.size() > kMaxBaseHosts) {
+            return Status::InvalidArgument("an import_on_base step names 1 to " + std::to_string(kMaxBaseHosts) +
+                                           " workers that hold its base, not " + std::to_string(op.hosts.size()));
+          }
+        }
       } else {
-        return Status::InvalidArgument("unknown reconfiguration step '" + kind + "' (want drop or import)");
+        return Status::InvalidArgument("unknown reconfiguration step '" + kind +
+                                       "' (want drop, import or import_on_base)");
       }
       out->push_back(std::move(op));
     }

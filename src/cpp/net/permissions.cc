@@ -31,7 +31,7 @@ std::string_view NamespaceOf(std::string_view operator_id) {
 }
 
 Status PermitRequest(const PeerIdentity& peer, MessageType type, std::string_view operator_id,
-                     std::string_view server) {
+                     std::string_view server, bool reader) {
   const std::string what = std::string(MessageTypeName(type)) + " for " + std::string(operator_id);
   switch (type) {
     case MessageType::kOpenStreamReq:
@@ -41,8 +41,8 @@ Status PermitRequest(const PeerIdentity& peer, MessageType type, std::string_vie
       }
       return Status::OK();
     case MessageType::kSessionOpenReq:
-      if (peer.role == PeerRole::kWorker) {
-        return Denied(server, peer, what, "sessions and readers are for tasks, the coordinator and the admin");
+      if (peer.role == PeerRole::kWorker && !reader) {
+        return Denied(server, peer, what, "a worker may open checkpoint readers (a base's reads), not sessions");
       }
       if (peer.role == PeerRole::kTask) return OwnNamespace(server, peer, what, operator_id);
       return Status::OK();

@@ -10,7 +10,12 @@
 //   InstanceReq discard_after         ✓        ✓          ✓     (a primary cleans its chain, §7.3)
 //   InstanceReq status                ✓        ✓                  own namespace
 //   InstanceReq, any other action     ✓        ✓
-//   SessionOpenReq (session, reader)  ✓        ✓                  own namespace
+//   SessionOpenReq, a session         ✓        ✓                  own namespace
+//   SessionOpenReq, a reader          ✓        ✓          ✓     own namespace
+//
+// A worker reads a checkpoint of another worker's store for a vnode it took
+// on a base (the early hand-over, issue 48: design §4.1); it never opens a
+// session, which writes.
 //
 // A task's namespace is its credential's scope; an operator's is the part of
 // its id before the first "..", none for an id without one (the default
@@ -30,9 +35,10 @@ namespace rhino::net {
 // The namespace of an operator id: before its first "..", else "" (the default).
 std::string_view NamespaceOf(std::string_view operator_id);
 
-// OpenStreamReq, StoreQueryReq, SessionOpenReq (a session or a reader).
+// OpenStreamReq, StoreQueryReq, SessionOpenReq (a session, or a checkpoint
+// reader if `reader`).
 Status PermitRequest(const PeerIdentity& peer, MessageType type, std::string_view operator_id,
-                     std::string_view server);
+                     std::string_view server, bool reader = false);
 // InstanceReq.
 Status PermitInstanceAction(const PeerIdentity& peer, InstanceAction action, std::string_view operator_id,
                             std::string_view server);

@@ -40,6 +40,8 @@ TEST(PermissionsTest, AWorkerReplicatesAndCleansItsChainOnly) {
   EXPECT_OK(PermitRequest(w, MessageType::kOpenStreamReq, "op", "worker w1"));
   EXPECT_OK(PermitRequest(w, MessageType::kStoreQueryReq, "op", "worker w1"));
   EXPECT_CODE(PermitRequest(w, MessageType::kSessionOpenReq, "op", "worker w1"), kPermissionDenied);
+  // A checkpoint reader, for a base it reads through to (design §4.1).
+  EXPECT_OK(PermitRequest(w, MessageType::kSessionOpenReq, "op", "worker w1", /*reader=*/true));
   for (InstanceAction a : kEveryAction) {
     if (a == InstanceAction::kDiscardAfter) {
       EXPECT_OK(PermitInstanceAction(w, a, "op", "worker w1"));

@@ -394,11 +394,13 @@ std::string ReconfigOpsJson(const std::vector<ReconfigOp>& ops) {
     if (op.kind == ReconfigOp::Kind::kDrop) {
       out.push_back({{"op", "drop"}, {"vnodes", op.vnodes}});
     } else {
-      out.push_back({{"op", "import"},
-                     {"from_operator", op.from_operator},
-                     {"from_instance", op.from_instance},
-                     {"checkpoint", op.checkpoint},
-                     {"vnodes", op.vnodes}});
+      json step = {{"op", op.kind == ReconfigOp::Kind::kImport ? "import" : "import_on_base"},
+                   {"from_operator", op.from_operator},
+                   {"from_instance", op.from_instance},
+                   {"checkpoint", op.checkpoint},
+                   {"vnodes", op.vnodes}};
+      if (op.kind == ReconfigOp::Kind::kImportOnBase) step["hosts"] = op.hosts;
+      out.push_back(std::move(step));
     }
   }
   return out.dump();

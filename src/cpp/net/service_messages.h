@@ -254,18 +254,22 @@ struct SessionAbortReq {
 // checkpoint of another instance held in this worker's replica store. An
 // import replaces the vnode's column family if one is there: the coordinator's
 // routing table, not this worker, says who owns a vnode.
+// kImportOnBase takes the vnodes on a base, the origin's checkpoint, read
+// through on `hosts` until it lands (the early hand-over, design §4.1).
 struct ReconfigOp {
-  enum class Kind { kDrop, kImport };
+  enum class Kind { kDrop, kImport, kImportOnBase };
   Kind kind = Kind::kDrop;
   std::vector<uint32_t> vnodes;
-  std::string from_operator;   // kImport only
-  uint32_t from_instance = 0;  // kImport only
-  uint64_t checkpoint = 0;     // kImport only
+  std::string from_operator;       // kImport and kImportOnBase
+  uint32_t from_instance = 0;      // kImport and kImportOnBase
+  uint64_t checkpoint = 0;         // kImport and kImportOnBase
+  std::vector<std::string> hosts;  // kImportOnBase only: "host:port" of the workers holding the checkpoint
 };
+constexpr size_t kMaxBaseHosts = 16;
 
 // Reconfiguration steps as JSON: [{"op": "drop", "vnodes": [...]},
 // {"op": "import", "from_operator": ..., "from_instance": ..., "checkpoint": ...,
-// "vnodes": [...]}, ...] (§7.4). The parser also checks the operator ids,
+// "vnodes": [...]}, {"op": "import_on_base", ... as import ..., "hosts": [...]}, ...] (§7.4). The parser also checks the operator ids,
 // since a step may be kept and run again (instance.json's redo).
 Status ParseReconfigOps(std::string_view text, std::vector<ReconfigOp>* out);
 std::string ReconfigOpsJson(const std::vector<ReconfigOp>& ops);

@@ -12,6 +12,22 @@
 #include "util/fs.h"
 
 namespace rhino {
+
+namespace {
+
+bool SameBases(const std::map<uint32_t, VnodeBase>& a, const std::map<uint32_t, VnodeBase>& b) {
+  if (a.size() != b.size()) return false;
+  for (auto x = a.begin(), y = b.begin(); x != a.end(); ++x, ++y) {
+    if (x->first != y->first || x->second.operator_id != y->second.operator_id ||
+        x->second.instance != y->second.instance || x->second.checkpoint != y->second.checkpoint ||
+        x->second.hosts != y->second.hosts) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
 namespace {
 
 using json = nlohmann::json;
@@ -431,6 +447,16 @@ Status HostedInstance::OpenSession(uint64_t token, const SessionOpenReq& req, Se
   session_->epoch = epoch;
   if (want != (batch > 0 ? std::optional<uint64_t>(batch - 1) : std::nullopt)) session_->base = VersionBase{want};
   session_->writes = std::make_unique<SessionBatch>(db_.get());
+  // Vnodes taken on a base read what they do not hold through to it.
+  std::map<uint32_t, VnodeBase> bases = db_->VnodeBases();
+  if (bases.empty()) {
+    base_reader_.reset();
+  } else {
+    if (!base_reader_ || !SameBases(base_reader_->bases(), bases)) {
+      base_reader_ = std::make_unique<RemoteBaseReader>(std::move(bases), env_.peers);
+    }
+    session_->writes->SetBaseReader(base_reader_.get());
+  }
   m_.sessions_opened++;
   rsp->has_version = want.has_value();
   rsp->version = want.value_or(0);

@@ -34,6 +34,8 @@
 #include "rhino/replica_store.h"
 #include "rhino/state_backend.h"
 #include "rhino/status.h"
+#include "client/state_client.h"
+#include "service/base_reader.h"
 #include "service/chain_shipper.h"
 #include "service/instance_dir.h"
 #include "service/instance_metrics.h"
@@ -47,6 +49,9 @@ struct InstanceEnv {
   std::string state_dir;
   ReplicaStore* store = nullptr;
   Credential credential;    // the worker's own (protocol §2, "Roles"): to replicate down the chains
+  // How this worker connects to another (its id, credential, TLS, bounds):
+  // to read the base of a vnode taken on one (design §4.1).
+  StateClientOptions peers;
   ReplicateOptions replicate;
   // Asks each chain member to drop the instance's checkpoints after `after`
   // (a re-executed batch replaces them); set by the state service.
@@ -245,6 +250,9 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance>, priv
   uint64_t placed_epoch_ = 0;
   uint64_t placed_chain_version_ = 0;
   std::unique_ptr<StateBackend> db_;
+  // The reader of the bases of the vnodes taken on one (design §4.1), kept
+  // across sessions while those bases stay the same.
+  std::unique_ptr<RemoteBaseReader> base_reader_;
   bool compacting_ = false;                  // between BeginCompaction and EndCompaction
   std::condition_variable_any compacted_;    // notified by EndCompaction; waits on mu_
   std::unique_ptr<Session> session_;

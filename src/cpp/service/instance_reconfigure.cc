@@ -85,6 +85,10 @@ Status HostedInstance::ApplyOps(const std::vector<ReconfigOp>& ops) {
     if (op.kind == ReconfigOp::Kind::kImport) {
       std::vector<uint32_t> imported;
       RHINO_RETURN_IF_ERROR(ImportFromCheckpoint(op.from_operator, op.from_instance, op.checkpoint, op.vnodes, &imported));
+    } else if (op.kind == ReconfigOp::Kind::kImportOnBase) {
+      // Nothing is copied: the vnodes start empty on their base (design §4.1).
+      const VnodeBase base{op.from_operator, op.from_instance, op.checkpoint, op.hosts};
+      for (uint32_t v : op.vnodes) RHINO_RETURN_IF_ERROR(db_->AddVnodeOnBase(v, base));
     }
   }
   config_.vnodes = db_->vnodes();

@@ -33,6 +33,12 @@ StateService::StateService(ReplicaStore* store, net::ConnectionCounters* counter
   env_.credential = Credential::FromRoot(options.secret, PeerRole::kWorker, options.worker_id);
   env_.replicate = options.replicate;
   env_.replicate.client_id = options.worker_id;
+  env_.peers.client_id = options.worker_id;
+  env_.peers.credential = env_.credential;
+  env_.peers.tls = options.tls;
+  env_.peers.max_frame_bytes = options.max_frame_bytes;
+  env_.peers.peer_timeout_ms = options.peer_timeout_ms;
+  env_.peers.request_timeout_ms = 30000;
   env_.discard_on_chain = [this](const InstanceConfig& c, std::optional<uint64_t> after) {
     return DiscardOnChain(c, after);
   };
@@ -258,7 +264,8 @@ std::shared_ptr<net::StreamListener> StateService::OnUnclaimed(const std::shared
         Reject(conn, h, Status::Corruption("invalid SessionOpenReq: " + s.message()));
         return nullptr;
       }
-      s = net::PermitRequest(conn->peer(), h.type, req.operator_id, "worker " + options_.worker_id);
+      s = net::PermitRequest(conn->peer(), h.type, req.operator_id, "worker " + options_.worker_id,
+                             req.read_checkpoint);
       if (!s.ok()) {
         net::LogRefusal(s);
         conn->Send(MessageType::kSessionOpenRsp, h.stream_id, 0, ServiceErrorPayload(MessageType::kSessionOpenRsp, s));
