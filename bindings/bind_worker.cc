@@ -156,13 +156,14 @@ stop() aborts streams under way and closes connections; join() waits for stop.
                        uint32_t max_unauthenticated_connections, uint32_t max_connections_per_peer,
                        uint32_t max_unauthenticated_per_peer, uint32_t max_instances,
                        uint32_t max_checkpoint_readers, uint32_t max_streams_per_connection,
-                       uint64_t max_outbound_bytes) {
+                       uint64_t max_outbound_bytes, uint64_t base_copy_bytes_per_s) {
              auto w = std::make_unique<PyWorker>();
              WorkerOptions o;
              o.max_streams_per_connection = max_streams_per_connection;
              o.max_outbound_bytes = max_outbound_bytes;
              o.max_instances = max_instances;
              o.max_checkpoint_readers = max_checkpoint_readers;
+             o.base_copy_bytes_per_s = base_copy_bytes_per_s;
              o.max_connections = max_connections;
              o.max_unauthenticated_connections = max_unauthenticated_connections;
              o.max_connections_per_peer = max_connections_per_peer;
@@ -206,7 +207,7 @@ stop() aborts streams under way and closes connections; join() waits for stop.
            py::arg("max_instances") = kDefaultMaxInstances,
            py::arg("max_checkpoint_readers") = kDefaultMaxCheckpointReaders,
            py::arg("max_streams_per_connection") = kDefaultMaxStreamsPerConnection,
-           py::arg("max_outbound_bytes") = kDefaultMaxOutboundBytes)
+           py::arg("max_outbound_bytes") = kDefaultMaxOutboundBytes, py::arg("base_copy_bytes_per_s") = 256ull << 20)
       .def("start", [](PyWorker& w) {
              Status s;
              {

@@ -517,8 +517,9 @@ def test_a_task_cannot_replicate_or_query_a_store(cluster, tmp_path) -> None:
 
 
 def test_a_worker_credential_is_held_to_replication(cluster) -> None:
-    """w1's credential queries a store (and asks for discard_after: the fence test of the positive
-    controls), but opens no session or reader, asks no status, and fences nothing."""
+    """w1's credential queries a store, asks for discard_after (the fence test of the positive
+    controls) and opens checkpoint readers (a base's reads, design §4.1), but opens no session,
+    asks no status, and fences nothing; its reader changes nothing."""
     cl = cluster
     cred = Credential.derive(SECRET, "worker", "w1")
     repl, prim = cl.replica[A], cl.primary[A]
@@ -532,7 +533,10 @@ def test_a_worker_credential_is_held_to_replication(cluster) -> None:
             assert cl.last[A] in rhino.query_store(prim.address, secret=cred, operator_id=A, instance=0, tls=cl.tls)
 
         refused(cl, before, lambda: c.session(A, 0, batch=cl.last[A] + 1, epoch=epoch), "worker", still_open=still)
-        refused(cl, before, lambda: c.read_checkpoint(A, 0), "worker", still_open=still)
+        r = c.read_checkpoint(A, 0)  # read-only: what a target reads a base with
+        assert r.checkpoint == cl.last[A]
+        r.close()
+        assert snapshot(cl) == before
         refused(cl, before, lambda: c.status(A, 0), still_open=still)
         refused(cl, before, lambda: c.fence(A, 0, epoch=TOP), "fence", still_open=still)
         refused(cl, before, lambda: c.takeover(A, 0, epoch=TOP), "takeover", still_open=still)

@@ -11,13 +11,14 @@ read of a moved vnode either is C's own entry or went through to the base.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import rhino
-from rhino_testing.harness.workers import SECRET, WorkerProcess, write_secret
+from rhino_testing.harness.workers import SECRET, WorkerProcess, read_rocksdb, write_secret
 
 HOSTS = (214, 215, 216)
 OP = "early"
@@ -33,15 +34,33 @@ def kb(k: int) -> bytes:
 PART = rhino.Partitioner(num_vnodes=V)
 
 
-@pytest.fixture
-def workers(tmp_path: Path):
+def start(tmp_path: Path, target_args: list[str]) -> list[WorkerProcess]:
     secret_file = write_secret(tmp_path, SECRET)
-    ws = [WorkerProcess(tmp_path, f"w{n}", f"127.0.0.{n}", secret_file=secret_file, metrics=False).start()
-          for n in HOSTS]
-    yield ws
+    return [WorkerProcess(tmp_path, f"w{n}", f"127.0.0.{n}", secret_file=secret_file, metrics=False,
+                          extra_args=target_args if n == HOSTS[-1] else None).start() for n in HOSTS]
+
+
+def stop(ws: list[WorkerProcess]) -> None:
     for w in ws:
         if w.alive():
             w.stop()
+
+
+@pytest.fixture
+def workers(tmp_path: Path):
+    """A, B and a target C whose background copy of a base never gets far (1 byte a
+    second): every read of a moved vnode that C did not write goes through to the base."""
+    ws = start(tmp_path, ["--base-copy-rate", "1"])
+    yield ws
+    stop(ws)
+
+
+@pytest.fixture
+def copying_workers(tmp_path: Path):
+    """A, B and a target C that copies bases at the default rate."""
+    ws = start(tmp_path, [])
+    yield ws
+    stop(ws)
 
 
 def owned(state: dict[bytes, bytes], vnodes) -> dict[bytes, bytes]:
@@ -107,7 +126,10 @@ def test_a_target_on_a_fresh_worker_serves_moved_vnodes_at_once_through_to_the_b
     info = cc.reconfigure(OP, 1, epoch=e, version=2, ops=step)
     assert info["vnodes"] == MOVED
     ca.reconfigure(OP, 0, epoch=e, version=2, ops=[{"op": "drop", "vnodes": MOVED}])
-    assert not list(Path(c.dir).rglob("*.sst")), "the early hand-over copies nothing to the target"
+    # Nothing was copied into the target's state or store at the barrier (its background
+    # copy writes under state/tmp, and at 1 byte a second it never gets to merge).
+    copied = [p for p in Path(c.dir).rglob("*.sst") if "tmp" not in p.relative_to(c.dir).parts]
+    assert not copied, "the early hand-over copies nothing to the target at the barrier"
     at_barrier = owned(state, MOVED)
     assert at_barrier, "the moved vnodes hold state"
     scanned, looked_up = read(cc, 1, 3, e)
@@ -151,4 +173,74 @@ def test_an_import_on_base_step_is_checked(workers) -> None:
     for step in bad:
         with pytest.raises(rhino.InvalidArgumentError):
             cc.reconfigure(OP, 1, epoch=1, version=0, ops=[step])
+    cc.close()
+
+
+def test_the_base_lands_in_the_background_and_merges_under_the_targets_writes(copying_workers, tmp_path) -> None:
+    a, b, c = copying_workers
+    ca, cc = (rhino.connect(w.unix_socket, secret=SECRET) for w in (a, c))
+    rng = np.random.default_rng(49)
+    e = 1
+    ca.open_instance(OP, 0, epoch=e, num_vnodes=V, chain=[b.address], chain_version=1)
+    state: dict[bytes, bytes] = {}
+    for batch in range(3):
+        write_batch(ca, 0, batch, e, state, range(V), rng)
+    e += 1
+    ca.open_instance(OP, 0, epoch=e, num_vnodes=V, chain=[b.address], chain_version=1)
+    cc.open_instance(OP, 1, epoch=e, num_vnodes=V, vnodes=MOVED, chain=[], chain_version=0)
+    step = [{"op": "import_on_base", "from_operator": OP, "from_instance": 0, "checkpoint": 2,
+             "vnodes": MOVED, "hosts": [a.address, b.address]}]
+    cc.reconfigure(OP, 1, epoch=e, version=2, ops=step)
+    ca.reconfigure(OP, 0, epoch=e, version=2, ops=[{"op": "drop", "vnodes": MOVED}])
+
+    # Batch 3 writes and deletes on the target (base keys among them) while the base is
+    # copied; its open session holds the merge off until it commits, so the base lands
+    # under those writes.
+    keys = rng.choice(N, size=400, replace=False).astype(np.int64)
+    keys = keys[np.isin(PART.vnodes(keys), MOVED)]
+    dead, live = keys[: len(keys) // 3], keys[len(keys) // 3:]
+    base_keys_deleted = [k for k in dead if kb(k) in state]
+    assert base_keys_deleted, "the batch deletes keys only the base holds"
+    values = [rng.bytes(16) for _ in live]
+    with cc.session(OP, 1, batch=3, epoch=e) as s:
+        s.put_batch(live, values)
+        s.delete_batch(dead)
+        time.sleep(1.0)  # the copy of a few thousand entries is done by now, and waits
+        s.commit()
+    after_3 = dict(state)
+    after_3.update({kb(k): v for k, v in zip(live, values)})
+    for k in dead:
+        after_3.pop(kb(k), None)
+    merged_by = time.monotonic() + 30
+    while cc.status(OP, 1)["bases"]:
+        assert time.monotonic() < merged_by, "the base was not merged within 30 s"
+        time.sleep(0.05)
+    scanned, looked_up = read(cc, 1, 4, e)
+    assert scanned == owned(after_3, MOVED) and looked_up == owned(after_3, MOVED)
+
+    # Batch 4 commits a checkpoint of the merged state: rocksdict, reading it, sees the model.
+    ops_4 = (np.array([], dtype=np.int64), [], np.array([], dtype=np.int64))
+    commit(cc, 1, 4, e, ops_4)
+    target = tmp_path / "c-read"
+    rhino.ReplicaStore(str(c.dir)).restore(OP, 1, 4, str(target)).close()
+    cfs = read_rocksdb(target)
+    assert {k: v for n, cf in cfs.items() if n.startswith("vnode-") for k, v in cf.items()} == owned(after_3, MOVED)
+
+    # Batch 4 runs again: the target rolls back to checkpoint 3, taken before the merge, so the
+    # vnodes are on their base again, read through as before, and merged again.
+    with cc.session(OP, 1, batch=4, epoch=e) as s:
+        assert s.rolled_back
+        assert dict(s.scan(page_size=300)) == owned(after_3, MOVED)
+        s.abort()
+    merged_by = time.monotonic() + 30
+    while cc.status(OP, 1)["bases"]:
+        assert time.monotonic() < merged_by, "the base was not merged again within 30 s"
+        time.sleep(0.05)
+    # Merged, the target needs its base no more: with both of the base's workers gone it
+    # reads every key itself.
+    ca.close()
+    a.kill()
+    b.kill()
+    scanned, looked_up = read(cc, 1, 4, e)
+    assert scanned == owned(after_3, MOVED) and looked_up == owned(after_3, MOVED)
     cc.close()

@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-checkpoint-readers", type=uint32, default=_core.MAX_CHECKPOINT_READERS,
                    help="checkpoint readers open at once (each a hard-link restore and a RocksDB open); one more "
                         "is refused with ResourceExhausted (default: %(default)s; 0: no bound)")
+    p.add_argument("--base-copy-rate", type=_size_or_zero, default="256M",
+                   help="bytes per second, at most, that the early hand-over's background copy reads of a base "
+                        "(docs/design.md section 4.1; default: 256M; 0: no bound)")
     p.add_argument("--session-idle-timeout", type=float, default=600.0,
                    help="abort a session with no request for this many seconds: a task that hangs with its "
                         "connection alive would hold its instance otherwise (default: %(default)s; 0: never)")
@@ -319,6 +322,7 @@ def _new_worker(args: argparse.Namespace, config: _Configuration) -> Worker:
         max_session_bytes=args.max_session_bytes,
         max_instances=args.max_instances,
         max_checkpoint_readers=args.max_checkpoint_readers,
+        base_copy_bytes_per_s=args.base_copy_rate,
         replicate_timeout_ms=int(args.replication_timeout * 1000),
         session_idle_timeout_ms=int(args.session_idle_timeout * 1000),
         keep_checkpoints=args.keep_checkpoints,

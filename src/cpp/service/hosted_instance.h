@@ -165,6 +165,19 @@ class HostedInstance : public std::enable_shared_from_this<HostedInstance>, priv
   // complete on the chain (at once if the chain is empty).
   Status Reconfigure(uint64_t version, const std::vector<ReconfigOp>& ops, bool* replicating, CommitReply reply);
 
+  // ---- vnodes on a base (design §4.1; REQUIRES: mu held) ----
+  // The vnodes on a base not merged yet (none if closed).
+  std::map<uint32_t, VnodeBase> Bases() const;
+  // Merges vnode `vnode`'s base from `files` (BaseFileWriter's, for `base`):
+  // SessionBusy with a session open (merge between batches), Aborted if the
+  // vnode is no longer on that base (a rollback or a drop since the copy began).
+  Status MergeBase(uint32_t vnode, const VnodeBase& base, const std::vector<std::string>& files,
+                   MergeBaseStats* stats);
+  // A fresh directory for a base's files (removed by the caller).
+  std::string BaseWorkDir(uint32_t vnode) const { return dir_.WorkDir("base-" + std::to_string(vnode)); }
+  // A writer of `vnode`'s base files with the state's own options.
+  std::unique_ptr<BaseFileWriter> NewBaseFileWriter(const std::string& dir) const;
+
   // ---- compaction (§7.1 compact) ----
   // A full compaction runs off mu, so that status, metrics and retention
   // never wait for it: BeginCompaction (REQUIRES mu held; SessionBusy with a

@@ -45,6 +45,13 @@ json InfoJson(HostedInstance& inst) {
          {"db_name", c.db_name}};
   const std::optional<int64_t> clock = inst.ttl_clock();
   j["ttl_clock"] = clock ? json(*clock) : json(nullptr);
+  // Vnodes on a base not merged yet (design §4.1), and the checkpoint each reads.
+  json bases = json::array();
+  for (const auto& [v, b] : inst.Bases()) {
+    bases.push_back({{"vnode", v}, {"operator_id", b.operator_id}, {"instance", b.instance},
+                     {"checkpoint", b.checkpoint}});
+  }
+  j["bases"] = bases;
   return j;
 }
 

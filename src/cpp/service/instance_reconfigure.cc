@@ -95,6 +95,28 @@ Status HostedInstance::ApplyOps(const std::vector<ReconfigOp>& ops) {
   return Status::OK();
 }
 
+std::map<uint32_t, VnodeBase> HostedInstance::Bases() const {
+  return db_ ? db_->VnodeBases() : std::map<uint32_t, VnodeBase>{};
+}
+
+std::unique_ptr<BaseFileWriter> HostedInstance::NewBaseFileWriter(const std::string& dir) const {
+  return db_ ? std::make_unique<BaseFileWriter>(*db_, dir) : nullptr;
+}
+
+Status HostedInstance::MergeBase(uint32_t vnode, const VnodeBase& base, const std::vector<std::string>& files,
+                                 MergeBaseStats* stats) {
+  if (!db_) return Status::UnknownInstance(Describe(config_) + " is closed");
+  if (session_) return Status::SessionBusy(Describe(config_) + " has an open session: merge between batches");
+  const std::map<uint32_t, VnodeBase> now = db_->VnodeBases();
+  auto it = now.find(vnode);
+  if (it == now.end() || it->second.operator_id != base.operator_id || it->second.instance != base.instance ||
+      it->second.checkpoint != base.checkpoint) {
+    return Status::Aborted("vnode " + std::to_string(vnode) + " of " + Describe(config_) +
+                           " is no longer on the base that was copied");
+  }
+  return db_->MergeBase(vnode, files, stats);
+}
+
 void HostedInstance::MaybeClearRedo(uint64_t complete_id) {
   // Batch b+1 may run again (and roll back to b) until batch b+2 starts: the
   // driver starts b+2 only once b+1 is done everywhere. So checkpoint b+2

@@ -97,6 +97,15 @@ Status StateService::Start() {
     Host(inst);
   }
   if (options_.session_idle_timeout_ms > 0) sweeper_ = std::thread([this]() { SweepIdleSessions(); });
+  base_copier_ = std::make_unique<BaseCopier>(
+      [this] {
+        std::vector<std::shared_ptr<HostedInstance>> all;
+        MutexLock l(&mu_);
+        for (auto& [key, inst] : instances_) all.push_back(inst);
+        return all;
+      },
+      env_.peers, options_.base_copy_bytes_per_s);
+  base_copier_->Start();
   return Status::OK();
 }
 
@@ -133,6 +142,7 @@ void StateService::Shutdown() {
   }
   sweep_cv_.SignalAll();
   if (sweeper_.joinable()) sweeper_.join();
+  if (base_copier_) base_copier_->Stop();
   for (auto& r : readers_->All()) r->End("ended: worker " + options_.worker_id + " shut down");
   for (auto& [key, inst] : all) {
     std::lock_guard<InstanceMutex> l(inst->mu());

@@ -32,6 +32,7 @@
 #include "net/service_messages.h"
 #include "replication/fence_table.h"
 #include "rhino/thread_annotations.h"
+#include "service/base_copier.h"
 #include "service/checkpoint_reader.h"
 #include "service/hosted_instance.h"
 #include "service/session_stream.h"
@@ -58,6 +59,9 @@ struct StateServiceOptions {
   // Over one, the request is refused with ResourceExhausted. 0 = no bound.
   uint32_t max_instances = kDefaultMaxInstances;
   uint32_t max_checkpoint_readers = kDefaultMaxCheckpointReaders;
+  // The early hand-over's background copy (design §4.1): bytes of a base's
+  // entries read per second, at most (0: no bound).
+  uint64_t base_copy_bytes_per_s = 256ull << 20;
 };
 
 class StateService {
@@ -131,6 +135,7 @@ class StateService {
 
   std::thread sweeper_;
   CondVar sweep_cv_;  // with mu_: wakes the sweeper at Shutdown
+  std::unique_ptr<BaseCopier> base_copier_;  // the bases of vnodes taken on one, copied and merged
 
   Mutex mu_;
   bool stopped_ GUARDED_BY(mu_) = false;

@@ -257,7 +257,11 @@ Status StateBackendImpl::GoneWithPrefix(uint32_t vnode, std::string_view prefix,
 // ---------------------------------------------------------------- BaseFileWriter
 
 BaseFileWriter::BaseFileWriter(const StateBackend& db, std::string dir, uint64_t file_bytes)
-    : db_(db), dir_(std::move(dir)), file_bytes_(file_bytes) {}
+    : options_(std::make_unique<rocksdb::Options>(rocksdb::DBOptions(), *db.impl_->cf_options_)),
+      dir_(std::move(dir)),
+      file_bytes_(file_bytes) {
+  options_->compaction_filter = nullptr;  // the DB's, which may close first; a writer runs no compaction
+}
 
 BaseFileWriter::~BaseFileWriter() = default;
 
@@ -266,9 +270,7 @@ Status BaseFileWriter::Roll() {
     rocksdb::Status rs = writer_->Finish();
     if (!rs.ok()) return FromRocks(rs, "finishing base file " + files_.back());
   }
-  const StateBackendImpl& impl = *db_.impl_;
-  writer_ = std::make_unique<rocksdb::SstFileWriter>(rocksdb::EnvOptions(),
-                                                     rocksdb::Options(rocksdb::DBOptions(), *impl.cf_options_));
+  writer_ = std::make_unique<rocksdb::SstFileWriter>(rocksdb::EnvOptions(), *options_);
   char name[32];
   std::snprintf(name, sizeof(name), "base-%06zu.sst", files_.size());
   files_.push_back(fs::Join(dir_, name));

@@ -23,6 +23,7 @@
 
 namespace rocksdb {
 class SstFileWriter;
+struct Options;
 }  // namespace rocksdb
 
 namespace rhino {
@@ -47,7 +48,9 @@ class BaseReader {
 
 // Writes a base's entries, in key order, into SST files of at most
 // `file_bytes` each, in `dir`, for StateBackend::MergeBase: the vnode's own
-// column family options, so the files read as the vnode's own would.
+// column family options (copied from `db` at construction: the writer may
+// outlive that StateBackend object, which a rollback replaces), so the files
+// read as the vnode's own would.
 class BaseFileWriter {
  public:
   BaseFileWriter(const StateBackend& db, std::string dir, uint64_t file_bytes = 64ull << 20);
@@ -62,7 +65,7 @@ class BaseFileWriter {
 
  private:
   Status Roll();
-  const StateBackend& db_;
+  std::unique_ptr<rocksdb::Options> options_;
   const std::string dir_;
   const uint64_t file_bytes_;
   std::unique_ptr<rocksdb::SstFileWriter> writer_;

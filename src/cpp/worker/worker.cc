@@ -235,6 +235,7 @@ class Worker::Impl {
     ss.session_idle_timeout_ms = o.session_idle_timeout_ms;
     ss.max_instances = o.max_instances;
     ss.max_checkpoint_readers = o.max_checkpoint_readers;
+    ss.base_copy_bytes_per_s = o.base_copy_bytes_per_s;
     ss.peer_timeout_ms = o.peer_timeout_ms;
     ss.replicate.chunk_bytes = o.replicate_chunk_bytes;
     ss.replicate.window = o.replicate_window;

@@ -36,6 +36,8 @@ struct WorkerOptions {
   uint32_t session_idle_timeout_ms = 600000;  // a session with no request this long is aborted; 0 = never
   uint32_t max_instances = kDefaultMaxInstances;                    // hosted at once; 0 = no bound
   uint32_t max_checkpoint_readers = kDefaultMaxCheckpointReaders;  // open at once; 0 = no bound
+  // The early hand-over's background copy of a base (design §4.1): bytes read per second; 0 = no bound.
+  uint64_t base_copy_bytes_per_s = 256ull << 20;
   // How a commit replicates its checkpoint down the instance's chain.
   uint32_t replicate_chunk_bytes = 1u << 20;
   uint32_t replicate_window = 16;
