@@ -22,7 +22,7 @@ import rhino
 
 from rhino_testing.harness.workers import SECRET, start_workers, write_secret
 from .common import JsonLines, exit_on_sigterm, io_flags
-from .report import pyplot, save
+from .report import md_table, pyplot, save, write_lines
 
 THROUGHPUT_TARGET = 0.70  # Unix-socket keys/s over in-process keys/s
 OPEN_TARGET_MS = 2.0
@@ -215,22 +215,20 @@ def report(rows: list[dict], path: str) -> None:
     lines = ["# State service: sessions against the in-process state backend", "",
              f"Command: `{setup['command']}`, run at {setup['unix']} on {setup['cpus']} CPUs "
              f"(the primary worker, the replicas and the client share them).", "",
-             "| op | transport | keys/s (median) | ratio to in-process | target |", "|---|---|---:|---:|---|"]
-    for r in rows:
-        if r["figure"] == "throughput":
-            target = ""
-            if "target" in r:
-                target = f">= {r['target']:.0%}: {'met' if r['target_met'] else 'missed'}"
-            ratio = f"{r['ratio_to_inprocess']:.0%}" if "ratio_to_inprocess" in r else "baseline"
-            lines.append(f"| {r['op']} | {r['transport']} | {r['keys_per_s']:,} | {ratio} | {target} |")
-    lines += ["", "| replicas | open session, ms (median / p90) | commit 1 key, ms (median / p90) | target |",
-              "|---:|---:|---:|---|"]
-    for r in rows:
-        if r["figure"] == "fixed_cost":
-            met = "met" if r["open_target_met"] else "missed"
-            lines.append(f"| {r['replicas']} | {r['open_ms_median']} / {r['open_ms_p90']} | "
-                         f"{r['commit_ms_median']} / {r['commit_ms_p90']} | open <= {r['open_target_ms']} ms: {met} |")
-    Path(path).write_text("\n".join(lines) + "\n")
+             ""]
+    tp, fixed = [r for r in rows if r["figure"] == "throughput"], [r for r in rows if r["figure"] == "fixed_cost"]
+    lines += md_table(["op", "transport", "keys/s (median)", "ratio to in-process", "target"],
+                      [(r["op"], r["transport"], f"{r['keys_per_s']:,}",
+                        f"{r['ratio_to_inprocess']:.0%}" if "ratio_to_inprocess" in r else "baseline",
+                        f">= {r['target']:.0%}: {'met' if r['target_met'] else 'missed'}" if "target" in r else "")
+                       for r in tp], "llrrl")
+    lines += [""] + md_table(["replicas", "open session, ms (median / p90)", "commit 1 key, ms (median / p90)",
+                              "target"],
+                             [(r["replicas"], f"{r['open_ms_median']} / {r['open_ms_p90']}",
+                               f"{r['commit_ms_median']} / {r['commit_ms_p90']}",
+                               f"open <= {r['open_target_ms']} ms: {'met' if r['open_target_met'] else 'missed'}")
+                              for r in fixed], "rrrl")
+    write_lines(path, lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
