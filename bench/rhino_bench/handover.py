@@ -391,7 +391,3 @@ def main(argv: Optional[list[str]] = None) -> int:
                   f"was written: {'; '.join(r['verify']['problems'])}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -438,7 +438,3 @@ def main(argv: list[str] | None = None) -> int:
     if not args.keep:
         shutil.rmtree(args.dir, ignore_errors=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

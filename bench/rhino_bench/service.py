@@ -259,6 +259,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         report(lines.rows, args.report)
     return 0
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -195,7 +195,3 @@ def report(rows: list[dict], path: str) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     return bench_main(TakeoverOpen(report=report), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -354,7 +354,3 @@ def main(argv: Optional[list[str]] = None) -> int:
         cl.down(progress=lambda s: _say(f"[cluster] {s}"))
 
     return finish(a, run, status, coord_events, events, kill, script, work, source, params, t_start)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

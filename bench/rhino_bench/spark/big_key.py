@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 from typing import Any, Optional, Sequence
 
 from ..frame import BenchRun, Scenario, bench_main, spark_flags, spark_session, start_rhino
@@ -165,7 +164,3 @@ class _RunTimeout(Exception):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     return bench_main(BigKey(report=report), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,7 +14,6 @@ import cProfile
 import io
 import pstats
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -386,7 +385,3 @@ def summarize(records: list[dict]) -> dict:
 
 def main(argv: Optional[list[str]] = None) -> int:
     return bench_main(Glue(summarize=summarize, report=report), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -252,7 +251,3 @@ class InitialState(Scenario):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     return bench_main(InitialState(summarize=summarize, report=report), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

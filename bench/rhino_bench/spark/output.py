@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -410,7 +409,3 @@ def _xmx(pid: Optional[int]) -> Optional[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     return bench_main(Output(summarize=summarize, report=report, plot=plot), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -163,7 +162,3 @@ def _warm_up(env: _Env, args: argparse.Namespace, base: Path, run_id: str) -> No
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     return bench_main(StateSize(summarize=summarize, report=report, plot=plot), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 from typing import Any, Optional, Sequence
 
 from ..frame import BenchRun, Scenario, bench_main, spark_flags
@@ -308,7 +307,3 @@ def report(records: list[dict], path: str) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     return bench_main(Throughput(summarize=summarize, report=report, plot=plot), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
