@@ -29,10 +29,6 @@ OPEN_TARGET_MS = 2.0
 NUM_VNODES = 64
 
 
-def _median(xs: list[float]) -> float:
-    return float(np.median(xs))
-
-
 def _timed(fn: Callable[[], Any]) -> float:
     t = time.perf_counter()
     fn()
@@ -41,7 +37,7 @@ def _timed(fn: Callable[[], Any]) -> float:
 
 def _throughput_row(op: str, transport: str, seconds: list[float], ratios: list[float], keys: int,
                     args: argparse.Namespace) -> dict:
-    med = _median(seconds)
+    med = np.median(seconds)
     row = {"figure": "throughput", "op": op, "transport": transport, "keys": keys, "value_bytes": args.value_bytes,
            "repeat": len(seconds), "seconds_median": round(med, 6), "seconds_min": round(min(seconds), 6),
            "keys_per_s": round(keys / med)}
@@ -49,7 +45,7 @@ def _throughput_row(op: str, transport: str, seconds: list[float], ratios: list[
         # The median over rounds of (in-process time / session time), each round
         # timing the three ways back to back: the machine's noise (other
         # tenants' CPU, the disk) hits the baseline and the session alike.
-        row["ratio_to_inprocess"] = round(_median(ratios), 3)
+        row["ratio_to_inprocess"] = round(np.median(ratios), 3)
         row["ratio_min"] = round(min(ratios), 3)
         row["ratio_max"] = round(max(ratios), 3)
         if transport == "unix" and op in ("put", "get"):
@@ -154,10 +150,10 @@ def run(args: argparse.Namespace, emit: Callable[[dict], None]) -> None:
                 commit_ms.append((t3 - t2) * 1e3)
                 total_ms.append((t3 - t0) * 1e3)
             row = {"figure": "fixed_cost", "replicas": r, "transport": "unix", "reps": args.fixed_reps,
-                   "open_ms_median": round(_median(open_ms), 3), "open_ms_p90": round(float(np.percentile(open_ms, 90)), 3),
-                   "commit_ms_median": round(_median(commit_ms), 3),
+                   "open_ms_median": round(float(np.median(open_ms)), 3), "open_ms_p90": round(float(np.percentile(open_ms, 90)), 3),
+                   "commit_ms_median": round(np.median(commit_ms), 3),
                    "commit_ms_p90": round(float(np.percentile(commit_ms, 90)), 3),
-                   "batch_ms_median": round(_median(total_ms), 3),
+                   "batch_ms_median": round(np.median(total_ms), 3),
                    "last_commit": {k: res.stats.get(k) for k in ("write_s", "checkpoint_s", "replicate_s",
                                                                  "delta_bytes", "delta_files", "files")},
                    "open_target_ms": OPEN_TARGET_MS}
