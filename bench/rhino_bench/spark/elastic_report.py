@@ -8,7 +8,7 @@ from typing import Any, Optional
 from .common import median, round_floats
 from ..report import fmt, md_table, pyplot, run_header, save, setup_of, write_lines
 
-SYSTEMS = ("rhino", "spark-rocksdb")
+from .state_size_workload import SYSTEMS
 RECOVERED_TARGET = 5     # batches after a rate step until the latency is back under the trigger interval
 SPIKE_TARGET = 2.0       # a rescale's largest batch over the steady median
 

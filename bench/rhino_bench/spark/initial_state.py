@@ -20,11 +20,10 @@ from typing import Any, Optional, Sequence
 
 from ..frame import BenchRun, Scenario, bench_main, spark_session, start_rhino
 from ..report import last_summary, md_table, setup_of, write_lines
-from .common import positive_int, say
+from .common import ROCKSDB_PROVIDER, positive_int, say
 
 __all__ = ["main"]
 
-ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 OUT = "k long, v long, why string"
 
 

@@ -3,12 +3,12 @@ JSON lines alone, in a run or with ``--from``)."""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from ..report import last_summary, md_table, pyplot, run_header, save, setup_of, write_lines
-from .common import median, round_floats
+from .common import mean as _mean, median, round_floats
 
-SYSTEMS = ("rhino", "spark-rocksdb")
+from .state_size_workload import SYSTEMS
 RHINO_VS_SPARK_TARGET = 1.0
 FLAT_TOLERANCE_MB = 64.0  # the driver's RSS, last batch minus first: "flat" if at most this
 IN_ROW_BYTES = 16  # k, v
@@ -19,11 +19,6 @@ _MB = 1 << 20
 def window_bytes(window_rows: int, fanout: int) -> int:
     """The bytes of one task window's data: its input rows and their output, as columns."""
     return window_rows * (IN_ROW_BYTES + fanout * OUT_ROW_BYTES)
-
-
-def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
-    v = [x for x in xs if x is not None]
-    return sum(v) / len(v) if v else None
 
 
 # ---- records ----------------------------------------------------------------------------------

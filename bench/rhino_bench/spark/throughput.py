@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence
 
 from ..frame import BenchRun, Scenario, bench_main, spark_flags
 from ..report import choices, fmt, md_table, pyplot, run_header, save, setup_of, write_lines
-from .common import median, non_negative_int, percentile, positive_float, positive_int, round_floats, say
+from .common import mean as _mean, median, non_negative_int, percentile, positive_float, positive_int, round_floats, say
 
 __all__ = ["main", "CONFIGS", "R2_VS_SPARK_TARGET", "R2_COST_TARGET"]
 
@@ -180,11 +180,6 @@ def _summarize_config(config: str, parts: list[dict]) -> dict:
         rec["locality"] = None
         rec["rocksdb_commit_file_sync_ms_mean"] = _mean([p.get("rocksdb_commit_file_sync_ms_mean") for p in parts])
     return round_floats(rec)
-
-
-def _mean(xs: list) -> Optional[float]:
-    v = [x for x in xs if x is not None]
-    return sum(v) / len(v) if v else None
 
 
 def baseline(records: list[dict]) -> Optional[dict]:
