@@ -26,7 +26,7 @@ from rhino._sizes import parse_size
 from rhino.daemon.worker import DEFAULT_NICE, DEFAULT_SCHED
 from rhino_testing.harness.workers import SECRET, start_workers, write_secret
 
-from .common import exit_on_sigterm, max_chunk_bytes, raise_if_stopped
+from .common import JsonLines, exit_on_sigterm, max_chunk_bytes, raise_if_stopped
 from .overhead_twin import INSTANCE, OPERATOR, Twin, _cpu_delta, _cpu_snapshot, _schedstat, settle
 
 TARGET_DROP = 0.10
@@ -426,14 +426,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(args.dir, ignore_errors=True)
         raise
-    lines = [json.dumps(row) for row in rows]
-    if args.json:
-        for line in lines:
-            print(line)
-    if args.out:
-        with open(args.out, "a") as f:
-            for line in lines:
-                f.write(line + "\n")
+    out = JsonLines(args)
+    for row in rows:
+        out.emit(row)
     print(summary_text(rows[-1]), file=sys.stderr if args.json else sys.stdout, flush=True)
     if not args.keep:
         shutil.rmtree(args.dir, ignore_errors=True)
