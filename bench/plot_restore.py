@@ -21,11 +21,9 @@ import os
 import sys
 from typing import Any
 
-import matplotlib
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
+from rhino_bench.report import md_table, pyplot, save
 
 
 def _label(n: int) -> str:
@@ -41,12 +39,8 @@ def _ms(s: float) -> str:
 
 
 def load_latest_run(path: str) -> list[dict[str, Any]]:
-    rows = []
     with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                rows.append(json.loads(line))
+        rows = [json.loads(line) for line in f if line.strip()]
     if not rows:
         raise SystemExit(f"{path}: no results")
     latest = max(r.get("run_id", "") for r in rows)
@@ -56,7 +50,7 @@ def load_latest_run(path: str) -> list[dict[str, Any]]:
 
 def plot(run: list[dict[str, Any]], out_png: str) -> None:
     sizes = [r["size_bytes"] for r in run]
-    fig, ax = plt.subplots(figsize=(8, 6), dpi=120)
+    fig, ax = pyplot().subplots(figsize=(8, 6), dpi=120)
     series = [
         ("copy_restore_s", "copy restore (every byte copied)", "tab:red", "s"),
         ("hardlink_restore_s", "hard-link restore, settled checkpoint", "tab:blue", "o"),
@@ -93,9 +87,7 @@ def plot(run: list[dict[str, Any]], out_png: str) -> None:
                     f"\n(warm page cache; median of {run[0].get('repeats', '?')} runs)"), fontsize=11)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(0, -0.22), ncol=2, fontsize=9, frameon=False)
-    fig.tight_layout()
-    fig.savefig(out_png)
-    plt.close(fig)
+    save(fig, out_png, dpi=120)
 
 
 def table(run: list[dict[str, Any]], png_name: str) -> tuple[str, bool]:
@@ -150,9 +142,8 @@ def table(run: list[dict[str, Any]], png_name: str) -> tuple[str, bool]:
                      f"cp -al {['%.4f' % x for x in r['cp_al_runs']]}, open {['%.3f' % x for x in r['open_runs']]}"
                      + (f", hard-link right after the load {['%.4f' % x for x in r['hardlink_restore_after_load_runs']]}"
                         if after_load else ""))
-    lines += ["", "| target (issue 2) | measured | result |", "|---|---|---|"]
-    for text, value, ok in checks:
-        lines.append(f"| {text} | {value} | {'PASS' if ok else 'FAIL'} |")
+    lines += [""] + md_table(["target (issue 2)", "measured", "result"],
+                             [(text, value, "PASS" if ok else "FAIL") for text, value, ok in checks])
     if flat_loaded is not None:
         lines += ["", f"Not judged, shown for comparison: the same flatness ratio for the checkpoints taken right "
                       f"after the load is {flat_loaded:.2f}x ({first['files_after_load']} -> "

@@ -22,6 +22,8 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # the repository, for rhino._machine
 
+from rhino_bench.report import md_table  # noqa: E402
+
 # figure -> (how to compare, min ratio, min Rhino rate, target text)
 TARGETS: dict[str, dict[str, Any]] = {
     "routing": {"compare": "rate", "min_ratio": 100.0, "min_rate": 100e6,
@@ -135,17 +137,13 @@ def build_report(data: dict[str, Any], json_path: str) -> tuple[str, bool]:
             if b and b["extra_info"].get("cpu_items_per_s"):
                 lines.append(f"- {name}, {role}: {_rate(b['extra_info']['cpu_items_per_s'], b['extra_info']['unit'])}")
 
-    lines += ["", "## Every benchmark", "",
-              "| benchmark | what | rounds | min | median | max | items per call | rate (median) |",
-              "|---|---|---|---|---|---|---|---|"]
-    for b in benches:
-        s, info = b["stats"], b.get("extra_info", {})
-        if "paired_figure" in info:
-            continue  # its pairs are in the table above
-        rate = info["items"] / s["median"] if info.get("items") else None
-        lines.append(f"| `{b['name']}` | {info.get('what', '')} | {s['rounds']} | {_secs(s['min'])} | "
-                     f"{_secs(s['median'])} | {_secs(s['max'])} | {info.get('items', '')} {info.get('unit', '')} | "
-                     f"{_rate(rate, info.get('unit', 'items'))} |")
+    lines += ["", "## Every benchmark", ""]
+    lines += md_table(["benchmark", "what", "rounds", "min", "median", "max", "items per call", "rate (median)"],
+                      [(f"`{b['name']}`", i.get("what", ""), s["rounds"], _secs(s["min"]), _secs(s["median"]),
+                        _secs(s["max"]), f"{i.get('items', '')} {i.get('unit', '')}",
+                        _rate(i["items"] / s["median"] if i.get("items") else None, i.get("unit", "items")))
+                       for b in benches for s, i in [(b["stats"], b.get("extra_info", {}))]
+                       if "paired_figure" not in i])  # the pairs are in the table above
 
     mi = data.get("machine_info", {})
     command = mi.get("rhino_command", "python -m pytest bench/micro --benchmark-only")

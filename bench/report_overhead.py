@@ -18,11 +18,7 @@ import os
 import sys
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
+from rhino_bench.report import pyplot, save
 
 
 def _sched(p: dict) -> str:
@@ -34,11 +30,7 @@ def load_runs(path: str) -> dict[str, dict[str, Any]]:
     """{run_id: {"phases": [...], "summary": {...}}}; runs without a summary (interrupted) are skipped."""
     runs: dict[str, dict[str, Any]] = {}
     with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            row = json.loads(line)
+        for row in (json.loads(line) for line in f if line.strip()):
             run = runs.setdefault(row["run_id"], {"phases": [], "summary": None})
             if row.get("record") == "summary":
                 run["summary"] = row
@@ -53,7 +45,7 @@ def load_runs(path: str) -> dict[str, dict[str, Any]]:
 def plot(run: dict[str, Any], out_png: str) -> None:
     phases, s = run["phases"], run["summary"]
     r = s["parameters"]["replicas"]
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 8), dpi=120, sharex=True)
+    fig, (ax1, ax2) = pyplot().subplots(2, 1, figsize=(9, 8), dpi=120, sharex=True)
     xs = list(range(len(phases)))
     labels = [f"{p['phase']}\nr={p['replicas']}" for p in phases]
     colors = ["tab:blue" if p["replicas"] == 0 else "tab:orange" for p in phases]
@@ -87,8 +79,7 @@ def plot(run: dict[str, Any], out_png: str) -> None:
     ax2.set_xticklabels(labels)
     ax2.set_xlabel("phase (in the order run)")
     ax2.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_png)
+    save(fig, out_png, dpi=120)
 
 
 def _mb(n: float) -> str:

@@ -54,9 +54,8 @@ DEV_OVER_LIMIT = {
     "rhino_bench.handover:run_one": 140,
     "rhino_bench.demo.dataplane:run_demo": 134,
     "rhino_bench.restore:measure_size": 131,
-    "rhino_bench.spark.output_report:report": 122,
+    "rhino_bench.spark.output_report:report": 106,
     "rhino_bench.service:run": 115,
-    "rhino_bench.spark.elastic_report:report": 113,
     "rhino_bench.overhead:run_phase": 103,
 }
 

@@ -19,7 +19,7 @@ from rocksdict import Options, Rdict
 
 import rhino
 
-from benchutil import record
+from benchutil import random_state, record
 
 N = 100_000
 VALUE_SIZE = 100
@@ -27,13 +27,7 @@ VALUE_SIZE = 100
 
 @pytest.fixture(scope="module")
 def data(rng):
-    keys = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, N, dtype=np.int64)
-    keys = np.unique(keys)  # distinct, so both sides hold exactly N entries
-    rng.shuffle(keys)
-    values = np.frombuffer(rng.bytes(len(keys) * VALUE_SIZE), dtype=np.uint8).reshape(len(keys), VALUE_SIZE)
-    key_bytes = [k.to_bytes(8, "little", signed=True) for k in keys.tolist()]
-    value_bytes = [v.tobytes() for v in values]
-    return keys, values, key_bytes, value_bytes
+    return random_state(rng, N, VALUE_SIZE)
 
 
 @pytest.fixture()

@@ -25,6 +25,8 @@ from rocksdict import Options, Rdict
 
 import rhino
 
+from benchutil import random_state
+
 N = 100_000
 VALUE_SIZE = 100
 PAIRS = 12
@@ -33,13 +35,7 @@ SEED = 20241121
 
 @pytest.fixture(scope="module")
 def data():
-    rng = np.random.default_rng(SEED)
-    keys = np.unique(rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, N, dtype=np.int64))
-    rng.shuffle(keys)
-    values = np.frombuffer(rng.bytes(len(keys) * VALUE_SIZE), dtype=np.uint8).reshape(len(keys), VALUE_SIZE)
-    key_bytes = [k.to_bytes(8, "little", signed=True) for k in keys.tolist()]
-    value_bytes = [v.tobytes() for v in values]
-    return keys, values, key_bytes, value_bytes
+    return random_state(np.random.default_rng(SEED), N, VALUE_SIZE)
 
 
 @pytest.fixture()

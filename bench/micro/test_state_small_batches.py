@@ -19,7 +19,7 @@ from rocksdict import Options, Rdict
 
 import rhino
 
-from benchutil import record
+from benchutil import random_state, record
 
 N = 100_000
 VALUE_SIZE = 100
@@ -27,17 +27,14 @@ VALUE_SIZE = 100
 
 @pytest.fixture(scope="module")
 def state(tmp_path_factory, rng):
-    keys = np.unique(rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, N, dtype=np.int64))
-    rng.shuffle(keys)
-    values = np.frombuffer(rng.bytes(len(keys) * VALUE_SIZE), dtype=np.uint8).reshape(len(keys), VALUE_SIZE)
+    keys, values, key_bytes, value_bytes = random_state(rng, N, VALUE_SIZE)
     root = tmp_path_factory.mktemp("small-batches")
     db = rhino.StateBackend.open(str(root / "rhino"), partitioner=rhino.Partitioner())
     db.put_batch(keys, values)
     db.flush()
     rd = Rdict(str(root / "rocksdict"), options=Options(raw_mode=True))
-    key_bytes = [k.to_bytes(8, "little", signed=True) for k in keys.tolist()]
-    for k, v in zip(key_bytes, values):
-        rd[k] = v.tobytes()
+    for k, v in zip(key_bytes, value_bytes):
+        rd[k] = v
     rd.flush()
     yield db, rd, keys, values, key_bytes
     db.close()

@@ -3,10 +3,11 @@ output flags and JSON lines."""
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 from typing import Any
+
+from .spark.common import Emitter
 
 __all__ = ["exit_on_sigterm", "raise_if_stopped", "max_chunk_bytes", "io_flags", "JsonLines"]
 
@@ -75,26 +76,19 @@ def io_flags(p: Any, *, dir: str, dir_help: str = "work directory (default: %(de
         p.add_argument(f"--{name}", help=helps.get(name, _IO_HELP[name]), **kw)
 
 
-class JsonLines:
-    """A run's records: kept (``rows``), one JSON line each on stdout with ``--json`` (else
-    ``echo(row)``'s text on stderr, if given) and appended to ``--out``; ``say`` prints progress on
-    stderr unless ``--quiet``."""
+class JsonLines(Emitter):
+    """A run's records (``rows``), as :class:`~.spark.common.Emitter` writes them, with ``--json``
+    and ``--out`` from ``args``; without ``--json``, ``echo(row)``'s text on stderr, if given.
+    ``say`` prints progress on stderr unless ``--quiet``."""
 
     def __init__(self, args: Any, echo: Any = None) -> None:
-        self.rows: list[dict] = []
-        self.args, self.echo = args, echo
-        self.out = open(args.out, "a") if args.out else None
+        super().__init__(args.json, args.out)
+        self.rows, self.args, self.echo = self.records, args, echo
 
     def emit(self, row: dict) -> None:
-        self.rows.append(row)
-        line = json.dumps(row)
-        if self.args.json:
-            print(line, flush=True)
-        elif self.echo is not None:
+        super().emit(row)
+        if not self.args.json and self.echo is not None:
             print(self.echo(row), file=sys.stderr, flush=True)
-        if self.out:
-            self.out.write(line + "\n")
-            self.out.flush()
 
     def say(self, msg: str) -> None:
         if not getattr(self.args, "quiet", False):
@@ -104,5 +98,4 @@ class JsonLines:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self.out:
-            self.out.close()
+        pass

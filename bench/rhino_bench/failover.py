@@ -442,6 +442,3 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.report:
         report(lines.rows, args.report)
     return 0
-
-if __name__ == "__main__":
-    sys.exit(main())

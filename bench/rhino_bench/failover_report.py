@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
 from rhino._machine import machine_summary
 from rhino._sizes import format_bytes
-from .report import pyplot, save
+from .report import md_table, pyplot, save, write_lines
 
 
 # ---- the records of a size, the summary --------------------------------------------------------
@@ -186,18 +185,18 @@ def report(rows: list[dict], path: str) -> None:
              f"{setup.get('repeat', 1)} time(s), each time on a fresh cluster; every part is the median over "
              f"those trials and the totals are the sums of the medians (each trial's total in the last column).", "",
              "Seconds:", "",
-             "| state | method | detection | scheduling | state fetching | state loading | total | total excl. "
-             "detection | files (linked) | bytes over the network | trials: total excl. detection |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for r in sorted(res, key=lambda r: (r["size_bytes"], r["method"] != "rhino")):
-        name = "Rhino (takeover by hard links)" if r["method"] == "rhino" else "DFS-style (full copy, then open)"
-        runs = r.get("total_excl_detection_s_runs", [r["total_excl_detection_s"]])
-        lines.append(f"| {format_bytes(r['size_bytes'])} ({r['state_bytes'] / 1e9:.2f} GB) | {name} | "
-                     f"{_f(r['detection_s'])} | {_f(r['scheduling_s'])} | {_f(r['fetch_s'])} | {_f(r['load_s'])} | "
-                     f"{_f(r['total_s'])} | {_f(r['total_excl_detection_s'])} | {r['files']} ({r['linked_files']}) | "
-                     f"{format_bytes(r['network_bytes'])} | {', '.join(_f(x) for x in runs)} |")
-    for r in skipped:
-        lines.append(f"| {format_bytes(r['size_bytes'])} | skipped | {r['reason']} | | | | | | | | |")
+             ""]
+    rows = [(f"{format_bytes(r['size_bytes'])} ({r['state_bytes'] / 1e9:.2f} GB)",
+             "Rhino (takeover by hard links)" if r["method"] == "rhino" else "DFS-style (full copy, then open)",
+             *(_f(r[k]) for k in ("detection_s", "scheduling_s", "fetch_s", "load_s", "total_s",
+                                  "total_excl_detection_s")),
+             f"{r['files']} ({r['linked_files']})", format_bytes(r["network_bytes"]),
+             ", ".join(_f(x) for x in r.get("total_excl_detection_s_runs", [r["total_excl_detection_s"]])))
+            for r in sorted(res, key=lambda r: (r["size_bytes"], r["method"] != "rhino"))]
+    rows += [(format_bytes(r["size_bytes"]), "skipped", r["reason"], *[""] * 8) for r in skipped]
+    lines += md_table(["state", "method", "detection", "scheduling", "state fetching", "state loading", "total",
+                       "total excl. detection", "files (linked)", "bytes over the network",
+                       "trials: total excl. detection"], rows, "llrrrrrrrrl")
     lines += ["", "Targets:", ""]
     ff = summary.get("fetch_flat")
     if ff:
@@ -227,5 +226,5 @@ def report(rows: list[dict], path: str) -> None:
               "What this machine does to the baseline: the copy runs over loopback (no NIC, no network "
               "bandwidth limit) between processes on one disk, which both reads and writes it. The page cache "
               "is not dropped, but replicas drop a file's pages once it is on disk: " + _cached_text(res) + " "
-              "A real DFS fetch crosses a network as well, so the ratio here understates Rhino's advantage.", ""]
-    Path(path).write_text("\n".join(lines))
+              "A real DFS fetch crosses a network as well, so the ratio here understates Rhino's advantage."]
+    write_lines(path, lines)

@@ -262,10 +262,6 @@ def run_one(strategy: str, rep: int, args: argparse.Namespace, say: Callable[[st
             shutil.rmtree(root, ignore_errors=True)
 
 
-def _median(xs: list[float]) -> float:
-    return float(statistics.median(xs))
-
-
 def summarize(runs: list[dict]) -> list[dict]:
     out = []
     for s in STRATEGIES:
@@ -274,20 +270,20 @@ def summarize(runs: list[dict]) -> list[dict]:
             continue
         out.append({
             "record": "summary", "strategy": s, "runs": len(rs),
-            "migration_s": round(_median([r["migration_s"] for r in rs]), 4),
-            "steps_s": round(_median([r["steps_s"] for r in rs]), 4),
-            "steps": rs[0]["steps"], "bytes_moved": int(_median([r["bytes_moved"] for r in rs])),
-            "steady_median_s": round(_median([r["steady_median_s"] for r in rs]), 5),
-            "max_during_s": round(_median([r["max_during_s"] for r in rs]), 5),
-            "ratio_max_to_steady": round(_median([r["ratio_max_to_steady"] for r in rs]), 3),
+            "migration_s": round(statistics.median([r["migration_s"] for r in rs]), 4),
+            "steps_s": round(statistics.median([r["steps_s"] for r in rs]), 4),
+            "steps": rs[0]["steps"], "bytes_moved": int(statistics.median([r["bytes_moved"] for r in rs])),
+            "steady_median_s": round(statistics.median([r["steady_median_s"] for r in rs]), 5),
+            "max_during_s": round(statistics.median([r["max_during_s"] for r in rs]), 5),
+            "ratio_max_to_steady": round(statistics.median([r["ratio_max_to_steady"] for r in rs]), 3),
             "ratio_runs": [r["ratio_max_to_steady"] for r in rs],
-            "ratio_max_to_steady_max": round(_median([r["ratio_max_to_steady_max"] for r in rs]), 3),
-            "step_s_median": round(_median([x for r in rs for x in r["step_s"]]), 4),
+            "ratio_max_to_steady_max": round(statistics.median([r["ratio_max_to_steady_max"] for r in rs]), 3),
+            "step_s_median": round(statistics.median([x for r in rs for x in r["step_s"]]), 4),
             "step_s_max": round(max(x for r in rs for x in r["step_s"]), 4),
-            "net_bytes_during": int(_median([r["net_bytes_during"] for r in rs])),
-            "steady_net_bytes_per_batch": int(_median([r["steady_net_bytes_per_batch"] for r in rs])),
-            "batches_during": int(_median([r["batches_during"] for r in rs])),
-            "steady_max_s": round(_median([r["steady_max_s"] for r in rs]), 5),
+            "net_bytes_during": int(statistics.median([r["net_bytes_during"] for r in rs])),
+            "steady_net_bytes_per_batch": int(statistics.median([r["steady_net_bytes_per_batch"] for r in rs])),
+            "batches_during": int(statistics.median([r["batches_during"] for r in rs])),
+            "steady_max_s": round(statistics.median([r["steady_max_s"] for r in rs]), 5),
             "placements": sorted({r["placement"] for r in rs}), "vertical": all(r["vertical"] for r in rs),
             "correct": all(r["correct"] for r in rs),
         })
@@ -391,7 +387,3 @@ def main(argv: Optional[list[str]] = None) -> int:
                   f"was written: {'; '.join(r['verify']['problems'])}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

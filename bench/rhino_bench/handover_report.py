@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from rhino._machine import machine_summary
 from rhino._sizes import format_bytes
 from rhino.coordinator.strategies import STRATEGIES
-from .report import pyplot, save
+from .report import md_table, pyplot, save, write_lines
 
 
 # ---- the plot and the report ---------------------------------------------------------------------
@@ -60,30 +59,27 @@ def report(rows: list[dict], path: str) -> None:
              f"{setup['steady_batches']} steady, then the migration, then {setup['after_batches']} more); "
              f"handover of half of instance 0's vnodes to a new instance; {setup['repeat']} repetitions, the "
              f"strategies' order rotating; figures are medians over the repetitions.", "",
-             "| strategy | steps | migration (first step to last), s | time in steps, s | one step, s (median, max) | "
-             "bytes copied (plan) | steady median batch (max), ms | max batch during migration, ms | "
-             "max / steady median | per-run ratios | max / steady max | "
-             "replication bytes in the migration's batches (batches) | steady, per batch | state correct |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"]
-    for s in summary:
-        lines.append(f"| {s['strategy']} | {s['steps']} | {s['migration_s']:.2f} | {s['steps_s']:.2f} | "
-                     f"{s['step_s_median']:.3f}, {s['step_s_max']:.3f} | "
-                     f"{s['bytes_moved']:,} | {s['steady_median_s'] * 1e3:.0f} ({s['steady_max_s'] * 1e3:.0f}) | "
-                     f"{s['max_during_s'] * 1e3:.0f} | "
-                     f"{s['ratio_max_to_steady']:.2f}x | {', '.join(f'{x:.2f}' for x in s['ratio_runs'])} | "
-                     f"{s['ratio_max_to_steady_max']:.2f}x | "
-                     f"{format_bytes(s['net_bytes_during'])} ({s['batches_during']}) | "
-                     f"{format_bytes(s['steady_net_bytes_per_batch'])} | "
-                     f"{'yes' if s['correct'] else 'NO'} |")
-    lines += ["", "Per run:", "",
-              "| strategy | run | state | vnodes moved | new instance on | origin (primary, chain) | migration, s | "
-              "steps | max during, ms | steady median, ms | correct |",
-              "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---|"]
-    for r in runs:
-        lines.append(f"| {r['strategy']} | {r['rep']} | {format_bytes(r['state_bytes'])} | {r['vnodes_moved']} of "
-                     f"{r['origin_vnodes']} | {r['target_primary']} ({r['placement']}) | {r['origin_primary']}, "
-                     f"{r['origin_chain']} | {r['migration_s']:.2f} | {r['steps']} | {r['max_during_s'] * 1e3:.0f} | "
-                     f"{r['steady_median_s'] * 1e3:.0f} | {'yes' if r['correct'] else 'NO'} |")
+             ""]
+    lines += md_table(["strategy", "steps", "migration (first step to last), s", "time in steps, s",
+                       "one step, s (median, max)", "bytes copied (plan)", "steady median batch (max), ms",
+                       "max batch during migration, ms", "max / steady median", "per-run ratios", "max / steady max",
+                       "replication bytes in the migration's batches (batches)", "steady, per batch", "state correct"],
+                      [(s["strategy"], s["steps"], f"{s['migration_s']:.2f}", f"{s['steps_s']:.2f}",
+                        f"{s['step_s_median']:.3f}, {s['step_s_max']:.3f}", f"{s['bytes_moved']:,}",
+                        f"{s['steady_median_s'] * 1e3:.0f} ({s['steady_max_s'] * 1e3:.0f})",
+                        f"{s['max_during_s'] * 1e3:.0f}", f"{s['ratio_max_to_steady']:.2f}x",
+                        ", ".join(f"{x:.2f}" for x in s["ratio_runs"]), f"{s['ratio_max_to_steady_max']:.2f}x",
+                        f"{format_bytes(s['net_bytes_during'])} ({s['batches_during']})",
+                        format_bytes(s["steady_net_bytes_per_batch"]), "yes" if s["correct"] else "NO")
+                       for s in summary], "lrrrrrrrrlrrrl")
+    lines += ["", "Per run:", ""]
+    lines += md_table(["strategy", "run", "state", "vnodes moved", "new instance on", "origin (primary, chain)",
+                       "migration, s", "steps", "max during, ms", "steady median, ms", "correct"],
+                      [(r["strategy"], r["rep"], format_bytes(r["state_bytes"]),
+                        f"{r['vnodes_moved']} of {r['origin_vnodes']}", f"{r['target_primary']} ({r['placement']})",
+                        f"{r['origin_primary']}, {r['origin_chain']}", f"{r['migration_s']:.2f}", r["steps"],
+                        f"{r['max_during_s'] * 1e3:.0f}", f"{r['steady_median_s'] * 1e3:.0f}",
+                        "yes" if r["correct"] else "NO") for r in runs], "lrrrllrrrrl")
     vertical = all(r["vertical"] for r in runs)
     lines += ["",
               "Placement: " + ("in every run the new instance went to a worker that holds the origin's checkpoint "
@@ -104,5 +100,5 @@ def report(rows: list[dict], path: str) -> None:
               "Each step runs at the barrier before a batch, inside `begin_batch`, so a step's time is part of "
               "that batch's latency: the measure is Megaphone's (the maximum latency during a migration, "
               "against the steady state). With one origin and one target, `batched` (a matching of origins "
-              "and targets per step) moves one vnode per step, like `fluid`.", ""]
-    Path(path).write_text("\n".join(lines))
+              "and targets per step) moves one vnode per step, like `fluid`."]
+    write_lines(path, lines)

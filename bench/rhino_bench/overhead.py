@@ -26,7 +26,7 @@ from rhino._sizes import parse_size
 from rhino.daemon.worker import DEFAULT_NICE, DEFAULT_SCHED
 from rhino_testing.harness.workers import SECRET, start_workers, write_secret
 
-from .common import exit_on_sigterm, max_chunk_bytes, raise_if_stopped
+from .common import JsonLines, exit_on_sigterm, max_chunk_bytes, raise_if_stopped
 from .overhead_twin import INSTANCE, OPERATOR, Twin, _cpu_delta, _cpu_snapshot, _schedstat, settle
 
 TARGET_DROP = 0.10
@@ -257,28 +257,24 @@ def summarize(rows: list[dict], args: argparse.Namespace, params: dict, run_id: 
     def med(rs: list[dict], f) -> float:
         return round(statistics.median(f(r) for r in rs), 3)
 
-    cpu = {}
-    for label, rs in (("r0", r0), ("r2", r2)):
-        cpu[label] = {
-            "primary_cpu_per_s": med(rs, lambda r: r["cpu"]["primary_cpu_s"] / r["window_s"]),
-            "primary_main_thread_cpu_per_s": med(rs, lambda r: r["cpu"]["primary_main_thread_cpu_s"] / r["window_s"]),
-            "primary_rocksdb_threads_cpu_per_s": med(
-                rs, lambda r: r["cpu"]["primary_rocksdb_threads_cpu_s"] / r["window_s"]),
-            "primary_other_threads_cpu_per_s": med(
-                rs, lambda r: r["cpu"]["primary_other_threads_cpu_s"] / r["window_s"]),
-            "workers_cpu_per_s": med(rs, lambda r: sum(r["cpu"]["workers_cpu_s"].values()) / r["window_s"]),
-            "machine_idle_per_s": med(rs, lambda r: r["cpu"]["machine_idle_s"] / r["window_s"]),
-            "machine_iowait_per_s": med(rs, lambda r: r["cpu"]["machine_iowait_s"] / r["window_s"]),
-            "others_cpu_per_s": med(rs, lambda r: r["cpu"]["others_cpu_s"] / r["window_s"]),
-            "main_thread_runqueue_wait_per_s": med(
-                rs, lambda r: r["cpu"]["primary_main_thread_runqueue_wait_s"] / r["window_s"]),
-            "put_batch_share": med(rs, lambda r: r["put_batch_s"] / r["window_s"]),
-            "put_batch_runqueue_wait_share": med(rs, lambda r: r["put_batch_runqueue_wait_s"] / r["put_batch_s"]),
-            "put_batch_asleep_share": med(rs, lambda r: r["put_batch_asleep_s"] / r["put_batch_s"]),
-            "put_batch_cpu_us_per_key": med(rs, lambda r: r["put_batch_on_cpu_s"] / r["keys_written"] * 1e6),
-            "checkpoint_share": med(rs, lambda r: r["checkpoint_and_gc_s"] / r["window_s"]),
-            "checkpoint_median_s": med(rs, lambda r: r["checkpoint_median_s"] or 0.0),
-        }
+    def per_s(key: str) -> Any:
+        return lambda r: r["cpu"][key] / r["window_s"]
+
+    figures = {"primary_cpu_per_s": per_s("primary_cpu_s"),
+               "primary_main_thread_cpu_per_s": per_s("primary_main_thread_cpu_s"),
+               "primary_rocksdb_threads_cpu_per_s": per_s("primary_rocksdb_threads_cpu_s"),
+               "primary_other_threads_cpu_per_s": per_s("primary_other_threads_cpu_s"),
+               "workers_cpu_per_s": lambda r: sum(r["cpu"]["workers_cpu_s"].values()) / r["window_s"],
+               "machine_idle_per_s": per_s("machine_idle_s"), "machine_iowait_per_s": per_s("machine_iowait_s"),
+               "others_cpu_per_s": per_s("others_cpu_s"),
+               "main_thread_runqueue_wait_per_s": per_s("primary_main_thread_runqueue_wait_s"),
+               "put_batch_share": lambda r: r["put_batch_s"] / r["window_s"],
+               "put_batch_runqueue_wait_share": lambda r: r["put_batch_runqueue_wait_s"] / r["put_batch_s"],
+               "put_batch_asleep_share": lambda r: r["put_batch_asleep_s"] / r["put_batch_s"],
+               "put_batch_cpu_us_per_key": lambda r: r["put_batch_on_cpu_s"] / r["keys_written"] * 1e6,
+               "checkpoint_share": lambda r: r["checkpoint_and_gc_s"] / r["window_s"],
+               "checkpoint_median_s": lambda r: r["checkpoint_median_s"] or 0.0}
+    cpu = {label: {k: med(rs, f) for k, f in figures.items()} for label, rs in (("r0", r0), ("r2", r2))}
     cpu["r2"]["workers_cpu_ms_per_mb_replicated"] = med(
         r2, lambda r: sum(r["cpu"]["workers_cpu_s"].values()) * 1e3 / max(r["replication_bytes"] / 1e6, 1e-9))
     return {
@@ -430,19 +426,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(args.dir, ignore_errors=True)
         raise
-    lines = [json.dumps(row) for row in rows]
-    if args.json:
-        for line in lines:
-            print(line)
-    if args.out:
-        with open(args.out, "a") as f:
-            for line in lines:
-                f.write(line + "\n")
+    out = JsonLines(args)
+    for row in rows:
+        out.emit(row)
     print(summary_text(rows[-1]), file=sys.stderr if args.json else sys.stdout, flush=True)
     if not args.keep:
         shutil.rmtree(args.dir, ignore_errors=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

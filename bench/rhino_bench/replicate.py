@@ -359,7 +359,3 @@ def main(argv: list[str] | None = None) -> int:
         plot(rows, args.plot)
     shutil.rmtree(args.dir, ignore_errors=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-__all__ = ["pyplot", "save", "write_lines", "md_row", "size_arg", "sizes_arg", "checked", "positive_int",
+__all__ = ["pyplot", "save", "write_lines", "md_row", "md_table", "fmt", "setup_of", "last_summary", "run_header", "size_arg", "sizes_arg", "checked", "positive_int",
            "non_negative_int", "positive_float", "fraction", "choices"]
 
 
@@ -39,6 +39,47 @@ def write_lines(path: str | Path, lines: Iterable[str]) -> None:
 def md_row(*cells: Any) -> str:
     """One row of a Markdown table."""
     return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def md_table(header: Iterable[str], rows: Iterable[Iterable[Any]], align: str = "") -> list[str]:
+    """A Markdown table: ``header``, its rule (``align``: one ``l`` or ``r`` per column, else
+    left), then ``rows`` (their cells as ``str`` makes them)."""
+    header = list(header)
+    rule = "|" + "".join("---:|" if a == "r" else "---|" for a in align.ljust(len(header), "l"))
+    return [md_row(*header), rule] + [md_row(*r) for r in rows]
+
+
+def fmt(x: Any, d: int = 3) -> str:
+    """A report's cell: ``-`` for None, yes/no for a bool, a float to ``d`` places, anything else as ``str``
+    makes it."""
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    return "-" if x is None else (f"{x:.{d}f}" if isinstance(x, float) else str(x))
+
+
+def setup_of(records: list[dict], last: bool = False) -> dict:
+    """A run's setup record (the first, or with ``last`` the last; ``{}`` if none)."""
+    return next((r for r in (records[::-1] if last else records) if r.get("record") == "setup"), {})
+
+
+def last_summary(records: list[dict]) -> dict | None:
+    """The last summary record of a run's records."""
+    return next((r for r in records[::-1] if r.get("record") == "summary"), None)
+
+
+def run_header(title: str, setup: dict, when: str = ".", spark: str | None = None) -> list[str]:
+    """A report's opening lines: its title, the command, when and where it ran (``when``
+    ends that sentence), the parameters and, if ``spark`` (what follows the settings), the Spark
+    settings."""
+    from rhino._machine import machine_summary
+
+    out = [f"# {title}", "", f"Command: `{setup.get('command', '')}`", "",
+           f"Run at {setup.get('started')} on {machine_summary(setup.get('machine', {}))}{when}", "",
+           "Parameters: " + ", ".join(f"{k}={v}" for k, v in (setup.get("parameters") or {}).items()), ""]
+    if spark is not None:
+        out += ["Spark settings: " + (", ".join(f"`{k}={v}`" for k, v in (setup.get("spark_conf") or {}).items())
+                                      or "Spark's defaults") + spark, ""]
+    return out
 
 
 def checked(conv: Callable[[str], Any], ok: Callable[[Any], bool], what: str) -> Callable[[str], Any]:

@@ -54,10 +54,6 @@ def _cp_al(src: str, dst: str) -> None:
     subprocess.run(["cp", "-al", src, dst], check=True)
 
 
-def _median(xs: list[float]) -> float:
-    return float(statistics.median(xs))
-
-
 def measure_size(size_bytes: int, *, base_dir: str, value_size: int = 1024, repeats: int = 5,
                  compaction: str = "level", keep: bool = False, use_drop_caches: bool = True,
                  progress: bool = True,
@@ -95,8 +91,8 @@ def measure_size(size_bytes: int, *, base_dir: str, value_size: int = 1024, repe
                     opened.close()
                 _rm(target)
             say(f"  hard-link restore of checkpoint {checkpoint_id} ({label}): median "
-                f"{_median(link_runs) * 1e3:.1f} ms ({stats.linked_files} linked, {stats.copied_files} copied)"
-                + (f"; open {_median(open_runs):.3f} s" if with_open else ""))
+                f"{statistics.median(link_runs) * 1e3:.1f} ms ({stats.linked_files} linked, {stats.copied_files} copied)"
+                + (f"; open {statistics.median(open_runs):.3f} s" if with_open else ""))
             return link_runs, open_runs, stats
 
         # 1. Build the state and checkpoint it right away.
@@ -141,7 +137,7 @@ def measure_size(size_bytes: int, *, base_dir: str, value_size: int = 1024, repe
             cp_runs.append(t)
             _rm(dst)
         _rm(src)
-        say(f"  cp -al: median {_median(cp_runs) * 1e3:.1f} ms")
+        say(f"  cp -al: median {statistics.median(cp_runs) * 1e3:.1f} ms")
 
         # 6. Copy restore: every byte.
         copy_runs, copy_stats = [], None
@@ -151,7 +147,7 @@ def measure_size(size_bytes: int, *, base_dir: str, value_size: int = 1024, repe
             t, copy_stats = _timed(lambda: store.restore_files(OPERATOR, 0, 2, target, mode="copy"))
             copy_runs.append(t)
             _rm(target)
-        say(f"  copy restore: median {_median(copy_runs):.2f} s")
+        say(f"  copy restore: median {statistics.median(copy_runs):.2f} s")
     finally:
         if not keep:
             _rm(work)
@@ -164,10 +160,10 @@ def measure_size(size_bytes: int, *, base_dir: str, value_size: int = 1024, repe
         "value_size": value_size,
         "compaction": compaction,
         "vnodes": len(manifest.vnodes),
-        "hardlink_restore_s": _median(link_runs),
-        "copy_restore_s": _median(copy_runs),
-        "cp_al_s": _median(cp_runs),
-        "open_s": _median(open_runs),
+        "hardlink_restore_s": statistics.median(link_runs),
+        "copy_restore_s": statistics.median(copy_runs),
+        "cp_al_s": statistics.median(cp_runs),
+        "open_s": statistics.median(open_runs),
         "hardlink_restore_runs": link_runs,
         "copy_restore_runs": copy_runs,
         "cp_al_runs": cp_runs,
@@ -179,7 +175,7 @@ def measure_size(size_bytes: int, *, base_dir: str, value_size: int = 1024, repe
         "copy_restore_copied_files": copy_stats.copied_files,
         "files_after_load": len(loaded.files),
         "bytes_after_load": loaded.total_bytes,
-        "hardlink_restore_after_load_s": _median(loaded_runs),
+        "hardlink_restore_after_load_s": statistics.median(loaded_runs),
         "hardlink_restore_after_load_runs": loaded_runs,
         "checkpoint_after_load_s": loaded_checkpoint_s,
         "settle_s": settle_s,

@@ -22,15 +22,11 @@ import rhino
 
 from rhino_testing.harness.workers import SECRET, start_workers, write_secret
 from .common import JsonLines, exit_on_sigterm, io_flags
-from .report import pyplot, save
+from .report import md_table, pyplot, save, write_lines
 
 THROUGHPUT_TARGET = 0.70  # Unix-socket keys/s over in-process keys/s
 OPEN_TARGET_MS = 2.0
 NUM_VNODES = 64
-
-
-def _median(xs: list[float]) -> float:
-    return float(np.median(xs))
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -41,7 +37,7 @@ def _timed(fn: Callable[[], Any]) -> float:
 
 def _throughput_row(op: str, transport: str, seconds: list[float], ratios: list[float], keys: int,
                     args: argparse.Namespace) -> dict:
-    med = _median(seconds)
+    med = np.median(seconds)
     row = {"figure": "throughput", "op": op, "transport": transport, "keys": keys, "value_bytes": args.value_bytes,
            "repeat": len(seconds), "seconds_median": round(med, 6), "seconds_min": round(min(seconds), 6),
            "keys_per_s": round(keys / med)}
@@ -49,7 +45,7 @@ def _throughput_row(op: str, transport: str, seconds: list[float], ratios: list[
         # The median over rounds of (in-process time / session time), each round
         # timing the three ways back to back: the machine's noise (other
         # tenants' CPU, the disk) hits the baseline and the session alike.
-        row["ratio_to_inprocess"] = round(_median(ratios), 3)
+        row["ratio_to_inprocess"] = round(np.median(ratios), 3)
         row["ratio_min"] = round(min(ratios), 3)
         row["ratio_max"] = round(max(ratios), 3)
         if transport == "unix" and op in ("put", "get"):
@@ -154,10 +150,10 @@ def run(args: argparse.Namespace, emit: Callable[[dict], None]) -> None:
                 commit_ms.append((t3 - t2) * 1e3)
                 total_ms.append((t3 - t0) * 1e3)
             row = {"figure": "fixed_cost", "replicas": r, "transport": "unix", "reps": args.fixed_reps,
-                   "open_ms_median": round(_median(open_ms), 3), "open_ms_p90": round(float(np.percentile(open_ms, 90)), 3),
-                   "commit_ms_median": round(_median(commit_ms), 3),
+                   "open_ms_median": round(float(np.median(open_ms)), 3), "open_ms_p90": round(float(np.percentile(open_ms, 90)), 3),
+                   "commit_ms_median": round(np.median(commit_ms), 3),
                    "commit_ms_p90": round(float(np.percentile(commit_ms, 90)), 3),
-                   "batch_ms_median": round(_median(total_ms), 3),
+                   "batch_ms_median": round(np.median(total_ms), 3),
                    "last_commit": {k: res.stats.get(k) for k in ("write_s", "checkpoint_s", "replicate_s",
                                                                  "delta_bytes", "delta_files", "files")},
                    "open_target_ms": OPEN_TARGET_MS}
@@ -215,22 +211,20 @@ def report(rows: list[dict], path: str) -> None:
     lines = ["# State service: sessions against the in-process state backend", "",
              f"Command: `{setup['command']}`, run at {setup['unix']} on {setup['cpus']} CPUs "
              f"(the primary worker, the replicas and the client share them).", "",
-             "| op | transport | keys/s (median) | ratio to in-process | target |", "|---|---|---:|---:|---|"]
-    for r in rows:
-        if r["figure"] == "throughput":
-            target = ""
-            if "target" in r:
-                target = f">= {r['target']:.0%}: {'met' if r['target_met'] else 'missed'}"
-            ratio = f"{r['ratio_to_inprocess']:.0%}" if "ratio_to_inprocess" in r else "baseline"
-            lines.append(f"| {r['op']} | {r['transport']} | {r['keys_per_s']:,} | {ratio} | {target} |")
-    lines += ["", "| replicas | open session, ms (median / p90) | commit 1 key, ms (median / p90) | target |",
-              "|---:|---:|---:|---|"]
-    for r in rows:
-        if r["figure"] == "fixed_cost":
-            met = "met" if r["open_target_met"] else "missed"
-            lines.append(f"| {r['replicas']} | {r['open_ms_median']} / {r['open_ms_p90']} | "
-                         f"{r['commit_ms_median']} / {r['commit_ms_p90']} | open <= {r['open_target_ms']} ms: {met} |")
-    Path(path).write_text("\n".join(lines) + "\n")
+             ""]
+    tp, fixed = [r for r in rows if r["figure"] == "throughput"], [r for r in rows if r["figure"] == "fixed_cost"]
+    lines += md_table(["op", "transport", "keys/s (median)", "ratio to in-process", "target"],
+                      [(r["op"], r["transport"], f"{r['keys_per_s']:,}",
+                        f"{r['ratio_to_inprocess']:.0%}" if "ratio_to_inprocess" in r else "baseline",
+                        f">= {r['target']:.0%}: {'met' if r['target_met'] else 'missed'}" if "target" in r else "")
+                       for r in tp], "llrrl")
+    lines += [""] + md_table(["replicas", "open session, ms (median / p90)", "commit 1 key, ms (median / p90)",
+                              "target"],
+                             [(r["replicas"], f"{r['open_ms_median']} / {r['open_ms_p90']}",
+                               f"{r['commit_ms_median']} / {r['commit_ms_p90']}",
+                               f"open <= {r['open_target_ms']} ms: {'met' if r['open_target_met'] else 'missed'}")
+                              for r in fixed], "rrrl")
+    write_lines(path, lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -261,6 +255,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         report(lines.rows, args.report)
     return 0
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -41,6 +41,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
+from ..report import size_arg
 from .summary import _say, finish
 
 __all__ = ["main"]
@@ -48,19 +49,10 @@ __all__ = ["main"]
 OPERATOR = "demo-q8"
 
 
-def _size(text: str) -> int:
-    from rhino._sizes import parse_size
-
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="rhino-bench demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", default=".demo-spark", help="work directory, removed and recreated (default: %(default)s)")
-    p.add_argument("--state", type=_size, default=_size("256M"),
+    p.add_argument("--state", type=size_arg, default=size_arg("256M"),
                    help="live Q8 state to build by the kill (default: 256M)")
     p.add_argument("--hosts", type=int, default=3, help="hosts at the start (default: %(default)s)")
     p.add_argument("--cores", type=int, default=2,
@@ -354,7 +346,3 @@ def main(argv: Optional[list[str]] = None) -> int:
         cl.down(progress=lambda s: _say(f"[cluster] {s}"))
 
     return finish(a, run, status, coord_events, events, kill, script, work, source, params, t_start)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

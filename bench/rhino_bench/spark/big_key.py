@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 from typing import Any, Optional, Sequence
 
 from ..frame import BenchRun, Scenario, bench_main, spark_flags, spark_session, start_rhino
 from ..procmem import MemorySampler
+from ..report import size_arg
 from .big_key_report import report, summarize
 from .big_key_run import Run
 from .common import non_negative_int, positive_float, positive_int, say
@@ -30,15 +30,6 @@ __all__ = ["main", "RecordStoreProcessor", "Model", "payload", "plan_fill", "Big
 # ---- setup --------------------------------------------------------------------------------------
 
 
-def _size(text: str) -> int:
-    from rhino._sizes import parse_size
-
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 class BigKey(Scenario):
     name = "spark big-key"
     description = ("One key whose MapState holds --size of entries: written, read back through the processor "
@@ -47,9 +38,9 @@ class BigKey(Scenario):
     workdir_prefix = "rhino-big-key-"
 
     def flags(self, ap: argparse.ArgumentParser) -> None:
-        ap.add_argument("--size", type=_size, default=1 << 30, help="payload bytes in the big key's map (default 1G)")
-        ap.add_argument("--value-bytes", type=_size, default=1024, help="payload bytes per map entry (default 1024)")
-        ap.add_argument("--batch-bytes", type=_size, default=128 << 20,
+        ap.add_argument("--size", type=size_arg, default=1 << 30, help="payload bytes in the big key's map (default 1G)")
+        ap.add_argument("--value-bytes", type=size_arg, default=1024, help="payload bytes per map entry (default 1024)")
+        ap.add_argument("--batch-bytes", type=size_arg, default=128 << 20,
                         help="payload bytes of the big key written per fill batch, at most (default 128M; a worker "
                              "session holds at most 1 GiB of uncommitted writes)")
         ap.add_argument("--small-keys", type=non_negative_int, default=4,
@@ -165,7 +156,3 @@ class _RunTimeout(Exception):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     return bench_main(BigKey(report=report), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,12 +3,12 @@ JSON lines alone, in a run or with ``--from``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Optional
 
 from ..frame import source_line
 from .common import round_floats
 from .big_key_workload import STEPS
+from ..report import fmt, last_summary, md_table, run_header, setup_of, write_lines
 
 
 def summarize(records: list[dict], elapsed_s: Optional[float], checks: dict[str, bool],
@@ -68,23 +68,14 @@ def _step_cells(r: dict, f: Any) -> str:
 
 
 def report(records: list[dict], path: str) -> None:
-    from rhino._machine import machine_summary
-
-    setup = next((r for r in records if r.get("record") == "setup"), {})
-    summ = next((r for r in records[::-1] if r.get("record") == "summary"), None)
+    setup, summ = setup_of(records), last_summary(records)
     steps = {r["step"]: r for r in records if r.get("record") == "step"}
     p = setup.get("parameters", {})
-
-    def f(x: Any, d: int = 2) -> str:
-        return "-" if x is None else (f"{x:.{d}f}" if isinstance(x, float) else str(x))
-
+    f = lambda x, d=2: fmt(x, d)  # noqa: E731
     el = (summ or {}).get("elapsed_s")
-    L = ["# One key with a large MapState: written, read back, moved (rhino.spark)", "",
-         f"Command: `{setup.get('command')}`", "",
-         f"Run at {setup.get('started')} on {machine_summary(setup.get('machine', {}))}"
-         + (f"; the whole run took {el / 60:.1f} min ({el:.0f} s)." if el else "; the run did not finish."), "",
-         "Parameters: " + ", ".join(f"{k}={v}" for k, v in p.items()), "",
-         source_line(setup.get("source") or {}, summ), "",
+    L = run_header("One key with a large MapState: written, read back, moved (rhino.spark)", setup,
+                   f"; the whole run took {el / 60:.1f} min ({el:.0f} s)." if el else "; the run did not finish.")
+    L += [source_line(setup.get("source") or {}, summ), "",
          "What runs (bench/rhino_bench/spark/big_key.py): an ordinary `StatefulProcessor` "
          "(`RecordStoreProcessor`: per key a MapState `records`, `rid long` -> `seq long, payload binary`) on "
          "`rhino.spark.transform_with_state`, one micro-batch at a time through `process_batch` (what "
@@ -94,11 +85,9 @@ def report(records: list[dict], path: str) -> None:
          "a SCAN row makes it iterate the key's map (`iterator()`) and emit the entries and the sums of the record "
          "ids, of `seq`, of `crc32(payload)` and of the payload lengths. Every read is compared with a model of "
          "what was written, computed in the driver from the fill plan.", ""]
-    L += ["| step | result | time | detail |", "|---|---|---:|---|"]
-    for s in STEPS:
-        r = steps.get(s)
-        if r:
-            L.append(f"| {s} | {'ok' if r.get('ok') else 'FAILED'} | " + _step_cells(r, f) + " |")
+    L += md_table(["step", "result", "time", "detail"],
+                  [(s, "ok" if steps[s].get("ok") else "FAILED", _step_cells(steps[s], f)) for s in STEPS if s in steps],
+                  "llrl")
     for r in steps.values():
         if r.get("error"):
             e = r["error"]
@@ -110,38 +99,31 @@ def report(records: list[dict], path: str) -> None:
                   "chain's barrier replication, of which replication), its instance's checkpoint bytes, and the key "
                   "and value bytes all workers committed and the checkpoint bytes the primaries sent down their "
                   "chains (the workers' metrics):", "",
-              "| batch | records | s | begin | job | commit_batch | task: process | write | commit | replicate | "
-              "checkpoint | key+value bytes | replicated |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-              "---:|---:|"]
-        for b in fl["batches"]:
-            t = b.get("big_key_task") or {}
-            L.append(f"| {b['batch']} | {b['records']:,} | {f(b['seconds'], 1)} | {f(b['begin_s'])} | "
-                     f"{f(b['job_s'], 1)} | {f(b['commit_s'])} | {f(t.get('process_s'), 1)} | "
-                     f"{f(t.get('write_s'), 1)} | {f(t.get('commit_s'), 1)} | {f(t.get('replicate_s'), 1)} | "
-                     f"{_fmt(t.get('checkpoint_bytes'))} | {_fmt(b.get('logical_bytes'))} | "
-                     f"{_fmt(b.get('replicated_bytes'))} |")
+              ""]
+        L += md_table(["batch", "records", "s", "begin", "job", "commit_batch", "task: process", "write", "commit",
+                       "replicate", "checkpoint", "key+value bytes", "replicated"],
+                      [[b["batch"], f"{b['records']:,}", f(b["seconds"], 1), f(b["begin_s"]), f(b["job_s"], 1),
+                        f(b["commit_s"]), *(f((b.get("big_key_task") or {}).get(k), 1)
+                                            for k in ("process_s", "write_s", "commit_s", "replicate_s")),
+                        _fmt((b.get("big_key_task") or {}).get("checkpoint_bytes")), _fmt(b.get("logical_bytes")),
+                        _fmt(b.get("replicated_bytes"))] for b in fl["batches"]], "r" * 13)
     L += ["", "Peak resident memory per step (MiB; sampled each second) and the bytes in the workers' "
-              "directories after it (hard links once):", "",
-          "| step | Rhino workers (max) | Spark JVM | Spark Python worker (max) | driver | min MemAvailable | "
-          "workers' dirs |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for s in STEPS:
-        r = steps.get(s)
-        if not r:
-            continue
-        pk = r.get("peak_rss_mib") or {}
+              "directories after it (hard links once):", ""]
+    rows = []
+    for s in (s for s in STEPS if s in steps):
+        r, pk = steps[s], steps[s].get("peak_rss_mib") or {}
         wmax = max((v for k, v in pk.items() if k.startswith("rhino_worker_")), default=None)
-        L.append(f"| {s} | {f(wmax, 0)} | {f(pk.get('spark_jvm'), 0)} | {f(pk.get('spark_python_max'), 0)} | "
-                 f"{f(pk.get('driver_python'), 0)} | {f(r.get('min_mem_available_mib'), 0)} | "
-                 f"{_fmt(r.get('rhino_dir_bytes'))} |")
+        rows.append((s, f(wmax, 0), f(pk.get("spark_jvm"), 0), f(pk.get("spark_python_max"), 0),
+                     f(pk.get("driver_python"), 0), f(r.get("min_mem_available_mib"), 0), _fmt(r.get("rhino_dir_bytes"))))
+    L += md_table(["step", "Rhino workers (max)", "Spark JVM", "Spark Python worker (max)", "driver",
+                   "min MemAvailable", "workers' dirs"], rows, "lrrrrrr")
     if summ:
         L += ["", "Checks:", ""]
         for name, ok in (summ.get("checks") or {}).items():
             L.append(f"- {'PASS' if ok else 'FAIL'}: {name}")
         L += ["", f"**{'All checks passed.' if summ.get('all_passed') else 'NOT all checks passed'}**"
               + (f" (stopped at step {summ['failed_step']})" if summ.get("failed_step") else "")]
-    L.append("")
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text("\n".join(L))
+    write_lines(path, L)
 
 
 def _fmt(n: Optional[float]) -> str:

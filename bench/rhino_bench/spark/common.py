@@ -22,8 +22,11 @@ from typing import Any, Optional, Sequence
 
 from ..report import fraction, non_negative_int, positive_float, positive_int  # noqa: F401 - the drivers import them here
 
-__all__ = ["Emitter", "say", "install_signal_handlers", "spark_rest", "median", "percentile", "parse_conf",
+__all__ = ["Emitter", "say", "install_signal_handlers", "spark_rest", "mean", "median", "percentile", "parse_conf",
            "positive_int", "positive_float", "non_negative_int", "fraction", "host_number"]
+
+
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
 def say(msg: str) -> None:
@@ -89,6 +92,12 @@ def spark_time(s: Optional[str]) -> Optional[float]:
     base, _, rest = s.partition(".")
     ms = int(rest[:3]) if rest[:3].isdigit() else 0
     return calendar.timegm(time.strptime(base, "%Y-%m-%dT%H:%M:%S")) + ms / 1000.0
+
+
+def mean(xs: Sequence[Optional[float]]) -> Optional[float]:
+    """The mean of the figures that are not None; None if none is."""
+    v = [x for x in xs if x is not None]
+    return sum(v) / len(v) if v else None
 
 
 def median(xs: Sequence[float]) -> Optional[float]:

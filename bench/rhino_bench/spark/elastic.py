@@ -11,7 +11,6 @@ How it runs and what each record holds: bench/README.md, "Elasticity: the input 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from typing import Any, Optional, Sequence
 
@@ -185,7 +184,3 @@ def _scenario() -> Elastic:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     return bench_main(_scenario(), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

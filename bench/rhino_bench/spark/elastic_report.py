@@ -3,13 +3,12 @@ JSON lines alone, in a run or with ``--from``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Optional
 
 from .common import median, round_floats
-from ..report import pyplot, save
+from ..report import fmt, md_table, pyplot, run_header, save, setup_of, write_lines
 
-SYSTEMS = ("rhino", "spark-rocksdb")
+from .state_size_workload import SYSTEMS
 RECOVERED_TARGET = 5     # batches after a rate step until the latency is back under the trigger interval
 SPIKE_TARGET = 2.0       # a rescale's largest batch over the steady median
 
@@ -285,13 +284,7 @@ def plot(records: list[dict], path: str) -> None:
 
 
 def _f(x: Any, d: int = 2) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, bool):
-        return "yes" if x else "no"
-    if isinstance(x, float):
-        return f"{x:.{d}f}"
-    return str(x)
+    return fmt(x, d)
 
 
 def _met(v: Optional[bool]) -> str:
@@ -299,21 +292,14 @@ def _met(v: Optional[bool]) -> str:
 
 
 def report(records: list[dict], path: str) -> None:
-    setup = next((r for r in records[::-1] if r.get("record") == "setup"), {})
-    command = setup.get("command", "")
-    from rhino._machine import machine_summary
-
+    setup = setup_of(records, last=True)
     summ = {s["system"]: s for s in summarize(records)}
-    L = ["# Spark elastic: NEXMark Q8 while the input rate steps, Rhino's autoscaler vs Spark's RocksDB state store",
-         "", f"Command: `{command}`", "",
-         f"Run at {setup.get('started')} on {machine_summary(setup.get('machine', {}))}"
-         + (f", load average at the start {setup.get('loadavg_1_5_15')}" if setup.get("loadavg_1_5_15") else "")
-         + ".", "",
-         "Parameters: " + ", ".join(f"{k}={v}" for k, v in (setup.get("parameters") or {}).items()), "",
-         "Spark settings: " + (", ".join(f"`{k}={v}`" for k, v in (setup.get("spark_conf") or {}).items())
-                               or "Spark's defaults") + " (besides the cluster's: one 1-core executor per host, "
-         "`spark.sql.shuffle.partitions=3`; RocksDB state store provider with its defaults).", "",
-         "Each system ran on a fresh local cluster: 3 hosts and a spare one (Rhino: joined before the query, "
+    L = run_header("Spark elastic: NEXMark Q8 while the input rate steps, Rhino's autoscaler vs Spark's RocksDB "
+                   "state store", setup, (f", load average at the start {setup.get('loadavg_1_5_15')}"
+                                          if setup.get("loadavg_1_5_15") else "") + ".",
+                   spark=" (besides the cluster's: one 1-core executor per host, `spark.sql.shuffle.partitions=3`; "
+                   "RocksDB state store provider with its defaults).")
+    L += ["Each system ran on a fresh local cluster: 3 hosts and a spare one (Rhino: joined before the query, "
          "for the autoscaler; Spark: joined for its remedy). Events arrive on a schedule; each batch reads what "
          "has arrived (a processing-time trigger), so a system that falls behind gets larger batches. Batch "
          "latency is Spark's `durationMs.triggerExecution` for both systems. Definitions: the docstring of "
@@ -327,16 +313,15 @@ def report(records: list[dict], path: str) -> None:
         L += [f"{sc['system']}: steps " + ", ".join(f"{s['rate_x']:g}x ({s['events_per_s']:.0f} events/s) from "
                                                     f"t={s['t']:.0f} s" for s in sc.get("steps", []))
               + f"; the schedule ended at t={_f(sc.get('end_t'), 0)} s.", ""]
-    L += ["## Summary", "",
-          "| system | recovered within (batches) | all steps recovered | rescale spike | failed batches | "
-          "parallelism min | max | by step | follows rate | steady median (s) | largest batch (s) | rescales |",
-          "|---|---:|---|---:|---:|---:|---:|---|---|---:|---:|---:|"]
-    for s in summ.values():
-        spike = "-" if s["rescale_spike_x"] is None else f"{s['rescale_spike_x']:.2f}x"
-        L.append(f"| {s['system']} | {_f(s['recovered_within_batches'])} | {_f(s['recovered_all_steps'])} | "
-                 f"{spike} | {s['failed_batches']} | {_f(s['parallelism_min'])} | "
-                 f"{_f(s['parallelism_max'])} | {s['parallelism_by_step']} | {_f(s['parallelism_follows_rate'])} | "
-                 f"{_f(s['steady_median_s'])} | {_f(s['latency_max_s'])} | {s['rescales']} |")
+    L += ["## Summary", ""]
+    L += md_table(["system", "recovered within (batches)", "all steps recovered", "rescale spike", "failed batches",
+                   "parallelism min", "max", "by step", "follows rate", "steady median (s)", "largest batch (s)",
+                   "rescales"],
+                  [(s["system"], _f(s["recovered_within_batches"]), _f(s["recovered_all_steps"]),
+                    "-" if s["rescale_spike_x"] is None else f"{s['rescale_spike_x']:.2f}x", s["failed_batches"],
+                    _f(s["parallelism_min"]), _f(s["parallelism_max"]), s["parallelism_by_step"],
+                    _f(s["parallelism_follows_rate"]), _f(s["steady_median_s"]), _f(s["latency_max_s"]),
+                    s["rescales"]) for s in summ.values()], "lrlrrrrllrrr")
     L += ["", "## Targets (reported, not asserted)", ""]
     for s in summ.values():
         t = s["targets"]
@@ -353,23 +338,20 @@ def report(records: list[dict], path: str) -> None:
                            for w in s["per_rescale"]) or "no rescale")
               + f": {_met(t['rescale_spike_at_most_2x'])}", ""]
         if s.get("per_step"):
-            L += ["| step | rate | batches | recovered within | recovered | largest batch (s) | parallelism at its end |",
-                  "|---:|---:|---:|---:|---|---:|---:|"]
-            for p in s["per_step"]:
-                L.append(f"| {p['step']} | {_f(p['rate_x'], 1)}x | {p['batches']} | {p['recovered_within_batches']} | "
-                         f"{_f(p['recovered'])} | {_f(p['latency_max_s'])} | {_f(p['parallelism_end'])} |")
-            L.append("")
+            L += md_table(["step", "rate", "batches", "recovered within", "recovered", "largest batch (s)",
+                           "parallelism at its end"],
+                          [(p["step"], f"{_f(p['rate_x'], 1)}x", p["batches"], p["recovered_within_batches"],
+                            _f(p["recovered"]), _f(p["latency_max_s"]), _f(p["parallelism_end"]))
+                           for p in s["per_step"]], "rrrrlrr") + [""]
     reconfs = [r for r in records if r.get("record") == "reconfiguration"]
     if reconfs:
-        L += ["## Reconfigurations (the autoscaler's decisions and their plans)", "",
-              "| system | decided on batch | t (s) | action | plan | strategy | steps at the barriers of batches | "
-              "step seconds | bytes copied | reason |", "|---|---:|---:|---|---:|---|---|---|---:|---|"]
-        for c in reconfs:
-            L.append(f"| {c['system']} | {_f(c.get('decided_batch'))} | {_f(c.get('decided_t'), 1)} | "
-                     f"{c.get('action')} {c.get('from')}->{c.get('to')} | {_f(c.get('plan'))} | {_f(c.get('strategy'))} | "
-                     f"{c.get('step_batches')} | {c.get('step_seconds')} | {_f(c.get('bytes_copied'))} | "
-                     f"{str(c.get('reason') or c.get('error') or '')[:300]} |")
-        L.append("")
+        L += ["## Reconfigurations (the autoscaler's decisions and their plans)", ""]
+        L += md_table(["system", "decided on batch", "t (s)", "action", "plan", "strategy",
+                       "steps at the barriers of batches", "step seconds", "bytes copied", "reason"],
+                      [(c["system"], _f(c.get("decided_batch")), _f(c.get("decided_t"), 1),
+                        f"{c.get('action')} {c.get('from')}->{c.get('to')}", _f(c.get("plan")), _f(c.get("strategy")),
+                        c.get("step_batches"), c.get("step_seconds"), _f(c.get("bytes_copied")),
+                        str(c.get("reason") or c.get("error") or "")[:300]) for c in reconfs], "lrrlrlllrl") + [""]
     for rs in (r for r in records if r.get("record") == "restart"):
         L += ["## Spark's remedy: stop the query, restart it with more executors, same state partitions", "",
               f"After the steps, state {_f((rs.get('state_bytes_at_stop') or 0) / 2**20, 1)} MiB (RocksDB SST "
@@ -395,19 +377,19 @@ def report(records: list[dict], path: str) -> None:
                       key=lambda r: r["batch"])
         if not rows:
             continue
-        L += [f"## {system}: every batch", "",
-              "| batch | t (s) | phase | step | rate | events | latency (s) | oldest event age (s) | parallelism | "
-              "failed | autoscaler |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|"]
-        for r in rows:
-            d = r.get("decision") or {}
-            dec = (f"{d.get('action')} {d.get('from')}->{d.get('to')}" if d.get("action") not in (None, "hold")
-                   else ("hold" if d else ""))
-            L.append(f"| {r['batch']} | {_f(r.get('t'), 1)} | {r.get('phase')} | {_f(r.get('step'))} | "
-                     f"{_f(r.get('rate_x'), 1)} | {_f(r.get('events'))} | {_f(r.get('latency_s'))} | "
-                     f"{_f(r.get('oldest_event_age_s'))} | {_f(r.get('parallelism'))} | "
-                     f"{'yes' if r.get('failed') else ''} | {dec} |")
-        L.append("")
+        L += [f"## {system}: every batch", ""]
+        L += md_table(["batch", "t (s)", "phase", "step", "rate", "events", "latency (s)", "oldest event age (s)",
+                       "parallelism", "failed", "autoscaler"],
+                      [(r["batch"], _f(r.get("t"), 1), r.get("phase"), _f(r.get("step")), _f(r.get("rate_x"), 1),
+                        _f(r.get("events")), _f(r.get("latency_s")), _f(r.get("oldest_event_age_s")),
+                        _f(r.get("parallelism")), "yes" if r.get("failed") else "", _decision(r)) for r in rows],
+                      "rrlrrrrrrll") + [""]
     for q in (r for r in records if r.get("record") == "query_failed"):
         L += [f"**{q.get('system')}: the query failed**: {q.get('error')}", ""]
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text("\n".join(L))
+    write_lines(path, L)
+
+
+def _decision(r: dict) -> str:
+    d = r.get("decision") or {}
+    return f"{d.get('action')} {d.get('from')}->{d.get('to')}" if d.get("action") not in (None, "hold") else \
+        ("hold" if d else "")

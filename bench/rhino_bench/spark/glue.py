@@ -10,19 +10,17 @@ How it runs and what each record holds: bench/README.md, "The task's per-key cos
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import io
 import pstats
 import socket
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..frame import start_rhino
-from .common import Emitter, host_number, loadavg, median, positive_int, round_floats, say, stdout_for_json_only
+from ..frame import BenchRun, Scenario, bench_main, start_rhino
+from ..report import md_table, write_lines
+from .common import host_number, loadavg, median, positive_int, round_floats, say
 
 __all__ = ["main", "CountPerKey", "floor_per_key"]
 
@@ -265,8 +263,8 @@ def _top(prof: cProfile.Profile, n: int) -> list[dict]:
     return rows[:n]
 
 
-def run_mode(mode: str, kind: str, args: argparse.Namespace, root: Path, coord_address: str, secret_file: Path,
-             emit: Emitter) -> list[dict]:
+def run_mode(mode: str, kind: str, args: argparse.Namespace, coord_address: str, secret_file: Path,
+             emit: Any) -> None:
     from rhino.spark.driver.config import OperatorConfig
     from rhino.spark.driver.control import Control
 
@@ -276,24 +274,26 @@ def run_mode(mode: str, kind: str, args: argparse.Namespace, root: Path, coord_a
                             num_vnodes=args.vnodes, mode=mode, watch_hosts=False, task_window_rows=args.window_rows)
     control = Control(cfg)
     control.ensure_created(_schema(INPUT_COLUMNS))
-    out = []
     for b in range(args.batches + (1 if args.profile else 0)):
         profiled = args.profile and b == args.batches
         say(f"glue {mode}, {kind}: batch {b}{' (profiled)' if profiled else ''}, {args.keys:,} keys")
         rec = _run_batch(cfg, control, kind, b, args.keys, args.rows_per_key, profile=profiled)
         rec.update(command=args.command, params=args.params, profiled=profiled, loadavg=loadavg())
         emit.emit(round_floats(rec))
-        out.append(rec)
         say(f"  task {rec['task_wall_s']:.2f} s wall, {rec['task_cpu_s']:.2f} s CPU; processor "
             f"{rec['processor_cpu_s']:.2f} s CPU; framework {rec['framework_cpu_us_per_key']:.2f} us/key CPU, "
             f"{rec['framework_wall_us_per_key']:.2f} us/key wall")
-    return out
 
 
-def report(records: Sequence[dict], floor: dict, args: argparse.Namespace) -> str:
+def report(records: list[dict], path: str) -> None:
+    floor = next((r for r in records if r.get("record") == "floor"), None)
+    records = [r for r in records if r.get("record") == "batch"]
+    if not records or floor is None:
+        return
+    params = records[0]["params"]
     lines = ["# rhino.spark glue at a million keys per batch", "",
-             f"Command: `{args.command}`", "",
-             f"Parameters: {args.params}. 1-min load average during the run: "
+             f"Command: `{records[0]['command']}`", "",
+             f"Parameters: {params}. 1-min load average during the run: "
              f"{min(r['loadavg'][0] for r in records):.1f}-{max(r['loadavg'][0] for r in records):.1f}.", "",
              "Each batch runs the task code a Spark executor runs (`runtime/task.py`), in this process, "
              "against a real `rhino worker` and `rhino coordinator` (r = 0: the commit is the worker's "
@@ -304,20 +304,18 @@ def report(records: Sequence[dict], floor: dict, args: argparse.Namespace) -> st
              f"{PROCESSOR_SAMPLE_KEYS:,} keys, scaled). Framework per key = (task - processor's own time) / keys; "
              "the worker's share is in the wall time only. The first batch writes every key new; later "
              "batches read and update them.", "",
-             "| mode | processor | batch | keys | task wall (s) | task CPU (s) | processor CPU (s) | "
-             "framework CPU (us/key) | framework wall (us/key) | group | fetch | process | write | commit |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in records:
-        if r.get("profiled"):
-            continue
-        p = r["phases_s"]
-        lines.append(f"| {r['mode']} | {r['processor']} | {r['batch']} | {r['keys']:,} | {r['task_wall_s']:.2f} | {r['task_cpu_s']:.2f} "
-                     f"| {r['processor_cpu_s']:.2f} | {r['framework_cpu_us_per_key']:.2f} | "
-                     f"{r['framework_wall_us_per_key']:.2f} | {p['group_s']:.2f} | {p['fetch_s']:.2f} | "
-                     f"{p['process_s']:.2f} | {p['write_s']:.2f} | {p['commit_s']:.2f} |")
+             ""]
+    cols = ("task_wall_s", "task_cpu_s", "processor_cpu_s", "framework_cpu_us_per_key", "framework_wall_us_per_key")
+    lines += md_table(["mode", "processor", "batch", "keys", "task wall (s)", "task CPU (s)", "processor CPU (s)",
+                       "framework CPU (us/key)", "framework wall (us/key)", "group", "fetch", "process", "write",
+                       "commit"],
+                      [[r["mode"], r["processor"], r["batch"], f"{r['keys']:,}", *(f"{r[c]:.2f}" for c in cols),
+                        *(f"{r['phases_s'][p]:.2f}" for p in ("group_s", "fetch_s", "process_s", "write_s", "commit_s"))]
+                       for r in records if not r.get("profiled")], "ll" + "r" * 12)
     lines += ["", "## The floor", "",
               "What pandas and Python cost per key, measured in this run on their own (thread CPU, "
-              f"{args.keys:,} keys):", ""]
+              f"{params['keys']:,} keys):", ""]
+    floor = {k: v for k, v in floor.items() if k not in ("record", "command", "params")}
     for k, v in floor.items():
         lines.append(f"- `{k}`: {v:.2f} us")
     pandas_floor = floor["pandas_slice_us"] + floor["generator_us"] + floor["output_frame_us"]
@@ -329,59 +327,61 @@ def report(records: Sequence[dict], floor: dict, args: argparse.Namespace) -> st
     for r in records:
         if r.get("profiled") and r.get("profile_top"):
             lines += [f"## Profile ({r['mode']} mode, {r['processor']}, batch {r['batch']}, {r['keys']:,} keys; "
-                      "cProfile: inflates Python-heavy code)", "",
-                      "| function | calls | own (s) | cumulative (s) |", "|---|---:|---:|---:|"]
-            for e in r["profile_top"]:
-                lines.append(f"| `{e['function']}` | {e['calls']:,} | {e['own_s']:.3f} | {e['cum_s']:.3f} |")
-            lines.append("")
-    return "\n".join(lines) + "\n"
+                      "cProfile: inflates Python-heavy code)", ""]
+            lines += md_table(["function", "calls", "own (s)", "cumulative (s)"],
+                              [(f"`{e['function']}`", f"{e['calls']:,}", f"{e['own_s']:.3f}", f"{e['cum_s']:.3f}")
+                               for e in r["profile_top"]], "lrrr") + [""]
+    write_lines(path, lines)
+
+
+class Glue(Scenario):
+    name = "spark glue"
+    summary_on_failure = False
+    description = __doc__.split("\n\n")[0]
+    workdir_prefix = "glue-"
+
+    def flags(self, ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--keys", type=positive_int, default=1_000_000)
+        ap.add_argument("--rows-per-key", type=positive_int, default=1)
+        ap.add_argument("--batches", type=positive_int, default=3)
+        ap.add_argument("--mode", choices=("pandas", "rows", "both"), default="both")
+        ap.add_argument("--processors", default="count",
+                        help="comma-separated: count (the processor), null (rows taken, nothing else: the per-key "
+                             "loop), state (the loop and the ValueState, no output)")
+        ap.add_argument("--vnodes", type=positive_int, default=64)
+        ap.add_argument("--window-rows", type=positive_int, default=100_000, help="task_window_rows")
+        ap.add_argument("--profile", action="store_true", help="one more batch per mode under cProfile")
+        ap.add_argument("--first-host", type=host_number, default=80, help="the worker on 127.0.0.N")
+
+    def parameters(self, args: argparse.Namespace, run_id: str) -> dict:
+        return {k: v for k, v in vars(args).items() if k not in ("json", "out", "report", "dir", "from_file",
+                                                                 "spark_conf_dict")}
+
+    def run(self, br: BenchRun) -> None:
+        args = br.args
+        args.command, args.params = br.command, br.parameters
+        modes = ("pandas", "rows") if args.mode == "both" else (args.mode,)
+        cluster = start_rhino(br.base, br.stack, workers=1, first_host=args.first_host, heartbeat_timeout=30.0,
+                              metrics=False)
+        for mode in modes:
+            for kind in args.processors.split(","):
+                run_mode(mode, kind, args, cluster.coordinator, cluster.secret_file, br.em)
+        say("the floor: pandas and Python per key, on their own")
+        floor = floor_per_key(min(args.keys, 200_000), args.rows_per_key)
+        br.emit(round_floats({"record": "floor", "command": args.command, "params": args.params, **floor}))
+
+
+def summarize(records: list[dict]) -> dict:
+    """The summary: the framework's median CPU per key of each mode, over the batches after the first."""
+    bs = [r for r in records if r.get("record") == "batch"]
+    steady = [r for r in bs if r["batch"] > 0 and not r.get("profiled")]
+    modes = dict.fromkeys(r["mode"] for r in bs)
+    return round_floats({"record": "summary", "command": bs[0]["command"] if bs else None,
+                         "params": bs[0]["params"] if bs else None,
+                         "framework_cpu_us_per_key": {m: median([r["framework_cpu_us_per_key"] for r in steady
+                                                                 if r["mode"] == m]) for m in modes},
+                         "target_us_per_key": TARGET_US_PER_KEY})
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="rhino-bench spark glue", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--keys", type=positive_int, default=1_000_000)
-    ap.add_argument("--rows-per-key", type=positive_int, default=1)
-    ap.add_argument("--batches", type=positive_int, default=3)
-    ap.add_argument("--mode", choices=("pandas", "rows", "both"), default="both")
-    ap.add_argument("--processors", default="count",
-                    help="comma-separated: count (the processor), null (rows taken, nothing else: the per-key "
-                         "loop), state (the loop and the ValueState, no output)")
-    ap.add_argument("--vnodes", type=positive_int, default=64)
-    ap.add_argument("--window-rows", type=positive_int, default=100_000, help="task_window_rows")
-    ap.add_argument("--profile", action="store_true", help="one more batch per mode under cProfile")
-    ap.add_argument("--first-host", type=host_number, default=80, help="the worker on 127.0.0.N")
-    ap.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--report", default=None)
-    args = ap.parse_args(argv)
-    args.command = "rhino-bench spark glue " + " ".join(argv if argv is not None else sys.argv[1:])
-    args.params = {k: v for k, v in vars(args).items() if k not in ("json", "out", "report", "dir", "command")}
-    emit = Emitter(args.json, args.out)
-    modes = ("pandas", "rows") if args.mode == "both" else (args.mode,)
-    with contextlib.ExitStack() as stack:
-        root = Path(args.dir) if args.dir else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="glue-")))
-        cluster = start_rhino(root, stack, workers=1, first_host=args.first_host, heartbeat_timeout=30.0,
-                              metrics=False)
-        coord, sf = cluster.coordinator_process, cluster.secret_file
-        records: list[dict] = []
-        with stdout_for_json_only() if args.json else contextlib.nullcontext():
-            for mode in modes:
-                for kind in args.processors.split(","):
-                    records += run_mode(mode, kind, args, root, coord.address, sf, emit)
-            say("the floor: pandas and Python per key, on their own")
-            floor = floor_per_key(min(args.keys, 200_000), args.rows_per_key)
-            emit.emit(round_floats({"record": "floor", "command": args.command, "params": args.params, **floor}))
-            steady = [r for r in records if r["batch"] > 0 and not r.get("profiled")]
-            emit.emit(round_floats({"record": "summary", "command": args.command, "params": args.params,
-                                    "framework_cpu_us_per_key": {m: median([r["framework_cpu_us_per_key"]
-                                                                            for r in steady if r["mode"] == m])
-                                                                 for m in modes},
-                                    "target_us_per_key": TARGET_US_PER_KEY}))
-        if args.report:
-            Path(args.report).write_text(report(records, floor, args))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return bench_main(Glue(summarize=summarize, report=report), argv)

@@ -12,21 +12,18 @@ How it runs and what each record holds: bench/README.md, "Initial state at scale
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..frame import RhinoCluster, spark_session, start_rhino
-from .common import Emitter, install_signal_handlers, positive_int, say
+from ..frame import BenchRun, Scenario, bench_main, spark_session, start_rhino
+from ..report import last_summary, md_table, setup_of, write_lines
+from .common import ROCKSDB_PROVIDER, positive_int, say
 
 __all__ = ["main"]
 
-ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 OUT = "k long, v long, why string"
 
 
@@ -169,14 +166,15 @@ def measurement(system: str, res: dict, *, keys: int, sample: Any, replicas: int
     return rec
 
 
-def report(records: list[dict], path: str, *, command: str, elapsed_s: float) -> None:
+def report(records: list[dict], path: str) -> None:
     ms = {r["system"]: r for r in records if r.get("record") == "measurement"}
+    el = (last_summary(records) or {}).get("elapsed_s")
     lines = ["# Initial state at scale: Rhino against Spark's own operator", "",
-             f"Command: `{command}`", "", f"Total run time: {elapsed_s:.0f} s.", "",
-             "| system | keys | batch 0 (load) s | keys/s | values checked |", "|---|---|---|---|---|"]
-    for name, r in ms.items():
-        lines.append(f"| {name} | {r['keys']:,} | {r['load_s']:.1f} | {r['keys_per_s']:,} | "
-                     f"{'ok' if r['values_ok'] else 'WRONG'} ({r['probed']} keys) |")
+             f"Command: `{setup_of(records).get('command', '')}`", "",
+             f"Total run time: {'-' if el is None else f'{el:.0f}'} s.", ""]
+    lines += md_table(["system", "keys", "batch 0 (load) s", "keys/s", "values checked"],
+                      [(name, f"{r['keys']:,}", f"{r['load_s']:.1f}", f"{r['keys_per_s']:,}",
+                        f"{'ok' if r['values_ok'] else 'WRONG'} ({r['probed']} keys)") for name, r in ms.items()])
     if "rhino" in ms and "spark-rocksdb" in ms:
         ratio = ms["spark-rocksdb"]["load_s"] / ms["rhino"]["load_s"]
         lines += ["", f"Rhino loads {ratio:.2f}x as fast as Spark's own (Spark's batch 0 time / Rhino's)."]
@@ -186,83 +184,69 @@ def report(records: list[dict], path: str, *, command: str, elapsed_s: float) ->
                       f"updates), write {r['task_write_s']} s, commit {r['task_commit_s']} s "
                       f"(r={r.get('replicas')}); checkpoint {r['checkpoint_bytes'] / 2**20:.0f} MiB over "
                       "the instances."]
-    Path(path).write_text("\n".join(lines) + "\n")
+    write_lines(path, lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rhino-bench spark initial-state", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--keys", type=parse_count, default=10_000_000, help="keys in the initial state (default 10M)")
-    ap.add_argument("--probe-keys", type=positive_int, default=2000, help="rows of each input batch (default 2000)")
-    ap.add_argument("--systems", default="spark,rhino", help="spark,rhino (default: both, Spark first)")
-    ap.add_argument("--partitions", type=positive_int, default=3, help="shuffle partitions = Rhino instances")
-    ap.add_argument("--replicas", type=int, default=2, help="Rhino's replicas per instance (default 2)")
-    ap.add_argument("--first-host", type=int, default=70, help="Rhino workers on 127.0.0.N.. (default 70)")
-    ap.add_argument("--timeout", type=float, default=7200.0, help="seconds per query (default 7200)")
-    ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--dir", help="work directory (default: a new temporary one, removed at the end)")
-    ap.add_argument("--json", action="store_true", help="JSON lines on stdout")
-    ap.add_argument("--out", help="append the JSON lines to this file")
-    ap.add_argument("--report", help="write a markdown report here")
-    return ap
+def summarize(records: list[dict]) -> dict:
+    ms = [r for r in records if r.get("record") == "measurement"]
+    return {"record": "summary", "systems": [r["system"] for r in ms],
+            "values_ok": bool(ms) and all(r["values_ok"] for r in ms)}
 
 
-def _start(base: Path, args: argparse.Namespace, stack: Any) -> tuple[Any, Optional[RhinoCluster]]:
-    cluster = None
-    if "rhino" in args.systems:
-        cluster = start_rhino(base / "rhino", stack, workers=args.replicas + 1, first_host=args.first_host,
-                              metrics=False)
-    spark = spark_session(stack, base, app="rhino-bench-initial-state", master="local[2]", partitions=args.partitions,
-                          conf={"spark.driver.memory": "4g",
-                                "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER})
-    return spark, cluster
+class InitialState(Scenario):
+    name = "spark initial-state"
+    description = __doc__.split("\n\n")[0]
+    workdir_prefix = "rhino-initial-state-"
 
+    def flags(self, ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--keys", type=parse_count, default=10_000_000, help="keys in the initial state (default 10M)")
+        ap.add_argument("--probe-keys", type=positive_int, default=2000, help="rows of each input batch (default 2000)")
+        ap.add_argument("--systems", default="spark,rhino", help="spark,rhino (default: both, Spark first)")
+        ap.add_argument("--partitions", type=positive_int, default=3, help="shuffle partitions = Rhino instances")
+        ap.add_argument("--replicas", type=int, default=2, help="Rhino's replicas per instance (default 2)")
+        ap.add_argument("--first-host", type=int, default=70, help="Rhino workers on 127.0.0.N.. (default 70)")
+        ap.add_argument("--timeout", type=float, default=7200.0, help="seconds per query (default 7200)")
+        ap.add_argument("--seed", type=int, default=7)
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = ap.parse_args(argv)
-    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    if not args.systems or any(s not in ("spark", "rhino") for s in args.systems):
-        ap.error("--systems: choose from spark, rhino")
-    if args.replicas < 0 or args.first_host + args.replicas > 254:
-        ap.error("--replicas must be >= 0 and the workers must fit 127.0.0.2..254")
-    install_signal_handlers()
-    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="rhino-initial-state-"))
-    base.mkdir(parents=True, exist_ok=True)
-    em = Emitter(args.json, args.out)
-    command = "rhino-bench spark initial-state " + " ".join(argv)
-    parameters = {"keys": args.keys, "probe_keys": args.probe_keys, "systems": args.systems,
-                  "partitions": args.partitions, "replicas": args.replicas, "seed": args.seed}
-    em.emit({"record": "setup", "command": command, "parameters": parameters,
-             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    t_start = time.monotonic()
-    try:
+    def check(self, ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+        args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+        if not args.systems or any(s not in ("spark", "rhino") for s in args.systems):
+            ap.error("--systems: choose from spark, rhino")
+        if args.replicas < 0 or args.first_host + args.replicas > 254:
+            ap.error("--replicas must be >= 0 and the workers must fit 127.0.0.2..254")
+
+    def parameters(self, args: argparse.Namespace, run_id: str) -> dict:
+        return {"keys": args.keys, "probe_keys": args.probe_keys, "systems": args.systems,
+                "partitions": args.partitions, "replicas": args.replicas, "seed": args.seed}
+
+    def run(self, br: BenchRun) -> None:
+        args, base = br.args, br.base
         say(f"writing the initial state: {args.keys:,} keys")
         write_initial(base / "initial", args.keys)
         sample = write_input(base / "input", args.keys, args.probe_keys, args.seed)
-        with contextlib.ExitStack() as stack:
-            spark, cluster = _start(base, args, stack)
-            for system in args.systems:
-                say(f"{system}: loading {args.keys:,} keys as initial state")
-                work = base / f"work-{system}"
-                res = run_system(spark, system, init_dir=base / "initial", input_dir=base / "input", work=work,
-                                 cluster=cluster, partitions=args.partitions, replicas=args.replicas,
-                                 timeout_s=args.timeout, operator_id=f"init-{int(time.time())}")
-                rec = measurement(system, res, keys=args.keys, sample=sample, replicas=args.replicas,
-                                  command=command, parameters=parameters)
-                em.emit(rec)
-                say(f"  {system}: batch 0 {rec['load_s']:.1f} s ({rec['keys_per_s']:,} keys/s), values "
-                    f"{'ok' if rec['values_ok'] else 'WRONG'}")
-                shutil.rmtree(work, ignore_errors=True)
-        elapsed = time.monotonic() - t_start
-        if args.report:
-            report(em.records, args.report, command=command, elapsed_s=elapsed)
-    finally:
-        if not args.dir:
-            shutil.rmtree(base, ignore_errors=True)
-    bad = [r for r in em.records if r.get("record") == "measurement" and not r["values_ok"]]
-    return 1 if bad else 0
+        cluster = None
+        if "rhino" in args.systems:
+            cluster = start_rhino(base / "rhino", br.stack, workers=args.replicas + 1, first_host=args.first_host,
+                                  metrics=False)
+        spark = spark_session(br.stack, base, app="rhino-bench-initial-state", master="local[2]",
+                              partitions=args.partitions,
+                              conf={"spark.driver.memory": "4g",
+                                    "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER})
+        for system in args.systems:
+            say(f"{system}: loading {args.keys:,} keys as initial state")
+            work = base / f"work-{system}"
+            res = run_system(spark, system, init_dir=base / "initial", input_dir=base / "input", work=work,
+                             cluster=cluster, partitions=args.partitions, replicas=args.replicas,
+                             timeout_s=args.timeout, operator_id=f"init-{int(time.time())}")
+            rec = br.emit(measurement(system, res, keys=args.keys, sample=sample, replicas=args.replicas,
+                                      command=br.command, parameters=br.parameters))
+            say(f"  {system}: batch 0 {rec['load_s']:.1f} s ({rec['keys_per_s']:,} keys/s), values "
+                f"{'ok' if rec['values_ok'] else 'WRONG'}")
+            shutil.rmtree(work, ignore_errors=True)
+
+    def exit_code(self, br: BenchRun, summary: Optional[dict], rc: Optional[int]) -> int:
+        return 0 if summary and summary["values_ok"] else 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return bench_main(InitialState(summarize=summarize, report=report), argv)

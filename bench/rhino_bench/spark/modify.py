@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import threading
 import time
 from pathlib import Path
@@ -319,7 +318,3 @@ def _spark_restart(route: str, spark: Any, args: argparse.Namespace, common: dic
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     return bench_main(Modify(summarize=summarize, report=report, plot=plot), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,7 +4,7 @@ they read the JSON lines alone, in a run or with ``--from``)."""
 from __future__ import annotations
 
 from typing import Optional
-from ..report import pyplot, save
+from ..report import md_table, pyplot, save, setup_of, write_lines
 
 SPIKE_TARGET = 1.5  # the swap's largest batch over the steady median
 SPEEDUP_TARGET = 5.0  # Spark's restart over Rhino's swap, request to effect (the less favourable Spark route)
@@ -58,19 +58,16 @@ def summarize(records: list[dict]) -> dict:
 
 
 def report(records: list[dict], path: str) -> None:
-    setup = next((r for r in records if r.get("record") == "setup"), {})
-    by = _by_route(records)
-    s = summarize(records)
+    setup, by, s = setup_of(records), _by_route(records), summarize(records)
     lines = ["# Changing a running query's code: Rhino's swap vs Spark's restart (NEXMark Q8)", "",
              f"Command: `{setup.get('command', '?')}`  ", f"Started: {setup.get('started', '?')}  ",
-             f"Parameters: `{setup.get('parameters')}`", "",
-             "| route | state MiB | request to effect (s) | new code starts (s) | batches delayed | spike x | "
-             "steady max x | failed batches | steady batch (s) |", "|---|---|---|---|---|---|---|---|---|"]
-    for k, r in sorted(by.items()):
-        lines.append(f"| {k} | {r['state_bytes'] / 2**20:.0f} | {r['request_to_effect_s']:.2f} | "
-                     f"{new_code_start_s(r):.2f} | "
-                     f"{r['batches_delayed']} | {r['spike_x']:.2f} | {steady_max_x(r):.2f} | {r['failed_batches']} | "
-                     f"{r['steady_batch_s']:.2f} |")
+             f"Parameters: `{setup.get('parameters')}`", ""]
+    lines += md_table(["route", "state MiB", "request to effect (s)", "new code starts (s)", "batches delayed",
+                       "spike x", "steady max x", "failed batches", "steady batch (s)"],
+                      [(k, f"{r['state_bytes'] / 2**20:.0f}", f"{r['request_to_effect_s']:.2f}",
+                        f"{new_code_start_s(r):.2f}", r["batches_delayed"], f"{r['spike_x']:.2f}",
+                        f"{steady_max_x(r):.2f}", r["failed_batches"], f"{r['steady_batch_s']:.2f}")
+                       for k, r in sorted(by.items())])
     lines += ["", "spike x: the longest batch from the request on over the median steady batch before it; "
               "steady max x: the same for the longest steady batch before the request (no modification).", "",
               f"Speed-up of the swap over the fastest Spark restart ({s['baseline']}): "
@@ -79,8 +76,7 @@ def report(records: list[dict], path: str) -> None:
               "Checks: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in s["checks"].items()), ""]
     for e in s["errors"]:
         lines.append(f"- {e['route']} failed: {e['error'][:300]}")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_lines(path, lines)
 
 
 def plot(records: list[dict], path: str) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -22,7 +21,7 @@ from typing import Any, Optional, Sequence
 from ..frame import BenchRun, Scenario, bench_main
 from ..report import choices
 from ..procmem import RssSampler, _mb, cmdline, driver_jvm_pid, rss_bytes
-from .common import (host_number, loadavg, non_negative_int, positive_float, positive_int, round_floats,
+from .common import (ROCKSDB_PROVIDER, host_number, loadavg, non_negative_int, positive_float, positive_int, round_floats,
                      say)
 from .output_report import (FLAT_TOLERANCE_MB, RHINO_VS_SPARK_TARGET, SYSTEMS, _MB, batch_records, plot, report,
                             summarize, system_record, window_bytes)
@@ -32,7 +31,6 @@ __all__ = ["main", "FanOutProcessor", "write_inputs", "summarize", "SYSTEMS", "R
 
 INPUT_SCHEMA = "k long, v long"
 OUTPUT_SCHEMA = "k long, v long, j int, seen long"
-ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 DRIVER_CONF = {"spark.driver.memory": "1g", "spark.driver.maxResultSize": "64m"}
 _TASK_FIELDS = ("read_s", "open_s", "group_s", "fetch_s", "process_s", "write_s", "commit_s", "replicate_s")
 
@@ -410,7 +408,3 @@ def _xmx(pid: Optional[int]) -> Optional[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     return bench_main(Output(summarize=summarize, report=report, plot=plot), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

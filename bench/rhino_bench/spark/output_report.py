@@ -3,13 +3,12 @@ JSON lines alone, in a run or with ``--from``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
-from ..report import pyplot, save
-from .common import median, round_floats
+from ..report import last_summary, md_table, pyplot, run_header, save, setup_of, write_lines
+from .common import mean as _mean, median, round_floats
 
-SYSTEMS = ("rhino", "spark-rocksdb")
+from .state_size_workload import SYSTEMS
 RHINO_VS_SPARK_TARGET = 1.0
 FLAT_TOLERANCE_MB = 64.0  # the driver's RSS, last batch minus first: "flat" if at most this
 IN_ROW_BYTES = 16  # k, v
@@ -20,11 +19,6 @@ _MB = 1 << 20
 def window_bytes(window_rows: int, fanout: int) -> int:
     """The bytes of one task window's data: its input rows and their output, as columns."""
     return window_rows * (IN_ROW_BYTES + fanout * OUT_ROW_BYTES)
-
-
-def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
-    v = [x for x in xs if x is not None]
-    return sum(v) / len(v) if v else None
 
 
 # ---- records ----------------------------------------------------------------------------------
@@ -173,25 +167,20 @@ def plot(records: list[dict], path: str) -> None:
 
 
 def report(records: list[dict], path: str) -> None:
-    from rhino._machine import machine_summary
-
-    setup = next((r for r in records if r.get("record") == "setup"), {})
-    params = setup.get("parameters", {})
-    src = setup.get("source") or {}
+    setup = setup_of(records)
+    params, src = setup.get("parameters", {}), setup.get("source") or {}
     bs = [r for r in records if r.get("record") == "batch"]
     ss = {r["system"]: r for r in records if r.get("record") == "system"}
-    summ = next((r for r in records[::-1] if r.get("record") == "summary"), None) or summarize(records)
+    summ = last_summary(records) or summarize(records)
 
     def f(x: Any, d: int = 1) -> str:
         return "-" if x is None else (f"{x:,.{d}f}" if isinstance(x, float) else f"{x:,}" if isinstance(x, int)
                                       else str(x))
 
-    L = ["# Spark output: a stateful operator emitting 10 rows per input row, Rhino vs Spark's RocksDB state store",
-         "", f"Command: `{setup.get('command')}`", "",
-         f"Run at {setup.get('started')} on {machine_summary(setup.get('machine', {}))}; load average at the start "
-         f"{setup.get('loadavg_1_5_15')}, at the end {summ.get('loadavg_1_5_15')}; {summ.get('elapsed_s')} s in all.",
-         "", "Parameters: " + ", ".join(f"{k}={v}" for k, v in params.items()), "",
-         f"Code: commit {src.get('commit')}; files differing from it in the working tree: "
+    L = run_header("Spark output: a stateful operator emitting 10 rows per input row, Rhino vs Spark's RocksDB state "
+                   "store", setup, f"; load average at the start {setup.get('loadavg_1_5_15')}, at the end "
+                   f"{summ.get('loadavg_1_5_15')}; {summ.get('elapsed_s')} s in all.")
+    L += [f"Code: commit {src.get('commit')}; files differing from it in the working tree: "
          f"{', '.join(src.get('modified') or []) or 'none'}; library files modified during the run: "
          f"{', '.join(summ.get('source_changed_during_run') or []) or 'none'}.", "",
          "Spark settings: " + ", ".join(f"`{k}={v}`" for k, v in setup.get("spark_conf", {}).items())
@@ -204,40 +193,33 @@ def report(records: list[dict], path: str) -> None:
          f"each key's rows in a ValueState and emits {params.get('fanout')} rows (`k, v, j, seen`) per input row; "
          "the output is written with `df.write.format(\"noop\")` inside `foreachBatch` and counted with "
          "`Dataset.observe` (nothing but that count reaches the driver).", "",
-         "## Per batch", "",
-         "| system | batch | input rows | output rows | batch s (triggerExecution) | output rows/s | driver JVM RSS "
-         "(MiB) | max during | Python driver RSS | worker peak RSS (MiB) | its RSS at start | largest growth | "
-         "active workers |",
-         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for b in bs:
-        L.append(f"| {b['system']} | {b['batch']}{' (warm-up)' if b['warmup'] else ''} | {f(b.get('input_rows'))} | "
-                 f"{f(b['output_rows'])} | {f(b.get('trigger_s'), 2)} | {f(b.get('rows_per_s'), 0)} | "
-                 f"{f(b.get('driver_rss_mb'))} | {f(b.get('driver_rss_max_mb'))} | {f(b.get('python_driver_rss_mb'))} "
-                 f"| {f(b.get('python_worker_peak_rss_mb'))} | {f(b.get('python_worker_start_rss_mb'))} | "
-                 f"{f(b.get('python_worker_growth_mb'))} | {b.get('python_workers')} |")
+         "## Per batch", ""]
+    L += md_table(["system", "batch", "input rows", "output rows", "batch s (triggerExecution)", "output rows/s",
+                   "driver JVM RSS (MiB)", "max during", "Python driver RSS", "worker peak RSS (MiB)",
+                   "its RSS at start", "largest growth", "active workers"],
+                  [(b["system"], f"{b['batch']}{' (warm-up)' if b['warmup'] else ''}", f(b.get("input_rows")),
+                    f(b["output_rows"]), f(b.get("trigger_s"), 2), f(b.get("rows_per_s"), 0),
+                    *(f(b.get(k)) for k in ("driver_rss_mb", "driver_rss_max_mb", "python_driver_rss_mb",
+                                            "python_worker_peak_rss_mb", "python_worker_start_rss_mb",
+                                            "python_worker_growth_mb")), b.get("python_workers")) for b in bs],
+                  "l" + "r" * 12)
     if any(b.get("driver_heap_used_mb") is not None for b in bs):
-        L += ["", "The driver JVM's memory after each batch (MiB; its MemoryMXBean, no GC forced):", "",
-              "| system | RSS by batch | heap used | heap committed | non-heap used (metaspace, code cache) |",
-              "|---|---|---|---|---|"]
-        for s in [x for x in SYSTEMS if any(b["system"] == x for b in bs)]:
-            sb = [b for b in bs if b["system"] == s]
-
-            def row(k: str) -> str:
-                return ", ".join(f(b.get(k), 0) for b in sb)
-
-            L.append(f"| {s} | {row('driver_rss_mb')} | {row('driver_heap_used_mb')} | "
-                     f"{row('driver_heap_committed_mb')} | {row('driver_nonheap_used_mb')} |")
-    L += ["", "## Per system (steady batches)", "",
-          "| system | output rows/s | median batch s | driver RSS first / last / max (MiB) | flat (growth <= "
-          f"{FLAT_TOLERANCE_MB:g} MiB) | worker peak RSS (MiB) | worker growth (MiB) | executors' GC per batch (s) | "
-          f"outputs = {params.get('fanout')} x input |",
-          "|---|---:|---:|---|---|---:|---:|---:|---|"]
-    for s, r in ss.items():
-        L.append(f"| {s} | {f(r.get('rows_per_s'), 0)} | {f(r.get('trigger_s_median'), 2)} | "
-                 f"{f(r.get('driver_rss_first_mb'))} / {f(r.get('driver_rss_last_mb'))} / "
-                 f"{f(r.get('driver_rss_max_mb'))} | {r.get('driver_rss_flat')} ({f(r.get('driver_rss_growth_mb'))}) | "
-                 f"{f(r.get('python_worker_peak_rss_mb'))} | {f(r.get('python_worker_growth_mb'))} | "
-                 f"{f(r.get('executor_gc_s_mean'), 2)} | {r.get('outputs_expected')} |")
+        L += ["", "The driver JVM's memory after each batch (MiB; its MemoryMXBean, no GC forced):", ""]
+        L += md_table(["system", "RSS by batch", "heap used", "heap committed", "non-heap used (metaspace, code cache)"],
+                      [[s] + [", ".join(f(b.get(k), 0) for b in bs if b["system"] == s)
+                              for k in ("driver_rss_mb", "driver_heap_used_mb", "driver_heap_committed_mb",
+                                        "driver_nonheap_used_mb")]
+                       for s in SYSTEMS if any(b["system"] == s for b in bs)])
+    L += ["", "## Per system (steady batches)", ""]
+    L += md_table(["system", "output rows/s", "median batch s", "driver RSS first / last / max (MiB)",
+                   f"flat (growth <= {FLAT_TOLERANCE_MB:g} MiB)", "worker peak RSS (MiB)", "worker growth (MiB)",
+                   "executors' GC per batch (s)", f"outputs = {params.get('fanout')} x input"],
+                  [(s, f(r.get("rows_per_s"), 0), f(r.get("trigger_s_median"), 2),
+                    f"{f(r.get('driver_rss_first_mb'))} / {f(r.get('driver_rss_last_mb'))} / "
+                    f"{f(r.get('driver_rss_max_mb'))}", f"{r.get('driver_rss_flat')} ({f(r.get('driver_rss_growth_mb'))})",
+                    f(r.get("python_worker_peak_rss_mb")), f(r.get("python_worker_growth_mb")),
+                    f(r.get("executor_gc_s_mean"), 2), r.get("outputs_expected")) for s, r in ss.items()],
+                  "lrrllrrrl")
     rh = ss.get("rhino")
     if rh and rh.get("task_slowest_s"):
         keys = list(rh["task_slowest_s"])
@@ -261,15 +243,13 @@ def report(records: list[dict], path: str) -> None:
             last[b["system"]] = b
     if last:
         L += ["", "## Spark stages of each system's last batch", "",
-              "(submitted while its `foreachBatch` function ran; seconds; the REST API's figures)", "",
-              "| system | stage | name | tasks | duration | executor run | executor CPU | GC | input rows | "
-              "shuffle write rows | output rows | spill disk MiB |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for sys_, b in last.items():
-            for st in b["stages"]:
-                L.append(f"| {sys_} (batch {b['batch']}) | {st['stage']} | {st['name']} | {st['tasks']} | "
-                         f"{f(st['duration_s'], 2)} | {f(st['executor_run_s'], 2)} | {f(st['executor_cpu_s'], 2)} | "
-                         f"{f(st['gc_s'], 2)} | {f(st['input_rows'])} | {f(st['shuffle_write_rows'])} | "
-                         f"{f(st['output_rows'])} | {f(st['spill_disk_mb'])} |")
+              "(submitted while its `foreachBatch` function ran; seconds; the REST API's figures)", ""]
+        L += md_table(["system", "stage", "name", "tasks", "duration", "executor run", "executor CPU", "GC",
+                       "input rows", "shuffle write rows", "output rows", "spill disk MiB"],
+                      [(f"{sys_} (batch {b['batch']})", st["stage"], st["name"], st["tasks"],
+                        *(f(st[k], 2) for k in ("duration_s", "executor_run_s", "executor_cpu_s", "gc_s")),
+                        *(f(st[k]) for k in ("input_rows", "shuffle_write_rows", "output_rows", "spill_disk_mb")))
+                       for sys_, b in last.items() for st in b["stages"]], "lrlrrrrrrrrr")
     L += ["", "## Targets", ""]
     if "rhino_vs_spark" in summ:
         L.append(f"- Rhino at least as fast as Spark's own operator (output rows/s over the steady batches): "
@@ -291,6 +271,4 @@ def report(records: list[dict], path: str) -> None:
                  + ".")
     L.append(f"- Every batch's output = {params.get('fanout')} x its input rows (counted on the executors): "
              f"**{'yes' if summ.get('outputs_expected') else 'NO'}**.")
-    L.append("")
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text("\n".join(L))
+    write_lines(path, L)

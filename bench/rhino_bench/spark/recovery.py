@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import threading
 import time
 from pathlib import Path
@@ -266,7 +265,3 @@ def run_one(*, system: str, size: int, workdir: Path, args: argparse.Namespace, 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     return bench_main(Recovery(summarize=summarize, report=report, plot=plot), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,11 +3,10 @@ JSON lines alone, in a run or with ``--from``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Optional
 
 from .common import median
-from ..report import pyplot, save
+from ..report import fmt, md_table, pyplot, run_header, save, setup_of, write_lines
 
 SPEEDUP_TARGET = 10.0   # Rhino's state restore vs the baseline's, at the largest size
 FLAT_TARGET = 2.0       # Rhino's state restore at the largest size vs the smallest
@@ -195,44 +194,28 @@ def plot(records: list[dict], path: str) -> None:
 
 
 def report(records: list[dict], path: str) -> None:
-    from rhino._machine import machine_summary
-
-    setup = next((r for r in records if r.get("record") == "setup"), {})
-    command = setup.get("command", "")
     rr = sorted((r for r in records if _valid(r)), key=lambda r: (r["size_bytes"], r["system"]))
     summ = summarize(records)
-    L = ["# Spark recovery: NEXMark Q8 after a host loss, Rhino vs Spark's RocksDB state store", "",
-         f"Command: `{command}`", "",
-         f"Run at {setup.get('started')} on {machine_summary(setup.get('machine', {}))}.", "",
-         "Parameters: " + ", ".join(f"{k}={v}" for k, v in setup.get("parameters", {}).items()), "",
-         "Spark settings: " + (", ".join(f"`{k}={v}`" for k, v in setup.get("spark_conf", {}).items())
-                               or "Spark's defaults") + " (besides the cluster's: one 1-core executor per host, "
-         "`spark.sql.shuffle.partitions=3`, `spark.python.task.killTimeout=200ms` (only cancelled tasks feel it, "
-         "and only Rhino's batch watch cancels); `spark.network.timeout`, heartbeats, `spark.locality.wait` (3 s), "
-         "`spark.task.maxFailures` (4) are Spark's defaults; state store: RocksDB provider, its defaults; "
-         f"`spark-rocksdb` with `{CHANGELOG_CONF}=false` (Spark's default: a snapshot uploaded at every commit), "
-         "`spark-rocksdb-changelog` with it `true` (Spark's recommended production setting: a change log per "
-         "batch, a snapshot every few; a restore replays the log)).", "",
-         "**The baseline's \"DFS\" (Spark's checkpoint location) is a directory on the same local disk**: its "
-         "state fetch is a local file copy (no network, page cache warm), which favours the baseline.", "",
-         "Seconds from the SIGKILL:", "",
-         "| state | system | trial | recovery | detection | scheduling | replay | state restore | "
-         "rerun task start | rerun batch | steady batch | attempts | locality |",
-         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-
-    def f(x: Any, d: int = 3) -> str:
-        return "-" if x is None else (f"{x:.{d}f}" if isinstance(x, float) else str(x))
-
+    L = run_header("Spark recovery: NEXMark Q8 after a host loss, Rhino vs Spark's RocksDB state store",
+                   setup_of(records), spark=" (besides the cluster's: one 1-core executor per host, "
+                   "`spark.sql.shuffle.partitions=3`, `spark.python.task.killTimeout=200ms` (only cancelled tasks feel "
+                   "it, and only Rhino's batch watch cancels); `spark.network.timeout`, heartbeats, `spark.locality.wait` "
+                   "(3 s), `spark.task.maxFailures` (4) are Spark's defaults; state store: RocksDB provider, its defaults; "
+                   f"`spark-rocksdb` with `{CHANGELOG_CONF}=false` (Spark's default: a snapshot uploaded at every commit), "
+                   "`spark-rocksdb-changelog` with it `true` (Spark's recommended production setting: a change log per "
+                   "batch, a snapshot every few; a restore replays the log)).")
+    L += ["**The baseline's \"DFS\" (Spark's checkpoint location) is a directory on the same local disk**: its "
+          "state fetch is a local file copy (no network, page cache warm), which favours the baseline.", "",
+          "Seconds from the SIGKILL:", ""]
     seen: dict[tuple, int] = {}
+    rows = []
     for r in rr:
         # trials numbered per size and system, in the order run (also across runs combined with --from)
         n = seen[(r["system"], r["size_bytes"])] = seen.get((r["system"], r["size_bytes"]), 0) + 1
-        L.append(f"| {r['size_bytes'] / 2**30:g} GiB ({(r.get('state_bytes_at_kill') or 0) / 2**30:.2f} GiB at "
-                 f"kill) | {r['system']} | {n} | {f(r.get('recovery_s'))} | "
-                 f"{f(r.get('detection_s'))} | "
-                 f"{f(r.get('scheduling_s'))} | {f(r.get('replay_s'))} | {f(r.get('state_restore_s'))} | "
-                 f"{f(r.get('rerun_task_start_s'))} | {f(r.get('rerun_batch_s'))} | {f(r.get('steady_batch_s'))} | "
-                 f"{f(r.get('attempts'))} | {f(r.get('locality'))} |")
+        rows.append([f"{r['size_bytes'] / 2**30:g} GiB ({(r.get('state_bytes_at_kill') or 0) / 2**30:.2f} GiB at "
+                     f"kill)", r["system"], n] + [fmt(r.get(k)) for k in _TIMES])
+    L += md_table(["state", "system", "trial", "recovery", "detection", "scheduling", "replay", "state restore",
+                   "rerun task start", "rerun batch", "steady batch", "attempts", "locality"], rows, "ll" + "r" * 11)
     L += ["", "Ratios (baseline / Rhino, same run; with several trials, of the medians; against the Spark "
           "baseline that recovered fastest, the less favourable for Rhino):", ""]
     for row in summ.get("per_size", []):
@@ -284,6 +267,9 @@ def report(records: list[dict], path: str) -> None:
         L += [f"- {r['size_bytes'] / 2**30:g} GiB, trial {r.get('trial', 0) + 1}: "
               + "; ".join(f"{t:.2f} {what}" for what, t in steps) for r, steps in timelines if steps]
     L += ["", "Definitions: see the docstring of `bench/rhino_bench/spark/recovery.py` and the "
-          "`Spark recovery` section of `bench/README.md`.", ""]
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text("\n".join(L))
+          "`Spark recovery` section of `bench/README.md`."]
+    write_lines(path, L)
+
+
+_TIMES = ("recovery_s", "detection_s", "scheduling_s", "replay_s", "state_restore_s", "rerun_task_start_s",
+          "rerun_batch_s", "steady_batch_s", "attempts", "locality")

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..frame import BenchRun, RhinoCluster, Scenario, bench_main, spark_flags, spark_session, start_rhino
 from ..report import choices
-from .common import non_negative_int, positive_float, positive_int, say
+from .common import ROCKSDB_PROVIDER, non_negative_int, positive_float, positive_int, say
 from .state_size_report import plot, report, summarize
 from .state_size_run import DirBytes, measurement, run_once
-from .state_size_workload import (BIG_KEY, KINDS, OP_TOUCH, ROCKSDB_PROVIDER, SYSTEMS, TARGET_FLAT, BigKeyProcessor,
+from .state_size_workload import (BIG_KEY, KINDS, OP_TOUCH, SYSTEMS, TARGET_FLAT, BigKeyProcessor,
                                   plan_batches, write_inputs)
 
 __all__ = ["main", "BigKeyProcessor", "plan_batches", "summarize", "SYSTEMS", "KINDS", "TARGET_FLAT",
@@ -163,7 +162,3 @@ def _warm_up(env: _Env, args: argparse.Namespace, base: Path, run_id: str) -> No
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     return bench_main(StateSize(summarize=summarize, report=report, plot=plot), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,12 +3,11 @@ the JSON lines alone, in a run or with ``--from``)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Optional
 
 from ..frame import source_line
 from .state_size_workload import KINDS, SYSTEMS, TARGET_FLAT, _TASK_FIELDS
-from ..report import pyplot, save
+from ..report import fmt, last_summary, md_table, pyplot, run_header, save, setup_of, write_lines
 
 
 def summarize(records: list[dict]) -> dict:
@@ -109,29 +108,17 @@ def _fmt_bytes(x: Any) -> str:
 
 
 def report(records: list[dict], path: str) -> None:
-    from rhino._machine import machine_summary
-
-    setup = next((r for r in records if r.get("record") == "setup"), {})
-    command = setup.get("command", "")
-    summ_rec = next((r for r in records[::-1] if r.get("record") == "summary"), None)
+    setup, summ_rec = setup_of(records), last_summary(records)
     elapsed_s = (summ_rec or {}).get("elapsed_s")
-
     ms = sorted((r for r in records if r.get("record") == "measurement"),
                 key=lambda r: (r["kind"], r["entries"], r["system"]))
-    summ = summarize(records)
-
-    def f(x: Any, d: int = 3) -> str:
-        return "-" if x is None else (f"{x:.{d}f}" if isinstance(x, float) else str(x))
-
-    L = ["# Large per-key state: one touch of a key holding N entries, Rhino vs Spark's RocksDB state store", "",
-         f"Command: `{command}`", "",
-         f"Run at {setup.get('started')} on {machine_summary(setup.get('machine', {}))}"
-         + (f"; the whole run took {elapsed_s / 60:.1f} min." if elapsed_s else "."), "",
-         "Parameters: " + ", ".join(f"{k}={v}" for k, v in setup.get("parameters", {}).items()), "",
-         source_line(setup.get("source") or {}, summ_rec), "",
-         "Spark settings: " + (", ".join(f"`{k}={v}`" for k, v in setup.get("spark_conf", {}).items())
-                               or "Spark's defaults") + " (besides the RocksDB provider, the session's "
-         "`spark.sql.shuffle.partitions` = Rhino's instances, UTC).", "",
+    summ, f, B = summarize(records), fmt, _fmt_bytes
+    L = run_header("Large per-key state: one touch of a key holding N entries, Rhino vs Spark's RocksDB state store",
+                   setup, f"; the whole run took {elapsed_s / 60:.1f} min." if elapsed_s else ".")
+    L += [source_line(setup.get("source") or {}, summ_rec), "",
+          "Spark settings: " + (", ".join(f"`{k}={v}`" for k, v in setup.get("spark_conf", {}).items())
+                                or "Spark's defaults") + " (besides the RocksDB provider, the session's "
+          "`spark.sql.shuffle.partitions` = Rhino's instances, UTC).", "",
          "Workload (bench/rhino_bench/spark/state_size.py): the same `BigKeyProcessor` object on both systems, "
          "over the same micro-batches (one Parquet file each, a file stream with maxFilesPerTrigger=1). Key 0 "
          "holds N entries in a MapState (or a ListState); after the fill batches, each measured batch touches "
@@ -144,46 +131,40 @@ def report(records: list[dict], path: str) -> None:
          "`disk writes` (Rhino): `/proc/<pid>/io` write_bytes of all workers (WAL, flush, compaction, replicas). "
          "`local new` (Spark): bytes new in its local RocksDB working directories. Fill: the fill batches' total "
          "time (not judged).", "",
-         "| kind | N | system | batch_s median | p95 | vs Spark | bytes_written | mean | max | replicated "
-         "| disk writes | local new | fill (s, batches) | outputs |",
-         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+         ""]
+    rows = []
     for r in ms:
         sp = next((s for s in ms if s["system"] == "spark-rocksdb" and s["kind"] == r["kind"]
                    and s["entries"] == r["entries"]), None)
         vs = (sp["batch_s"] / r["batch_s"]) if sp and sp.get("batch_s") and r.get("batch_s") else None
         agree = summ["outputs_agree"].get(f"{r['kind']}/{r['entries']}")
-        L.append(f"| {r['kind']} | {r['entries']:,} | {r['system']} | {f(r.get('batch_s'))} | "
-                 f"{f(r.get('batch_s_p95'))} | {f(vs, 2) + 'x' if vs and r['system'] == 'rhino' else '-'} | "
-                 f"{_fmt_bytes(r.get('bytes_written'))} | {_fmt_bytes(_bw_stat(r, 'mean'))} | "
-                 f"{_fmt_bytes(_bw_stat(r, 'max'))} | {_fmt_bytes(r.get('replicated_bytes'))} | "
-                 f"{_fmt_bytes(r.get('disk_write_bytes'))} | {_fmt_bytes(r.get('local_new_bytes'))} | "
-                 f"{f(r.get('fill_s'), 1)} ({r.get('fill_batches')}) | "
-                 f"{'agree' if agree else ('DIFFER' if agree is False else '-')} |")
+        rows.append((r["kind"], f"{r['entries']:,}", r["system"], f(r.get("batch_s")), f(r.get("batch_s_p95")),
+                     f(vs, 2) + "x" if vs and r["system"] == "rhino" else "-", B(r.get("bytes_written")),
+                     B(_bw_stat(r, "mean")), B(_bw_stat(r, "max")), B(r.get("replicated_bytes")),
+                     B(r.get("disk_write_bytes")), B(r.get("local_new_bytes")),
+                     f"{f(r.get('fill_s'), 1)} ({r.get('fill_batches')})",
+                     "agree" if agree else ("DIFFER" if agree is False else "-")))
+    L += md_table(["kind", "N", "system", "batch_s median", "p95", "vs Spark", "bytes_written", "mean", "max",
+                   "replicated", "disk writes", "local new", "fill (s, batches)", "outputs"], rows,
+                  "lrlrrrrrrrrrrl")
     rh = [r for r in ms if r["system"] == "rhino" and r.get("critical_task_s")]
     if rh:
-        fields = list(_TASK_FIELDS)
         L += ["", "Rhino, the slowest task of each measured batch (median seconds; `replicate_s` is inside "
-              "`commit_s`), and the driver's parts:", "",
-              "| kind | N | " + " | ".join(fields) + " | round trips | driver begin | job | commit |",
-              "|---|---:|" + "---:|" * (len(fields) + 4)]
-        for r in rh:
-            c = r["critical_task_s"]
-            L.append(f"| {r['kind']} | {r['entries']:,} | " + " | ".join(f(c.get(x)) for x in fields)
-                     + f" | {f(r.get('round_trips'))} | {f(r.get('begin_s'))} | {f(r.get('job_s'))} | "
-                       f"{f(r.get('commit_s'))} |")
+              "`commit_s`), and the driver's parts:", ""]
+        L += md_table(["kind", "N", *_TASK_FIELDS, "round trips", "driver begin", "job", "commit"],
+                      [[r["kind"], f"{r['entries']:,}", *(f(r["critical_task_s"].get(x)) for x in _TASK_FIELDS),
+                        *(f(r.get(k)) for k in ("round_trips", "begin_s", "job_s", "commit_s"))] for r in rh],
+                      "lr" + "r" * (len(_TASK_FIELDS) + 4))
     sp = [r for r in ms if r["system"] == "spark-rocksdb" and r.get("spark_rocksdb_metrics")]
     if sp:
-        L += ["", "Spark's RocksDB metrics of the measured batches (medians; bytes):", "",
-              "| kind | N | BytesCopied | TotalBytesWritten | ByFlush | ByCompaction | SstFileSize | allUpdatesTimeMs "
-              "| commitTimeMs |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for r in sp:
-            m, so = r["spark_rocksdb_metrics"], r.get("spark_state_op") or {}
-            L.append(f"| {r['kind']} | {r['entries']:,} | {_fmt_bytes(m.get('rocksdbBytesCopied'))} | "
-                     f"{_fmt_bytes(m.get('rocksdbTotalBytesWritten'))} | "
-                     f"{_fmt_bytes(m.get('rocksdbTotalBytesWrittenByFlush'))} | "
-                     f"{_fmt_bytes(m.get('rocksdbTotalBytesWrittenByCompaction'))} | "
-                     f"{_fmt_bytes(m.get('rocksdbSstFileSize'))} | {f(so.get('allUpdatesTimeMs'))} | "
-                     f"{f(so.get('commitTimeMs'))} |")
+        L += ["", "Spark's RocksDB metrics of the measured batches (medians; bytes):", ""]
+        keys = ("BytesCopied", "TotalBytesWritten", "TotalBytesWrittenByFlush", "TotalBytesWrittenByCompaction",
+                "SstFileSize")
+        L += md_table(["kind", "N", "BytesCopied", "TotalBytesWritten", "ByFlush", "ByCompaction", "SstFileSize",
+                       "allUpdatesTimeMs", "commitTimeMs"],
+                      [[r["kind"], f"{r['entries']:,}", *(B(r["spark_rocksdb_metrics"].get("rocksdb" + k)) for k in keys),
+                        *(f((r.get("spark_state_op") or {}).get(k)) for k in ("allUpdatesTimeMs", "commitTimeMs"))]
+                       for r in sp], "lrrrrrrrr")
     L += ["", "Targets (reported, not asserted):", ""]
     for kind, v in summ["flatness"].items():
         L.append(f"- Rhino, {kind}: batch_s at N={v['to_entries']:,} is {v['ratio']}x its batch_s at "
@@ -194,6 +175,4 @@ def report(records: list[dict], path: str) -> None:
     for key, v in summ["outputs_agree"].items():
         if not v:
             L.append(f"- The outputs of {key} DIFFER between the systems.")
-    L.append("")
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text("\n".join(L))
+    write_lines(path, L)

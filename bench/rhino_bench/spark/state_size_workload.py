@@ -17,7 +17,6 @@ INPUT_SCHEMA = "k long, op int, a long, b long"
 OUTPUT_SCHEMA = "k long, op int, a long, b long"
 BIG_KEY = 0
 TARGET_FLAT = 2.0  # Rhino's batch_s at the largest N <= 2x its batch_s at the smallest
-ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 _SPARK_METRICS = ("rocksdbBytesCopied", "rocksdbFilesCopied", "rocksdbFilesReused", "rocksdbTotalBytesWritten",
                   "rocksdbTotalBytesWrittenByFlush", "rocksdbTotalBytesWrittenByCompaction",
                   "rocksdbZipFileBytesUncompressed", "rocksdbSstFileSize", "rocksdbCommitFlushLatency",

@@ -13,15 +13,11 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
-import tempfile
-import time
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .common import (Emitter, host_number, install_signal_handlers, median, non_negative_int, parse_conf, percentile,
-               positive_int, positive_float, say)
-from ..report import choices, pyplot, save
+from ..frame import BenchRun, Scenario, bench_main, spark_flags
+from ..report import choices, fmt, md_table, pyplot, run_header, save, setup_of, write_lines
+from .common import mean as _mean, median, non_negative_int, percentile, positive_float, positive_int, round_floats, say
 
 __all__ = ["main", "CONFIGS", "R2_VS_SPARK_TARGET", "R2_COST_TARGET"]
 
@@ -39,31 +35,91 @@ _TASK_FIELDS = ("read_s", "open_s", "group_s", "timers_s", "fetch_s", "process_s
                 "replicate_s")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rhino-bench spark throughput",
-                                 description="Steady-state throughput and per-batch latency of NEXMark Q8: Rhino "
-                                             "r=0, Rhino r=2 and Spark's transformWithStateInPandas with RocksDB, "
-                                             "on one local 3-host cluster.")
-    ap.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
-    ap.add_argument("--out", help="append the JSON lines to this file")
-    ap.add_argument("--plot", help="write a PNG here")
-    ap.add_argument("--report", help="write a Markdown report here")
-    ap.add_argument("--dir", default=None, help="work directory (default: a new one under /tmp)")
-    ap.add_argument("--configs", type=choices(CONFIGS, "configuration"), default=list(CONFIGS),
-                    help=f"comma-separated, from {', '.join(CONFIGS)} (default all)")
-    ap.add_argument("--events-per-batch", type=positive_int, default=50_000)
-    ap.add_argument("--batches", type=positive_int, default=10, help="measured batches per run (default 10)")
-    ap.add_argument("--warmup", type=non_negative_int, default=2, help="discarded batches per run (default 2)")
-    ap.add_argument("--rounds", type=positive_int, default=1, help="repeat the configurations (default 1)")
-    ap.add_argument("--window-ms", type=positive_int, default=10_000, help="Q8 window (default 10000)")
-    ap.add_argument("--payload-bytes", type=positive_int, default=None,
-                    help="Person and Auction payload bytes (default: the generator's, the paper's record sizes)")
-    ap.add_argument("--parallelism", type=positive_int, default=3, help="Rhino instances (default 3)")
-    ap.add_argument("--first-host", type=host_number, default=64, help="hosts are 127.0.0.N.. (default 64)")
-    ap.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
-                    help="extra Spark conf (repeatable); default: Spark's defaults")
-    ap.add_argument("--timeout", type=positive_float, default=1800.0, help="per run, s (default 1800)")
-    return ap
+class Throughput(Scenario):
+    name = "spark throughput"
+    description = ("Steady-state throughput and per-batch latency of NEXMark Q8: Rhino r=0, Rhino r=2 and Spark's "
+                   "transformWithStateInPandas with RocksDB, on one local 3-host cluster.")
+    workdir_prefix = "rhino-spark-throughput-"
+    summary_on_failure = False
+
+    def flags(self, ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--configs", type=choices(CONFIGS, "configuration"), default=list(CONFIGS),
+                        help=f"comma-separated, from {', '.join(CONFIGS)} (default all)")
+        ap.add_argument("--events-per-batch", type=positive_int, default=50_000)
+        ap.add_argument("--batches", type=positive_int, default=10, help="measured batches per run (default 10)")
+        ap.add_argument("--warmup", type=non_negative_int, default=2, help="discarded batches per run (default 2)")
+        ap.add_argument("--rounds", type=positive_int, default=1, help="repeat the configurations (default 1)")
+        ap.add_argument("--window-ms", type=positive_int, default=10_000, help="Q8 window (default 10000)")
+        ap.add_argument("--payload-bytes", type=positive_int, default=None,
+                        help="Person and Auction payload bytes (default: the generator's, the paper's record sizes)")
+        ap.add_argument("--parallelism", type=positive_int, default=3, help="Rhino instances (default 3)")
+        spark_flags(ap, first_host=64, master=None)
+        ap.add_argument("--timeout", type=positive_float, default=1800.0, help="per run, s (default 1800)")
+
+    def check(self, ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+        if CHANGELOG_CONF in args.spark_conf_dict:
+            ap.error(f"--spark-conf {CHANGELOG_CONF}: each Spark configuration sets it (spark-rocksdb: false, "
+                     "spark-rocksdb-changelog: true); choose them with --configs")
+        if args.first_host + 2 > 254:
+            ap.error("--first-host: the cluster's 3 hosts must fit 127.0.0.2..254")
+
+    def parameters(self, args: argparse.Namespace, run_id: str) -> dict:
+        return {"configs": args.configs, "events_per_batch": args.events_per_batch, "batches": args.batches,
+                "warmup": args.warmup, "rounds": args.rounds, "window_ms": args.window_ms,
+                "source_options": _source(args), "parallelism": args.parallelism, "hosts": 3,
+                "first_host": args.first_host}
+
+    def run(self, br: BenchRun) -> None:
+        from rhino_testing.harness.spark_cluster import LocalCluster
+
+        args = br.args
+        parts: dict[str, list[dict]] = {c: [] for c in args.configs}
+        say(f"starting a 3-host cluster at 127.0.0.{args.first_host}")
+        cl = br.stack.enter_context(LocalCluster.up(br.base / "cluster", hosts=3, first_host=args.first_host))
+        spark = cl.spark_session("rhino-bench-throughput", **br.spark_conf)
+        br.stack.callback(lambda: _quietly(spark.stop))
+        for rnd in range(args.rounds):
+            for config in args.configs:
+                parts[config].append(_one(br, cl, spark, rnd, config))
+        for config in args.configs:
+            if parts[config]:
+                br.emit(_summarize_config(config, parts[config]))
+
+
+def _source(args: argparse.Namespace) -> dict:
+    return {"payloadBytes": args.payload_bytes} if args.payload_bytes else {}
+
+
+def _quietly(fn: Any) -> None:
+    try:
+        fn()
+    except Exception:
+        pass
+
+
+def _one(br: BenchRun, cl: Any, spark: Any, rnd: int, config: str) -> dict:
+    """One configuration's query, its batches measured."""
+    from rhino_testing.nexmark.pipeline import run_pipeline
+
+    args = br.args
+    n = args.warmup + args.batches
+    system, r = CONFIGS[config]
+    say(f"round {rnd + 1}/{args.rounds}: {config}, {n} batches of {args.events_per_batch} events")
+    ck = br.base / f"{config}-{rnd}"
+    if config in SPARK_BASELINES:  # a session conf: each new query's state store reads it
+        spark.conf.set(CHANGELOG_CONF, SPARK_BASELINES[config])
+    run = run_pipeline(spark, system=system, query="q8", checkpoint_dir=ck, events_per_batch=args.events_per_batch,
+                       max_events=n * args.events_per_batch, source_options=_source(args),
+                       params={"window_ms": args.window_ms}, operator_id=f"q8-tp-{config}-{rnd}",
+                       coordinator=cl.coordinator, secret_file=str(cl.secret_file), parallelism=args.parallelism,
+                       replicas=r if r is not None else 2, timeout_s=args.timeout)
+    m = _measure(run, config, args.warmup)
+    if run.operator is not None:
+        run.operator.close()
+    say(f"  {config}: {m['events'] / m['seconds']:.0f} events/s over {m['batches']} batches"
+        if m["seconds"] else f"  {config}: no steady batches")
+    shutil.rmtree(ck, ignore_errors=True)
+    return m
 
 
 def _measure(run: Any, config: str, warmup: int) -> dict:
@@ -123,22 +179,7 @@ def _summarize_config(config: str, parts: list[dict]) -> dict:
     else:
         rec["locality"] = None
         rec["rocksdb_commit_file_sync_ms_mean"] = _mean([p.get("rocksdb_commit_file_sync_ms_mean") for p in parts])
-    return _round(rec)
-
-
-def _mean(xs: list) -> Optional[float]:
-    v = [x for x in xs if x is not None]
-    return sum(v) / len(v) if v else None
-
-
-def _round(x: Any) -> Any:
-    if isinstance(x, float):
-        return round(x, 4)
-    if isinstance(x, dict):
-        return {k: _round(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_round(v) for v in x]
-    return x
+    return round_floats(rec)
 
 
 def baseline(records: list[dict]) -> Optional[dict]:
@@ -219,44 +260,31 @@ def plot(records: list[dict], path: str) -> None:
     save(fig, path)
 
 
-def report(records: list[dict], path: str, *, command: str, setup: dict) -> None:
-    from rhino._machine import machine_summary
-
+def report(records: list[dict], path: str) -> None:
     rr = [r for r in records if r.get("record") == "throughput"]
     summ = summarize(records)
-
-    def f(x: Any, d: int = 3) -> str:
-        return "-" if x is None else (f"{x:.{d}f}" if isinstance(x, float) else str(x))
-
-    L = ["# Spark throughput: NEXMark Q8, Rhino r=0 / r=2 vs Spark's RocksDB state store", "",
-         f"Command: `{command}`", "",
-         f"Run at {setup.get('started')} on {machine_summary(setup.get('machine', {}))}.", "",
-         "Parameters: " + ", ".join(f"{k}={v}" for k, v in setup.get("parameters", {}).items()), "",
-         "Spark settings: " + (", ".join(f"`{k}={v}`" for k, v in setup.get("spark_conf", {}).items())
-                               or "Spark's defaults") + " (besides the cluster's: one 1-core executor per host, "
-         "`spark.sql.shuffle.partitions=3`; RocksDB state store provider, `spark-rocksdb` with Spark's default "
-         f"`{CHANGELOG_CONF}=false` (a snapshot uploaded at every commit), `spark-rocksdb-changelog` with it `true`, "
-         "Spark's recommended production setting).", ""]
-    base = baseline(records)
+    L = run_header("Spark throughput: NEXMark Q8, Rhino r=0 / r=2 vs Spark's RocksDB state store", setup_of(records),
+                   spark=" (besides the cluster's: one 1-core executor per host, "
+                   "`spark.sql.shuffle.partitions=3`; RocksDB state store provider, `spark-rocksdb` with Spark's default "
+                   f"`{CHANGELOG_CONF}=false` (a snapshot uploaded at every commit), `spark-rocksdb-changelog` with it "
+                   "`true`, Spark's recommended production setting).")
+    f, base = fmt, baseline(records)
+    vs = lambda r: r["events_per_s"] / base["events_per_s"] if base and base.get("events_per_s") else None  # noqa: E731
     L += [f"\"vs Spark\" is against `{base['config'] if base else '-'}`, the faster Spark baseline of this run "
-          "(the less favourable ratio for Rhino).", "",
-          "| config | events/s | vs Spark | batch latency median (s) | p95 (s) | batches | locality | output rows |",
-          "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rr:
-        vs = (r["events_per_s"] / base["events_per_s"]) if base and base.get("events_per_s") else None
-        L.append(f"| {r['config']} | {f(r['events_per_s'], 0)} | {f(vs, 2)} | {f(r['latency_median_s'])} | "
-                 f"{f(r['latency_p95_s'])} | {r['batches']} | {f(r.get('locality'))} | {r.get('output_rows')} |")
+          "(the less favourable ratio for Rhino).", ""]
+    L += md_table(["config", "events/s", "vs Spark", "batch latency median (s)", "p95 (s)", "batches", "locality",
+                   "output rows"], [(r["config"], f(r["events_per_s"], 0), f(vs(r), 2), f(r["latency_median_s"]),
+                                     f(r["latency_p95_s"]), r["batches"], f(r.get("locality")), r.get("output_rows"))
+                                    for r in rr], "lrrrrrrr")
     rh = [r for r in rr if r.get("task_breakdown_s")]
     if rh:
         fields = list(rh[0]["critical_task_breakdown_s"])
         L += ["", "Rhino, the slowest task of each batch (mean seconds; `replicate_s` is inside `commit_s`) and the "
-              "driver's per-batch parts:", "",
-              "| config | " + " | ".join(fields) + " | driver begin | driver job | driver commit |",
-              "|---|" + "---:|" * (len(fields) + 3)]
-        for r in rh:
-            d = r["driver_breakdown_s"]
-            L.append(f"| {r['config']} | " + " | ".join(f(r["critical_task_breakdown_s"][x]) for x in fields)
-                     + f" | {f(d['begin_s'])} | {f(d['job_s'])} | {f(d['commit_s'])} |")
+              "driver's per-batch parts:", ""]
+        L += md_table(["config", *fields, "driver begin", "driver job", "driver commit"],
+                      [[r["config"], *(f(r["critical_task_breakdown_s"][x]) for x in fields),
+                        *(f(r["driver_breakdown_s"][k]) for k in ("begin_s", "job_s", "commit_s"))] for r in rh],
+                      "l" + "r" * (len(fields) + 3))
     L += ["", "Targets (ratios against the same run):", ""]
     if "r2_vs_spark" in summ:
         L.append(f"- Rhino r=2 at least as fast as Spark's own operator: {summ['r2_vs_spark']}x events/s "
@@ -269,93 +297,8 @@ def report(records: list[dict], path: str, *, command: str, setup: dict) -> None
     if "locality_target_met" in summ:
         L.append(f"- Locality >= {LOCALITY_TARGET:.0%}: min {summ['locality_min']:.1%}: "
                  f"**{'met' if summ['locality_target_met'] else 'not met'}**.")
-    L.append("")
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text("\n".join(L))
+    write_lines(path, L)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = ap.parse_args(argv)
-    try:
-        spark_conf = parse_conf(args.spark_conf)
-    except argparse.ArgumentTypeError as e:
-        ap.error(str(e))
-    if CHANGELOG_CONF in spark_conf:
-        ap.error(f"--spark-conf {CHANGELOG_CONF}: each Spark configuration sets it (spark-rocksdb: false, "
-                 "spark-rocksdb-changelog: true); choose them with --configs")
-    if args.first_host + 2 > 254:
-        ap.error("--first-host: the cluster's 3 hosts must fit 127.0.0.2..254")
-    install_signal_handlers()
-    from rhino._machine import describe_machine
-    from rhino_testing.harness.spark_cluster import LocalCluster
-    from rhino_testing.nexmark.pipeline import run_pipeline
-
-    base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="rhino-spark-throughput-"))
-    base.mkdir(parents=True, exist_ok=True)
-    em = Emitter(args.json, args.out)
-    command = "rhino-bench spark throughput " + " ".join(argv)
-    source = {"payloadBytes": args.payload_bytes} if args.payload_bytes else {}
-    setup = {"record": "setup", "command": command, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-             "machine": describe_machine(str(base)), "spark_conf": spark_conf,
-             "parameters": {"configs": args.configs, "events_per_batch": args.events_per_batch,
-                            "batches": args.batches, "warmup": args.warmup, "rounds": args.rounds,
-                            "window_ms": args.window_ms, "source_options": source,
-                            "parallelism": args.parallelism, "hosts": 3, "first_host": args.first_host}}
-    em.emit(setup)
-    parts: dict[str, list[dict]] = {c: [] for c in args.configs}
-    n = args.warmup + args.batches
-    try:
-        say(f"starting a 3-host cluster at 127.0.0.{args.first_host}")
-        with LocalCluster.up(base / "cluster", hosts=3, first_host=args.first_host) as cl:
-            spark = cl.spark_session("rhino-bench-throughput", **spark_conf)
-            try:
-                for rnd in range(args.rounds):
-                    for config in args.configs:
-                        system, r = CONFIGS[config]
-                        say(f"round {rnd + 1}/{args.rounds}: {config}, {n} batches of {args.events_per_batch} events")
-                        ck = base / f"{config}-{rnd}"
-                        if config in SPARK_BASELINES:  # a session conf: each new query's state store reads it
-                            spark.conf.set(CHANGELOG_CONF, SPARK_BASELINES[config])
-                        run = run_pipeline(spark, system=system, query="q8", checkpoint_dir=ck,
-                                           events_per_batch=args.events_per_batch,
-                                           max_events=n * args.events_per_batch, source_options=source,
-                                           params={"window_ms": args.window_ms},
-                                           operator_id=f"q8-tp-{config}-{rnd}", coordinator=cl.coordinator,
-                                           secret_file=str(cl.secret_file), parallelism=args.parallelism,
-                                           replicas=r if r is not None else 2, timeout_s=args.timeout)
-                        m = _measure(run, config, args.warmup)
-                        parts[config].append(m)
-                        if run.operator is not None:
-                            run.operator.close()
-                        say(f"  {config}: {m['events'] / m['seconds']:.0f} events/s over {m['batches']} batches"
-                            if m["seconds"] else f"  {config}: no steady batches")
-                        shutil.rmtree(ck, ignore_errors=True)
-            finally:
-                try:
-                    spark.stop()
-                except Exception:
-                    pass
-        for config in args.configs:
-            if parts[config]:
-                em.emit(_summarize_config(config, parts[config]))
-        em.emit(summarize(em.records))
-    finally:
-        if args.plot:
-            try:
-                plot(em.records, args.plot)
-            except Exception as e:
-                say(f"plot failed: {e}")
-        if args.report:
-            try:
-                report(em.records, args.report, command=command, setup=setup)
-            except Exception as e:
-                say(f"report failed: {e}")
-        if not args.dir:
-            shutil.rmtree(base, ignore_errors=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return bench_main(Throughput(summarize=summarize, report=report, plot=plot), argv)
