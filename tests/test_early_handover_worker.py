@@ -34,10 +34,10 @@ def kb(k: int) -> bytes:
 PART = rhino.Partitioner(num_vnodes=V)
 
 
-def start(tmp_path: Path, target_args: list[str]) -> list[WorkerProcess]:
+def start(tmp_path: Path, target_args: list[str], origin_args: list[str] | None = None) -> list[WorkerProcess]:
     secret_file = write_secret(tmp_path, SECRET)
     return [WorkerProcess(tmp_path, f"w{n}", f"127.0.0.{n}", secret_file=secret_file, metrics=False,
-                          extra_args=target_args if n == HOSTS[-1] else None).start() for n in HOSTS]
+                          extra_args=target_args if n == HOSTS[-1] else origin_args).start() for n in HOSTS]
 
 
 def stop(ws: list[WorkerProcess]) -> None:
@@ -51,6 +51,14 @@ def workers(tmp_path: Path):
     """A, B and a target C whose background copy of a base never gets far (1 byte a
     second): every read of a moved vnode that C did not write goes through to the base."""
     ws = start(tmp_path, ["--base-copy-rate", "1"])
+    yield ws
+    stop(ws)
+
+
+@pytest.fixture
+def retiring_workers(tmp_path: Path):
+    """As ``workers``, with A and B keeping only their newest 2 checkpoints, retired every 0.2 s."""
+    ws = start(tmp_path, ["--base-copy-rate", "1"], ["--keep-checkpoints", "2", "--retention-interval", "0.2"])
     yield ws
     stop(ws)
 
@@ -243,4 +251,41 @@ def test_the_base_lands_in_the_background_and_merges_under_the_targets_writes(co
     b.kill()
     scanned, looked_up = read(cc, 1, 4, e)
     assert scanned == owned(after_3, MOVED) and looked_up == owned(after_3, MOVED)
+    cc.close()
+
+
+def test_the_base_outlives_retention_on_every_worker_that_held_it(retiring_workers) -> None:
+    """The origin goes on committing, and its workers keep only their newest two checkpoints;
+    the base's checkpoint stays on both while the target's copy has not merged it (the
+    target holds it there, service/checkpoint_holds.h), so its chain member still serves it
+    when the origin's primary is SIGKILLed."""
+    a, b, c = retiring_workers
+    ca, cc = (rhino.connect(w.unix_socket, secret=SECRET) for w in (a, c))
+    rng = np.random.default_rng(50)
+    e = 1
+    ca.open_instance(OP, 0, epoch=e, num_vnodes=V, chain=[b.address], chain_version=1)
+    state: dict[bytes, bytes] = {}
+    for batch in range(3):
+        write_batch(ca, 0, batch, e, state, range(V), rng)
+    e += 1
+    ca.open_instance(OP, 0, epoch=e, num_vnodes=V, chain=[b.address], chain_version=1)
+    cc.open_instance(OP, 1, epoch=e, num_vnodes=V, vnodes=MOVED, chain=[], chain_version=0)
+    cc.reconfigure(OP, 1, epoch=e, version=2, ops=[{
+        "op": "import_on_base", "from_operator": OP, "from_instance": 0, "checkpoint": 2, "vnodes": MOVED,
+        "hosts": [a.address, b.address]}])
+    ca.reconfigure(OP, 0, epoch=e, version=2, ops=[{"op": "drop", "vnodes": MOVED}])
+    at_barrier = owned(state, MOVED)
+    time.sleep(1.0)  # the target's copier holds the base on A and B at once
+    rest = [v for v in range(V) if v not in MOVED]
+    for batch in range(3, 9):
+        write_batch(ca, 0, batch, e, state, rest, rng)
+    time.sleep(1.0)  # several retention passes
+    for w in (a, b):
+        kept = rhino.ReplicaStore(str(w.dir)).checkpoints(OP, 0)
+        assert 2 in kept, (w.id, kept)  # held
+        assert 0 not in kept and 1 not in kept and 8 in kept, (w.id, kept)  # retention ran: older ones went
+    a.kill()
+    ca.close()
+    scanned, looked_up = read(cc, 1, 3, e)
+    assert scanned == at_barrier and looked_up == at_barrier
     cc.close()

@@ -2,7 +2,10 @@
 
 #include <chrono>
 #include <cstdio>
+#include <algorithm>
 #include <map>
+#include <set>
+#include <tuple>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -19,6 +22,7 @@ namespace {
 constexpr size_t kPageEntries = 4096;  // per ScanReq of the copy
 constexpr int kIdleMs = 200;           // between looks when nothing is on a base
 constexpr int kBusyRetryMs = 20;       // between tries of a merge while a session is open
+constexpr int kRenewSeconds = 30;      // between renewals of the holds of the bases not merged
 
 }  // namespace
 
@@ -41,13 +45,46 @@ void BaseCopier::Stop() {
 }
 
 bool BaseCopier::Pause(int ms) {
-  MutexLock l(&mu_);
-  if (!stop_.load()) cv_.WaitFor(&mu_, std::chrono::milliseconds(ms), [this] { return stop_.load(); });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  for (;;) {
+    MaybeRenewHolds();
+    const auto now = std::chrono::steady_clock::now();
+    if (stop_.load() || now >= until) break;
+    MutexLock l(&mu_);
+    cv_.WaitUntil(&mu_, std::min(until, now + std::chrono::seconds(1)), [this] { return stop_.load(); });
+  }
   return !stop_.load();
+}
+
+void BaseCopier::MaybeRenewHolds() {
+  std::set<std::tuple<std::string, uint32_t, uint64_t, std::string>> touch;  // a base, one of its workers
+  for (const auto& inst : instances_()) {
+    std::lock_guard<InstanceMutex> l(inst->mu());
+    for (const auto& [v, b] : inst->Bases()) {
+      for (const auto& host : b.hosts) touch.emplace(b.operator_id, b.instance, b.checkpoint, host);
+    }
+  }
+  const auto now = std::chrono::steady_clock::now();
+  const bool due = now - renewed_ >= std::chrono::seconds(kRenewSeconds);
+  const bool fresh = std::any_of(touch.begin(), touch.end(), [this](const auto& t) { return held_.count(t) == 0; });
+  if (touch.empty() || (!due && !fresh)) return;
+  renewed_ = now;
+  held_ = touch;
+  for (const auto& [op, instance, checkpoint, host] : touch) {
+    if (stop_.load()) return;
+    std::shared_ptr<StateClient> client;
+    std::unique_ptr<ClientSession> reader;
+    SessionOpenRsp info;
+    Status s = StateClient::Connect(host, peers_, &client);
+    if (s.ok()) s = client->ReadCheckpoint(op, instance, checkpoint, &reader, &info);
+    if (reader) reader->Abort("a base's hold renewed");
+    // A worker that is down now renews nothing: the base is read from another.
+  }
 }
 
 void BaseCopier::Run() {
   while (!stop_.load()) {
+    MaybeRenewHolds();
     if (!CopyOne() && !Pause(kIdleMs)) return;
   }
 }

@@ -14,11 +14,14 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "client/state_client.h"
@@ -50,8 +53,13 @@ class BaseCopier {
   // Copies and merges the first vnode on a base of any instance; false if there was none.
   bool CopyOne();
   Status CopyAndMerge(const std::shared_ptr<HostedInstance>& inst, uint32_t vnode, const VnodeBase& base);
-  // Sleeps up to `ms`, less if stopped; false once stopped.
+  // Sleeps up to `ms`, less if stopped, renewing the holds on the way; false once stopped.
   bool Pause(int ms);
+  // At once for a base not held yet, and every 30 s: a checkpoint reader
+  // opened and closed on each worker of each base not merged yet, which holds
+  // that checkpoint there for two minutes (service/checkpoint_holds.h), so
+  // every worker that held the base at the move keeps it until the merge.
+  void MaybeRenewHolds();
 
   const Instances instances_;
   const StateClientOptions peers_;
@@ -61,6 +69,9 @@ class BaseCopier {
   Mutex mu_;
   CondVar cv_;  // with mu_: Stop wakes a pause
   std::thread thread_;
+  // The copier's thread only: when the holds were last renewed, and of which bases and workers.
+  std::chrono::steady_clock::time_point renewed_{};
+  std::set<std::tuple<std::string, uint32_t, uint64_t, std::string>> held_;
 };
 
 }  // namespace rhino

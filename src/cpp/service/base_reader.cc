@@ -58,7 +58,8 @@ Status RemoteBaseReader::Get(const std::vector<uint32_t>& vnodes, const std::vec
     const VnodeBase& b = BaseOf(vnodes[i]);
     by_base[BaseId{b.operator_id, b.instance, b.checkpoint}].push_back(i);
   }
-  for (const auto& [id, at] : by_base) {
+  for (const auto& entry : by_base) {
+    const std::vector<size_t>& at = entry.second;  // not a structured binding: lambdas capture it (C++17)
     const VnodeBase& b = BaseOf(vnodes[at[0]]);
     std::vector<std::string_view> ask;
     ask.reserve(at.size());

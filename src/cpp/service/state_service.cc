@@ -10,6 +10,7 @@
 #include "client/state_client.h"
 #include "rhino/manifest.h"
 #include "service/session_stream.h"
+#include "util/fs.h"
 
 namespace rhino {
 namespace {
@@ -26,7 +27,8 @@ StateService::StateService(ReplicaStore* store, net::ConnectionCounters* counter
       options_(options),
       epochs_(options.state_dir, "epoch"),
       pool_(std::max<uint32_t>(1, options.threads)),
-      admin_(asio::make_strand(pool_.get_executor())) {
+      admin_(asio::make_strand(pool_.get_executor())),
+      holds_(fs::Join(options.state_dir, "holds")) {
   env_.worker_id = options.worker_id;
   env_.state_dir = options.state_dir;
   env_.store = store;
@@ -97,6 +99,7 @@ Status StateService::Start() {
     Host(inst);
   }
   if (options_.session_idle_timeout_ms > 0) sweeper_ = std::thread([this]() { SweepIdleSessions(); });
+  RHINO_RETURN_IF_ERROR(holds_.Load());
   base_copier_ = std::make_unique<BaseCopier>(
       [this] {
         std::vector<std::shared_ptr<HostedInstance>> all;
@@ -340,6 +343,15 @@ std::shared_ptr<net::StreamListener> StateService::OpenReader(const std::shared_
       return nullptr;
     }
   }
+  // A worker reading a named checkpoint reads it as a base (design §4.1): retention keeps it a while.
+  if (conn->peer().role == PeerRole::kWorker && req.has_checkpoint) {
+    Status held = holds_.Hold(req.operator_id, req.instance, req.checkpoint);
+    if (!held.ok()) {
+      std::fprintf(stderr, "rhino worker %s: cannot hold checkpoint %llu of %.128s/%u for a base: %s\n",
+                   options_.worker_id.c_str(), static_cast<unsigned long long>(req.checkpoint),
+                   req.operator_id.c_str(), req.instance, held.ToString().c_str());
+    }
+  }
   reader->Open(req);
   return reader;
 }
@@ -396,13 +408,16 @@ Status StateService::DoInstanceReq(const InstanceReq& req, std::string* result) 
 }
 
 std::optional<uint64_t> StateService::RetentionFloor(const std::string& op, uint32_t instance) {
+  // A checkpoint another worker reads as a base stays, and what follows it (design §4.1).
+  const std::optional<uint64_t> held = holds_.Oldest(op, instance);
   std::shared_ptr<HostedInstance> inst = Find(op, instance);
-  if (!inst) return std::nullopt;
+  if (!inst) return held;
   // Never wait: a commit holds the instance for seconds, and retention can
   // come back next pass. Until then, it keeps everything of this instance.
   std::unique_lock<InstanceMutex> l(inst->mu(), std::try_to_lock);
   if (!l.owns_lock()) return 0;
-  return inst->last_complete().value_or(0);
+  const uint64_t floor = inst->last_complete().value_or(0);
+  return held ? std::min(floor, *held) : floor;
 }
 
 std::vector<InstanceMetrics> StateService::Metrics() {

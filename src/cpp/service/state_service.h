@@ -33,6 +33,7 @@
 #include "replication/fence_table.h"
 #include "rhino/thread_annotations.h"
 #include "service/base_copier.h"
+#include "service/checkpoint_holds.h"
 #include "service/checkpoint_reader.h"
 #include "service/hosted_instance.h"
 #include "service/session_stream.h"
@@ -136,6 +137,7 @@ class StateService {
   std::thread sweeper_;
   CondVar sweep_cv_;  // with mu_: wakes the sweeper at Shutdown
   std::unique_ptr<BaseCopier> base_copier_;  // the bases of vnodes taken on one, copied and merged
+  CheckpointHolds holds_;                    // checkpoints other workers read as a base: kept by retention
 
   Mutex mu_;
   bool stopped_ GUARDED_BY(mu_) = false;
