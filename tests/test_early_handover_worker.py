@@ -102,6 +102,27 @@ def commit(c: rhino.Client, instance: int, batch: int, epoch: int, ops: tuple) -
         return s.rolled_back
 
 
+def move_on_base(ca: rhino.Client, cc: rhino.Client, a: WorkerProcess, b: WorkerProcess, rng) -> tuple[int, dict]:
+    """Instance 0 on A (chain B) runs batches 0..2; at the barrier after batch 2 vnodes 0..3
+    move to a new instance 1 on C, which holds no replica of instance 0: C takes them on
+    the base (checkpoint 2 of instance 0, held by A and B) and A drops them. Returns the
+    epoch after the move and the model of the committed state."""
+    e = 1
+    ca.open_instance(OP, 0, epoch=e, num_vnodes=V, chain=[b.address], chain_version=1)
+    state: dict[bytes, bytes] = {}
+    for batch in range(3):
+        write_batch(ca, 0, batch, e, state, range(V), rng)
+    e += 1
+    ca.open_instance(OP, 0, epoch=e, num_vnodes=V, chain=[b.address], chain_version=1)
+    cc.open_instance(OP, 1, epoch=e, num_vnodes=V, vnodes=MOVED, chain=[], chain_version=0)
+    step = [{"op": "import_on_base", "from_operator": OP, "from_instance": 0, "checkpoint": 2,
+             "vnodes": MOVED, "hosts": [a.address, b.address]}]
+    info = cc.reconfigure(OP, 1, epoch=e, version=2, ops=step)
+    assert info["vnodes"] == MOVED
+    ca.reconfigure(OP, 0, epoch=e, version=2, ops=[{"op": "drop", "vnodes": MOVED}])
+    return e, state
+
+
 def read(c: rhino.Client, instance: int, batch: int, epoch: int) -> tuple[dict, dict]:
     """The target's view at batch ``batch``: a scan, and a lookup of every key of its vnodes."""
     with c.session(OP, instance, batch=batch, epoch=epoch) as s:
@@ -117,23 +138,7 @@ def test_a_target_on_a_fresh_worker_serves_moved_vnodes_at_once_through_to_the_b
     a, b, c = workers
     ca, cb, cc = (rhino.connect(w.unix_socket, secret=SECRET) for w in workers)
     rng = np.random.default_rng(48)
-    e = 1
-    ca.open_instance(OP, 0, epoch=e, num_vnodes=V, chain=[b.address], chain_version=1)
-    state: dict[bytes, bytes] = {}
-    for batch in range(3):
-        write_batch(ca, 0, batch, e, state, range(V), rng)
-
-    # The barrier after batch 2: vnodes 0..3 move to a new instance 1 on C, which holds
-    # no replica of instance 0. C takes them on the base (checkpoint 2 of instance 0, held
-    # by A and B); A drops them. Nothing is copied to C.
-    e += 1
-    ca.open_instance(OP, 0, epoch=e, num_vnodes=V, chain=[b.address], chain_version=1)
-    cc.open_instance(OP, 1, epoch=e, num_vnodes=V, vnodes=MOVED, chain=[], chain_version=0)
-    step = [{"op": "import_on_base", "from_operator": OP, "from_instance": 0, "checkpoint": 2,
-             "vnodes": MOVED, "hosts": [a.address, b.address]}]
-    info = cc.reconfigure(OP, 1, epoch=e, version=2, ops=step)
-    assert info["vnodes"] == MOVED
-    ca.reconfigure(OP, 0, epoch=e, version=2, ops=[{"op": "drop", "vnodes": MOVED}])
+    e, state = move_on_base(ca, cc, a, b, rng)
     # Nothing was copied into the target's state or store at the barrier (its background
     # copy writes under state/tmp, and at 1 byte a second it never gets to merge).
     copied = [p for p in Path(c.dir).rglob("*.sst") if "tmp" not in p.relative_to(c.dir).parts]
@@ -188,18 +193,7 @@ def test_the_base_lands_in_the_background_and_merges_under_the_targets_writes(co
     a, b, c = copying_workers
     ca, cc = (rhino.connect(w.unix_socket, secret=SECRET) for w in (a, c))
     rng = np.random.default_rng(49)
-    e = 1
-    ca.open_instance(OP, 0, epoch=e, num_vnodes=V, chain=[b.address], chain_version=1)
-    state: dict[bytes, bytes] = {}
-    for batch in range(3):
-        write_batch(ca, 0, batch, e, state, range(V), rng)
-    e += 1
-    ca.open_instance(OP, 0, epoch=e, num_vnodes=V, chain=[b.address], chain_version=1)
-    cc.open_instance(OP, 1, epoch=e, num_vnodes=V, vnodes=MOVED, chain=[], chain_version=0)
-    step = [{"op": "import_on_base", "from_operator": OP, "from_instance": 0, "checkpoint": 2,
-             "vnodes": MOVED, "hosts": [a.address, b.address]}]
-    cc.reconfigure(OP, 1, epoch=e, version=2, ops=step)
-    ca.reconfigure(OP, 0, epoch=e, version=2, ops=[{"op": "drop", "vnodes": MOVED}])
+    e, state = move_on_base(ca, cc, a, b, rng)
 
     # Batch 3 writes and deletes on the target (base keys among them) while the base is
     # copied; its open session holds the merge off until it commits, so the base lands
@@ -262,18 +256,7 @@ def test_the_base_outlives_retention_on_every_worker_that_held_it(retiring_worke
     a, b, c = retiring_workers
     ca, cc = (rhino.connect(w.unix_socket, secret=SECRET) for w in (a, c))
     rng = np.random.default_rng(50)
-    e = 1
-    ca.open_instance(OP, 0, epoch=e, num_vnodes=V, chain=[b.address], chain_version=1)
-    state: dict[bytes, bytes] = {}
-    for batch in range(3):
-        write_batch(ca, 0, batch, e, state, range(V), rng)
-    e += 1
-    ca.open_instance(OP, 0, epoch=e, num_vnodes=V, chain=[b.address], chain_version=1)
-    cc.open_instance(OP, 1, epoch=e, num_vnodes=V, vnodes=MOVED, chain=[], chain_version=0)
-    cc.reconfigure(OP, 1, epoch=e, version=2, ops=[{
-        "op": "import_on_base", "from_operator": OP, "from_instance": 0, "checkpoint": 2, "vnodes": MOVED,
-        "hosts": [a.address, b.address]}])
-    ca.reconfigure(OP, 0, epoch=e, version=2, ops=[{"op": "drop", "vnodes": MOVED}])
+    e, state = move_on_base(ca, cc, a, b, rng)
     at_barrier = owned(state, MOVED)
     time.sleep(1.0)  # the target's copier holds the base on A and B at once
     rest = [v for v in range(V) if v not in MOVED]

@@ -192,7 +192,9 @@ class TransformWithState:
                 self.runner.run(df, int(batch_id), sink=sink if sink is not None else _drop_output)
 
         if materialize:
-            return lambda df, batch_id: sink_with_reruns(self, sink, df, int(batch_id))
+            return lambda df, batch_id: sink_with_reruns(
+                self.transform, sink, df, int(batch_id), attempts=self.config.max_batch_attempts,
+                what=self.operator_id, reruns=self.output_reruns)
         return fused
 
     def close(self) -> None:

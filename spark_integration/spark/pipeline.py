@@ -57,11 +57,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from rhino.engine import first_error_line
 from rhino.errors import InvalidArgumentError, OperatorRunningError
 
-from .driver.sink import unpersist_checkpoint
-from .errors import output_lost
+from .driver.sink import sink_with_reruns, unpersist_checkpoint
 from .operator import TransformWithState
 
 __all__ = ["Pipeline", "Modification"]
@@ -231,19 +229,7 @@ class Pipeline:
         replay it from b-1) and the sink is called again, up to ``max_attempts`` times."""
 
         def fn(df: Any, batch_id: int) -> None:
-            for n in range(1, max_attempts + 1):
-                out = self.transform(df, batch_id)
-                if sink is None:
-                    return
-                try:
-                    sink(out, batch_id)
-                    return
-                except Exception as e:  # noqa: BLE001 - only a lost output is handled
-                    if not output_lost(e) or n == max_attempts:
-                        raise
-                    log.warning("rhino.spark pipeline batch %d: part of the output was lost with an executor "
-                                "while the sink ran (%s); the chain runs the batch again", batch_id,
-                                first_error_line(str(e)))
+            sink_with_reruns(self.transform, sink, df, int(batch_id), attempts=max_attempts, what="pipeline")
 
         return fn
 

@@ -45,14 +45,15 @@ def unpersist_checkpoint(out: Any, operator_id: str) -> None:
         log.debug("rhino.spark %s: releasing a materialized output: %s", operator_id, e)
 
 
-def sink_with_reruns(op: Any, sink: Optional[Sink], df: Any, batch_id: int) -> None:
-    """``op.for_each_batch(sink, materialize=True)``'s function: the batch's output is
-    ``op.transform``'s (materialized, committed), then the sink runs; if it fails because an
-    executor holding part of that output was lost, the batch runs again (rolled back to
-    b-1 first) and the sink is called again, up to ``max_batch_attempts`` times."""
-    attempts = op.config.max_batch_attempts
+def sink_with_reruns(transform: Callable[[Any, int], Any], sink: Optional[Sink], df: Any, batch_id: int, *,
+                     attempts: int, what: str, reruns: Optional[list] = None) -> None:
+    """A materialized sink's batch (``op.for_each_batch(sink, materialize=True)``, a
+    ``Pipeline``'s): ``transform(df, batch_id)`` gives the output (materialized, committed),
+    then the sink runs; if it fails because an executor holding part of that output was
+    lost, the batch runs again (rolled back to b-1 first) and the sink is called again, up
+    to ``attempts`` times. Each rerun is logged for ``what`` and added to ``reruns``."""
     for n in range(1, attempts + 1):
-        out = op.transform(df, batch_id)
+        out = transform(df, batch_id)
         if sink is None:
             return
         try:
@@ -62,9 +63,9 @@ def sink_with_reruns(op: Any, sink: Optional[Sink], df: Any, batch_id: int) -> N
             if not output_lost(e) or n == attempts:
                 raise
             log.warning("rhino.spark %s batch %d: part of the output was lost with an executor while "
-                        "the sink ran (%s); the batch runs again", op.operator_id, batch_id,
-                        first_error_line(str(e)))
-            op.output_reruns.append({"batch": batch_id, "attempt": n, "error": first_error_line(str(e))})
+                        "the sink ran (%s); the batch runs again", what, batch_id, first_error_line(str(e)))
+            if reruns is not None:
+                reruns.append({"batch": batch_id, "attempt": n, "error": first_error_line(str(e))})
 
 
 class SinkRunner:
