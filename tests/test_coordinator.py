@@ -286,6 +286,38 @@ def test_horizontal_scaling_onto_a_new_worker(cluster) -> None:
     coord.close()
 
 
+def test_horizontal_scaling_onto_a_new_worker_without_waiting_for_the_copy(cluster) -> None:
+    """With ``handover="early"`` (design §4.1) the same rescale copies nothing first: the new
+    instance takes its vnodes on the origins' checkpoint, serves them from the barrier on by
+    reading through to it, and its worker copies and merges the base in the background."""
+    tmp, ws = cluster
+    first = ws[:3]
+    coord, cc = make(tmp, first, handover="early")
+    cc.create_operator(OP, parallelism=2, num_vnodes=V, replicas=1)
+    job = Job(cc, seed=6)
+    job.run(2)
+    newcomer = ws[3]
+    cc.register(newcomer.id, newcomer.address, unix_socket=str(newcomer.unix_socket), incarnation="test")
+    plan = cc.rescale(OP, 3, on=[newcomer.id])
+    job.run(1)  # the step runs at this batch's barrier; the batch reads the moved keys through
+    pl = cc.placement(OP)
+    (new,) = [i for i in pl.instances if i not in (0, 1)]
+    assert pl.instances[new].primary == newcomer.id
+    (row,) = [p for p in coord.meta.plans() if p.id == plan["plan"]]
+    assert row.state == "done" and row.bytes_moved == 0  # no bulk copy
+    assert job.state() == job.model
+    with rhino.connect(newcomer.unix_socket, secret=SECRET) as c:
+        merged_by = time.monotonic() + 30
+        while c.status(OP, new)["bases"]:
+            assert time.monotonic() < merged_by, "the base was not merged within 30 s"
+            time.sleep(0.05)
+    job.run(2)
+    assert job.state() == job.model
+    with pytest.raises(rhino.InvalidArgumentError, match="handover must be"):
+        Coordinator(str(tmp / "coord2"), secret=SECRET, handover="later")
+    coord.close()
+
+
 def test_an_explicit_start_begins_after_the_last_committed_batch(cluster) -> None:
     """``begin_batch(first=True)`` (issue 47: a stage inserted into a running chain): a new
     operator's first batch may be 5, and after batch 5 it may resume at 9, across the gap,

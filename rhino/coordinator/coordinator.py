@@ -69,9 +69,12 @@ class Coordinator:
     def __init__(self, directory: str, *, secret: bytes | str, heartbeat_timeout: float = 3.0,
                  request_timeout: float = 60.0, copy_timeout: float = 600.0, handover_timeout: float = 120.0,
                  client_id: str = "coordinator", log: Optional[Callable[..., None]] = None,
-                 detector_interval: float = 0.1, rebuilding: bool = False, tls: Any = None) -> None:
+                 detector_interval: float = 0.1, rebuilding: bool = False, tls: Any = None,
+                 handover: str = "copy-first") -> None:
         if heartbeat_timeout <= 0 or request_timeout <= 0:
             raise InvalidArgumentError("timeouts must be positive")
+        if handover not in ("copy-first", "early"):
+            raise InvalidArgumentError(f"handover must be 'copy-first' or 'early', not {handover!r}")
         self.meta = Metadata(directory)
         self.heartbeat_timeout = float(heartbeat_timeout)
         self._log = log or (lambda event, **f: None)
@@ -79,7 +82,7 @@ class Coordinator:
         self.workers = WorkerGateway(self.meta, secret=secret, client_id=client_id, request_timeout=request_timeout,
                                      copy_timeout=copy_timeout, handover_timeout=handover_timeout, tls=tls)
         self.rm = ReplicationManager(self.meta, self.workers, self.log)
-        self.hm = HandoverManager(self.meta, self.workers, self.log)
+        self.hm = HandoverManager(self.meta, self.workers, self.log, early=handover == "early")
         self.batches = BatchLedger(self.meta)
         self.autoscaling = Autoscaling(self.meta, self.workers, self.hm, self.log)
         self.decommissions = Decommissioner(self.meta, self.workers, lambda: self.rm, self.batches, self.log)

@@ -54,10 +54,14 @@ class HandoverManager:
     through ``workers``; every decision is logged to ``log``. The caller holds
     the coordinator's lock around each call."""
 
-    def __init__(self, meta: Metadata, workers: WorkerGateway, log: Callable[..., None]) -> None:
+    def __init__(self, meta: Metadata, workers: WorkerGateway, log: Callable[..., None], *,
+                 early: bool = False) -> None:
         self.meta = meta
         self.workers = workers
         self.log = log
+        # A target on a worker with no replica of its origin's checkpoint takes the vnodes on it
+        # as a base (the early hand-over, design §4.1) instead of waiting for a bulk copy.
+        self.early = early
 
     # ---- planning -------------------------------------------------------------------------
     def open_plan(self, operator_id: str) -> Optional[PlanRow]:
@@ -214,15 +218,23 @@ class HandoverManager:
         seconds = time.monotonic() - t0
         retired = self._commit(step, copied, seconds)
         self._close_retired(step, retired)
+        early = sum(1 for _, o, t in step.moves if (o, t) in step.early)
         self.log("handover_step", plan=p.id, step=p.steps_done + 1, epoch=step.epoch, vnodes=len(step.moves),
-                 bytes_copied=copied, seconds=seconds)
-        return {"epoch": step.epoch, "vnodes": len(step.moves), "bytes_copied": copied, "seconds": seconds}
+                 early_vnodes=early, bytes_copied=copied, seconds=seconds)
+        return {"epoch": step.epoch, "vnodes": len(step.moves), "early_vnodes": early, "bytes_copied": copied,
+                "seconds": seconds}
 
     def _plan_step(self, p: PlanRow, b: int) -> HandoverStep:
         op = self.meta.require_operator(p.operator_id)
         rows = {r.instance: r for r in self.meta.instances(p.operator_id)}
-        return plan_step(p, b, op, rows, self.meta.assignment(p.operator_id), alive=self.workers.alive_ids(),
-                         workers=self.workers.workers_info())
+        alive = self.workers.alive_ids()
+
+        def early_hosts(origin: InstanceRow) -> list[str]:
+            """The live workers that hold the origin's checkpoint b: its primary, then its chain."""
+            return self.workers.addresses([w for w in (origin.primary_worker, *origin.chain) if w in alive])
+
+        return plan_step(p, b, op, rows, self.meta.assignment(p.operator_id), alive=alive,
+                         workers=self.workers.workers_info(), early_hosts=early_hosts if self.early else None)
 
     def _copy_checkpoints(self, step: HandoverStep) -> int:
         """Step 1 of the header: bulk copies where a target's worker lacks an
@@ -413,7 +425,7 @@ def _undo(operator_id: str, instance: int, b: int, ops: list[dict]) -> list[dict
     the instance's own checkpoint b."""
     undo = []
     for s in reversed(ops):
-        if s["op"] == "import":
+        if s["op"] in ("import", "import_on_base"):
             undo.append({"op": "drop", "vnodes": s["vnodes"]})
         else:
             undo.append({"op": "import", "from_operator": operator_id, "from_instance": instance,

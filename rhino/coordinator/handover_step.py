@@ -18,8 +18,8 @@ The Handover Manager (:mod:`.handover_manager`) applies the step on the workers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional
 
 from ..errors import InvalidArgumentError
 from .metadata import InstanceRow, OperatorRow, PlanRow
@@ -43,6 +43,10 @@ class HandoverStep:
     new_rows: dict[int, InstanceRow]  # the instances the step creates
     every: dict[int, InstanceRow]  # rows and new_rows: every instance the step touches or opens
     ops: dict[int, list[dict]]  # each instance's reconfigure operations, in the order they are sent
+    # (origin, target) pairs moved by the early hand-over (design §4.1): the target's worker
+    # holds no replica of the origin's checkpoint b and takes the vnodes on it as a base, read
+    # on these workers (the origin's primary and chain) until it lands; no bulk copy first.
+    early: dict[tuple[int, int], list[str]] = field(default_factory=dict)
 
     @property
     def operator_id(self) -> str:
@@ -60,11 +64,15 @@ class HandoverStep:
     def copies(self) -> list[tuple[InstanceRow, str]]:
         """Step 1: (origin, target's worker) where that worker holds no replica of
         the origin's checkpoint b (neither its primary nor in its chain)."""
+        return [(self.rows[o], self.every[t].primary_worker) for o, t in self.lacking() if (o, t) not in self.early]
+
+    def lacking(self) -> list[tuple[int, int]]:
+        """The (origin, target) pairs whose target's worker holds no replica of the origin's checkpoint b."""
         out = []
         for o, t in self.pairs():
             wt = self.every[t].primary_worker
             if wt != self.rows[o].primary_worker and wt not in self.rows[o].chain:
-                out.append((self.rows[o], wt))
+                out.append((o, t))
         return out
 
     def doc(self) -> dict[str, Any]:
@@ -73,7 +81,8 @@ class HandoverStep:
         return {"plan": self.plan.id, "step": self.plan.steps_done, "epoch": self.epoch, "batch": self.batch,
                 "moves": [list(m) for m in self.moves],
                 "new": {str(t): _row_json(r) for t, r in self.new_rows.items()},
-                "ops": {str(k): v for k, v in self.ops.items()}}
+                "ops": {str(k): v for k, v in self.ops.items()},
+                "early": [[o, t] for o, t in sorted(self.early)]}
 
     def new_assignment(self) -> list[int]:
         out = list(self.assignment)
@@ -102,9 +111,13 @@ class HandoverStep:
 
 
 def plan_step(plan: PlanRow, batch: int, op: OperatorRow, rows: dict[int, InstanceRow], assignment: list[int],
-              alive: set[str], workers: list[WorkerInfo]) -> HandoverStep:
+              alive: set[str], workers: list[WorkerInfo],
+              early_hosts: Optional[Callable[[InstanceRow], list[str]]] = None) -> HandoverStep:
     """Decides the next step of ``plan`` at the barrier after ``batch``
-    (``rows``: the operator's active instances; ``alive``, ``workers``: the live workers)."""
+    (``rows``: the operator's active instances; ``alive``, ``workers``: the live workers).
+    With ``early_hosts`` (the addresses of the live workers holding an origin's checkpoint),
+    a target whose worker holds no replica of its origin's checkpoint takes its vnodes on
+    that checkpoint as a base instead of waiting for a bulk copy (design §4.1)."""
     moves: list[Move] = [(int(v), int(o), int(t)) for v, o, t in plan.steps[plan.steps_done]]
     # Another plan or a rescale may have moved a vnode since this plan was made.
     moves = [(v, o, t) for v, o, t in moves if assignment[v] == o and o != t]
@@ -112,9 +125,13 @@ def plan_step(plan: PlanRow, batch: int, op: OperatorRow, rows: dict[int, Instan
         raise InvalidArgumentError(f"a handover of {op.operator_id} at the barrier after batch {batch} needs "
                                    f"checkpoint {batch} complete everywhere")
     new_rows = _place_new_instances(plan, batch, op, rows, moves, alive, workers)
-    return HandoverStep(plan=plan, batch=batch, operator=op, assignment=list(assignment), moves=moves, rows=rows,
-                        new_rows=new_rows, every={**rows, **new_rows},
-                        ops=_reconfigure_ops(op.operator_id, moves, batch))
+    step = HandoverStep(plan=plan, batch=batch, operator=op, assignment=list(assignment), moves=moves, rows=rows,
+                        new_rows=new_rows, every={**rows, **new_rows}, ops={})
+    if early_hosts is not None:
+        step.early = {(o, t): early_hosts(rows[o]) for o, t in step.lacking()}
+        step.early = {pair: hosts for pair, hosts in step.early.items() if hosts}
+    step.ops = _reconfigure_ops(op.operator_id, moves, batch, step.early)
+    return step
 
 
 def _place_new_instances(plan: PlanRow, batch: int, op: OperatorRow, rows: dict[int, InstanceRow],
@@ -147,14 +164,18 @@ def _place_new_instances(plan: PlanRow, batch: int, op: OperatorRow, rows: dict[
     return new_rows
 
 
-def _reconfigure_ops(operator_id: str, moves: list[Move], batch: int) -> dict[int, list[dict]]:
+def _reconfigure_ops(operator_id: str, moves: list[Move], batch: int,
+                     early: dict[tuple[int, int], list[str]]) -> dict[int, list[dict]]:
     """Step 3: each target imports its vnodes from its worker's replica of the
-    origin's checkpoint b; each origin drops the vnodes it gives away."""
+    origin's checkpoint b, or takes them on that checkpoint as a base (an early
+    pair); each origin drops the vnodes it gives away."""
     ops: dict[int, list[dict]] = {}
     for o, t in sorted({(o, t) for _, o, t in moves}):
         vn = sorted(v for v, oo, tt in moves if (oo, tt) == (o, t))
-        ops.setdefault(t, []).append({"op": "import", "from_operator": operator_id, "from_instance": o,
-                                      "checkpoint": batch, "vnodes": vn})
+        step = {"op": "import", "from_operator": operator_id, "from_instance": o, "checkpoint": batch, "vnodes": vn}
+        if (o, t) in early:
+            step.update(op="import_on_base", hosts=early[(o, t)])
+        ops.setdefault(t, []).append(step)
     for o in sorted({o for _, o, _ in moves}):
         ops.setdefault(o, []).append({"op": "drop", "vnodes": sorted(v for v, oo, _ in moves if oo == o)})
     return ops

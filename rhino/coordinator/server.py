@@ -118,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a bulk copy to a new chain member may take (default: %(default)s)")
     p.add_argument("--handover-timeout", type=float, default=120.0,
                    help="seconds a handover step at one worker may take before the step aborts (default: %(default)s)")
+    p.add_argument("--handover", choices=["copy-first", "early"], default="copy-first",
+                   help="a vnode move whose target's worker holds no replica of the origin's checkpoint: "
+                        "copy it there first, or take the vnodes on it as a base, read through until it lands "
+                        "(the early hand-over, docs/design.md section 4.1; default: %(default)s)")
     p.add_argument("--threads", type=int, default=16, help="request handler threads (default: %(default)s)")
     p.add_argument("--max-connections", type=uint32, default=_core.MAX_CONNECTIONS,
                    help="connections held at once; more are refused with ResourceExhausted (docs/protocol.md §2; "
@@ -170,7 +174,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    coord = Coordinator(args.dir, secret=secret, heartbeat_timeout=args.heartbeat_timeout,
+    coord = Coordinator(args.dir, secret=secret, heartbeat_timeout=args.heartbeat_timeout, handover=args.handover,
                         request_timeout=args.request_timeout, copy_timeout=args.copy_timeout,
                         handover_timeout=args.handover_timeout, log=log.info,
                         rebuilding=args.rebuild, tls=tls)
