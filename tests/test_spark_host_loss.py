@@ -298,7 +298,7 @@ def test_the_driver_reports_a_killed_host_before_any_heartbeat_timeout(tmp_path,
                 try:
                     return sink(df, batch_id)
                 except Exception:
-                    time.sleep(4.0)
+                    time.sleep(8.0)  # longer than a failover and the rerun's scheduling take under load
                     calls["unwound"].append(batch_id)
                     calls["unwound_at"].append(time.time())
                     raise
